@@ -1,0 +1,311 @@
+"""Tests of the decode loops: greedy equality, losslessness, ragged batches, compile-once."""
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from specdec_jax import decode, drafters, sampling as sampling_lib
+from specdec_jax.models import t5
+from tests import fakes
+
+GREEDY = sampling_lib.SamplingConfig(temperature=0.0)
+SIGNIFICANCE = 1e-3  # chi-square tests reject losslessness below this p-value
+
+
+def _source(batch=4, length=7, seed=0, vocab=50):
+  """Padded source batch whose rows have different lengths."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(2, vocab, size=(batch, length))
+  lengths = np.maximum(length - np.arange(batch) * 2, 1)
+  mask = (np.arange(length)[None] < lengths[:, None]).astype(np.int32)
+  return jnp.asarray(ids * mask, jnp.int32), jnp.asarray(mask)
+
+
+def _chi_square_pvalue(samples: np.ndarray, exact: dict) -> float:
+  """Pearson chi-square of observed rows against an exact distribution (cells with expected < 5
+  merged into one)."""
+  n = len(samples)
+  observed = collections.Counter(map(tuple, samples.tolist()))
+  assert set(observed) <= set(exact), f'impossible outputs: {set(observed) - set(exact)}'
+  obs, exp, rest_obs, rest_exp = [], [], 0, 0.0
+  for key, prob in exact.items():
+    if prob * n >= 5:
+      obs.append(observed.get(key, 0))
+      exp.append(prob * n)
+    else:
+      rest_obs += observed.get(key, 0)
+      rest_exp += prob * n
+  if rest_exp > 0:
+    obs.append(rest_obs)
+    exp.append(rest_exp)
+  exp = np.asarray(exp) * n / np.sum(exp)
+  return stats.chisquare(obs, exp).pvalue
+
+
+# ---------------------------------------------------------------------------------------------
+# Fake Markov models.
+
+TARGET = fakes.random_markov(seed=1)
+DRAFTER = fakes.random_markov(seed=2)
+SAMPLINGS = [
+  sampling_lib.SamplingConfig(temperature=1.0),
+  sampling_lib.SamplingConfig(temperature=0.6, top_k=3),
+  sampling_lib.SamplingConfig(temperature=1.4, top_p=0.8),
+  sampling_lib.SamplingConfig(temperature=1.0, top_k=3, top_p=0.9),
+]
+
+
+@pytest.mark.parametrize('verifier', ['token', 'block'])
+@pytest.mark.parametrize('sampling', SAMPLINGS, ids=str)
+def test_speculative_is_lossless_on_markov_models(verifier, sampling):
+  """The joint of the first 3 tokens over 100k rows matches the target's exact distribution."""
+  rows, length = 100_000, 3
+  ids, mask = jnp.zeros((rows, 1), jnp.int32), jnp.ones((rows, 1), jnp.int32)
+  out = decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=3, verifier=verifier,
+                                    sampling=sampling, max_new_tokens=length,
+                                    rng=jax.random.key(7))
+  exact = fakes.exact_prefix_distribution(TARGET, length, sampling)
+  assert _chi_square_pvalue(np.asarray(out.tokens), exact) > SIGNIFICANCE
+  # Not vacuous: drafts were both accepted and rejected.
+  assert 0 < int(out.stats.accepted.sum()) < int(out.stats.drafted.sum())
+
+
+def _q_before_transform(rng, logits, sampling):
+  """Plausible bug: draft with the transformed q but verify against the raw softmax."""
+  q = sampling_lib.logits_to_probs(logits, sampling)
+  return sampling_lib.sample(rng, q), jax.nn.softmax(logits, axis=-1)
+
+
+@pytest.mark.parametrize('verifier', ['token', 'block'])
+def test_negative_control_q_before_transform_fails(monkeypatch, verifier):
+  sampling = sampling_lib.SamplingConfig(temperature=0.6, top_k=3)
+  monkeypatch.setattr(decode, '_draft_token', _q_before_transform)
+  jax.clear_caches()  # the loop must be traced again with the patched function
+  rows, length = 100_000, 3
+  ids, mask = jnp.zeros((rows, 1), jnp.int32), jnp.ones((rows, 1), jnp.int32)
+  out = decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=3, verifier=verifier,
+                                    sampling=sampling, max_new_tokens=length,
+                                    rng=jax.random.key(7))
+  monkeypatch.undo()
+  jax.clear_caches()
+  exact = fakes.exact_prefix_distribution(TARGET, length, sampling)
+  samples = np.asarray(out.tokens)
+  observed = collections.Counter(map(tuple, samples.tolist()))
+  if not set(observed) <= set(exact):
+    return  # emitting an impossible sequence is a failure of losslessness too
+  assert _chi_square_pvalue(samples, exact) < SIGNIFICANCE
+
+
+def test_generate_matches_exact_distribution():
+  sampling = SAMPLINGS[1]
+  rows, length = 50_000, 3
+  ids, mask = jnp.zeros((rows, 1), jnp.int32), jnp.ones((rows, 1), jnp.int32)
+  out = decode.generate(TARGET, ids, mask, sampling=sampling, max_new_tokens=length,
+                        rng=jax.random.key(3))
+  exact = fakes.exact_prefix_distribution(TARGET, length, sampling)
+  assert _chi_square_pvalue(np.asarray(out.tokens), exact) > SIGNIFICANCE
+
+
+@pytest.mark.parametrize('verifier', ['token', 'block'])
+@pytest.mark.parametrize('gamma', [1, 3, 5])
+def test_greedy_equals_generate_markov(verifier, gamma):
+  target = fakes.random_markov(seed=11, vocab_size=16, positions=40, eos_id=1)
+  drafter = fakes.random_markov(seed=12, vocab_size=16, positions=40, eos_id=1)
+  ids, mask = _source()
+  kwargs = dict(sampling=GREEDY, max_new_tokens=30, rng=jax.random.key(0))
+  ref = decode.generate(target, ids, mask, **kwargs)
+  out = decode.speculative_generate(target, drafter, ids, mask, gamma=gamma, verifier=verifier,
+                                    **kwargs)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  np.testing.assert_array_equal(out.lengths, ref.lengths)
+
+
+@pytest.mark.parametrize('gamma', [2, 4])
+def test_target_as_drafter_accepts_everything(gamma):
+  """alpha = 1: every iteration emits gamma + 1 tokens (no EOS in this vocabulary)."""
+  target = fakes.random_markov(seed=5, vocab_size=6, positions=40, eos_id=99)
+  max_new = 5 * (gamma + 1)
+  ids, mask = _source()
+  out = decode.speculative_generate(target, target, ids, mask, gamma=gamma, verifier='token',
+                                    sampling=sampling_lib.SamplingConfig(temperature=1.0),
+                                    max_new_tokens=max_new, rng=jax.random.key(1))
+  np.testing.assert_array_equal(out.lengths, max_new)
+  np.testing.assert_array_equal(out.stats.target_calls, 5)
+  np.testing.assert_array_equal(out.stats.accepted, 5 * gamma)
+  np.testing.assert_allclose(out.stats.alpha, 1.0, rtol=1e-6)
+  np.testing.assert_allclose(out.stats.block_efficiency, gamma + 1)
+
+
+def test_ragged_rows_stop_independently_at_eos():
+  target = fakes.random_markov(seed=21, vocab_size=5, positions=40, eos_id=1, scale=1.0)
+  drafter = fakes.random_markov(seed=22, vocab_size=5, positions=40, eos_id=1, scale=1.0)
+  rows = 256
+  ids, mask = jnp.zeros((rows, 1), jnp.int32), jnp.ones((rows, 1), jnp.int32)
+  out = decode.speculative_generate(target, drafter, ids, mask, gamma=4, verifier='block',
+                                    sampling=sampling_lib.SamplingConfig(), max_new_tokens=30,
+                                    rng=jax.random.key(2))
+  tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+  assert len(set(lengths.tolist())) > 5  # genuinely ragged
+  for row, n in zip(tokens, lengths):
+    assert (row[n:] == decode.PAD_ID).all()
+    eos = np.flatnonzero(row[:n] == 1)
+    if n < 30:
+      assert eos.tolist() == [n - 1]  # stopped exactly at its first EOS
+    else:
+      assert eos.size == 0 or eos.tolist() == [n - 1]
+  per_pos = np.asarray(out.stats.accepted_per_position)
+  np.testing.assert_array_equal(per_pos.sum(1), out.stats.accepted)
+  assert (np.diff(per_pos.sum(0)) <= 0).all()  # token verification-like monotone decay
+
+
+def test_compiles_once_per_shape():
+  ids, mask = _source()
+  kwargs = dict(gamma=3, verifier='token', sampling=sampling_lib.SamplingConfig(),
+                max_new_tokens=12)
+  decode.speculative_generate(TARGET, DRAFTER, ids, mask, rng=jax.random.key(0), **kwargs)
+  before = decode._speculative_jit._cache_size()
+  for seed in range(1, 4):
+    decode.speculative_generate(TARGET, DRAFTER, ids + seed, mask, rng=jax.random.key(seed),
+                                **kwargs)
+  assert decode._speculative_jit._cache_size() == before
+
+
+def test_bad_inputs_raise_clear_errors():
+  ids, mask = _source()
+  kw = dict(sampling=GREEDY, max_new_tokens=4, rng=jax.random.key(0))
+  with pytest.raises(ValueError, match='gamma must be >= 1'):
+    decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=0, **kw)
+  with pytest.raises(ValueError, match='vocabularies differ'):
+    decode.speculative_generate(TARGET, fakes.random_markov(0, vocab_size=5), ids, mask, gamma=2,
+                                **kw)
+  with pytest.raises(ValueError, match='Unknown verifier'):
+    decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=2, verifier='nope', **kw)
+  with pytest.raises(ValueError, match='max_new_tokens must be >= 1'):
+    decode.generate(TARGET, ids, mask, sampling=GREEDY, max_new_tokens=0, rng=jax.random.key(0))
+
+
+# ---------------------------------------------------------------------------------------------
+# n-gram drafters.
+
+
+def test_bigram_fit_matches_counts():
+  seqs = [np.array([3, 4, 3, 1]), np.array([3, 4, 5, 1])]
+  drafter = drafters.NGramDrafter.fit(seqs, vocab_size=8, order=2, add_k=0.5, top_k=2)
+  logits, _ = drafter.steps.step(drafter.params, jnp.array([[0, 3, 4, 7]]),
+                                 drafter.steps.init_cache(None, jnp.zeros((1, 1)), None, 0))
+  probs = np.exp(np.asarray(logits[0], np.float64))
+  np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-5)
+  # After start (0): 3 twice. After 4: 3 once, 5 once (both kept, K = 2). Unseen 7: uniform.
+  np.testing.assert_allclose(probs[0, 3], (2 + 0.5) / (2 + 0.5 * 8), rtol=1e-5)
+  np.testing.assert_allclose(probs[2, [3, 5]], (1 + 0.5) / (2 + 0.5 * 8), rtol=1e-5)
+  np.testing.assert_allclose(probs[3], 1 / 8, rtol=1e-5)
+  unigram = drafters.NGramDrafter.fit(seqs, vocab_size=8, order=1, add_k=1.0)
+  np.testing.assert_allclose(np.exp(unigram.params['log_probs'])[3], (3 + 1) / (8 + 8), rtol=1e-5)
+
+
+def test_bigram_keeps_only_top_k_continuations():
+  seqs = [np.array([2, 5]), np.array([2, 5]), np.array([2, 6]), np.array([2, 7])]
+  drafter = drafters.NGramDrafter.fit(seqs, vocab_size=10, order=2, add_k=0.1, top_k=2)
+  logits, _ = drafter.steps.step(drafter.params, jnp.array([[2]]),
+                                 drafter.steps.init_cache(None, jnp.zeros((1, 1)), None, 0))
+  probs = np.exp(np.asarray(logits[0, 0], np.float64))
+  np.testing.assert_allclose(probs.sum(), 1.0, rtol=1e-5)
+  assert probs[5] > probs[6] > probs[7]  # 7 (tie with 6, higher id) counted as unseen
+  np.testing.assert_allclose(probs[7], probs[0], rtol=1e-6)
+
+
+def test_ngram_save_load(tmp_path):
+  drafter = drafters.NGramDrafter.fit([np.array([3, 4, 1])], vocab_size=6, order=2)
+  drafter.save(tmp_path / 'bigram.npz')
+  loaded = drafters.NGramDrafter.load(tmp_path / 'bigram.npz')
+  assert loaded.steps == drafter.steps
+  jax.tree.map(np.testing.assert_array_equal, loaded.params, drafter.params)
+
+
+@pytest.mark.parametrize('order', [1, 2])
+@pytest.mark.parametrize('verifier', ['token', 'block'])
+def test_greedy_equals_generate_with_ngram_drafter(order, verifier):
+  target = fakes.random_markov(seed=31, vocab_size=12, positions=40, eos_id=1)
+  ref = decode.generate(target, *_source(), sampling=GREEDY, max_new_tokens=25,
+                        rng=jax.random.key(0))
+  drafter = drafters.NGramDrafter.fit(np.asarray(ref.tokens), vocab_size=12, order=order)
+  out = decode.speculative_generate(target, drafter, *_source(), gamma=3, verifier=verifier,
+                                    sampling=GREEDY, max_new_tokens=25, rng=jax.random.key(0))
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  assert int(out.stats.accepted.sum()) > 0
+
+
+@pytest.mark.parametrize('verifier', ['token', 'block'])
+def test_lossless_with_bigram_drafter(verifier):
+  sampling = SAMPLINGS[2]
+  drafter = drafters.NGramDrafter.fit([np.array([2, 3, 2, 1]), np.array([3, 3, 0, 2])],
+                                      vocab_size=4, order=2, add_k=0.3)
+  rows, length = 100_000, 3
+  ids, mask = jnp.zeros((rows, 1), jnp.int32), jnp.ones((rows, 1), jnp.int32)
+  out = decode.speculative_generate(TARGET, drafter, ids, mask, gamma=2, verifier=verifier,
+                                    sampling=sampling, max_new_tokens=length,
+                                    rng=jax.random.key(9))
+  exact = fakes.exact_prefix_distribution(TARGET, length, sampling)
+  assert _chi_square_pvalue(np.asarray(out.tokens), exact) > SIGNIFICANCE
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiny random T5 pair.
+
+
+def _t5_pair():
+  target_cfg = t5.CONFIGS['tiny-v1.1']
+  drafter_cfg = t5.CONFIGS['tiny-v1.0']
+  assert target_cfg.vocab_size == drafter_cfg.vocab_size
+  target = t5.T5Model(config=target_cfg, params=t5.init_params(jax.random.key(0), target_cfg))
+  drafter = t5.T5Model(config=drafter_cfg, params=t5.init_params(jax.random.key(1), drafter_cfg))
+  return target, drafter
+
+
+@pytest.mark.parametrize('verifier', ['token', 'block'])
+@pytest.mark.parametrize('gamma', [1, 3, 5])
+def test_greedy_equals_generate_t5(verifier, gamma):
+  target, drafter = _t5_pair()
+  ids, mask = _source(vocab=target.config.vocab_size)
+  kwargs = dict(sampling=GREEDY, max_new_tokens=16, rng=jax.random.key(0))
+  ref = decode.generate(target, ids, mask, **kwargs)
+  assert float(ref.lengths.mean()) > 4  # the comparison is not trivially short
+  out = decode.speculative_generate(target, drafter, ids, mask, gamma=gamma, verifier=verifier,
+                                    **kwargs)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  np.testing.assert_array_equal(out.lengths, ref.lengths)
+
+
+def test_t5_rows_do_not_depend_on_batch():
+  target, drafter = _t5_pair()
+  ids, mask = _source(vocab=target.config.vocab_size)
+  kwargs = dict(gamma=3, verifier='block', sampling=GREEDY, max_new_tokens=16,
+                rng=jax.random.key(0))
+  full = decode.speculative_generate(target, drafter, ids, mask, **kwargs)
+  for b in range(ids.shape[0]):
+    alone = decode.speculative_generate(target, drafter, ids[b : b + 1], mask[b : b + 1], **kwargs)
+    np.testing.assert_array_equal(alone.tokens[0], full.tokens[b])
+
+
+def test_t5_target_as_drafter_greedy():
+  target, _ = _t5_pair()
+  ids, mask = _source(vocab=target.config.vocab_size)
+  out = decode.speculative_generate(target, target, ids, mask, gamma=4, verifier='token',
+                                    sampling=GREEDY, max_new_tokens=16, rng=jax.random.key(0))
+  full_iterations = out.stats.accepted == 4 * out.stats.target_calls
+  # Only a row's last iteration may be cut short (EOS or the limit).
+  assert (out.stats.accepted >= 4 * (out.stats.target_calls - 1)).all()
+  assert full_iterations.any()
+
+
+def test_t5_input_too_long():
+  target, drafter = _t5_pair()
+  n = target.config.max_source_length + 1
+  ids, mask = jnp.ones((1, n), jnp.int32), jnp.ones((1, n), jnp.int32)
+  with pytest.raises(ValueError, match='max_source_length'):
+    decode.speculative_generate(target, drafter, ids, mask, gamma=2, sampling=GREEDY,
+                                max_new_tokens=4, rng=jax.random.key(0))
