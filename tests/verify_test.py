@@ -1,0 +1,487 @@
+"""Tests for specdec_jax.verify.
+
+Distribution tests compare the jitted kernels, run on NUM_ROWS independent rows, with the exact
+distribution enumerated by tests/verify_oracle.py, by a chi-square goodness-of-fit test at
+significance SIGNIFICANCE: a correct kernel must give p > SIGNIFICANCE, and each negative control
+(a plausible bug) must give p < SIGNIFICANCE on the same rows. Every row drafts its own block from
+a context-dependent toy drafter, so p_i and q_i depend on the sampled prefix. Seeds are fixed.
+"""
+
+import functools
+from fractions import Fraction
+
+import hypothesis
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.stats
+from hypothesis import strategies as st
+
+from specdec_jax import sampling, verify
+from tests import verify_oracle as oracle
+
+NUM_ROWS = 200_000
+SIGNIFICANCE = 1e-3
+METHODS = ('token', 'block')
+
+
+# ----------------------------------------------------------------------------------------------
+# Simulation: toy models as lookup tables, drafting and target continuation in numpy.
+
+
+class ToyPair:
+  """A target/drafter pair of context-dependent toy models with numpy lookup tables."""
+
+  def __init__(self, target: oracle.Model, drafter: oracle.Model, gamma: int):
+    self.target, self.drafter, self.gamma = target, drafter, gamma
+    self.vocab = len(target[()])
+    self.p_table = _table(target, self.vocab, gamma + 1)
+    self.q_table = _table(drafter, self.vocab, gamma)
+
+
+@functools.cache
+def _random_pair(seed: int, vocab: int, gamma: int, shared: float = 0.25) -> ToyPair:
+  """Random models; in a fraction `shared` of the contexts the drafter equals the target exactly,
+  so zero residuals (p == q) occur."""
+  rng = np.random.default_rng(seed)
+  target = oracle.random_model(rng, vocab, gamma)
+  drafter = oracle.random_model(rng, vocab, gamma)
+  for prefix in drafter:
+    if rng.random() < shared:
+      drafter[prefix] = target[prefix]
+  return ToyPair(target, drafter, gamma)
+
+
+@functools.cache
+def _sun_toy_pair() -> ToyPair:
+  """Sun et al. §3: Mb = [1/3, 2/3], Ms = [2/3, 1/3], context-free, G = 2."""
+  target = oracle.context_free_model([Fraction(1, 3), Fraction(2, 3)], 2, 2)
+  drafter = oracle.context_free_model([Fraction(2, 3), Fraction(1, 3)], 2, 2)
+  return ToyPair(target, drafter, 2)
+
+
+def _offsets(vocab: int, max_len: int) -> np.ndarray:
+  """offsets[l] = number of sequences shorter than l; the code space of lengths 0..max_len."""
+  return np.concatenate([[0], np.cumsum(vocab ** np.arange(max_len + 1))])
+
+
+def _encode(seqs: np.ndarray, lengths, vocab: int) -> np.ndarray:
+  """Unique code of each sequence `seqs[n, :lengths[n]]`: [N, L] ints -> [N]."""
+  lengths = np.broadcast_to(lengths, seqs.shape[:1])
+  position = np.arange(seqs.shape[1])
+  exponent = lengths[:, None] - 1 - position
+  digits = np.where(exponent >= 0, seqs * vocab ** np.maximum(exponent, 0), 0)
+  return _offsets(vocab, seqs.shape[1])[lengths] + digits.sum(axis=1)
+
+
+def _table(model: oracle.Model, vocab: int, num_lengths: int) -> np.ndarray:
+  """float64[num codes, V]: the model's distribution after each prefix of length < num_lengths."""
+  table = np.zeros((_offsets(vocab, num_lengths)[num_lengths], vocab))
+  for prefix, probs in model.items():
+    if len(prefix) < num_lengths:
+      table[_encode(np.array([prefix or [0]]), len(prefix), vocab)[0]] = [float(x) for x in probs]
+  return table
+
+
+def _draw(rng: np.random.Generator, probs: np.ndarray) -> np.ndarray:
+  """Gumbel-max draw per row of float64 probs [N, V]; zero-probability tokens are never drawn."""
+  with np.errstate(divide='ignore'):
+    return np.argmax(np.log(probs) + rng.gumbel(size=probs.shape), axis=1)
+
+
+@functools.cache
+def _draft(pair: ToyPair, seed: int):
+  """Drafts NUM_ROWS rows autoregressively; returns tokens [N, G], f32 q [N, G, V], p [N, G+1, V].
+
+  Cached: every test on the same (pair, seed) sees the same rows (read-only).
+  """
+  rng = np.random.default_rng(seed)
+  num_rows = NUM_ROWS
+  tokens = np.zeros((num_rows, pair.gamma), np.int64)
+  for i in range(pair.gamma):
+    tokens[:, i] = _draw(rng, pair.q_table[_encode(tokens, i, pair.vocab)])
+  draft_probs = np.stack(
+    [pair.q_table[_encode(tokens, i, pair.vocab)] for i in range(pair.gamma)], axis=1
+  )
+  target_probs = np.stack(
+    [pair.p_table[_encode(tokens, i, pair.vocab)] for i in range(pair.gamma + 1)], axis=1
+  )
+  return tokens, draft_probs.astype(np.float32), target_probs.astype(np.float32)
+
+
+def _run(verify_fn, pair: ToyPair, seed: int):
+  """One iteration on each of NUM_ROWS rows; returns (draft tokens [N, G], tau [N], Y [N])."""
+  tokens, draft_probs, target_probs = _draft(pair, seed)
+  result = verify_fn(
+    jax.random.key(seed), jnp.asarray(tokens, jnp.int32), draft_probs, target_probs
+  )
+  return tokens, np.asarray(result.num_accepted), np.asarray(result.next_token)
+
+
+def _emitted(tokens, tau, next_token) -> np.ndarray:
+  """The emitted sequences `X^tau + (Y,)`, right-padded with zeros: [N, G+1]."""
+  padded = np.pad(tokens, ((0, 0), (0, 1)))
+  position = np.arange(padded.shape[1])
+  return np.where(position < tau[:, None], padded, 0) + np.where(
+    position == tau[:, None], next_token[:, None], 0
+  )
+
+
+def _continue_with_target(pair: ToyPair, seqs, lengths, rng) -> np.ndarray:
+  """Fills positions >= lengths[n] of seqs [N, G+1] by sampling from the target."""
+  seqs = seqs.copy()
+  for j in range(seqs.shape[1]):
+    drawn = _draw(rng, pair.p_table[_encode(seqs, j, pair.vocab)])
+    seqs[:, j] = np.where(j < lengths, seqs[:, j], drawn)
+  return seqs
+
+
+def _chi_square_pvalue(codes: np.ndarray, dist: oracle.Distribution, vocab: int, max_len: int):
+  """p-value of the observed codes under the exact distribution; cells with expected count < 5
+  are pooled, and any observation of a probability-0 sequence gives p = 0."""
+  num_cells = _offsets(vocab, max_len)[max_len + 1]
+  probs = np.zeros(num_cells)
+  for seq, prob in dist.items():
+    probs[_encode(np.array([seq]), len(seq), vocab)[0]] = float(prob)
+  observed = np.bincount(codes, minlength=num_cells).astype(np.float64)
+  if observed[probs == 0].sum() > 0:
+    return 0.0
+  expected = probs * len(codes)
+  small = expected < 5
+  obs = np.append(observed[~small & (probs > 0)], observed[small].sum())
+  exp = np.append(expected[~small & (probs > 0)], expected[small].sum())
+  if exp[-1] == 0:
+    obs, exp = obs[:-1], exp[:-1]
+  return scipy.stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+
+
+def _iteration_pvalue(verify_fn, pair: ToyPair, method: str, seed: int) -> float:
+  tokens, tau, next_token = _run(verify_fn, pair, seed)
+  codes = _encode(_emitted(tokens, tau, next_token), tau + 1, pair.vocab)
+  exact = oracle.iteration_distribution(pair.target, pair.drafter, pair.gamma, method)
+  return _chi_square_pvalue(codes, exact, pair.vocab, pair.gamma + 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Negative controls: plausible bugs, built from verify's pieces with one piece swapped.
+
+
+def _next_from_target(rng, tau, weight, draft_probs, target_probs):
+  """Bug: on rejection sample Y from p_{tau+1} instead of the residual."""
+  del weight, draft_probs
+  return sampling.sample(rng, jnp.take_along_axis(target_probs, tau[:, None, None], axis=1)[:, 0])
+
+
+def _next_unnormalized(rng, tau, weight, draft_probs, target_probs):
+  """Bug: inverse-CDF draw from the residual without renormalizing it (the missing mass lands
+  on the last token)."""
+  gamma = draft_probs.shape[1]
+  p = jnp.take_along_axis(target_probs, tau[:, None, None], axis=1)[:, 0]
+  q = jnp.take_along_axis(draft_probs, jnp.minimum(tau, gamma - 1)[:, None, None], axis=1)[:, 0]
+  q = jnp.where((tau < gamma)[:, None], q, 0.0)
+  residual = jnp.maximum(jnp.where(tau < gamma, weight, 1.0)[:, None] * p - q, 0.0)
+  u = jax.random.uniform(rng, tau.shape)
+  index = jnp.sum(jnp.cumsum(residual, axis=-1) <= u[:, None], axis=-1)
+  return jnp.minimum(index, p.shape[-1] - 1).astype(jnp.int32)
+
+
+def _inverted_token_acceptance(p_x, q_x, *unused):
+  """Bug: the ratio upside down, min(1, q/p)."""
+  del unused
+  return verify._token_acceptance(q_x, p_x)
+
+
+def _token_acceptance_in_block(p_x, q_x, *unused):
+  """Bug: block selection with the token-verification h_i = min(1, p_i(X_i)/q_i(X_i))."""
+  del unused
+  return verify._token_acceptance(p_x, q_x)
+
+
+def _unnormalized_block_acceptance(p_x, q_x, weights, draft_probs, target_probs):
+  """Bug: h_i = r_i, the residual mass not divided by r_i + 1 - w_i."""
+  del p_x, q_x
+  w_inner = weights[:, 1:-1]
+  residual = jnp.maximum(w_inner[..., None] * target_probs[:, 1:-1] - draft_probs[:, 1:], 0.0)
+  return jnp.concatenate([jnp.sum(residual, axis=-1), weights[:, -1:]], axis=1)
+
+
+def _token_acceptance(p_x, q_x, *unused):
+  del unused
+  return verify._token_acceptance(p_x, q_x)
+
+
+def _block_acceptance(p_x, q_x, weights, draft_probs, target_probs):
+  del p_x, q_x
+  return verify._block_acceptance(weights, draft_probs, target_probs)
+
+
+def _make_verifier(method, acceptance=None, sample_next=verify._sample_next):
+  """A token or block verifier assembled from verify's pieces, with the acceptance probabilities
+  `acceptance(p_x, q_x, weights, draft_probs, target_probs) -> h [B, G]` and the draw of Y
+  replaceable."""
+  default_acceptance = {'token': _token_acceptance, 'block': _block_acceptance}[method]
+  acceptance = acceptance or default_acceptance
+
+  @jax.jit
+  def verify_fn(rng, draft_tokens, draft_probs, target_probs):
+    p_x, q_x = verify._probs_of_drafts(draft_tokens, draft_probs, target_probs)
+    weights = verify._block_weights(p_x, q_x)
+    eta_rng, next_rng = jax.random.split(rng)
+    accepted = verify._uniform_like(eta_rng, p_x) < acceptance(
+      p_x, q_x, weights, draft_probs, target_probs
+    )
+    if method == 'token':
+      num_accepted = verify._accepted_prefix_length(accepted)
+      weight = jnp.ones(num_accepted.shape)
+    else:
+      num_accepted = verify._longest_accepted_block(accepted)
+      weight = jnp.take_along_axis(weights, num_accepted[:, None], axis=1)[:, 0]
+    next_token = sample_next(next_rng, num_accepted, weight, draft_probs, target_probs)
+    return verify.VerifyResult(num_accepted, next_token)
+
+  return verify_fn
+
+
+NEGATIVE_CONTROLS = {
+  'token/residual=p': ('token', _make_verifier('token', sample_next=_next_from_target)),
+  'token/no_renormalization': ('token', _make_verifier('token', sample_next=_next_unnormalized)),
+  'token/ratio_q_over_p': ('token', _make_verifier('token', _inverted_token_acceptance)),
+  'block/residual=p': ('block', _make_verifier('block', sample_next=_next_from_target)),
+  'block/no_renormalization': ('block', _make_verifier('block', sample_next=_next_unnormalized)),
+  'block/h_not_normalized': ('block', _make_verifier('block', _unnormalized_block_acceptance)),
+  'block/token_h': ('block', _make_verifier('block', _token_acceptance_in_block)),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Exact distribution tests.
+
+
+@pytest.mark.parametrize('method', METHODS)
+@pytest.mark.parametrize('seed', [0, 1])
+def test_matches_exact_oracle(method, seed):
+  pair = _random_pair(seed, vocab=4, gamma=3)  # One shape throughout: one compilation.
+  pvalue = _iteration_pvalue(verify.VERIFIERS[method], pair, method, seed)
+  assert pvalue > SIGNIFICANCE, f'{method}: chi-square p = {pvalue:.2e} at significance 1e-3'
+
+
+def test_reimplementation_matches_oracle():
+  """The assembly used by the negative controls is itself correct when nothing is swapped."""
+  pair = _random_pair(0, 4, 3)
+  tokens, draft_probs, target_probs = _draft(pair, 0)
+  for method in METHODS:
+    args = (jax.random.key(0), jnp.asarray(tokens, jnp.int32), draft_probs, target_probs)
+    expected, actual = verify.VERIFIERS[method](*args), _make_verifier(method)(*args)
+    np.testing.assert_array_equal(actual.num_accepted, expected.num_accepted)
+    np.testing.assert_array_equal(actual.next_token, expected.next_token)
+
+
+@pytest.mark.parametrize('name', sorted(NEGATIVE_CONTROLS))
+def test_negative_controls_fail(name):
+  method, buggy_verify = NEGATIVE_CONTROLS[name]
+  pair = _random_pair(0, 4, 3)
+  pvalue = _iteration_pvalue(buggy_verify, pair, method, seed=0)
+  assert pvalue < SIGNIFICANCE, f'{name} passed the chi-square test (p = {pvalue:.3g})'
+
+
+@pytest.mark.parametrize('method', METHODS)
+def test_lossless_with_target_continuation(method):
+  """X^tau, Y, then target sampling up to G+1 tokens ~ Mb^(G+1), exactly (oracle) and by
+  chi-square (kernel)."""
+  pair = _random_pair(3, vocab=4, gamma=3)
+  length = pair.gamma + 1
+  target_joint = oracle.sequence_distribution(pair.target, length, pair.vocab)
+  exact = oracle.iteration_distribution(pair.target, pair.drafter, pair.gamma, method)
+  assert oracle.continue_with_target(exact, pair.target, length) == target_joint
+
+  tokens, tau, next_token = _run(verify.VERIFIERS[method], pair, seed=4)
+  rng = np.random.default_rng(1004)  # Not the drafting seed: the continuation must be independent.
+  seqs = _continue_with_target(pair, _emitted(tokens, tau, next_token), tau + 1, rng)
+  codes = _encode(seqs, length, pair.vocab)
+  pvalue = _chi_square_pvalue(codes, target_joint, pair.vocab, length)
+  assert pvalue > SIGNIFICANCE, f'chi-square p = {pvalue:.2e} at significance 1e-3'
+
+
+@pytest.mark.parametrize('seed', range(6))
+def test_oracle_is_lossless(seed):
+  pair = _random_pair(100 + seed, vocab=3, gamma=3)
+  target_joint = oracle.sequence_distribution(pair.target, pair.gamma + 1, pair.vocab)
+  for method in METHODS:
+    exact = oracle.iteration_distribution(pair.target, pair.drafter, pair.gamma, method)
+    assert oracle.continue_with_target(exact, pair.target, pair.gamma + 1) == target_joint
+
+
+@pytest.mark.parametrize(
+  ('method', 'expected'), [('token', Fraction(10, 9)), ('block', Fraction(11, 9))]
+)
+def test_sun_toy_model(method, expected):
+  pair = _sun_toy_pair()
+  exact = oracle.iteration_distribution(pair.target, pair.drafter, pair.gamma, method)
+  assert oracle.expected_accepted(exact) == expected
+
+  _, tau, _ = _run(verify.VERIFIERS[method], pair, seed=5)
+  second_moment = sum((len(seq) - 1) ** 2 * prob for seq, prob in exact.items())
+  sigma = np.sqrt(float(second_moment - expected**2) / len(tau))
+  assert abs(tau.mean() - float(expected)) < 4 * sigma
+
+
+def test_block_never_worse_than_token():
+  gains = []
+  for seed in range(20):
+    pair = _random_pair(200 + seed, vocab=3, gamma=3, shared=0.0)
+    token, block = (
+      oracle.expected_accepted(oracle.iteration_distribution(pair.target, pair.drafter, 3, m))
+      for m in METHODS
+    )
+    assert block >= token, seed
+    gains.append(block - token)
+  assert max(gains) > 0
+
+
+def test_block_equals_token_at_gamma_one():
+  pair = _random_pair(7, vocab=4, gamma=1)
+  token, block = (oracle.iteration_distribution(pair.target, pair.drafter, 1, m) for m in METHODS)
+  assert token == block
+
+
+# ----------------------------------------------------------------------------------------------
+# Temperature 0, degenerate inputs, shapes.
+
+
+@pytest.mark.parametrize('method', METHODS)
+def test_temperature_zero_accepts_longest_argmax_prefix(method):
+  batch, gamma, vocab = 256, 4, 6
+  rng = np.random.default_rng(6)
+  # Small integer logits: many ties, which the lowest-id argmax rule must break consistently.
+  target_logits = rng.integers(0, 4, size=(batch, gamma + 1, vocab)).astype(np.float32)
+  draft_logits = target_logits[:, :gamma].copy()
+  mismatch_at = rng.integers(0, gamma + 1, size=batch)  # gamma: no mismatch.
+  for b, i in enumerate(mismatch_at):
+    if i < gamma:
+      draft_logits[b, i, (np.argmax(target_logits[b, i]) + 1 + rng.integers(vocab - 1)) % vocab] = 9
+  greedy = sampling.SamplingConfig(temperature=0.0)
+  target_probs = sampling.logits_to_probs(target_logits, greedy)
+  draft_probs = sampling.logits_to_probs(draft_logits, greedy)
+  draft_tokens = jnp.argmax(draft_logits, axis=-1)
+  target_argmax = np.argmax(target_logits, axis=-1)
+  for key in range(3):
+    result = verify.VERIFIERS[method](jax.random.key(key), draft_tokens, draft_probs, target_probs)
+    np.testing.assert_array_equal(result.num_accepted, mismatch_at)
+    np.testing.assert_array_equal(result.next_token, target_argmax[np.arange(batch), mismatch_at])
+
+
+@pytest.mark.parametrize('method', METHODS)
+def test_identical_models_accept_everything(method):
+  pair = _random_pair(8, vocab=4, gamma=3, shared=1.0)
+  _, tau, _ = _run(verify.VERIFIERS[method], pair, seed=8)
+  assert np.all(tau == pair.gamma)
+
+
+_KINDS = ('dirichlet', 'one_hot', 'uniform', 'sparse', 'tiny', 'same')
+
+
+def _degenerate_probs(rng: np.random.Generator, kinds, shape, like=None) -> np.ndarray:
+  """f32 probability rows of the given kinds; 'same' copies the row of `like` (p == q)."""
+  vocab = shape[-1]
+  rows = []
+  for index, kind in zip(np.ndindex(*shape[:-1]), kinds):
+    if kind == 'same' and like is not None and index[1] < like.shape[1]:
+      rows.append(like[index].astype(np.float64))
+      continue
+    if kind == 'one_hot':
+      row = np.eye(vocab)[rng.integers(vocab)]
+    elif kind == 'uniform':
+      row = np.ones(vocab)
+    elif kind == 'sparse':
+      row = rng.dirichlet(np.ones(vocab)) * (rng.random(vocab) < 0.5)
+      row[rng.integers(vocab)] += 0.1
+    elif kind == 'tiny':
+      row = rng.choice([0.0, 1e-30, 1e-38, 1e-44, 1e-7], size=vocab)
+      row[rng.integers(vocab)] = 1.0
+    else:
+      row = rng.dirichlet(np.full(vocab, 0.3))
+    rows.append(row / row.sum())
+  return np.array(rows).reshape(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize('gamma, vocab', [(1, 2), (3, 5)])
+@hypothesis.settings(max_examples=40, deadline=None, derandomize=True)
+@hypothesis.given(data=st.data())
+def test_degenerate_inputs(gamma, vocab, data):
+  batch = 6
+  seed = data.draw(st.integers(0, 2**31 - 1))
+  q_kinds = data.draw(
+    st.lists(st.sampled_from(_KINDS), min_size=batch * gamma, max_size=batch * gamma)
+  )
+  p_kinds = data.draw(
+    st.lists(st.sampled_from(_KINDS), min_size=batch * (gamma + 1), max_size=batch * (gamma + 1))
+  )
+  rng = np.random.default_rng(seed)
+  q = _degenerate_probs(rng, q_kinds, (batch, gamma, vocab))
+  p = _degenerate_probs(rng, p_kinds, (batch, gamma + 1, vocab), like=q)
+  # Mostly drafts the drafter could make, sometimes impossible ones (q(X) = 0).
+  tokens = np.where(
+    rng.random((batch, gamma)) < 0.8,
+    np.argmax(np.log(q + 1e-45) + rng.gumbel(size=q.shape), axis=-1),
+    rng.integers(vocab, size=(batch, gamma)),
+  )
+  rows = np.arange(batch)
+  q_x = np.take_along_axis(q, tokens[..., None], axis=-1)[..., 0]
+  # XLA on CPU flushes subnormals to zero, so a draft needs a normal q(X) to count as possible.
+  possible = q_x >= np.finfo(np.float32).tiny
+  same_as_drafter = np.all(p[:, :-1] == q, axis=(1, 2)) & np.all(possible, axis=1)
+  for method, verify_fn in verify.VERIFIERS.items():
+    result = verify_fn(jax.random.key(seed), jnp.asarray(tokens, jnp.int32), q, p)
+    tau, y = np.asarray(result.num_accepted), np.asarray(result.next_token)
+    assert result.num_accepted.dtype == jnp.int32 and result.next_token.dtype == jnp.int32
+    assert np.all((tau >= 0) & (tau <= gamma)) and np.all((y >= 0) & (y < vocab)), method
+    assert np.all(p[rows, tau, y] > 0), f'{method}: emitted a token the target gives probability 0'
+    for i in range(gamma):
+      assert np.all(p[rows, i, tokens[:, i]][tau > i] > 0), f'{method}: accepted X with p(X) = 0'
+    assert np.all(tau[same_as_drafter] == gamma), f'{method}: p == q but a draft was rejected'
+
+  for name, h in _acceptance_probabilities(tokens, q, p).items():
+    h = np.asarray(h)
+    assert np.all((h >= 0) & (h <= 1)), f'{name} outside [0, 1] or NaN: {h}'
+
+
+@jax.jit
+def _acceptance_probabilities(draft_tokens, draft_probs, target_probs):
+  p_x, q_x = verify._probs_of_drafts(draft_tokens, draft_probs, target_probs)
+  weights = verify._block_weights(p_x, q_x)
+  return {
+    'token h': verify._token_acceptance(p_x, q_x),
+    'block w': weights,
+    'block h': verify._block_acceptance(weights, draft_probs, target_probs),
+  }
+
+
+@pytest.mark.parametrize(
+  'tokens_shape, q_shape, p_shape, message',
+  [
+    ((2, 3, 1), (2, 3, 4), (2, 4, 4), 'draft_tokens'),
+    ((2, 0), (2, 0, 4), (2, 1, 4), 'G >= 1'),
+    ((2, 3), (2, 2, 4), (2, 4, 4), 'draft_probs'),
+    ((2, 3), (2, 3, 4), (2, 3, 4), 'target_probs'),
+    ((2, 3), (2, 3, 4), (2, 4, 5), 'target_probs'),
+  ],
+)
+def test_bad_shapes(tokens_shape, q_shape, p_shape, message):
+  for verify_fn in verify.VERIFIERS.values():
+    with pytest.raises(ValueError, match=message):
+      verify_fn(
+        jax.random.key(0), jnp.zeros(tokens_shape, jnp.int32), jnp.ones(q_shape), jnp.ones(p_shape)
+      )
+
+
+def test_verifiers_registry():
+  assert verify.VERIFIERS['token'] is verify.token_verify
+  assert verify.VERIFIERS['block'] is verify.block_verify
+  result = verify.block_verify(
+    jax.random.key(0),
+    jnp.zeros((2, 1), jnp.int32),
+    jnp.full((2, 1, 3), 1 / 3),
+    jnp.full((2, 2, 3), 1 / 3),
+  )
+  assert isinstance(result, verify.VerifyResult) and result.num_accepted.shape == (2,)
