@@ -1,0 +1,64 @@
+"""Training settings shared by `train_target.py` and `train_drafter.py` (not a config itself).
+
+Model shapes are set by the two configs; everything else (data, optimizer, schedule, evaluation,
+checkpointing) is here, so the target and its drafter are trained the same way on the same data.
+"""
+
+import ml_collections
+
+
+def parse_arg(arg: str | None) -> set[str]:
+  """The comma-separated options after the config path (`...py:runlocal`)."""
+  options = {a for a in (arg or '').split(',') if a}
+  unknown = options - {'runlocal'}
+  if unknown:
+    raise ValueError(f'unknown config option(s) {sorted(unknown)}; known: runlocal')
+  return options
+
+
+def base_config(runlocal: bool) -> ml_collections.ConfigDict:
+  """Data, optimizer and loop settings; `runlocal` shrinks them to a smoke test."""
+  c = ml_collections.ConfigDict()
+  c.data_dir = './data/ende'
+  c.train_file = ''  # default <data_dir>/train.tsv; any load_pairs file (TSV / JSONL) works
+  c.valid_file = ''  # default <data_dir>/valid.tsv
+  c.tokenizer = ''  # default <data_dir>/spm_ende_8k.model
+  c.seed = 0
+
+  c.max_source_length = 64
+  c.max_target_length = 64
+  c.length_buckets = (16, 32, 64)  # one compiled train step per bucket
+  c.batch_size = 128
+
+  c.num_train_steps = 20_000  # ~41 epochs of the 62k train pairs
+  c.learning_rate = 1e-3
+  c.warmup_steps = 1_000
+  c.lr_decay = 'cosine'  # 'cosine' | 'rsqrt' | 'constant'
+  c.end_lr_fraction = 0.1
+  c.adam_b1 = 0.9
+  c.adam_b2 = 0.98
+  c.weight_decay = 0.01
+  c.grad_clip_norm = 1.0
+  c.label_smoothing = 0.1
+
+  c.log_every = 100
+  c.eval_every = 1_000
+  c.checkpoint_every = 1_000
+  c.keep_checkpoints = 3
+  c.num_eval_pairs = 2_000  # valid pairs for the loss (the whole valid split)
+  c.num_bleu_pairs = 512  # valid pairs decoded greedily for BLEU
+  c.eval_batch_size = 128
+
+  if runlocal:
+    c.max_source_length = c.max_target_length = 32
+    c.length_buckets = (16, 32)
+    c.batch_size = 8
+    c.num_train_steps = 6
+    c.warmup_steps = 2
+    c.log_every = 2
+    c.eval_every = 3
+    c.checkpoint_every = 3
+    c.num_eval_pairs = 16
+    c.num_bleu_pairs = 8
+    c.eval_batch_size = 8
+  return c

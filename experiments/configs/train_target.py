@@ -1,0 +1,30 @@
+"""Target model: T5 v1.1 layout (gated-GELU, untied output layer), ~13.5M params, vocab 8000.
+
+  python scripts/train.py --config=experiments/configs/train_target.py --workdir=workdir/target
+  python scripts/train.py --config=experiments/configs/train_target.py:runlocal \\
+      --workdir=/tmp/target_smoke    # a few steps on tiny shapes
+
+Rerunning the same command resumes from the latest checkpoint. Params: 13,539,072
+(embedding 2.05M + logits 2.05M + 4 encoder layers 4.19M + 4 decoder layers 5.24M + bias tables).
+"""
+
+from experiments.configs import train_common
+
+
+def get_config(arg: str | None = None):
+  runlocal = 'runlocal' in train_common.parse_arg(arg)
+  c = train_common.base_config(runlocal)
+  c.model = dict(
+    vocab_size=8000,
+    d_model=256,
+    d_kv=64,
+    num_heads=4,
+    d_ff=1024,
+    num_encoder_layers=4,
+    num_decoder_layers=4,
+    feed_forward='gated-gelu',
+    tie_word_embeddings=False,
+  )
+  if runlocal:
+    c.model.update(d_model=32, d_kv=8, d_ff=64, num_encoder_layers=1, num_decoder_layers=1)
+  return c

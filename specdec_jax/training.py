@@ -1,0 +1,403 @@
+"""Teacher-forced training of T5 translation models (target and drafter) on sentence pairs.
+
+Library half of `scripts/train.py`: the train state, the label-smoothed cross-entropy, the jitted
+step, evaluation (valid loss and greedy BLEU via `decode.generate`), and `train_and_evaluate`,
+which resumes from the latest orbax checkpoint in its workdir. Configs live in
+`experiments/configs/train_*.py`; nothing here reads flags.
+
+Axes: B batch, S source length, T target length, V vocab.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import time
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import sacrebleu
+
+from specdec_jax import checkpoints, decode, sampling
+from specdec_jax.data import batching, pairs
+from specdec_jax.data import tokenizer as tokenizer_lib
+from specdec_jax.models import t5
+
+
+@flax.struct.dataclass
+class TrainState:
+  """step int32[], params (T5X-named pytree, float32), opt_state (optax)."""
+
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+def param_count(params) -> int:
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """AdamW and learning-rate schedule settings; hashable, so a static jit argument."""
+
+  learning_rate: float = 1e-3
+  warmup_steps: int = 1000
+  num_train_steps: int = 20_000
+  lr_decay: str = 'cosine'  # 'cosine' | 'rsqrt' | 'constant'
+  end_lr_fraction: float = 0.1
+  adam_b1: float = 0.9
+  adam_b2: float = 0.98
+  weight_decay: float = 0.01
+  grad_clip_norm: float = 1.0
+
+  def __post_init__(self):
+    if self.lr_decay not in ('cosine', 'rsqrt', 'constant'):
+      raise ValueError(f"lr_decay must be 'cosine', 'rsqrt' or 'constant', got {self.lr_decay!r}")
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> 'OptimizerConfig':
+    """The fields of this class read from a training config."""
+    return cls(**{f.name: config[f.name] for f in dataclasses.fields(cls)})
+
+
+def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
+  """Linear warmup to `learning_rate`, then 'cosine' decay to `end_lr_fraction` of it over the
+  remaining steps, 'rsqrt' (T5's 1/sqrt(step) after warmup) or 'constant'."""
+  peak, warmup, total = config.learning_rate, max(config.warmup_steps, 1), config.num_train_steps
+  warm = optax.linear_schedule(0.0, peak, warmup)
+  if config.lr_decay == 'cosine':
+    decay = optax.cosine_decay_schedule(peak, max(total - warmup, 1), alpha=config.end_lr_fraction)
+  elif config.lr_decay == 'rsqrt':
+    decay = lambda step: peak * jnp.sqrt(warmup / jnp.maximum(step + warmup, warmup))
+  else:
+    decay = optax.constant_schedule(peak)
+  return optax.join_schedules([warm, decay], [warmup])
+
+
+def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
+  """AdamW (decoupled weight decay, none on norm scales) after global-norm gradient clipping."""
+  decay_mask = lambda params: jax.tree.map(lambda x: x.ndim > 1, params)
+  return optax.chain(
+    optax.clip_by_global_norm(config.grad_clip_norm),
+    optax.adamw(
+      learning_rate_schedule(config),
+      b1=config.adam_b1,
+      b2=config.adam_b2,
+      weight_decay=config.weight_decay,
+      mask=decay_mask,
+    ),
+  )
+
+
+def cross_entropy(
+  logits: jax.Array, targets: jax.Array, mask: jax.Array, *, label_smoothing: float
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Summed token losses.
+
+  Args:
+    logits: f32[B, T, V].
+    targets: int32[B, T] gold ids.
+    mask: bool[B, T] tokens that count.
+    label_smoothing: mass spread uniformly over the vocabulary.
+
+  Returns:
+    (smoothed loss sum, negative log-likelihood sum, number of tokens), float32 scalars.
+  """
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
+  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+  smooth = -jnp.mean(log_probs, axis=-1)
+  loss = (1.0 - label_smoothing) * nll + label_smoothing * smooth
+  weights = mask.astype(jnp.float32)
+  return jnp.sum(loss * weights), jnp.sum(nll * weights), jnp.sum(weights)
+
+
+def _loss_terms(params, batch, *, model_config: t5.T5Config, label_smoothing: float):
+  decoder_inputs = t5.shift_right(batch['targets'], model_config.decoder_start_token_id)
+  logits = t5.forward(
+    params, batch['inputs'], batch['input_mask'], decoder_inputs, config=model_config
+  )
+  return cross_entropy(
+    logits, batch['targets'], batch['target_mask'], label_smoothing=label_smoothing
+  )
+
+
+def train_step(
+  state: TrainState,
+  batch: dict[str, jax.Array],
+  *,
+  model_config: t5.T5Config,
+  optimizer_config: OptimizerConfig,
+  label_smoothing: float,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One AdamW step on the mean token loss of a batch (fields of `batching.batch_arrays`).
+
+  Returns:
+    The new state and float32 scalars `loss` (smoothed, per token), `nll` (per token), `tokens`
+    (real target tokens), `grad_norm`.
+  """
+
+  def loss_fn(params):
+    loss_sum, nll_sum, tokens = _loss_terms(
+      params, batch, model_config=model_config, label_smoothing=label_smoothing
+    )
+    denominator = jnp.maximum(tokens, 1.0)
+    return loss_sum / denominator, (nll_sum / denominator, tokens)
+
+  (loss, (nll, tokens)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  optimizer = make_optimizer(optimizer_config)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = {'loss': loss, 'nll': nll, 'tokens': tokens, 'grad_norm': optax.global_norm(grads)}
+  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+_train_step_jit = jax.jit(
+  train_step,
+  static_argnames=('model_config', 'optimizer_config', 'label_smoothing'),
+  donate_argnames=('state',),
+)
+_loss_terms_jit = jax.jit(_loss_terms, static_argnames=('model_config', 'label_smoothing'))
+
+
+def init_state(
+  rng: jax.Array, model_config: t5.T5Config, optimizer_config: OptimizerConfig
+) -> TrainState:
+  """Step 0: random params (`t5.init_params`) and a fresh optimizer state."""
+  params = t5.init_params(rng, model_config)
+  opt_state = make_optimizer(optimizer_config).init(params)
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
+
+
+_init_state_jit = jax.jit(init_state, static_argnames=('model_config', 'optimizer_config'))
+
+
+def evaluate_loss(params, batches, *, model_config: t5.T5Config) -> float:
+  """Mean per-token negative log-likelihood over `batching.eval_batches` output."""
+  nll_sum = tokens = 0.0
+  for batch in batches:
+    _, nll, n = _loss_terms_jit(params, batch, model_config=model_config, label_smoothing=0.0)
+    nll_sum, tokens = nll_sum + float(nll), tokens + float(n)
+  return nll_sum / max(tokens, 1.0)
+
+
+def evaluate_bleu(
+  model: t5.T5Model,
+  data: batching.EncodedPairs,
+  references: list[str],
+  tokenizer: tokenizer_lib.Tokenizer,
+  *,
+  batch_size: int,
+  max_new_tokens: int,
+) -> tuple[float, list[str]]:
+  """Greedy-decodes the sources of `data`; returns (corpus BLEU vs `references`, hypotheses)."""
+  hypotheses = []
+  greedy = sampling.SamplingConfig(temperature=0.0)
+  for batch in batching.eval_batches(data, batch_size):
+    out = decode.generate(
+      model,
+      batch['inputs'],
+      batch['input_mask'],
+      sampling=greedy,
+      max_new_tokens=max_new_tokens,
+      rng=jax.random.key(0),
+    )
+    tokens = np.asarray(out.tokens)
+    hypotheses.extend(tokenizer.decode(row) for row in tokens)
+  hypotheses = hypotheses[: len(references)]
+  return sacrebleu.corpus_bleu(hypotheses, [references]).score, hypotheses
+
+
+def model_config_from(config: ml_collections.ConfigDict) -> t5.T5Config:
+  return t5.T5Config(**config.model.to_dict())
+
+
+def _paths(config: ml_collections.ConfigDict) -> dict[str, str]:
+  data_dir = config.data_dir
+  return {
+    'train': config.train_file or os.path.join(data_dir, 'train.tsv'),
+    'valid': config.valid_file or os.path.join(data_dir, 'valid.tsv'),
+    'tokenizer': config.tokenizer or os.path.join(data_dir, 'spm_ende_8k.model'),
+  }
+
+
+def _export(model: t5.T5Model, path: str, tokenizer_path: str) -> None:
+  """checkpoints.save into a fresh `path` (replacing an older export) plus the tokenizer."""
+  tmp = path + '.tmp'
+  shutil.rmtree(tmp, ignore_errors=True)
+  checkpoints.save(model, tmp)
+  shutil.copy(tokenizer_path, os.path.join(tmp, 'spm.model'))
+  shutil.rmtree(path, ignore_errors=True)
+  os.rename(tmp, path)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Trains `config.model` on the pairs, resuming from `workdir/checkpoints` if present.
+
+  Writes `workdir/metrics.jsonl` (train and eval records), orbax checkpoints of the full train
+  state every `checkpoint_every` steps, `workdir/best/` (lowest valid loss so far) and, at the
+  end, `workdir/final/`: both `checkpoints.save` directories with the tokenizer as `spm.model`.
+
+  Returns:
+    The last evaluation's metrics.
+  """
+  import orbax.checkpoint as ocp  # slow import, only needed here
+
+  paths = _paths(config)
+  tok = tokenizer_lib.Tokenizer.load(paths['tokenizer'])
+  model_config = model_config_from(config)
+  if tok.vocab_size != model_config.vocab_size:
+    raise ValueError(
+      f'tokenizer has {tok.vocab_size} pieces, model vocab_size is {model_config.vocab_size}'
+    )
+  lengths = dict(
+    max_source_length=config.max_source_length, max_target_length=config.max_target_length
+  )
+  train_data, dropped = batching.encode_pairs(pairs.load_pairs(paths['train']), tok, **lengths)
+  valid_pairs = pairs.load_pairs(paths['valid'])[: config.num_eval_pairs]
+  valid_data, valid_dropped = batching.encode_pairs(valid_pairs, tok, **lengths)
+  bleu_pairs = [
+    p
+    for p in valid_pairs
+    if len(tok.encode(p[0])) <= config.max_source_length
+    and len(tok.encode(p[1])) <= config.max_target_length
+  ][: config.num_bleu_pairs]
+  bleu_data, _ = batching.encode_pairs(bleu_pairs, tok, **lengths)
+  batches = batching.BucketedBatches(
+    train_data, batch_size=config.batch_size, buckets=config.length_buckets, seed=config.seed
+  )
+  eval_batches = batching.eval_batches(valid_data, config.eval_batch_size)
+  print(
+    f'train: {len(train_data)} pairs ({dropped} too long), {batches.num_batches_per_epoch} '
+    f'batches/epoch; valid: {len(valid_data)} pairs for loss ({valid_dropped} too long), '
+    f'{len(bleu_pairs)} for BLEU',
+    flush=True,
+  )
+
+  optimizer_config = OptimizerConfig.from_config(config)
+  schedule = learning_rate_schedule(optimizer_config)
+  state = _init_state_jit(jax.random.key(config.seed), model_config, optimizer_config)
+  print(f'model: {param_count(state.params):,} params, {model_config}', flush=True)
+  os.makedirs(workdir, exist_ok=True)
+  manager = ocp.CheckpointManager(
+    os.path.abspath(os.path.join(workdir, 'checkpoints')),
+    options=ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints, create=True),
+  )
+  if manager.latest_step() is not None:
+    state = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(state))
+    print(f'resumed from step {int(state.step)}', flush=True)
+  # Restored arrays are committed to a device, fresh ones are not; jit keys on that, so commit
+  # both alike and a resumed run reuses the compiled step.
+  state = jax.device_put(state, jax.devices()[0])
+
+  metrics_file = open(os.path.join(workdir, 'metrics.jsonl'), 'a', encoding='utf-8')
+
+  def log(record):
+    metrics_file.write(json.dumps(record) + '\n')
+    metrics_file.flush()
+
+  best_path, final_path = os.path.join(workdir, 'best'), os.path.join(workdir, 'final')
+  best_loss = math.inf
+  if os.path.exists(os.path.join(best_path, 'best.json')):
+    with open(os.path.join(best_path, 'best.json')) as f:
+      best_loss = json.load(f)['valid_nll']
+
+  def run_eval(step):
+    nonlocal best_loss
+    start = time.perf_counter()
+    model = t5.T5Model(config=model_config, params=state.params)
+    valid_nll = evaluate_loss(state.params, eval_batches, model_config=model_config)
+    bleu, hyps = evaluate_bleu(
+      model,
+      bleu_data,
+      [p[1] for p in bleu_pairs],
+      tok,
+      batch_size=config.eval_batch_size,
+      max_new_tokens=config.max_target_length,
+    )
+    record = {
+      'step': step,
+      'valid_nll': valid_nll,
+      'valid_ppl': math.exp(min(valid_nll, 50)),
+      'valid_bleu': bleu,
+      'eval_seconds': time.perf_counter() - start,
+    }
+    print(
+      f'eval step {step}: valid nll {valid_nll:.4f} ppl {record["valid_ppl"]:.2f} '
+      f'BLEU {bleu:.2f} ({record["eval_seconds"]:.1f} s) | {bleu_pairs[0][0]!r} -> '
+      f'{hyps[0]!r}',
+      flush=True,
+    )
+    log({'kind': 'eval', **record})
+    if valid_nll < best_loss:
+      best_loss = valid_nll
+      _export(model, best_path, paths['tokenizer'])
+      with open(os.path.join(best_path, 'best.json'), 'w') as f:
+        json.dump(record, f)
+    return record
+
+  step = first_step = int(state.step)
+  last_eval = {}
+  window = {'start': time.perf_counter(), 'steps': 0, 'tokens': 0.0, 'padded': 0}
+  pending = []
+  while step < config.num_train_steps:
+    batch = batches.batch(step)
+    state, metrics = _train_step_jit(
+      state,
+      batch,
+      model_config=model_config,
+      optimizer_config=optimizer_config,
+      label_smoothing=config.label_smoothing,
+    )
+    step += 1
+    pending.append(metrics)
+    window['steps'] += 1
+    window['tokens'] += float(batch['input_mask'].sum() + batch['target_mask'].sum())
+    window['padded'] += batch['inputs'].size + batch['targets'].size
+    if step % config.log_every == 0 or step == config.num_train_steps:
+      fetched = jax.device_get(pending)  # one sync per log window
+      seconds = time.perf_counter() - window['start']
+      record = {
+        'step': step,
+        'loss': float(np.mean([m['loss'] for m in fetched])),
+        'nll': float(np.mean([m['nll'] for m in fetched])),
+        'grad_norm': float(np.mean([m['grad_norm'] for m in fetched])),
+        'learning_rate': float(schedule(step - 1)),
+        'steps_per_second': window['steps'] / seconds,
+        'tokens_per_second': window['tokens'] / seconds,
+        'padded_tokens_per_second': window['padded'] / seconds,
+      }
+      print(
+        f'step {step}: loss {record["loss"]:.4f} nll {record["nll"]:.4f} '
+        f'lr {record["learning_rate"]:.2e} | {record["steps_per_second"]:.2f} steps/s, '
+        f'{record["tokens_per_second"]:,.0f} tokens/s '
+        f'({record["padded_tokens_per_second"]:,.0f} padded)',
+        flush=True,
+      )
+      log({'kind': 'train', **record})
+      pending = []
+      window = {'start': time.perf_counter(), 'steps': 0, 'tokens': 0.0, 'padded': 0}
+    if step % config.checkpoint_every == 0 or step == config.num_train_steps:
+      manager.save(step, args=ocp.args.StandardSave(state))
+    if step % config.eval_every == 0 or step == config.num_train_steps:
+      manager.wait_until_finished()
+      last_eval = run_eval(step)
+      window['start'] = time.perf_counter()  # keep eval time out of the throughput
+
+  manager.wait_until_finished()
+  manager.close()
+  if not last_eval:  # resumed at or past the last step
+    last_eval = run_eval(step)
+  if step > first_step or not os.path.exists(os.path.join(final_path, 'config.json')):
+    _export(t5.T5Model(config=model_config, params=state.params), final_path, paths['tokenizer'])
+  print(
+    f'exported {final_path} (step {step}); {best_path} has valid nll {best_loss:.4f}', flush=True
+  )
+  metrics_file.close()
+  return last_eval
