@@ -1,0 +1,82 @@
+"""The T5 decoder's key/value cache, with a write position per batch row.
+
+Row b holds `end_index[b]` valid decoder positions; slots at or past it are stale (drafts that were
+rejected, or zeros) and the attention mask hides them. Decoding T tokens writes them at each row's
+own `end_index` and advances it by T; rewinding a row after a rejection only lowers its `end_index`.
+
+Axis legend: L decoder layers, B batch, T new positions, S_max decoder cache slots,
+S_enc encoder positions, N heads, H head dim.
+"""
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+
+@flax.struct.dataclass
+class DecoderCache:
+  """Decoder state between `t5.decode` calls (made by `t5.init_cache`).
+
+  Attributes:
+    self_k: [L, B, S_max, N, H] self-attention keys; slot s of row b is valid iff s < end_index[b].
+    self_v: [L, B, S_max, N, H] self-attention values, same validity.
+    cross_k: [L, B, S_enc, N, H] encoder-decoder attention keys, computed once from the encoder
+      output.
+    cross_v: [L, B, S_enc, N, H] encoder-decoder attention values.
+    encoder_mask: bool[B, S_enc] True at real (non-padding) encoder positions.
+    end_index: int32[B] valid decoder positions per row: the slot the next token is written to.
+  """
+
+  self_k: jax.Array
+  self_v: jax.Array
+  cross_k: jax.Array
+  cross_v: jax.Array
+  encoder_mask: jax.Array
+  end_index: jax.Array
+
+  @property
+  def max_decode_len(self) -> int:
+    """S_max, the number of decoder slots per row."""
+    return self.self_k.shape[2]
+
+
+def write(
+  kv: jax.Array, new: jax.Array, end_index: jax.Array, *, layer: int | None = None
+) -> jax.Array:
+  """Writes each row's new entries at that row's own end index.
+
+  One scatter into `kv` (in place under jit when `kv` is not used afterwards): writing into a
+  layer of the stacked [L, ...] cache directly, rather than into a slice that is then put back,
+  keeps a decode step from copying the cache. Positions at or past S_max are dropped, so an
+  overlong write loses its tail but never lands on valid slots.
+
+  Args:
+    kv: [B, S_max, N, H] keys or values, or [L, B, S_max, N, H] with `layer` given.
+    new: [B, T, N, H] entries for positions end_index[b] .. end_index[b] + T - 1.
+    end_index: int32[B] first slot to write in each row.
+    layer: which layer of a stacked cache to write, or None for an unstacked one.
+
+  Returns:
+    `kv` with `kv[(layer,) b, end_index[b] + t] = new[b, t]`, in kv's dtype.
+  """
+  batch, t = new.shape[:2]
+  rows = jnp.arange(batch)[:, None]
+  positions = end_index[:, None] + jnp.arange(t)
+  index = (rows, positions) if layer is None else (layer, rows, positions)
+  return kv.at[index].set(
+    new.astype(kv.dtype), mode='drop', indices_are_sorted=True, unique_indices=True
+  )
+
+
+def rewind(cache, end_index):
+  """Sets every row's number of valid positions; slots at or past it become stale.
+
+  Args:
+    cache: any cache dataclass with an `end_index: int32[B]` field.
+    end_index: int[B] (or a scalar for all rows) new valid lengths.
+
+  Returns:
+    `cache` with `end_index` replaced, as int32[B] so that jitted callers do not recompile.
+  """
+  end_index = jnp.broadcast_to(jnp.asarray(end_index, jnp.int32), cache.end_index.shape)
+  return cache.replace(end_index=end_index)

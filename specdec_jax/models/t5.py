@@ -1,0 +1,632 @@
+"""T5 v1.0 and v1.1 encoder-decoders with multi-token, per-row incremental decoding.
+
+Pure functions on the T5X-named params pytree of CONTRACT.md. The numerics are those of T5X and of
+HF's `T5ForConditionalGeneration`: pre-norm residual blocks with RMS layer norm (no mean, no bias,
+computed in float32); no run-time 1/sqrt(H) attention scaling (it lives in the query kernel); one
+relative-position bias table per stack, shared by its layers, bidirectional in the encoder and
+causal in the decoder; no position bias in encoder-decoder attention. v1.0 has a ReLU MLP and ties
+the output layer to the embedding (logits = (x * D**-0.5) @ embedding.T); v1.1 has a gated-GELU
+MLP (tanh-approximate GELU) and an untied `decoder/logits_dense`.
+
+  encoded = encode(params, input_ids, input_mask, config=config)
+  cache = init_cache(params, encoded, input_mask, config=config, max_decode_len=64)
+  logits, cache = decode(params, tokens, cache, config=config)  # tokens [B, T], any T >= 1
+  cache = cache.replace(end_index=...)                           # rewind rows after a rejection
+
+`decode` writes tokens[b, t] at position end_index[b] + t of row b, so rows of one batch can be at
+different lengths, and one call can score the gamma + 1 positions of a speculative iteration.
+`forward` is the teacher-forced pass (training, and the reference in tests); it runs the same layer
+code with the chunk attending only to itself.
+
+Axis legend: B batch, T query length (decoder positions in a call), S key length (S_enc encoder
+positions, S_max decoder cache slots), V vocab, N heads, H head dim (d_kv), D model dim, F d_ff,
+L layers.
+"""
+
+import dataclasses
+import math
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import cache as cache_lib
+from specdec_jax import sharding
+
+Params = Any  # nested dicts of arrays, layout in CONTRACT.md
+
+# Masked attention logits. Finite, so a row with every key masked (an all-padding source) gives a
+# uniform softmax rather than NaN; scores are float32 whatever the model dtype.
+_MASKED = -1e30
+
+_FEED_FORWARDS = ('relu', 'gated-gelu')
+_DTYPES = ('float32', 'bfloat16')
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+  """Shapes and numerics of a T5 model; hashable, so it is a static jit argument.
+
+  v1.0: feed_forward='relu', tie_word_embeddings=True. v1.1: 'gated-gelu', False.
+  `dtype` is the activation (and cache) dtype; params may be stored in float32 or in `dtype`.
+  """
+
+  vocab_size: int = 32128
+  d_model: int = 512
+  d_kv: int = 64
+  d_ff: int = 2048
+  num_heads: int = 8
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  relative_attention_num_buckets: int = 32
+  relative_attention_max_distance: int = 128
+  feed_forward: str = 'relu'
+  tie_word_embeddings: bool = True
+  layer_norm_epsilon: float = 1e-6
+  dtype: str = 'float32'
+  pad_token_id: int = 0
+  eos_token_id: int = 1
+  decoder_start_token_id: int = 0
+  max_source_length: int = 512
+  max_target_length: int = 512
+
+  def __post_init__(self):
+    positive = (
+      'vocab_size',
+      'd_model',
+      'd_kv',
+      'd_ff',
+      'num_heads',
+      'num_encoder_layers',
+      'num_decoder_layers',
+      'max_source_length',
+      'max_target_length',
+    )
+    for name in positive:
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f'T5Config.{name} must be a positive int, got {value!r}.')
+    for name in ('pad_token_id', 'eos_token_id', 'decoder_start_token_id'):
+      value = getattr(self, name)
+      if not isinstance(value, int) or not 0 <= value < self.vocab_size:
+        raise ValueError(f'T5Config.{name} must be an id in [0, {self.vocab_size}), got {value!r}.')
+    # The bidirectional bucket function needs num_buckets // 4 >= 1 exact buckets, and the
+    # logarithmic part needs max_distance beyond the causal exact range (num_buckets // 2).
+    if self.relative_attention_num_buckets < 4:
+      raise ValueError(
+        'T5Config.relative_attention_num_buckets must be >= 4, got '
+        f'{self.relative_attention_num_buckets}.'
+      )
+    if self.relative_attention_max_distance <= self.relative_attention_num_buckets // 2:
+      raise ValueError(
+        'T5Config.relative_attention_max_distance must exceed '
+        'relative_attention_num_buckets // 2, got '
+        f'{self.relative_attention_max_distance}.'
+      )
+    if self.feed_forward not in _FEED_FORWARDS:
+      raise ValueError(
+        f'T5Config.feed_forward must be one of {_FEED_FORWARDS}, got {self.feed_forward!r}.'
+      )
+    if self.dtype not in _DTYPES:
+      raise ValueError(f'T5Config.dtype must be one of {_DTYPES}, got {self.dtype!r}.')
+    if not self.layer_norm_epsilon > 0:
+      raise ValueError(f'T5Config.layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon}.')
+
+
+def _v1_0(**kwargs) -> T5Config:
+  return T5Config(feed_forward='relu', tie_word_embeddings=True, **kwargs)
+
+
+def _v1_1(**kwargs) -> T5Config:
+  return T5Config(feed_forward='gated-gelu', tie_word_embeddings=False, **kwargs)
+
+
+def _layers(n: int) -> dict[str, int]:
+  return dict(num_encoder_layers=n, num_decoder_layers=n)
+
+
+CONFIGS: dict[str, T5Config] = {
+  # Published shapes (Raffel et al. 2020; T5 v1.1 release), vocab 32128.
+  't5-small': _v1_0(d_model=512, d_kv=64, d_ff=2048, num_heads=8, **_layers(6)),
+  't5-base': _v1_0(d_model=768, d_kv=64, d_ff=3072, num_heads=12, **_layers(12)),
+  't5-large': _v1_0(d_model=1024, d_kv=64, d_ff=4096, num_heads=16, **_layers(24)),
+  't5-3b': _v1_0(d_model=1024, d_kv=128, d_ff=16384, num_heads=32, **_layers(24)),
+  't5-11b': _v1_0(d_model=1024, d_kv=128, d_ff=65536, num_heads=128, **_layers(24)),
+  't5_1_1-small': _v1_1(d_model=512, d_kv=64, d_ff=1024, num_heads=6, **_layers(8)),
+  't5_1_1-base': _v1_1(d_model=768, d_kv=64, d_ff=2048, num_heads=12, **_layers(12)),
+  't5_1_1-large': _v1_1(d_model=1024, d_kv=64, d_ff=2816, num_heads=16, **_layers(24)),
+  't5_1_1-xl': _v1_1(d_model=2048, d_kv=64, d_ff=5120, num_heads=32, **_layers(24)),
+  't5_1_1-xxl': _v1_1(d_model=4096, d_kv=64, d_ff=10240, num_heads=64, **_layers(24)),
+  # Tiny test models. The v1.0/v1.1 pair shares a vocabulary (drafter and target); tiny-v1.1 has
+  # unequal stack depths and few buckets, so short test sequences reach the logarithmic and
+  # clipped buckets; tiny-t5x is the shape of T5X's test_t5_tiny checkpoint (N * H != D).
+  'tiny-v1.0': _v1_0(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_heads=4, **_layers(2)),
+  'tiny-v1.1': _v1_1(
+    vocab_size=128,
+    d_model=32,
+    d_kv=8,
+    d_ff=48,
+    num_heads=4,
+    num_encoder_layers=2,
+    num_decoder_layers=3,
+    relative_attention_num_buckets=8,
+    relative_attention_max_distance=12,
+  ),
+  'tiny-t5x': _v1_1(vocab_size=32128, d_model=8, d_kv=3, d_ff=16, num_heads=4, **_layers(2)),
+}
+
+
+@flax.struct.dataclass
+class T5Model:
+  """A config and its params. A pytree whose leaves are the params (the config is static)."""
+
+  config: T5Config = flax.struct.field(pytree_node=False)
+  params: Params
+
+
+# ---------------------------------------------------------------------------------------------
+# Params.
+
+
+def init_params(rng: jax.Array, config: T5Config) -> Params:
+  """Random float32 params with T5X's initialisers.
+
+  Embedding ~ N(0, 1); kernels truncated-normal with variance 1 / fan_in, the query kernels with
+  1 / (D * H) (the attention's 1/sqrt(H) folded in); relative-position tables uniform with
+  variance 1 / fan_avg; norm scales 1. Logits of a random model are then O(1).
+  """
+  d, f, nh = config.d_model, config.d_ff, config.num_heads * config.d_kv
+  init = jax.nn.initializers
+  kernel = init.variance_scaling(1.0, 'fan_in', 'truncated_normal')
+  query = init.variance_scaling(1.0 / config.d_kv, 'fan_in', 'truncated_normal')
+  relpos = init.variance_scaling(1.0, 'fan_avg', 'uniform')
+  scale = init.ones
+
+  def attention():
+    return {
+      'query': {'kernel': ((d, nh), query)},
+      'key': {'kernel': ((d, nh), kernel)},
+      'value': {'kernel': ((d, nh), kernel)},
+      'out': {'kernel': ((nh, d), kernel)},
+    }
+
+  def mlp():
+    names = ('wi_0', 'wi_1') if config.feed_forward == 'gated-gelu' else ('wi',)
+    return {
+      **{name: {'kernel': ((d, f), kernel)} for name in names},
+      'wo': {'kernel': ((f, d), kernel)},
+    }
+
+  def norm():
+    return {'scale': ((d,), scale)}
+
+  relpos_bias = {
+    'rel_embedding': ((config.num_heads, config.relative_attention_num_buckets), relpos)
+  }
+  encoder = {'relpos_bias': relpos_bias, 'encoder_norm': norm()}
+  for i in range(config.num_encoder_layers):
+    encoder[f'layers_{i}'] = {
+      'pre_attention_layer_norm': norm(),
+      'attention': attention(),
+      'pre_mlp_layer_norm': norm(),
+      'mlp': mlp(),
+    }
+  decoder = {'relpos_bias': relpos_bias, 'decoder_norm': norm()}
+  for i in range(config.num_decoder_layers):
+    decoder[f'layers_{i}'] = {
+      'pre_self_attention_layer_norm': norm(),
+      'self_attention': attention(),
+      'pre_cross_attention_layer_norm': norm(),
+      'encoder_decoder_attention': attention(),
+      'pre_mlp_layer_norm': norm(),
+      'mlp': mlp(),
+    }
+  if not config.tie_word_embeddings:
+    decoder['logits_dense'] = {'kernel': ((d, config.vocab_size), kernel)}
+  specs = {
+    'token_embedder': {'embedding': ((config.vocab_size, d), init.normal(1.0))},
+    'encoder': encoder,
+    'decoder': decoder,
+  }
+
+  is_spec = lambda x: isinstance(x, tuple) and len(x) == 2 and callable(x[1])
+  leaves, treedef = jax.tree.flatten(specs, is_leaf=is_spec)
+  keys = jax.random.split(rng, len(leaves))
+  return treedef.unflatten(
+    [initializer(key, shape, jnp.float32) for key, (shape, initializer) in zip(keys, leaves)]
+  )
+
+
+# ---------------------------------------------------------------------------------------------
+# Relative position buckets.
+
+
+def _distance_buckets(num_buckets: int, max_distance: int) -> np.ndarray:
+  """int32[max_distance + 1]: the bucket of each distance 0..max_distance (one direction)."""
+  max_exact = num_buckets // 2
+  distance = np.arange(max_distance + 1)
+  # HF/Mesh-TF's float32 formula, tabulated in NumPy: it truncates a float32 logarithm, so a
+  # distance on a bucket boundary can land either side by one ulp, and XLA's log differs from
+  # torch's / NumPy's in that ulp for some (num_buckets, max_distance). NumPy matches torch.
+  ratio = np.maximum(distance, max_exact).astype(np.float32) / np.float32(max_exact)
+  scaled = (
+    np.log(ratio)
+    / np.float32(math.log(max_distance / max_exact))
+    * np.float32(num_buckets - max_exact)
+  )
+  large = np.minimum(max_exact + scaled.astype(np.int32), num_buckets - 1)
+  return np.where(distance < max_exact, distance, large).astype(np.int32)
+
+
+def relative_position_bucket(
+  relative_position: jax.Array, *, bidirectional: bool, num_buckets: int, max_distance: int
+) -> jax.Array:
+  """T5's relative-position bucket, exactly as HF / T5X / Mesh TF `_relative_position_bucket`.
+
+  Half the buckets (per direction) are exact distances, the rest logarithmic up to max_distance;
+  farther distances share the last bucket. Bidirectional: keys after the query (positive
+  relative positions) use the upper half of the buckets. Causal: positive relative positions
+  (future keys, masked anyway) fall in bucket 0.
+
+  Args:
+    relative_position: int[...] key position - query position.
+    bidirectional: True in the encoder, False in the decoder.
+    num_buckets: total number of buckets (>= 4).
+    max_distance: distances >= max_distance share a bucket.
+
+  Returns:
+    int32[...] buckets in [0, num_buckets).
+  """
+  relative_position = jnp.asarray(relative_position, jnp.int32)
+  if bidirectional:
+    num_buckets //= 2
+    offset = jnp.where(relative_position > 0, num_buckets, 0)
+    distance = jnp.abs(relative_position)
+  else:
+    offset = 0
+    distance = jnp.maximum(-relative_position, 0)
+  table = jnp.asarray(_distance_buckets(num_buckets, max_distance))
+  return offset + table[jnp.minimum(distance, max_distance)]
+
+
+def _relpos_bias(
+  rel_embedding: jax.Array,
+  q_pos: jax.Array,
+  k_pos: jax.Array,
+  *,
+  bidirectional: bool,
+  config: T5Config,
+) -> jax.Array:
+  """f32[B|1, N, T, S] bias from the table rel_embedding [N, buckets], q_pos [B|1, T], k_pos [S]."""
+  buckets = relative_position_bucket(
+    k_pos - q_pos[..., None],
+    bidirectional=bidirectional,
+    num_buckets=config.relative_attention_num_buckets,
+    max_distance=config.relative_attention_max_distance,
+  )
+  return jnp.moveaxis(rel_embedding.astype(jnp.float32)[:, buckets], 0, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Layers.
+
+
+def _dense(x: jax.Array, p: Params, config: T5Config) -> jax.Array:
+  """x [..., I] @ p['kernel'] [I, O] in the model dtype."""
+  dtype = jnp.dtype(config.dtype)
+  return jnp.einsum('...i,io->...o', x.astype(dtype), p['kernel'].astype(dtype))
+
+
+def _rms_norm(x: jax.Array, p: Params, config: T5Config) -> jax.Array:
+  """T5 layer norm of x [..., D]: no mean subtraction, no bias; float32 inside."""
+  x32 = x.astype(jnp.float32)
+  variance = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+  y = x32 * jax.lax.rsqrt(variance + config.layer_norm_epsilon)
+  return (y * p['scale'].astype(jnp.float32)).astype(x.dtype)
+
+
+def _heads(p: Params, x: jax.Array, config: T5Config) -> jax.Array:
+  """Query, key or value projection: x [B, T, D] -> [B, T, N, H]."""
+  y = _dense(x, p, config)
+  y = y.reshape(*y.shape[:-1], config.num_heads, config.d_kv)
+  return sharding.constrain(y, ('batch', 'length', 'heads', 'kv'))
+
+
+def _attention(
+  p: Params,
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  bias: jax.Array | None,
+  mask: jax.Array,
+  config: T5Config,
+) -> jax.Array:
+  """Multi-head attention and output projection.
+
+  Args:
+    p: the attention's params (its 'out' kernel is used here).
+    q: [B, T, N, H] queries.
+    k: [B, S, N, H] keys.
+    v: [B, S, N, H] values.
+    bias: f32[B|1, N, T, S] relative-position bias, or None.
+    mask: bool[B|1, 1, T|1, S] True where a query may attend to a key.
+    config: model config.
+
+  Returns:
+    [B, T, D] in the model dtype.
+  """
+  scores = jnp.einsum('btnh,bsnh->bnts', q, k, preferred_element_type=jnp.float32)
+  if bias is not None:
+    scores = scores + bias
+  weights = jax.nn.softmax(jnp.where(mask, scores, _MASKED), axis=-1).astype(v.dtype)
+  out = jnp.einsum('bnts,bsnh->btnh', weights, v)
+  return _dense(out.reshape(*out.shape[:2], -1), p['out'], config)
+
+
+def _mlp(p: Params, x: jax.Array, config: T5Config) -> jax.Array:
+  """x [B, T, D] -> [B, T, D]: ReLU (v1.0) or gated tanh-GELU (v1.1)."""
+  if config.feed_forward == 'gated-gelu':
+    h = jax.nn.gelu(_dense(x, p['wi_0'], config), approximate=True) * _dense(x, p['wi_1'], config)
+  else:
+    h = jax.nn.relu(_dense(x, p['wi'], config))
+  h = sharding.constrain(h, ('batch', 'length', 'mlp'))
+  return _dense(h, p['wo'], config)
+
+
+def _embed(params: Params, tokens: jax.Array, config: T5Config) -> jax.Array:
+  """tokens int32[B, T] -> [B, T, D] in the model dtype (an id >= V embeds as NaN)."""
+  x = jnp.take(params['token_embedder']['embedding'], tokens, axis=0).astype(config.dtype)
+  return sharding.constrain(x, ('batch', 'length', 'embed'))
+
+
+def _logits(params: Params, y: jax.Array, config: T5Config) -> jax.Array:
+  """Output layer: normed decoder states y [B, T, D] -> f32[B, T, V]."""
+  dtype = jnp.dtype(config.dtype)
+  if config.tie_word_embeddings:
+    # Mesh TF rescales before the tied output layer (HF: `scale_decoder_outputs`).
+    embedding = params['token_embedder']['embedding'].astype(dtype)
+    logits = jnp.einsum(
+      'btd,vd->btv', y * config.d_model**-0.5, embedding, preferred_element_type=jnp.float32
+    )
+  else:
+    kernel = params['decoder']['logits_dense']['kernel'].astype(dtype)
+    logits = jnp.einsum('btd,dv->btv', y, kernel, preferred_element_type=jnp.float32)
+  return sharding.constrain(logits, ('batch', 'length', 'vocab'))
+
+
+def _cross_kv(params: Params, encoded: jax.Array, config: T5Config) -> tuple[jax.Array, jax.Array]:
+  """Encoder-decoder attention keys and values of every decoder layer: 2 x [L, B, S_enc, N, H]."""
+  layers = [
+    params['decoder'][f'layers_{i}']['encoder_decoder_attention']
+    for i in range(config.num_decoder_layers)
+  ]
+  k = jnp.stack([_heads(a['key'], encoded, config) for a in layers])
+  v = jnp.stack([_heads(a['value'], encoded, config) for a in layers])
+  return k, v
+
+
+def _decoder(
+  params: Params,
+  tokens: jax.Array,
+  cross_k: jax.Array,
+  cross_v: jax.Array,
+  encoder_mask: jax.Array,
+  *,
+  config: T5Config,
+  self_cache: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+  """The decoder stack and output layer on T new positions.
+
+  Args:
+    params: model params.
+    tokens: int32[B, T] decoder inputs.
+    cross_k: [L, B, S_enc, N, H] encoder-decoder attention keys.
+    cross_v: [L, B, S_enc, N, H] encoder-decoder attention values.
+    encoder_mask: bool[B, S_enc] real encoder positions.
+    config: model config.
+    self_cache: None for teacher forcing (the tokens are positions 0..T-1 and attend only to each
+      other), or (self_k, self_v, end_index): [L, B, S_max, N, H] twice and int32[B]; the tokens
+      are positions end_index[b] + t, their keys/values are written there, and they attend to the
+      cache.
+
+  Returns:
+    logits f32[B, T, V], and the updated (self_k, self_v) (None without a cache).
+  """
+  dec = params['decoder']
+  t = tokens.shape[1]
+  if self_cache is None:
+    q_pos = jnp.arange(t)[None]
+    k_pos = jnp.arange(t)
+  else:
+    self_k, self_v, end_index = self_cache
+    q_pos = end_index[:, None] + jnp.arange(t)
+    k_pos = jnp.arange(self_k.shape[2])
+  bias = _relpos_bias(
+    dec['relpos_bias']['rel_embedding'], q_pos, k_pos, bidirectional=False, config=config
+  )
+  # Causal within the chunk; also hides stale cache slots (>= end_index + T) left by rejections.
+  self_mask = (k_pos <= q_pos[..., None])[:, None]
+  cross_mask = encoder_mask[:, None, None, :]
+
+  x = _embed(params, tokens, config)
+  for i in range(config.num_decoder_layers):
+    layer = dec[f'layers_{i}']
+    h = _rms_norm(x, layer['pre_self_attention_layer_norm'], config)
+    a = layer['self_attention']
+    q, k, v = (_heads(a[name], h, config) for name in ('query', 'key', 'value'))
+    if self_cache is not None:
+      self_k = cache_lib.write(self_k, k, end_index, layer=i)
+      self_v = cache_lib.write(self_v, v, end_index, layer=i)
+      k, v = self_k[i], self_v[i]
+    x = x + _attention(a, q, k, v, bias, self_mask, config)
+    h = _rms_norm(x, layer['pre_cross_attention_layer_norm'], config)
+    a = layer['encoder_decoder_attention']
+    x = x + _attention(
+      a, _heads(a['query'], h, config), cross_k[i], cross_v[i], None, cross_mask, config
+    )
+    x = x + _mlp(layer['mlp'], _rms_norm(x, layer['pre_mlp_layer_norm'], config), config)
+    x = sharding.constrain(x, ('batch', 'length', 'embed'))
+  logits = _logits(params, _rms_norm(x, dec['decoder_norm'], config), config)
+  return logits, None if self_cache is None else (self_k, self_v)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public functions.
+
+
+def encode(
+  params: Params, input_ids: jax.Array, input_mask: jax.Array, *, config: T5Config
+) -> jax.Array:
+  """Runs the encoder.
+
+  Args:
+    params: model params.
+    input_ids: int32[B, S] source tokens.
+    input_mask: bool or int[B, S], nonzero at real (non-padding) tokens.
+    config: model config.
+
+  Returns:
+    [B, S, D] encoder output in the model dtype (float32 by default). Rows at padding positions
+    are computed but meaningless; the decoder masks them.
+  """
+  if input_ids.ndim != 2 or input_mask.shape != input_ids.shape:
+    raise ValueError(
+      f'encode needs input_ids and input_mask of one shape [B, S], got '
+      f'{input_ids.shape} and {input_mask.shape}.'
+    )
+  enc = params['encoder']
+  positions = jnp.arange(input_ids.shape[1])
+  bias = _relpos_bias(
+    enc['relpos_bias']['rel_embedding'],
+    positions[None],
+    positions,
+    bidirectional=True,
+    config=config,
+  )
+  mask = input_mask.astype(bool)[:, None, None, :]
+  x = _embed(params, input_ids, config)
+  for i in range(config.num_encoder_layers):
+    layer = enc[f'layers_{i}']
+    h = _rms_norm(x, layer['pre_attention_layer_norm'], config)
+    a = layer['attention']
+    q, k, v = (_heads(a[name], h, config) for name in ('query', 'key', 'value'))
+    x = x + _attention(a, q, k, v, bias, mask, config)
+    x = x + _mlp(layer['mlp'], _rms_norm(x, layer['pre_mlp_layer_norm'], config), config)
+    x = sharding.constrain(x, ('batch', 'length', 'embed'))
+  return _rms_norm(x, enc['encoder_norm'], config)
+
+
+def init_cache(
+  params: Params,
+  encoded: jax.Array,
+  input_mask: jax.Array,
+  *,
+  config: T5Config,
+  max_decode_len: int,
+) -> cache_lib.DecoderCache:
+  """An empty decoder cache, with the encoder-decoder keys/values of all layers computed.
+
+  Args:
+    params: model params.
+    encoded: [B, S_enc, D] `encode` output.
+    input_mask: bool or int[B, S_enc], nonzero at real source tokens.
+    config: model config.
+    max_decode_len: S_max, decoder slots per row. `decode` calls must keep end_index + T <= S_max
+      (positions past it are not stored); a speculative loop needs about max_target_length +
+      gamma + 1.
+
+  Returns:
+    A `DecoderCache` in the model dtype with zero self-attention slots and end_index 0.
+  """
+  if max_decode_len < 1:
+    raise ValueError(f'max_decode_len must be >= 1, got {max_decode_len}.')
+  if encoded.shape[:2] != input_mask.shape:
+    raise ValueError(f'encoded {encoded.shape} does not match input_mask {input_mask.shape}.')
+  batch = encoded.shape[0]
+  cross_k, cross_v = _cross_kv(params, encoded, config)
+  shape = (config.num_decoder_layers, batch, max_decode_len, config.num_heads, config.d_kv)
+  kv_axes = ('layers', 'batch', 'length', 'heads', 'kv')
+  zeros = lambda: sharding.constrain(jnp.zeros(shape, config.dtype), kv_axes)
+  return cache_lib.DecoderCache(
+    self_k=zeros(),
+    self_v=zeros(),
+    cross_k=sharding.constrain(cross_k, kv_axes),
+    cross_v=sharding.constrain(cross_v, kv_axes),
+    encoder_mask=input_mask.astype(bool),
+    end_index=jnp.zeros((batch,), jnp.int32),
+  )
+
+
+def decode(
+  params: Params, tokens: jax.Array, cache: cache_lib.DecoderCache, *, config: T5Config
+) -> tuple[jax.Array, cache_lib.DecoderCache]:
+  """Scores T new decoder positions per row and appends them to the cache.
+
+  tokens[b, t] is decoder position end_index[b] + t (the decoder input is
+  [decoder_start_token_id, y_1, y_2, ...]); it attends to the cached positions below it and to
+  the chunk causally. Slots at or past end_index[b] + T are masked, so rewinding a row is just
+  `cache.replace(end_index=...)`.
+
+  Args:
+    params: model params.
+    tokens: int32[B, T] decoder inputs, any T >= 1 with end_index + T <= S_max.
+    cache: `DecoderCache` from `init_cache` or an earlier `decode`.
+    config: model config.
+
+  Returns:
+    (logits f32[B, T, V] predicting position end_index[b] + t + 1, cache with end_index += T).
+  """
+  if tokens.ndim != 2 or tokens.shape[0] != cache.end_index.shape[0]:
+    raise ValueError(f'decode needs tokens [B={cache.end_index.shape[0]}, T], got {tokens.shape}.')
+  if tokens.shape[1] > cache.max_decode_len:
+    raise ValueError(
+      f'decode got T={tokens.shape[1]} tokens for a cache of {cache.max_decode_len} slots.'
+    )
+  logits, (self_k, self_v) = _decoder(
+    params,
+    tokens,
+    cache.cross_k,
+    cache.cross_v,
+    cache.encoder_mask,
+    config=config,
+    self_cache=(cache.self_k, cache.self_v, cache.end_index),
+  )
+  return logits, cache.replace(
+    self_k=self_k, self_v=self_v, end_index=cache.end_index + tokens.shape[1]
+  )
+
+
+def forward(
+  params: Params,
+  input_ids: jax.Array,
+  input_mask: jax.Array,
+  decoder_input_ids: jax.Array,
+  *,
+  config: T5Config,
+) -> jax.Array:
+  """Teacher-forced logits of the whole decoder sequence.
+
+  Args:
+    params: model params.
+    input_ids: int32[B, S] source tokens.
+    input_mask: bool or int[B, S], nonzero at real source tokens.
+    decoder_input_ids: int32[B, T] decoder inputs, e.g. `shift_right(targets, start_id)`.
+    config: model config.
+
+  Returns:
+    f32[B, T, V] logits; position t predicts decoder position t + 1 (causal, no cache).
+  """
+  encoded = encode(params, input_ids, input_mask, config=config)
+  cross_k, cross_v = _cross_kv(params, encoded, config)
+  logits, _ = _decoder(
+    params, decoder_input_ids, cross_k, cross_v, input_mask.astype(bool), config=config
+  )
+  return logits
+
+
+def shift_right(targets: jax.Array, decoder_start_token_id: int) -> jax.Array:
+  """Decoder inputs for teacher forcing: int[B, T] -> [start, targets[:, :-1]]."""
+  start = jnp.full_like(targets[:, :1], decoder_start_token_id)
+  return jnp.concatenate([start, targets[:, :-1]], axis=1)
