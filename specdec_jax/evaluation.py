@@ -12,7 +12,6 @@ Axis legend: B batch, S source length, M max_new_tokens.
 
 import csv
 import dataclasses
-import functools
 import json
 import os
 import time
@@ -85,13 +84,13 @@ def step_costs(target, drafter, *, batch_size: int, source_length: int, gamma: i
     ids = jnp.ones((batch_size, source_length), jnp.int32)
     cache = steps.init_cache(params, ids, jnp.ones_like(ids), 64)
     cache = cache.replace(end_index=jnp.full((batch_size,), 16, jnp.int32))
-    step = jax.jit(functools.partial(steps.step, params))
+    step = jax.jit(steps.step)
     tokens = jnp.ones((batch_size, t), jnp.int32)
-    jax.block_until_ready(step(tokens, cache))
+    jax.block_until_ready(step(params, tokens, cache))
     times = []
     for _ in range(repeats):
       start = time.perf_counter()
-      jax.block_until_ready(step(tokens, cache))
+      jax.block_until_ready(step(params, tokens, cache))
       times.append(time.perf_counter() - start)
     return float(np.median(times))
 
