@@ -94,10 +94,9 @@ def test_negative_control_q_before_transform_fails(monkeypatch, verifier):
   jax.clear_caches()
   exact = fakes.exact_prefix_distribution(TARGET, length, sampling)
   samples = np.asarray(out.tokens)
-  observed = collections.Counter(map(tuple, samples.tolist()))
-  if not set(observed) <= set(exact):
-    return  # emitting an impossible sequence is a failure of losslessness too
-  assert _chi_square_pvalue(samples, exact) < SIGNIFICANCE
+  impossible = set(map(tuple, samples.tolist())) - set(exact)
+  # Emitting a sequence the target cannot produce is a failure of losslessness too.
+  assert impossible or _chi_square_pvalue(samples, exact) < SIGNIFICANCE
 
 
 def test_generate_matches_exact_distribution():
@@ -157,9 +156,11 @@ def test_ragged_rows_stop_independently_at_eos():
       assert eos.tolist() == [n - 1]  # stopped exactly at its first EOS
     else:
       assert eos.size == 0 or eos.tolist() == [n - 1]
-  per_pos = np.asarray(out.stats.accepted_per_position)
-  np.testing.assert_array_equal(per_pos.sum(1), out.stats.accepted)
-  assert (np.diff(per_pos.sum(0)) <= 0).all()  # token verification-like monotone decay
+  np.testing.assert_array_equal(np.asarray(out.stats.accepted_per_position).sum(1),
+                                out.stats.accepted)
+  # Stats count only the iterations in which a row was still emitting.
+  assert (out.stats.target_calls <= out.lengths).all()
+  assert (out.stats.accepted + out.stats.target_calls >= out.lengths).all()
 
 
 def test_compiles_once_per_shape():
