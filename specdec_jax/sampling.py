@@ -147,10 +147,13 @@ def _renormalize(probs: jax.Array) -> jax.Array:
 
 @jax.jit
 def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
-  """Draws one token per probability vector.
+  """Draws one token per probability vector by inverting its CDF with one uniform per row.
 
-  Uses the Gumbel-max trick on `log(probs)`: zero-probability tokens have log-probability -inf
-  and can never be drawn. `probs` need not be normalized (only ratios matter).
+  One uniform per row rather than V Gumbel draws: with V = 8000 on CPU, V threefry draws cost
+  ~0.5 ms, more than a step of a small model, and the speculative loop samples gamma + 1 times per
+  iteration. A token of probability 0 is never drawn: its CDF interval [cdf_{i-1}, cdf_i) is
+  empty. The CDF is float32, so each token's probability is honoured to ~1e-7 absolute.
+  `probs` need not be normalized (only ratios matter).
 
   Args:
     rng: PRNG key.
@@ -160,4 +163,9 @@ def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
     i32[...] token ids.
   """
   probs = jnp.asarray(probs, jnp.float32)
-  return jax.random.categorical(rng, jnp.log(probs), axis=-1).astype(jnp.int32)
+  cdf = jnp.cumsum(probs, axis=-1)
+  u = jax.random.uniform(rng, probs.shape[:-1] + (1,), jnp.float32) * cdf[..., -1:]
+  index = jnp.sum(cdf <= u, axis=-1)
+  # u < total exactly, but u * total may round up to it: then take the last possible token.
+  last = probs.shape[-1] - 1 - jnp.argmax(jnp.flip(probs > 0, axis=-1), axis=-1)
+  return jnp.minimum(index, last).astype(jnp.int32)

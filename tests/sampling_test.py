@@ -177,3 +177,12 @@ def test_sample_shapes_and_zeros():
   assert tokens.shape == (2, 3) and tokens.dtype == jnp.int32
   assert tokens[0, 0] in (2, 4)
   np.testing.assert_array_equal(np.asarray(tokens).ravel()[1:], 3)
+
+
+def test_sample_never_draws_trailing_or_leading_zeros():
+  """The inverse CDF must not run past the last possible token, nor stop on a leading zero."""
+  probs = np.zeros((50_000, 7), np.float32)
+  probs[:, 2], probs[:, 4] = 1 / 3, 2 / 3
+  counts = np.bincount(np.asarray(sampling.sample(jax.random.key(3), probs)), minlength=7)
+  assert counts[[0, 1, 3, 5, 6]].sum() == 0
+  assert abs(counts[4] / counts.sum() - 2 / 3) < 0.01
