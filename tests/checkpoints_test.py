@@ -18,7 +18,7 @@ import tensorstore as ts
 import torch
 import transformers
 
-from specdec_jax import checkpoints
+from specdec_jax import checkpoints, zarr
 from specdec_jax.models import t5
 
 T5X_TINY = Path(__file__).resolve().parents[2] / 'shared' / 'testdata' / 't5x_tiny' / 'checkpoint_0'
@@ -469,7 +469,7 @@ def test_read_zarr_matches_tensorstore(tmp_path, compressor, order, separator, d
     create=True,
   ).result()
   store.write(array).result()
-  got = checkpoints.read_zarr(tmp_path)
+  got = zarr.read_zarr(tmp_path)
   assert got.dtype == np.dtype(numpy_dtype).newbyteorder('=')
   np.testing.assert_array_equal(got, array)
 
@@ -489,7 +489,7 @@ def test_read_zarr_fills_unwritten_chunks(tmp_path):
   store[:2, :2].write(np.ones((2, 2), np.float32)).result()
   want = np.full((4, 4), np.nan, np.float32)
   want[:2, :2] = 1
-  np.testing.assert_array_equal(checkpoints.read_zarr(tmp_path), want)
+  np.testing.assert_array_equal(zarr.read_zarr(tmp_path), want)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -625,7 +625,7 @@ def test_read_zarr_unsupported_compressor(tmp_path):
   ).result()
   store.write(np.ones(3, np.float32)).result()
   with pytest.raises(ValueError, match="unsupported zarr compressor 'blosc'"):
-    checkpoints.read_zarr(tmp_path)
+    zarr.read_zarr(tmp_path)
 
 
 def test_orbax_errors(tmp_path):
