@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specdec_jax import decode, drafters, sampling as sampling_lib
+from specdec_jax import decode, drafters
+from specdec_jax import sampling as sampling_lib
 from specdec_jax.models import t5
 from tests import fakes
 
@@ -58,20 +59,28 @@ SAMPLINGS = [
   sampling_lib.SamplingConfig(temperature=1.0, top_k=3, top_p=0.9),
 ]
 
+PREFIX_ROWS, PREFIX_LENGTH = 100_000, 3
+
+
+def _speculative_prefixes(drafter, verifier, sampling, *, gamma, seed):
+  """PREFIX_ROWS speculative samples of the first PREFIX_LENGTH tokens from TARGET, and stats."""
+  ids = jnp.zeros((PREFIX_ROWS, 1), jnp.int32)
+  out = decode.speculative_generate(TARGET, drafter, ids, jnp.ones_like(ids), gamma=gamma,
+                                    verifier=verifier, sampling=sampling,
+                                    max_new_tokens=PREFIX_LENGTH, rng=jax.random.key(seed))
+  return np.asarray(out.tokens), out.stats
+
+
 
 @pytest.mark.parametrize('verifier', ['token', 'block'])
 @pytest.mark.parametrize('sampling', SAMPLINGS, ids=str)
 def test_speculative_is_lossless_on_markov_models(verifier, sampling):
   """The joint of the first 3 tokens over 100k rows matches the target's exact distribution."""
-  rows, length = 100_000, 3
-  ids, mask = jnp.zeros((rows, 1), jnp.int32), jnp.ones((rows, 1), jnp.int32)
-  out = decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=3, verifier=verifier,
-                                    sampling=sampling, max_new_tokens=length,
-                                    rng=jax.random.key(7))
-  exact = fakes.exact_prefix_distribution(TARGET, length, sampling)
-  assert _chi_square_pvalue(np.asarray(out.tokens), exact) > SIGNIFICANCE
+  tokens, stats = _speculative_prefixes(DRAFTER, verifier, sampling, gamma=3, seed=7)
+  exact = fakes.exact_prefix_distribution(TARGET, PREFIX_LENGTH, sampling)
+  assert _chi_square_pvalue(tokens, exact) > SIGNIFICANCE
   # Not vacuous: drafts were both accepted and rejected.
-  assert 0 < int(out.stats.accepted.sum()) < int(out.stats.drafted.sum())
+  assert 0 < int(stats.accepted.sum()) < int(stats.drafted.sum())
 
 
 def _q_before_transform(rng, logits, sampling):
@@ -85,15 +94,10 @@ def test_negative_control_q_before_transform_fails(monkeypatch, verifier):
   sampling = sampling_lib.SamplingConfig(temperature=0.6, top_k=3)
   monkeypatch.setattr(decode, '_draft_token', _q_before_transform)
   jax.clear_caches()  # the loop must be traced again with the patched function
-  rows, length = 100_000, 3
-  ids, mask = jnp.zeros((rows, 1), jnp.int32), jnp.ones((rows, 1), jnp.int32)
-  out = decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=3, verifier=verifier,
-                                    sampling=sampling, max_new_tokens=length,
-                                    rng=jax.random.key(7))
+  samples, _ = _speculative_prefixes(DRAFTER, verifier, sampling, gamma=3, seed=7)
   monkeypatch.undo()
   jax.clear_caches()
-  exact = fakes.exact_prefix_distribution(TARGET, length, sampling)
-  samples = np.asarray(out.tokens)
+  exact = fakes.exact_prefix_distribution(TARGET, PREFIX_LENGTH, sampling)
   impossible = set(map(tuple, samples.tolist())) - set(exact)
   # Emitting a sequence the target cannot produce is a failure of losslessness too.
   assert impossible or _chi_square_pvalue(samples, exact) < SIGNIFICANCE
@@ -245,13 +249,9 @@ def test_lossless_with_bigram_drafter(verifier):
   sampling = SAMPLINGS[2]
   drafter = drafters.NGramDrafter.fit([np.array([2, 3, 2, 1]), np.array([3, 3, 0, 2])],
                                       vocab_size=4, order=2, add_k=0.3)
-  rows, length = 100_000, 3
-  ids, mask = jnp.zeros((rows, 1), jnp.int32), jnp.ones((rows, 1), jnp.int32)
-  out = decode.speculative_generate(TARGET, drafter, ids, mask, gamma=2, verifier=verifier,
-                                    sampling=sampling, max_new_tokens=length,
-                                    rng=jax.random.key(9))
-  exact = fakes.exact_prefix_distribution(TARGET, length, sampling)
-  assert _chi_square_pvalue(np.asarray(out.tokens), exact) > SIGNIFICANCE
+  tokens, _ = _speculative_prefixes(drafter, verifier, sampling, gamma=2, seed=9)
+  exact = fakes.exact_prefix_distribution(TARGET, PREFIX_LENGTH, sampling)
+  assert _chi_square_pvalue(tokens, exact) > SIGNIFICANCE
 
 
 # ---------------------------------------------------------------------------------------------
