@@ -4,7 +4,7 @@ All functions broadcast their arguments against each other (numpy rules), so a w
 `alpha`, `gamma` and `c` is evaluated in one call, e.g.
 `walltime_improvement(alphas[:, None], 7, cs[None, :])`. Inputs out of range raise ValueError.
 
-Symbols (SPEC.md, "Analysis"):
+Symbols (docs/method.md, "Analysis"):
   alpha: expected acceptance rate `E_t[beta_t]`, in [0, 1].
   beta:  `sum_x min(p(x), q(x)) = 1 - TV(p, q)` for one target/drafter pair of distributions.
   gamma: number of drafted tokens per iteration (>= 0; 0 means plain target decoding).

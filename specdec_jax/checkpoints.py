@@ -8,9 +8,10 @@ Every format maps onto the one params layout of `models/t5.py` (T5X names, neste
   orbax         restore / save               our tree as is, the T5Config beside it as JSON
 
 Loaders check the arrays against the config (every parameter present with the shape the config
-implies, none left over) and raise one ValueError naming the parameter; a missing path raises
-FileNotFoundError. HF and T5X arrays are read into host numpy, renamed, then cast to
-`config.dtype`; orbax restores the arrays exactly as saved.
+implies, none left over, and by default none holding NaN or inf: `allow_nonfinite=True` opts
+out) and raise one ValueError naming the parameter; damaged files give one ValueError naming the
+file or directory; a missing path raises FileNotFoundError. HF and T5X arrays are read into
+host numpy, renamed, then cast to `config.dtype`; orbax restores the arrays exactly as saved.
 
 Axis legend: V vocab, D model dim, N heads, H head dim (d_kv), F d_ff, K relative-position buckets.
 HF `nn.Linear` weights are [out, in] where our kernels are [in, out], and HF's relative-position
@@ -143,6 +144,39 @@ def _mapped_params(
   flat = _rename(source, names, ignored=ignored)
   _check_shapes(flat, config, names)
   return _unflatten({ours: jnp.asarray(array, dtype=config.dtype) for ours, array in flat.items()})
+
+
+def _check_finite(params: Params, where: Path, names: NameTable | None = None) -> None:
+  """Raises ValueError naming the first parameter that holds a NaN or an infinity.
+
+  Runs on the arrays as loaded, after the cast to the config's dtype, so a float32 value beyond
+  the range of a float16 or bfloat16 config counts too. A NaN weight would otherwise surface, if
+  at all, as NaN logits deep inside decoding.
+
+  Args:
+    params: the loaded params tree.
+    where: the checkpoint, for the message.
+    names: a checkpoint's name table, so the message also gives the parameter's name there.
+  """
+  for ours, array in _flatten(params).items():
+    finite = jnp.isfinite(array)
+    if bool(jnp.all(finite)):
+      continue
+    name, _ = (names or {}).get(ours, (ours, False))
+    stored_as = '' if name == ours else f' (stored as {name!r})'
+    raise ValueError(
+      f'Parameter {ours!r}{stored_as} of {where} has {int(finite.size - jnp.sum(finite))} '
+      f'non-finite value(s) (NaN or inf) as {array.dtype}: the checkpoint is corrupt, or was '
+      'saved after training diverged. Pass allow_nonfinite=True to load it anyway.'
+    )
+
+
+def _read_json(file: Path) -> Any:
+  """The parsed contents of a JSON file; ValueError naming the file if it is not JSON."""
+  try:
+    return json.loads(file.read_text())
+  except json.JSONDecodeError as e:
+    raise ValueError(f'{file} is not valid JSON ({e}).') from e
 
 
 # -------------------------------------------------------------------------------------------------
@@ -330,9 +364,18 @@ def _hf_weight_files(directory: Path) -> list[Path]:
       continue
     if not name.endswith('.index.json'):
       return [file]
-    shards = [
-      directory / s for s in sorted(set(json.loads(file.read_text())['weight_map'].values()))
-    ]
+    index = _read_json(file)
+    weight_map = index.get('weight_map') if isinstance(index, Mapping) else None
+    if (
+      not isinstance(weight_map, Mapping)
+      or not weight_map
+      or not all(isinstance(s, str) for s in weight_map.values())
+    ):
+      raise ValueError(
+        f'{file} has no "weight_map" of parameter names to weight files, which a sharded '
+        'checkpoint index holds; is the index truncated, or not written by save_pretrained?'
+      )
+    shards = [directory / s for s in sorted(set(weight_map.values()))]
     for shard in shards:
       if not shard.is_file():
         raise FileNotFoundError(f'{file} lists the weight file {shard.name}, which is missing.')
@@ -357,13 +400,16 @@ def _read_weights(file: Path) -> dict[str, np.ndarray]:
   }
 
 
-def load_hf_t5(path: PathLike, *, config: t5.T5Config | None = None) -> t5.T5Model:
+def load_hf_t5(
+  path: PathLike, *, config: t5.T5Config | None = None, allow_nonfinite: bool = False
+) -> t5.T5Model:
   """Loads an HF T5ForConditionalGeneration checkpoint directory (save_pretrained layout).
 
   Args:
     path: directory with config.json and model.safetensors (or pytorch_model.bin, or sharded
       *.index.json variants of either).
     config: overrides config.json (which then need not exist).
+    allow_nonfinite: load weights holding NaN or inf instead of raising ValueError.
 
   Returns:
     The model; params are jax arrays of `config.dtype`.
@@ -375,11 +421,14 @@ def load_hf_t5(path: PathLike, *, config: t5.T5Config | None = None) -> t5.T5Mod
     config_file = directory / 'config.json'
     if not config_file.is_file():
       raise FileNotFoundError(f'{directory} has no config.json (or pass config=).')
-    config = config_from_hf(json.loads(config_file.read_text()))
+    config = config_from_hf(_read_json(config_file))
   state_dict = {}
   for file in _hf_weight_files(directory):
     state_dict.update(_read_weights(file))
-  return t5.T5Model(config=config, params=hf_state_dict_to_params(state_dict, config))
+  params = hf_state_dict_to_params(state_dict, config)
+  if not allow_nonfinite:
+    _check_finite(params, directory, hf_names(config))
+  return t5.T5Model(config=config, params=params)
 
 
 def save_hf_t5(model: t5.T5Model, path: PathLike) -> None:
@@ -411,7 +460,9 @@ def t5x_names(config: t5.T5Config) -> NameTable:
   return {name: (name, False) for name in param_shapes(config)}
 
 
-def load_t5x(path: PathLike, *, config: t5.T5Config | None = None) -> t5.T5Model:
+def load_t5x(
+  path: PathLike, *, config: t5.T5Config | None = None, allow_nonfinite: bool = False
+) -> t5.T5Model:
   """Loads the params of a T5X checkpoint (legacy msgpack or tensorstore/zarr).
 
   Args:
@@ -419,6 +470,7 @@ def load_t5x(path: PathLike, *, config: t5.T5Config | None = None) -> t5.T5Model
       msgpack checkpoint file itself.
     config: the model config; by default inferred from the parameter shapes (see
       `infer_t5x_config`: T5X checkpoints carry no config).
+    allow_nonfinite: load weights holding NaN or inf instead of raising ValueError.
 
   Returns:
     The model; params are jax arrays of `config.dtype`.
@@ -428,7 +480,10 @@ def load_t5x(path: PathLike, *, config: t5.T5Config | None = None) -> t5.T5Model
   arrays = {name: _read_t5x_leaf(leaf, file.parent, name) for name, leaf in target.items()}
   if config is None:
     config = infer_t5x_config({name: array.shape for name, array in arrays.items()})
-  return t5.T5Model(config=config, params=_mapped_params(arrays, t5x_names(config), config))
+  params = _mapped_params(arrays, t5x_names(config), config)
+  if not allow_nonfinite:
+    _check_finite(params, file)
+  return t5.T5Model(config=config, params=params)
 
 
 def infer_t5x_config(shapes: Mapping[str, tuple[int, ...]]) -> t5.T5Config:
@@ -545,8 +600,18 @@ def save(model: t5.T5Model, path: PathLike) -> None:
   )
 
 
-def restore(path: PathLike) -> t5.T5Model:
-  """Reads a model written by `save`; arrays come back with the dtypes they were saved with."""
+def restore(path: PathLike, *, allow_nonfinite: bool = False) -> t5.T5Model:
+  """Reads a model written by `save`; arrays come back with the dtypes they were saved with.
+
+  Args:
+    path: the directory `save` wrote.
+    allow_nonfinite: load weights holding NaN or inf instead of raising ValueError.
+
+  Raises:
+    FileNotFoundError: `path` is not a directory written by `save`.
+    ValueError: orbax cannot read the params (corrupt or truncated files), the params do not fit
+      the config, or (unless allowed) a weight is NaN or inf.
+  """
   import orbax.checkpoint as ocp
 
   directory = Path(path).absolute()
@@ -556,14 +621,26 @@ def restore(path: PathLike) -> t5.T5Model:
         f'No checkpoint written by checkpoints.save at {directory}: {needed.name} is missing.'
       )
   config = _config_from_json(directory / 'config.json')
-  with ocp.StandardCheckpointer() as checkpointer:
-    params = checkpointer.restore(directory / 'params')
+  try:
+    with ocp.StandardCheckpointer() as checkpointer:
+      params = checkpointer.restore(directory / 'params')
+  except Exception as e:  # orbax and tensorstore raise many types on damaged files
+    reason = (str(e).strip().splitlines() or [''])[0]
+    reason = reason if len(reason) <= 300 else reason[:300] + '...'
+    raise ValueError(
+      f'Cannot restore the orbax checkpoint at {directory}; its params/ files are damaged or '
+      f'incomplete ({type(e).__name__}: {reason}).'
+    ) from e
   _check_shapes(_flatten(params), config)
+  if not allow_nonfinite:
+    _check_finite(params, directory)
   return t5.T5Model(config=config, params=params)
 
 
 def _config_from_json(file: Path) -> t5.T5Config:
-  fields = json.loads(file.read_text())
+  fields = _read_json(file)
+  if not isinstance(fields, Mapping):
+    raise ValueError(f'{file}: expected a JSON object of T5Config fields.')
   unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(t5.T5Config)})
   if unknown:
     raise ValueError(f'{file}: unknown T5Config field(s) {unknown}.')

@@ -45,7 +45,7 @@ def test_expected_tokens_limit_at_one():
 
 
 def test_walltime_improvement():
-  # SPEC anchor: EnDe, alpha 0.75, gamma 7; reported 3.4x with a T5-small drafter.
+  # docs/method.md anchor: EnDe, alpha 0.75, gamma 7; reported 3.4x with a T5-small drafter.
   np.testing.assert_allclose(analysis.walltime_improvement(0.75, 7, 0.0), 3.599548, rtol=1e-6)
   np.testing.assert_allclose(
     analysis.walltime_improvement(0.75, 7, 0.02), 3.599548 / 1.14, rtol=1e-6

@@ -21,10 +21,8 @@ import transformers
 from specdec_jax import checkpoints, zarr
 from specdec_jax.models import t5
 
-T5X_TINY = Path(__file__).resolve().parents[2] / 'shared' / 'testdata' / 't5x_tiny' / 'checkpoint_0'
-needs_t5x_tiny = pytest.mark.skipif(
-  not T5X_TINY.is_file(), reason=f'the T5X test checkpoint is not at {T5X_TINY}'
-)
+# Written by T5X itself and shipped in the repo (origin and license: tests/testdata/README.md).
+T5X_TINY = Path(__file__).resolve().parent / 'testdata' / 't5x_tiny' / 'checkpoint_0'
 TOL = 1e-4  # float32, ours (XLA) vs HF (PyTorch)
 
 _encode = jax.jit(t5.encode, static_argnames='config')
@@ -325,7 +323,6 @@ def test_hf_name_table_covers_exactly_the_model_params():
 # T5X.
 
 
-@needs_t5x_tiny
 def test_t5x_tiny_checkpoint_loads():
   model = checkpoints.load_t5x(T5X_TINY)
   config = model.config
@@ -343,7 +340,6 @@ def test_t5x_tiny_checkpoint_loads():
   _assert_params_equal(model.params, raw)
 
 
-@needs_t5x_tiny
 def test_t5x_tiny_checkpoint_in_hf_gives_the_same_logits(tmp_path):
   model = checkpoints.load_t5x(T5X_TINY)
   checkpoints.save_hf_t5(model, tmp_path)
@@ -416,8 +412,6 @@ def _t5x_state(params) -> dict:
 def _t5x_source(name: str) -> tuple[dict, t5.T5Config | None]:
   """(params, the config they were made with, or None for the README-described T5X file)."""
   if name == 't5x_tiny':
-    if not T5X_TINY.is_file():
-      pytest.skip(f'the T5X test checkpoint is not at {T5X_TINY}')
     return flax.serialization.msgpack_restore(T5X_TINY.read_bytes())['optimizer']['target'], None
   model = _random_model(name, seed=5)
   return jax.tree.map(np.asarray, model.params), model.config
@@ -638,3 +632,122 @@ def test_orbax_errors(tmp_path):
   with pytest.raises(ValueError, match=r"missing parameter 'decoder/layers_0/mlp/wi_0/kernel'"):
     checkpoints.save(mismatched, tmp_path / 'mismatched')
   assert not (tmp_path / 'mismatched').exists()
+
+
+# -------------------------------------------------------------------------------------------------
+# Non-finite weights and damaged files: one ValueError naming the parameter or the file.
+
+
+def _with_value(array, value, index: int = 3) -> np.ndarray:
+  """A copy of `array` with one entry set to `value`."""
+  array = np.array(array)
+  array.flat[index] = value
+  return array
+
+
+def _raises_naming(call, *needles: str) -> str:
+  """Runs `call`, which must raise one ValueError whose one-line message holds every needle."""
+  with pytest.raises(ValueError) as info:
+    call()
+  message = str(info.value)
+  assert '\n' not in message
+  for needle in needles:
+    assert needle in message, (needle, message)
+  return message
+
+
+@pytest.mark.parametrize('value', [np.nan, np.inf, -np.inf])
+def test_hf_nonfinite_weight_names_the_parameter(tmp_path, value):
+  checkpoints.save_hf_t5(_random_model('tiny-v1.1'), tmp_path)
+  _edit_weights(tmp_path, lambda w: w.update({WO: _with_value(w[WO], value)}))
+  _raises_naming(
+    lambda: checkpoints.load_hf_t5(tmp_path),
+    f"Parameter 'decoder/layers_2/mlp/wo/kernel' (stored as '{WO}') of {tmp_path} has 1 "
+    'non-finite value(s)',
+    'allow_nonfinite=True',
+  )
+  kernel = checkpoints.load_hf_t5(tmp_path, allow_nonfinite=True).params['decoder']['layers_2']
+  assert np.sum(~np.isfinite(kernel['mlp']['wo']['kernel'])) == 1
+
+
+def test_hf_weight_beyond_the_config_dtype_is_nonfinite(tmp_path):
+  """3.4e38 is a float32 but rounds to inf in bfloat16 (max 3.39e38): checked after the cast."""
+  checkpoints.save_hf_t5(_random_model('tiny-v1.1'), tmp_path)
+  _edit_weights(tmp_path, lambda w: w.update({QUERY: _with_value(w[QUERY], 3.4e38)}))
+  config = checkpoints.load_hf_t5(tmp_path).config  # finite as float32
+  _raises_naming(
+    lambda: checkpoints.load_hf_t5(tmp_path, config=dataclasses.replace(config, dtype='bfloat16')),
+    "Parameter 'encoder/layers_0/attention/query/kernel'",
+    'as bfloat16',
+  )
+
+
+def test_t5x_nonfinite_weight_names_the_parameter(tmp_path):
+  params = jax.tree.map(np.asarray, _random_model('tiny-v1.0', seed=5).params)
+  query = params['encoder']['layers_1']['attention']['query']
+  query['kernel'] = _with_value(query['kernel'], np.nan)
+  (tmp_path / 'checkpoint').write_bytes(
+    flax.serialization.msgpack_serialize({'optimizer': _t5x_state(params)})
+  )
+  _raises_naming(
+    lambda: checkpoints.load_t5x(tmp_path),
+    f"Parameter 'encoder/layers_1/attention/query/kernel' of {tmp_path / 'checkpoint'} has 1",
+  )
+  _assert_params_equal(checkpoints.load_t5x(tmp_path, allow_nonfinite=True).params, params)
+
+
+def test_orbax_nonfinite_weight_names_the_parameter(tmp_path):
+  model = _random_model('tiny-v1.0')
+  flat = _flat(model.params)
+  flat['token_embedder/embedding'] = flat['token_embedder/embedding'].at[5, 1].set(jnp.inf)
+  broken = t5.T5Model(config=model.config, params=flax.traverse_util.unflatten_dict(flat, sep='/'))
+  checkpoints.save(broken, tmp_path / 'model')
+  _raises_naming(
+    lambda: checkpoints.restore(tmp_path / 'model'),
+    f"Parameter 'token_embedder/embedding' of {tmp_path / 'model'} has 1 non-finite value(s)",
+  )
+  _assert_params_equal(
+    checkpoints.restore(tmp_path / 'model', allow_nonfinite=True).params, broken.params
+  )
+
+
+@pytest.mark.parametrize(
+  'index, needle',
+  [
+    ({'metadata': {'total_size': 1}}, 'has no "weight_map"'),
+    ({'weight_map': {}}, 'has no "weight_map"'),
+    ({'weight_map': {'shared.weight': 3}}, 'has no "weight_map"'),
+    ([], 'has no "weight_map"'),
+    ('{"weight_map": ', 'is not valid JSON'),
+  ],
+  ids=['no weight_map', 'empty weight_map', 'file not a string', 'not an object', 'truncated'],
+)
+def test_hf_sharded_index_without_weight_map(tmp_path, index, needle):
+  checkpoints.save_hf_t5(_random_model('tiny-v1.0'), tmp_path)
+  (tmp_path / 'model.safetensors').rename(tmp_path / 'model-00001-of-00001.safetensors')
+  file = tmp_path / 'model.safetensors.index.json'
+  file.write_text(index if isinstance(index, str) else json.dumps(index))
+  _raises_naming(lambda: checkpoints.load_hf_t5(tmp_path), f'{file} ', needle)
+
+
+# After a failed restore orbax's background I/O still calls into its closed asyncio loop; that
+# noise is orbax's, and the ValueError is what this test checks.
+@pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
+@pytest.mark.parametrize('damage', ['array data', 'array metadata', 'config.json'])
+def test_orbax_damaged_checkpoint_names_the_directory(tmp_path, damage):
+  directory = tmp_path / 'model'
+  checkpoints.save(_random_model('tiny-v1.0'), directory)
+  if damage == 'array data':
+    # The ocdbt data files (`.../d/<hash>`) hold the arrays' bytes.
+    damaged = [f for f in (directory / 'params').rglob('*') if f.is_file() and f.parent.name == 'd']
+    assert damaged
+    for file in damaged:
+      file.write_bytes(bytes(range(256)) * (file.stat().st_size // 256 + 1))
+    needle = f'Cannot restore the orbax checkpoint at {directory};'
+  elif damage == 'array metadata':
+    (directory / 'params' / '_METADATA').write_text('{"tree_metadata": ')
+    needle = f'Cannot restore the orbax checkpoint at {directory};'
+  else:
+    (directory / 'config.json').write_text('{"vocab_size": 32,')
+    needle = f'{directory / "config.json"} is not valid JSON'
+  _raises_naming(lambda: checkpoints.restore(directory), needle)

@@ -2,8 +2,8 @@
 
 A toy model maps every prefix (a tuple of token ids, the "context") to a distribution over the
 vocabulary, given as a tuple of `fractions.Fraction`. The oracle enumerates every drafted block,
-follows SPEC.md's formulas for each verifier with exact arithmetic, and returns the distribution
-of the emitted sequence `X^tau + (Y,)` (which determines tau, the accepted drafts and Y).
+follows docs/method.md's formulas for each verifier in exact arithmetic, and returns the
+distribution of the emitted sequence `X^tau + (Y,)` (it determines tau, the accepted drafts, Y).
 
 Written independently of specdec_jax.verify (loops over blocks, no log space) so the two can be
 compared. For V <= 4 and G <= 3 every function here runs in well under a second.

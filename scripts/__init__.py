@@ -1,0 +1,1 @@
+"""Command-line programs: data building, training, shipping, and the Cloud TPU launcher."""
