@@ -1,132 +1,209 @@
-r"""Decode speed of random-weight T5 pairs: autoregressive vs speculative, measured in one run.
+r"""Decode speed: what one loop iteration costs, where it goes, and throughput by batch size.
 
-  python -m benchmarks.decode_speed                      # ~13M target / ~0.7M drafter (ours)
-  python -m benchmarks.decode_speed --target=t5_1_1-small --drafter=tiny-v1.0 --batches=1,8
+  python -m benchmarks.decode_speed                       # the shipped pair (pretrained/ende)
+  python -m benchmarks.decode_speed --random_weights --target=t5_1_1-small --drafter=tiny-v1.0
 
-Prints, for each batch size: autoregressive and speculative tokens/s (token and block
-verification), the share of an iteration spent in verification, the cost of the gamma+1-position
-target pass relative to a 1-position step, and compile times. Decoding is greedy (temperature 0),
-so both loops emit the same tokens; tokens/s counts the tokens emitted (random weights may stop
-a row early at EOS).
-Goals: verification <= 3% of an iteration; batch-8 throughput >= 5x batch-1.
+Everything is measured in one run on real test sources (the shipped test.tsv; random ids with
+--random_weights), gamma 4, batch 1 unless stated:
+1. Model calls inside a jitted loop (no Python dispatch): the target step, the (gamma+1)-position
+   target pass and its cost in steps, the drafter step and c.
+2. Per iteration, for each batch in --breakdown_batches and temperature: wall time of `generate`
+   and `speculative_generate` (bigram and T5 drafters), the goals' ratios, and the share of an
+   iteration spent in each component, from XLA:CPU's per-op trace (`specdec_jax.profiling`):
+   drafter model, target model, sampling (probability transforms and draws), verification,
+   emit/rewind/stats, and the loop itself (time in no op). At temperature 0 the general path
+   (one-hot vectors, what the loops ran before the greedy fast path) is measured too.
+3. Tokens/s at each of --batches for autoregressive, token and block verification.
+
+Goals (issue 8): a bigram-drafted iteration <= 1.15x the bare (gamma+1)-position pass; `generate`
+<= 1.15x the bare step per token; batch-8 autoregressive throughput >= 4x batch 1.
+
+Measured on the 2-core CPU of our development machine (one run each, shipped pair):
+before = commit ab82fe6, after = this version. Shares of an iteration, batch 1, T5 drafter:
+  see README.md, "Performance", which this script's output is copied into.
 """
 
-import dataclasses
-import functools
-import time
+from specdec_jax import profiling
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from absl import app, flags
+profiling.enable_tracing()  # before JAX starts: per-op trace events for the breakdown
 
-from specdec_jax import decode, sampling as sampling_lib, verify
-from specdec_jax.models import t5
+import dataclasses  # noqa: E402
+import pathlib  # noqa: E402
 
-_TARGET = flags.DEFINE_string('target', 'ende-target', 'Target size: a t5.CONFIGS key or ende-*.')
-_DRAFTER = flags.DEFINE_string('drafter', 'ende-drafter', 'Drafter size (same vocabulary).')
-_BATCHES = flags.DEFINE_list('batches', ['1', '8', '32'], 'Batch sizes.')
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+from specdec_jax import checkpoints, decode, drafters, sampling as sampling_lib, timing  # noqa: E402
+from specdec_jax.data import pairs, tokenizer as tokenizer_lib  # noqa: E402
+from specdec_jax.models import t5  # noqa: E402
+
+_PRETRAINED = pathlib.Path(__file__).resolve().parents[1] / 'pretrained' / 'ende'
+_DIR = flags.DEFINE_string('pretrained', str(_PRETRAINED), 'Shipped pair directory.')
+_RANDOM = flags.DEFINE_bool('random_weights', False, 'Random-weight models of --target/--drafter '
+                            'shapes instead of the shipped pair (random ids as sources).')
+_TARGET = flags.DEFINE_string('target', 'ende-target', 'Random target: a t5.CONFIGS key or ende-*.')
+_DRAFTER = flags.DEFINE_string('drafter', 'ende-drafter', 'Random drafter (same vocabulary).')
+_DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Random models\' dtype.')
+_BATCHES = flags.DEFINE_list('batches', ['1', '8', '32'], 'Batch sizes for tokens/s.')
+_BREAKDOWN = flags.DEFINE_list('breakdown_batches', ['1', '8'], 'Batch sizes for the breakdown.')
+_TEMPS = flags.DEFINE_list('temperatures', ['0', '1'], 'Temperatures.')
 _GAMMA = flags.DEFINE_integer('gamma', 4, 'Draft tokens per iteration.')
-_MAX_NEW = flags.DEFINE_integer('max_new_tokens', 32, 'Tokens decoded per row.')
-_SOURCE_LEN = flags.DEFINE_integer('source_len', 24, 'Source length.')
-_REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed repeats (the median is reported).')
+_MAX_NEW = flags.DEFINE_integer('max_new_tokens', 64, 'Most tokens per row.')
+_SOURCE_LEN = flags.DEFINE_integer('source_len', 64, 'Padded source length.')
+_REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed repeats (median).')
+_ROWS = flags.DEFINE_integer('rows', 16, 'Test sources decoded per measurement, in batches.')
 
 # The shapes we train for EN->DE (experiments/configs/train_*.py), with an 8k vocabulary.
 SIZES = {
   'ende-target': dataclasses.replace(t5.CONFIGS['t5_1_1-small'], vocab_size=8000, d_model=256,
                                      d_ff=1024, num_heads=4, num_encoder_layers=4,
                                      num_decoder_layers=4),
-  'ende-drafter': dataclasses.replace(t5.CONFIGS['t5-small'], vocab_size=8000, d_model=64,
-                                      d_kv=16, d_ff=256, num_heads=4, num_encoder_layers=2,
-                                      num_decoder_layers=1),
+  'ende-drafter': dataclasses.replace(t5.CONFIGS['t5-small'], vocab_size=8000, d_model=96,
+                                      d_kv=24, d_ff=256, num_heads=4, num_encoder_layers=2,
+                                      num_decoder_layers=1, feed_forward='gated-gelu'),
 }
 
 
-def _model(name: str, seed: int) -> t5.T5Model:
+def _random_model(name: str, seed: int) -> t5.T5Model:
   config = SIZES[name] if name in SIZES else t5.CONFIGS[name]
+  config = dataclasses.replace(config, dtype=_DTYPE.value)
   return t5.T5Model(config=config, params=t5.init_params(jax.random.key(seed), config))
 
 
-def _num_params(model) -> int:
-  return sum(x.size for x in jax.tree.leaves(model.params))
+def _models_and_sources(max_rows: int):
+  """(target, {drafter name: drafter}, source ids int32[max_rows, S], mask)."""
+  s = _SOURCE_LEN.value
+  if _RANDOM.value:
+    target, drafter = _random_model(_TARGET.value, 0), _random_model(_DRAFTER.value, 1)
+    ids = np.random.default_rng(0).integers(2, 1000, (max_rows, s))
+    bigram = drafters.NGramDrafter.fit([ids[:, :8].reshape(-1)], vocab_size=target.config.vocab_size)
+    return target, {'bigram': bigram, 't5': drafter}, jnp.asarray(ids, jnp.int32), jnp.ones_like(
+      jnp.asarray(ids, jnp.int32))
+  d = pathlib.Path(_DIR.value)
+  target = checkpoints.restore(str(d / 'target'))
+  found = {'bigram': drafters.NGramDrafter.load(str(d / 'bigram.npz')),
+           't5': checkpoints.restore(str(d / 'drafter'))}
+  tokenizer = tokenizer_lib.Tokenizer.load(str(d / 'spm.model'))
+  sources = [src for src, _ in pairs.load_pairs(str(d / 'test.tsv'))]
+  sources = (sources * (max_rows // len(sources) + 1))[:max_rows]
+  # Batches of similar lengths, as a server buckets requests: a batch runs until its longest row
+  # is done, and ragged rows would measure the batch's padding rather than the loop.
+  sources.sort(key=lambda text: len(tokenizer.encode(text)))
+  ids, mask = tokenizer.encode_batch(sources, s, truncate=True)
+  return target, found, jnp.asarray(ids), jnp.asarray(mask)
 
 
-def _timed(fn, repeats):
-  """(first-call seconds, median seconds of `repeats` further calls)."""
-  start = time.perf_counter()
-  jax.block_until_ready(fn())
-  first = time.perf_counter() - start
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return first, float(np.median(times))
+def _calls(target, drafter, ids, mask, batch, temperature, *, gamma, verifier='token',
+           fast=True, max_new_tokens=None):
+  """(jitted loop, [(args, kwargs)] over the batches of ids) of generate (drafter None) or
+  speculative_generate; the private jits, so the general path can be run at temperature 0."""
+  kw = dict(sampling=sampling_lib.SamplingConfig(temperature=temperature),
+            max_new_tokens=max_new_tokens or _MAX_NEW.value, greedy_fast_path=fast)
+  if drafter is not None:
+    kw.update(gamma=gamma, verifier=verifier)
+  calls = []
+  for i in range(0, ids.shape[0], batch):
+    rng = jax.random.key(i)
+    if drafter is None:
+      args = (target.steps, target.params, ids[i : i + batch], mask[i : i + batch], rng)
+    else:
+      args = (target.steps, target.params, drafter.steps, drafter.params, ids[i : i + batch],
+              mask[i : i + batch], rng)
+    calls.append((args, kw))
+  return (decode._autoregressive_jit if drafter is None else decode._speculative_jit), calls
 
 
-def _step_cost(model, batch, gamma, repeats):
-  """Seconds of one decode call with T = 1 and with T = gamma + 1, from a 16-token cache."""
-  cfg = model.config
-  ids = jnp.ones((batch, _SOURCE_LEN.value), jnp.int32)
-  enc = t5.encode(model.params, ids, jnp.ones_like(ids), config=cfg)
-  cache = t5.init_cache(model.params, enc, jnp.ones_like(ids), config=cfg, max_decode_len=64)
-  cache = cache.replace(end_index=jnp.full((batch,), 16, jnp.int32))
-  step = jax.jit(functools.partial(t5.decode, config=cfg))
-  costs = []
-  for t in (1, gamma + 1):
-    tokens = jnp.ones((batch, t), jnp.int32)
-    costs.append(_timed(lambda: step(model.params, tokens, cache)[0], repeats)[1])
-  return costs
+def _timed(jitted, calls):
+  """Median seconds of one pass over `calls`."""
+  return timing.time_call(lambda: [jitted(*a, **k).tokens for a, k in calls], _REPEATS.value)[1]
 
 
-def _verify_cost(batch, gamma, vocab, repeats):
-  rng = jax.random.key(0)
-  q = jax.nn.softmax(jax.random.normal(rng, (batch, gamma, vocab)), -1)
-  p = jax.nn.softmax(jax.random.normal(jax.random.key(1), (batch, gamma + 1, vocab)), -1)
-  drafts = jax.random.randint(rng, (batch, gamma), 0, vocab)
-  return {name: _timed(lambda fn=fn: fn(rng, drafts, q, p), repeats)[1]
-          for name, fn in verify.VERIFIERS.items()}
+@dataclasses.dataclass
+class Measured:
+  seconds: float  # one pass over the calls
+  iteration: float  # seconds per loop iteration, the per-call fixed cost taken out
+  iterations: int
+  tokens: int
+  stats: decode.DecodeStats  # pooled
+
+
+def _measure(target, drafter, ids, mask, batch, temperature, **kw) -> tuple[Measured, object]:
+  """Times a pass over the batches, and a pass with max_new_tokens=1 (one iteration per call:
+  encoding, cache setup, dispatch and one iteration), whose difference is what the iterations
+  cost; returns it with the profile breakdown of the pass."""
+  jitted, calls = _calls(target, drafter, ids, mask, batch, temperature, **kw)
+  outs = [jitted(*a, **k) for a, k in calls]
+  seconds = _timed(jitted, calls)
+  one = _timed(*_calls(target, drafter, ids, mask, batch, temperature, max_new_tokens=1, **kw))
+  iterations = sum(int(o.stats.target_calls.max()) for o in outs)
+  stats = jax.tree.map(lambda *x: jnp.concatenate(x), *[o.stats for o in outs]).summed()
+  m = Measured(seconds, (seconds - one) / max(iterations - len(calls), 1), iterations,
+               sum(int(o.lengths.sum()) for o in outs), stats)
+  return m, profiling.breakdown(jitted, calls)
+
+
+def _shares(b: profiling.Breakdown) -> str:
+  return ' '.join(f'{k} {100 * v:4.1f}%' for k, v in b.shares(exclude=('encode',)).items())
 
 
 def main(argv):
   del argv
-  target, drafter = _model(_TARGET.value, 0), _model(_DRAFTER.value, 1)
-  gamma, max_new, repeats = _GAMMA.value, _MAX_NEW.value, _REPEATS.value
-  greedy = sampling_lib.SamplingConfig(temperature=0.0)
-  print(f'device: {jax.devices()[0].device_kind}; target {_TARGET.value} '
-        f'({_num_params(target) / 1e6:.2f}M params), drafter {_DRAFTER.value} '
-        f'({_num_params(drafter) / 1e6:.2f}M), gamma={gamma}, {max_new} new tokens/row, '
-        f'temperature 0, median of {repeats}')
+  gamma = _GAMMA.value
+  batches = sorted({int(b) for b in _BATCHES.value + _BREAKDOWN.value})
+  rows = max(batches + [_ROWS.value])
+  target, found, all_ids, all_mask = _models_and_sources(rows)
+  count = lambda m: sum(x.size for x in jax.tree.leaves(m.params))
+  print(f'device: {jax.devices()[0].device_kind}, {jax.device_count()} device(s); target '
+        f'{count(target) / 1e6:.2f}M params, T5 drafter {count(found["t5"]) / 1e6:.2f}M; '
+        f'gamma {gamma}, source length {_SOURCE_LEN.value}, up to {_MAX_NEW.value} new tokens; '
+        f'median of {_REPEATS.value}')
+
+  for batch in map(int, _BREAKDOWN.value):
+    n = max(batch, _ROWS.value // batch * batch)
+    ids, mask = all_ids[:n], all_mask[:n]
+    kw = dict(batch_size=batch, source_length=_SOURCE_LEN.value,
+              cache_len=decode.buffer_length(_MAX_NEW.value, gamma))
+    step = timing.step_seconds(target, **kw)
+    pass_ = timing.step_seconds(target, num_tokens=gamma + 1, **kw)
+    d_step = timing.step_seconds(found['t5'], **kw)
+    print(f'\n== batch {batch}: in-loop target step {step * 1e3:.3f} ms, {gamma + 1}-position '
+          f'pass {pass_ * 1e3:.3f} ms = {pass_ / step:.2f} steps; T5 drafter step '
+          f'{d_step * 1e3:.3f} ms, c = {d_step / step:.3f}')
+    for temperature in map(float, _TEMPS.value):
+      for fast in [True, False] if temperature == 0 else [True]:
+        label = '' if temperature else (' [fast path]' if fast else ' [general path]')
+        print(f'-- temperature {temperature:g}{label}')
+        m, b = _measure(target, None, ids, mask, batch, temperature, gamma=gamma, fast=fast)
+        print(f'   autoregressive: {m.iteration * 1e3:.3f} ms/iteration = '
+              f'{m.iteration / step:.2f}x the bare step | {_shares(b)}')
+        for name, drafter in found.items():
+          m, b = _measure(target, drafter, ids, mask, batch, temperature, gamma=gamma, fast=fast)
+          bare, what = (pass_, 'pass') if name != 't5' else (pass_ + gamma * d_step,
+                                                               'pass + gamma drafter steps')
+          print(f'   {name:6s} token: {m.iteration * 1e3:.3f} ms/iteration = '
+                f'{m.iteration / bare:.2f}x the bare {what}; alpha {float(m.stats.alpha):.2f} '
+                f'| {_shares(b)}')
+
+  print('\n== tokens/s (temperature 0, T5 drafter, gamma %d)' % gamma)
   ar_tps = {}
   for batch in map(int, _BATCHES.value):
-    ids = jnp.asarray(np.random.default_rng(batch).integers(2, 1000, (batch, _SOURCE_LEN.value)),
-                      jnp.int32)
-    mask = jnp.ones_like(ids)
-    kw = dict(sampling=greedy, max_new_tokens=max_new, rng=jax.random.key(0))
-    compile_ar, ar = _timed(lambda: decode.generate(target, ids, mask, **kw).tokens, repeats)
-    emitted = int(decode.generate(target, ids, mask, **kw).lengths.sum())
-    ar_tps[batch] = emitted / ar
-    t1, tg = _step_cost(target, batch, gamma, repeats)
-    d1, _ = _step_cost(drafter, batch, gamma, repeats)
-    verify_s = _verify_cost(batch, gamma, target.config.vocab_size, repeats)
-    print(f'\nbatch {batch}: autoregressive {ar_tps[batch]:8.1f} tok/s '
-          f'(compile {compile_ar - ar:.1f}s); target step {t1 * 1e3:.2f} ms, '
-          f'{gamma + 1}-position pass {tg * 1e3:.2f} ms = {tg / t1:.2f}x a step; '
-          f'c = drafter/target step = {d1 / t1:.3f}')
-    for verifier in verify.VERIFIERS:
-      run = lambda v=verifier: decode.speculative_generate(target, drafter, ids, mask,
-                                                           gamma=gamma, verifier=v, **kw)
-      compile_s, spec = _timed(lambda: run().tokens, repeats)
-      out = run()
-      iterations = int(out.stats.target_calls.max())
-      share = verify_s[verifier] / (spec / iterations)
-      print(f'  {verifier:5s}: speculative {int(out.lengths.sum()) / spec:8.1f} tok/s = '
-            f'{ar / spec:.2f}x autoregressive; {iterations} iterations, '
-            f'block efficiency {float(out.stats.block_efficiency.mean()):.2f}, '
-            f'alpha {float(out.stats.alpha.mean()):.3f}; verification '
-            f'{100 * share:.2f}% of an iteration; compile {compile_s - spec:.1f}s')
+    n = max(batch, _ROWS.value // batch * batch)
+    ids, mask = all_ids[:n], all_mask[:n]
+    line = []
+    for method in ('autoregressive', 'token', 'block'):
+      drafter = None if method == 'autoregressive' else found['t5']
+      jitted, calls = _calls(target, drafter, ids, mask, batch, 0.0, gamma=gamma,
+                             verifier=None if drafter is None else method)
+      outs = [jitted(*a, **k) for a, k in calls]
+      sec, tokens = _timed(jitted, calls), sum(int(o.lengths.sum()) for o in outs)
+      line.append(f'{method} {tokens / sec:8.1f}')
+      if method == 'autoregressive':
+        ar_tps[batch] = tokens / sec
+    print(f'   batch {batch:3d}: ' + '   '.join(line))
   if 1 in ar_tps and 8 in ar_tps:
-    print(f'\nautoregressive throughput, batch 8 / batch 1: {ar_tps[8] / ar_tps[1]:.2f}x')
+    print(f'   autoregressive throughput, batch 8 / batch 1: {ar_tps[8] / ar_tps[1]:.2f}x')
 
 
 if __name__ == '__main__':

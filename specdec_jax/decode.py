@@ -2,62 +2,50 @@
 
 Axis legend: B batch, S source length, G gamma, T query length, V vocab, M max_new_tokens.
 
-Both loops are written against *step models*, never against T5 itself (see `StepModel`), so they
-can be tested with fake closures and driven by any drafter. A step model is a hashable static half
-(`steps`) plus a params pytree; `as_step_model` turns a `T5Model` or an n-gram drafter into one.
+Both loops are written against step models (`step_models.StepModel`), never against a model, so
+fake closures test them and any drafter drives them.
 
 Loop state, per row b:
   seq[b]   the decoder input sequence [start, y_1, ..., y_n, ...]; `n[b]` tokens emitted so far.
-  caches   hold decoder positions 0..n-1 (end_index == n); the pending token seq[n] is fed next.
-After an iteration that accepted all gamma drafts the drafter has not seen X_gamma (it never ran on
-it); its cache then ends at n - 1 and the next iteration's first drafter call feeds the two tokens
-seq[n-1:n+1] in one multi-token step ("catching up"), with no host round trip.
+  caches   hold decoder positions 0..n-1 (the target's end_index is n); seq[n] is fed next.
+The drafter's first call of an iteration always feeds the two tokens seq[n-1:n+1] from position
+n - 1. After an iteration that accepted all gamma drafts, the drafter never saw X_gamma = seq[n-1];
+otherwise re-writing position n - 1 recomputes what its cache holds. One branch-free program
+either way: no `lax.cond` (whose branches copy the cache) and no host round trip.
+
+At temperature 0 (`sampling.greedy`) the loops take a fast path that never forms a probability
+vector: p and q are one-hot, so sampling is an argmax and both verifiers reduce to comparing ids
+(`verify.greedy_verify`); the tokens are identical to the general path's, with no [B, G+1, V]
+arrays, no cumulative sums over V and no random numbers.
 """
 
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specdec_jax import drafters, sampling as sampling_lib, verify
-from specdec_jax.models import t5
+from specdec_jax import sampling as sampling_lib, step_models, verify
 
 PAD_ID = 0
 
 
-class StepModel(Protocol):
-  """The static half of a model as the decode loops see it (hashable: a jit static argument).
+def buffer_length(max_new_tokens: int, gamma: int) -> int:
+  """Slots of the token buffer `seq` and of both decoder caches: M + G + 2.
 
-  Every cache is a `flax.struct.dataclass` with an `end_index: int32[B]` field: the number of valid
-  decoder positions per row. `step` writes T positions starting at `end_index` and advances it by T;
-  the loops rewind a row by `cache.replace(end_index=...)`.
+  An iteration writes its G + 1 candidate tokens to seq[n + 1 .. n + G + 1] and the target pass
+  writes cache positions n .. n + G. Rows that already finished still run (at n <= M), writing
+  past their end where nothing is read, so the last slot touched is M + G + 1.
   """
-
-  vocab_size: int
-  start_id: int  # the decoder's first input token
-  eos_id: int
-
-  def init_cache(self, params, input_ids, input_mask, max_decode_len: int) -> Any:
-    ...
-
-  def step(self, params, tokens: jax.Array, cache) -> tuple[jax.Array, Any]:
-    """tokens int32[B, T] -> (logits float32[B, T, V], cache advanced by T)."""
-
-
-def as_step_model(model) -> tuple[StepModel, Any]:
-  """(static steps, params) of a `T5Model`, an n-gram drafter, or anything with .steps/.params."""
-  if isinstance(model, t5.T5Model):
-    return drafters.T5Steps(model.config), model.params
-  if hasattr(model, 'steps') and hasattr(model, 'params'):
-    return model.steps, model.params
-  raise TypeError(f'Cannot decode with a {type(model).__name__}: expected a T5Model, an n-gram '
-                  'drafter, or an object with .steps and .params.')
+  return max_new_tokens + gamma + 2
 
 
 @flax.struct.dataclass
 class DecodeStats:
   """Per-row counters of one decoding call (all shaped [B] unless stated).
+
+  Built by `DecodeStats.zeros`, advanced by `accumulate` once per loop iteration, read through the
+  properties; `summed()` pools the rows (e.g. over a whole test set) before reading them.
 
   Attributes:
     target_calls: int32[B] target forward passes while the row was still emitting.
@@ -74,6 +62,41 @@ class DecodeStats:
   accepted_per_position: jax.Array
   beta_sum: jax.Array
   beta_count: jax.Array
+
+  @classmethod
+  def zeros(cls, batch: int, gamma: int) -> 'DecodeStats':
+    zero = jnp.zeros((batch,), jnp.int32)
+    return cls(target_calls=zero, drafted=zero, accepted=zero,
+               accepted_per_position=jnp.zeros((batch, gamma), jnp.int32),
+               beta_sum=jnp.zeros((batch,), jnp.float32), beta_count=zero)
+
+  def accumulate(self, active: jax.Array, num_accepted: jax.Array,
+                 beta: jax.Array) -> 'DecodeStats':
+    """Adds one target call for the `active` rows.
+
+    Args:
+      active: bool[B] rows still emitting before this call.
+      num_accepted: int32[B] tau, drafts accepted (0 for autoregressive decoding).
+      beta: float32[B, G] beta of each draft position; positions after tau + 1 were never
+        verified and are not counted. [B, 0] for autoregressive decoding.
+    """
+    gamma = beta.shape[1]
+    a = active.astype(jnp.int32)
+    position = jnp.arange(gamma)
+    verified = (position <= num_accepted[:, None]) & active[:, None]
+    return DecodeStats(
+      target_calls=self.target_calls + a,
+      drafted=self.drafted + gamma * a,
+      accepted=self.accepted + num_accepted * a,
+      accepted_per_position=self.accepted_per_position
+      + (position < num_accepted[:, None]) * a[:, None],
+      beta_sum=self.beta_sum + jnp.where(verified, beta, 0.0).sum(-1),
+      beta_count=self.beta_count + verified.sum(-1),
+    )
+
+  def summed(self) -> 'DecodeStats':
+    """The counters summed over rows (scalars; [G] per position): pooled alpha and efficiency."""
+    return jax.tree.map(lambda x: jnp.sum(x, axis=0), self)
 
   @property
   def block_efficiency(self) -> jax.Array:
@@ -97,13 +120,20 @@ class DecodeOutput:
 
 
 class _State(NamedTuple):
-  seq: jax.Array  # int32[B, M + G + 3] decoder inputs: start token, then emitted tokens
+  seq: jax.Array  # int32[B, buffer_length] decoder inputs: start token, then emitted tokens
   n: jax.Array  # int32[B] tokens emitted
   done: jax.Array  # bool[B]
   target_cache: Any
   draft_cache: Any
   stats: DecodeStats
   iteration: jax.Array  # int32[]
+
+
+def _init_state(batch, gamma, max_new_tokens, start_id, target_cache, draft_cache) -> _State:
+  seq = jnp.zeros((batch, buffer_length(max_new_tokens, gamma)), jnp.int32)
+  zeros = jnp.zeros((batch,), jnp.int32)
+  return _State(seq.at[:, 0].set(start_id), zeros, jnp.zeros((batch,), bool), target_cache,
+                draft_cache, DecodeStats.zeros(batch, gamma), jnp.zeros((), jnp.int32))
 
 
 def _row_slice(seq: jax.Array, start: jax.Array, size: int) -> jax.Array:
@@ -153,125 +183,134 @@ def _finish(state: _State, max_new_tokens: int) -> DecodeOutput:
   return DecodeOutput(tokens=tokens, lengths=state.n, stats=state.stats)
 
 
-def _init_state(batch, gamma, max_new_tokens, start_id, target_cache, draft_cache):
-  seq = jnp.zeros((batch, max_new_tokens + gamma + 3), jnp.int32).at[:, 0].set(start_id)
-  zeros = jnp.zeros((batch,), jnp.int32)
-  stats = DecodeStats(
-    target_calls=zeros,
-    drafted=zeros,
-    accepted=zeros,
-    accepted_per_position=jnp.zeros((batch, gamma), jnp.int32),
-    beta_sum=jnp.zeros((batch,), jnp.float32),
-    beta_count=zeros,
-  )
-  return _State(seq, zeros, jnp.zeros((batch,), bool), target_cache, draft_cache, stats,
-                jnp.zeros((), jnp.int32))
-
-
 def _draft_token(rng, logits, sampling: sampling_lib.SamplingConfig):
   """Samples one draft token per row: (int32[B], q float32[B, V]) with q the SAME transform p gets."""
   q = sampling_lib.logits_to_probs(logits, sampling)
   return sampling_lib.sample(rng, q), q
 
 
-def _draft(steps: StepModel, params, cache, seq, n, rng, *, gamma, sampling):
-  """Drafts gamma tokens: (draft_tokens int32[B, G], draft_probs float32[B, G, V], cache).
+def _draft(steps, params, cache, seq, n, rng, *, gamma, sampling, greedy):
+  """Drafts gamma tokens: (tokens int32[B, G], q float32[B, G, V] or None when greedy, cache).
 
-  On entry cache.end_index is n, or n - 1 for rows that must catch up on seq[n - 1].
-  On exit it is n + gamma - 1: X_gamma is sampled but not fed.
+  On entry the cache holds at least positions 0..n-2; on exit it ends at n + gamma - 1 (X_gamma is
+  drafted but not fed).
   """
-  start = cache.end_index
+  # Feed seq[n-1], seq[n] from position n - 1 (position 0 at the start, where the second token
+  # is a placeholder written to a slot that stays stale) and keep the logits after seq[n].
+  start = jnp.maximum(n - 1, 0)
+  with jax.named_scope('drafter'):
+    logits, cache = steps.step(params, _row_slice(seq, start, 2), cache.replace(end_index=start))
+  logits = jnp.take_along_axis(logits, (n - start)[:, None, None], axis=1)[:, 0]
+  cache = cache.replace(end_index=n + 1)
 
-  def catch_up(cache):
-    logits, cache = steps.step(params, _row_slice(seq, start, 2), cache)
-    logits = jnp.take_along_axis(logits, (n - start)[:, None, None], axis=1)[:, 0]
-    return logits, cache.replace(end_index=n + 1)
-
-  def plain(cache):
-    logits, cache = steps.step(params, _row_slice(seq, n, 1), cache)
-    return logits[:, 0], cache
-
-  logits, cache = jax.lax.cond(jnp.any(start < n), catch_up, plain, cache)
-  keys = jax.random.split(rng, gamma)
+  @jax.named_scope('sampling')
+  def draw(key, logits):
+    if greedy:
+      return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+    return _draft_token(key, logits, sampling)
 
   def body(carry, key):
     logits, cache = carry
-    token, q = _draft_token(key, logits, sampling)
-    logits, cache = steps.step(params, token[:, None], cache)
+    token, q = draw(key, logits)
+    with jax.named_scope('drafter'):
+      logits, cache = steps.step(params, token[:, None], cache)
     return (logits[:, 0], cache), (token, q)
 
+  keys = jax.random.split(rng, gamma)
   (logits, cache), (tokens, probs) = jax.lax.scan(body, (logits, cache), keys[:-1])
-  last_token, last_q = _draft_token(keys[-1], logits, sampling)
+  last_token, last_q = draw(keys[-1], logits)
   tokens = jnp.concatenate([tokens.T, last_token[:, None]], axis=1)
+  if greedy:
+    return tokens, None, cache
   probs = jnp.concatenate([jnp.moveaxis(probs, 0, 1), last_q[:, None]], axis=1)
   return tokens, probs, cache
 
 
-def _speculative_loop(target_steps: StepModel, target_params, draft_steps: StepModel,
-                      draft_params, input_ids, input_mask, rng, *, gamma: int, verifier: str,
-                      sampling: sampling_lib.SamplingConfig, max_new_tokens: int, start_id: int,
-                      eos_id: int) -> DecodeOutput:
+@jax.named_scope('encode')
+def _init_caches(target_steps, target_params, draft_steps, draft_params, input_ids, input_mask,
+                 cache_len):
+  """Both caches; the source is encoded once when the drafter reads the target's encoder."""
+  encoded = target_steps.encode(target_params, input_ids, input_mask)
+  target_cache = target_steps.init_cache(target_params, encoded, input_mask, cache_len)
+  if draft_steps is None:
+    return target_cache, None
+  if not getattr(draft_steps, 'shares_target_encoder', False):
+    encoded = draft_steps.encode(draft_params, input_ids, input_mask)
+  return target_cache, draft_steps.init_cache(draft_params, encoded, input_mask, cache_len)
+
+
+def _speculative_loop(target_steps, target_params, draft_steps, draft_params, input_ids,
+                      input_mask, rng, *, gamma: int, verifier: str,
+                      sampling: sampling_lib.SamplingConfig, max_new_tokens: int,
+                      greedy_fast_path: bool = True) -> DecodeOutput:
   batch = input_ids.shape[0]
-  cache_len = max_new_tokens + gamma + 2
-  state = _init_state(
-    batch, gamma, max_new_tokens, start_id,
-    target_steps.init_cache(target_params, input_ids, input_mask, cache_len),
-    draft_steps.init_cache(draft_params, input_ids, input_mask, cache_len),
-  )
+  greedy = sampling.greedy and greedy_fast_path
+  target_cache, draft_cache = _init_caches(target_steps, target_params, draft_steps, draft_params,
+                                           input_ids, input_mask,
+                                           buffer_length(max_new_tokens, gamma))
+  state = _init_state(batch, gamma, max_new_tokens, target_steps.start_id, target_cache,
+                      draft_cache)
   verify_fn = verify.VERIFIERS[verifier]
 
   def body(state: _State) -> _State:
     n, active = state.n, ~state.done
     draft_rng, verify_rng = jax.random.split(jax.random.fold_in(rng, state.iteration))
     drafts, q, draft_cache = _draft(draft_steps, draft_params, state.draft_cache, state.seq, n,
-                                    draft_rng, gamma=gamma, sampling=sampling)
-    # One target pass scores the pending token and all gamma drafts: p_1 .. p_{gamma+1}.
-    target_in = jnp.concatenate([_row_slice(state.seq, n, 1), drafts], axis=1)
-    logits, target_cache = target_steps.step(target_params, target_in, state.target_cache)
-    p = sampling_lib.logits_to_probs(logits, sampling)
-    tau, y = verify_fn(verify_rng, drafts, q, p)
-
-    block = jnp.where(jnp.arange(gamma + 1) < tau[:, None],
-                      jnp.pad(drafts, ((0, 0), (0, 1))), y[:, None])
-    seq, new_n, done = _emit(state.seq, n, state.done, block, tau + 1, eos_id=eos_id,
-                             max_new_tokens=max_new_tokens)
-    # Rewind: both caches keep [.., seq[n], X_1..X_tau]; the drafter never saw X_gamma.
-    target_cache = target_cache.replace(end_index=n + tau + 1)
-    draft_cache = draft_cache.replace(end_index=jnp.minimum(n + tau + 1, n + gamma))
-
-    verified = jnp.arange(gamma) <= tau[:, None]  # positions whose p_i was compared with q_i
-    beta = jnp.minimum(p[:, :gamma], q).sum(-1)
-    a = active.astype(jnp.int32)
-    s = state.stats
-    stats = DecodeStats(
-      target_calls=s.target_calls + a,
-      drafted=s.drafted + gamma * a,
-      accepted=s.accepted + tau * a,
-      accepted_per_position=s.accepted_per_position
-      + (jnp.arange(gamma) < tau[:, None]) * a[:, None],
-      beta_sum=s.beta_sum + jnp.where(verified & active[:, None], beta, 0.0).sum(-1),
-      beta_count=s.beta_count + (verified.sum(-1) * a),
-    )
+                                    draft_rng, gamma=gamma, sampling=sampling, greedy=greedy)
+    with jax.named_scope('target'):
+      # One pass scores the pending token and all gamma drafts: p_1 .. p_{gamma+1}.
+      target_in = jnp.concatenate([_row_slice(state.seq, n, 1), drafts], axis=1)
+      logits, target_cache = target_steps.step(target_params, target_in, state.target_cache)
+    if greedy:
+      with jax.named_scope('sampling'):
+        target_ids = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+      with jax.named_scope('verify'):
+        tau, y = verify.greedy_verify(drafts, target_ids)
+        beta = (drafts == target_ids[:, :gamma]).astype(jnp.float32)
+    else:
+      with jax.named_scope('sampling'):
+        p = sampling_lib.logits_to_probs(logits, sampling)
+      with jax.named_scope('verify'):
+        tau, y = verify_fn(verify_rng, drafts, q, p)
+        beta = jnp.minimum(p[:, :gamma], q).sum(-1)
+    with jax.named_scope('emit'):
+      block = jnp.where(jnp.arange(gamma + 1) < tau[:, None],
+                        jnp.pad(drafts, ((0, 0), (0, 1))), y[:, None])
+      seq, new_n, done = _emit(state.seq, n, state.done, block, tau + 1,
+                               eos_id=target_steps.eos_id, max_new_tokens=max_new_tokens)
+      # Rewind: the target keeps [.., seq[n], X_1..X_tau] (positions < new_n); the drafter
+      # rewinds itself at its next call.
+      target_cache = target_cache.replace(end_index=new_n)
+      stats = state.stats.accumulate(active, tau, beta)
     return _State(seq, new_n, done, target_cache, draft_cache, stats, state.iteration + 1)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   return _finish(state, max_new_tokens)
 
 
-def _autoregressive_loop(steps: StepModel, params, input_ids, input_mask, rng, *,
+def _autoregressive_loop(steps, params, input_ids, input_mask, rng, *,
                          sampling: sampling_lib.SamplingConfig, max_new_tokens: int,
-                         start_id: int, eos_id: int) -> DecodeOutput:
+                         greedy_fast_path: bool = True) -> DecodeOutput:
   batch = input_ids.shape[0]
-  cache = steps.init_cache(params, input_ids, input_mask, max_new_tokens + 1)
-  state = _init_state(batch, 0, max_new_tokens, start_id, cache, None)
+  cache, _ = _init_caches(steps, params, None, None, input_ids, input_mask,
+                          buffer_length(max_new_tokens, 0))
+  state = _init_state(batch, 0, max_new_tokens, steps.start_id, cache, None)
+  no_drafts = jnp.zeros((batch, 0), jnp.float32)
 
   def body(state: _State) -> _State:
-    logits, cache = steps.step(params, _row_slice(state.seq, state.n, 1), state.target_cache)
-    probs = sampling_lib.logits_to_probs(logits[:, 0], sampling)
-    token = sampling_lib.sample(jax.random.fold_in(rng, state.iteration), probs)
-    seq, n, done = _emit(state.seq, state.n, state.done, token[:, None],
-                         jnp.ones_like(state.n), eos_id=eos_id, max_new_tokens=max_new_tokens)
-    stats = state.stats.replace(target_calls=state.stats.target_calls + ~state.done)
+    with jax.named_scope('target'):
+      logits, cache = steps.step(params, _row_slice(state.seq, state.n, 1), state.target_cache)
+    with jax.named_scope('sampling'):
+      if sampling.greedy and greedy_fast_path:
+        token = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+      else:
+        probs = sampling_lib.logits_to_probs(logits[:, 0], sampling)
+        token = sampling_lib.sample(jax.random.fold_in(rng, state.iteration), probs)
+    with jax.named_scope('emit'):
+      seq, n, done = _emit(state.seq, state.n, state.done, token[:, None],
+                           jnp.ones_like(state.n), eos_id=steps.eos_id,
+                           max_new_tokens=max_new_tokens)
+      stats = state.stats.accumulate(~state.done, jnp.zeros_like(n), no_drafts)
     return _State(seq, n, done, cache, None, stats, state.iteration + 1)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
@@ -281,28 +320,28 @@ def _autoregressive_loop(steps: StepModel, params, input_ids, input_mask, rng, *
 _speculative_jit = jax.jit(
   _speculative_loop,
   static_argnames=('target_steps', 'draft_steps', 'gamma', 'verifier', 'sampling',
-                   'max_new_tokens', 'start_id', 'eos_id'),
+                   'max_new_tokens', 'greedy_fast_path'),
 )
 _autoregressive_jit = jax.jit(
   _autoregressive_loop,
-  static_argnames=('steps', 'sampling', 'max_new_tokens', 'start_id', 'eos_id'),
+  static_argnames=('steps', 'sampling', 'max_new_tokens', 'greedy_fast_path'),
 )
 
 
-def _check_inputs(model, input_ids, input_mask, max_new_tokens: int):
+def _check_inputs(steps, input_ids, input_mask, max_new_tokens: int, role: str = 'model'):
   if max_new_tokens < 1:
     raise ValueError(f'max_new_tokens must be >= 1, got {max_new_tokens}.')
   if input_ids.ndim != 2 or input_ids.shape != input_mask.shape:
     raise ValueError('input_ids and input_mask must both be [batch, length], got shapes '
                      f'{input_ids.shape} and {input_mask.shape}.')
-  if isinstance(model, t5.T5Model):
-    cfg = model.config
-    if input_ids.shape[1] > cfg.max_source_length:
-      raise ValueError(f'Inputs of length {input_ids.shape[1]} exceed the model\'s '
-                       f'max_source_length={cfg.max_source_length}.')
-    if max_new_tokens > cfg.max_target_length:
-      raise ValueError(f'max_new_tokens={max_new_tokens} exceeds the model\'s '
-                       f'max_target_length={cfg.max_target_length}.')
+  max_source = step_models.limit(steps, 'max_source_length')
+  if max_source is not None and input_ids.shape[1] > max_source:
+    raise ValueError(f'Inputs of length {input_ids.shape[1]} exceed the {role}\'s '
+                     f'max_source_length={max_source}.')
+  max_target = step_models.limit(steps, 'max_target_length')
+  if role == 'model' and max_target is not None and max_new_tokens > max_target:
+    raise ValueError(f'max_new_tokens={max_new_tokens} exceeds the {role}\'s '
+                     f'max_target_length={max_target}.')
 
 
 def generate(model, input_ids, input_mask, *, sampling: sampling_lib.SamplingConfig,
@@ -310,22 +349,21 @@ def generate(model, input_ids, input_mask, *, sampling: sampling_lib.SamplingCon
   """Plain autoregressive decoding: one target call per token, the baseline.
 
   Args:
-    model: a `T5Model` (or any step model, see `as_step_model`).
+    model: a `T5Model` (or any step model, see `step_models.as_step_model`).
     input_ids: int32[B, S] source tokens, padded.
     input_mask: [B, S] 1 for real tokens.
     sampling: the standardized sampling transform (temperature 0 is greedy).
     max_new_tokens: M, the most tokens per row.
-    rng: PRNG key.
+    rng: PRNG key (unused when greedy).
 
   Returns:
     DecodeOutput with tokens int32[B, M], lengths int32[B], stats.target_calls.
   """
-  _check_inputs(model, input_ids, input_mask, max_new_tokens)
-  steps, params = as_step_model(model)
+  steps, params = step_models.as_step_model(model)
+  _check_inputs(steps, input_ids, input_mask, max_new_tokens)
   return _autoregressive_jit(steps, params, jnp.asarray(input_ids, jnp.int32),
                              jnp.asarray(input_mask, jnp.int32), rng, sampling=sampling,
-                             max_new_tokens=max_new_tokens, start_id=steps.start_id,
-                             eos_id=steps.eos_id)
+                             max_new_tokens=max_new_tokens)
 
 
 def speculative_generate(target, drafter, input_ids, input_mask, *, gamma: int,
@@ -336,7 +374,9 @@ def speculative_generate(target, drafter, input_ids, input_mask, *, gamma: int,
   Each iteration the drafter proposes gamma tokens (a `lax.scan`), the target scores all gamma + 1
   prefixes in one call, and `verifier` keeps a prefix of the drafts plus one token. The whole loop
   is one `lax.while_loop` inside one jit; rows accept different numbers of drafts and stop
-  independently at EOS or `max_new_tokens`.
+  independently at EOS or `max_new_tokens`. At temperature 0 both verifiers keep the longest
+  prefix of drafts equal to the target's argmax, so the output is greedy `generate`'s, token for
+  token.
 
   Args:
     target: the target `T5Model` (or step model).
@@ -348,7 +388,7 @@ def speculative_generate(target, drafter, input_ids, input_mask, *, gamma: int,
     verifier: a key of `verify.VERIFIERS`: 'token' (Leviathan et al.) or 'block' (Sun et al.).
     sampling: the transform applied identically to target and drafter logits.
     max_new_tokens: M, the most tokens per row.
-    rng: PRNG key.
+    rng: PRNG key (unused when greedy).
 
   Returns:
     DecodeOutput: tokens int32[B, M], lengths int32[B], and per-row `DecodeStats`.
@@ -357,17 +397,14 @@ def speculative_generate(target, drafter, input_ids, input_mask, *, gamma: int,
     raise ValueError(f'gamma must be >= 1, got {gamma}.')
   if verifier not in verify.VERIFIERS:
     raise ValueError(f'Unknown verifier {verifier!r}; choose one of {sorted(verify.VERIFIERS)}.')
-  _check_inputs(target, input_ids, input_mask, max_new_tokens)
-  target_steps, target_params = as_step_model(target)
-  draft_steps, draft_params = as_step_model(drafter)
+  target_steps, target_params = step_models.as_step_model(target)
+  draft_steps, draft_params = step_models.as_step_model(drafter)
+  _check_inputs(target_steps, input_ids, input_mask, max_new_tokens)
+  _check_inputs(draft_steps, input_ids, input_mask, max_new_tokens, role='drafter')
   if draft_steps.vocab_size != target_steps.vocab_size:
     raise ValueError(f'Drafter and target vocabularies differ: drafter vocab_size='
                      f'{draft_steps.vocab_size}, target vocab_size={target_steps.vocab_size}.')
-  if isinstance(drafter, t5.T5Model) and input_ids.shape[1] > drafter.config.max_source_length:
-    raise ValueError(f'Inputs of length {input_ids.shape[1]} exceed the drafter\'s '
-                     f'max_source_length={drafter.config.max_source_length}.')
   return _speculative_jit(target_steps, target_params, draft_steps, draft_params,
                           jnp.asarray(input_ids, jnp.int32), jnp.asarray(input_mask, jnp.int32),
                           rng, gamma=gamma, verifier=verifier, sampling=sampling,
-                          max_new_tokens=max_new_tokens, start_id=target_steps.start_id,
-                          eos_id=target_steps.eos_id)
+                          max_new_tokens=max_new_tokens)

@@ -1,8 +1,8 @@
-"""Drafters, and the step-model adapter that wires T5 into the decode loops.
+"""Drafters that are not a T5 model: n-gram tables.
 
 Axis legend: B batch, T query length, V vocab, K continuations kept per bigram context.
 
-- `T5Steps`: a T5 model (the target, or a small T5 drafter sharing its vocabulary) as a step model.
+- A small T5 sharing the target's vocabulary is a drafter as it is (`T5Model.steps`).
 - `NGramDrafter`: unigram / bigram (previous decoder token) drafters with add-k smoothing. Their
   step is a table lookup, so c ~ 0 in the paper's terms.
 - The target itself is a valid drafter (alpha = 1): pass the same `T5Model` twice.
@@ -16,34 +16,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.models import t5
-
-
-@dataclasses.dataclass(frozen=True)
-class T5Steps:
-  """A `T5Model`'s static half as a step model (see `decode.StepModel`)."""
-
-  config: t5.T5Config
-
-  @property
-  def vocab_size(self) -> int:
-    return self.config.vocab_size
-
-  @property
-  def start_id(self) -> int:
-    return self.config.decoder_start_token_id
-
-  @property
-  def eos_id(self) -> int:
-    return self.config.eos_token_id
-
-  def init_cache(self, params, input_ids, input_mask, max_decode_len: int):
-    encoded = t5.encode(params, input_ids, input_mask, config=self.config)
-    return t5.init_cache(params, encoded, input_mask, config=self.config,
-                         max_decode_len=max_decode_len)
-
-  def step(self, params, tokens, cache):
-    return t5.decode(params, tokens, cache, config=self.config)
 
 
 @flax.struct.dataclass
@@ -62,9 +34,14 @@ class NGramSteps:
   start_id: int = 0
   eos_id: int = 1
 
-  def init_cache(self, params, input_ids, input_mask, max_decode_len: int) -> NGramCache:
+  def encode(self, params, input_ids, input_mask):
+    """An n-gram drafter ignores the source; it only needs the batch size."""
+    del params, input_mask
+    return input_ids
+
+  def init_cache(self, params, encoded, input_mask, max_decode_len: int) -> NGramCache:
     del params, input_mask, max_decode_len
-    return NGramCache(end_index=jnp.zeros((input_ids.shape[0],), jnp.int32))
+    return NGramCache(end_index=jnp.zeros((encoded.shape[0],), jnp.int32))
 
   def step(self, params, tokens, cache: NGramCache):
     """tokens int32[B, T] -> (log-probabilities float32[B, T, V], cache advanced by T)."""
@@ -141,11 +118,60 @@ class NGramDrafter:
              **{f'meta_{k}': v for k, v in meta.items()})
 
   @classmethod
-  def load(cls, path: str) -> 'NGramDrafter':
-    with np.load(path) as f:
-      meta = {k[5:]: int(f[k]) for k in f.files if k.startswith('meta_')}
-      params = {k: jnp.asarray(f[k]) for k in f.files if not k.startswith('meta_')}
-    return cls(NGramSteps(**meta), params)
+  def load(cls, path) -> 'NGramDrafter':
+    """Reads an .npz written by `save`.
+
+    Raises:
+      ValueError: naming the file and what is wrong, if it is not such an .npz: a `meta_*`
+        field or a table is missing or unexpected, or a table has the wrong shape or dtype, or
+        lists token ids outside the vocabulary. Loading a foreign file would otherwise fail
+        later, or silently index out of range inside the jitted step.
+    """
+    contents = np.load(path)
+    if not hasattr(contents, 'files'):
+      raise ValueError(f'{path} holds a single .npy array, not an .npz of NGramDrafter.save.')
+    with contents as f:
+      arrays = {k: f[k] for k in f.files}
+    fields = [field.name for field in dataclasses.fields(NGramSteps)]
+    meta = {k[5:]: v for k, v in arrays.items() if k.startswith('meta_')}
+    missing = [f'meta_{k}' for k in fields if k not in meta]
+    unknown = sorted(f'meta_{k}' for k in set(meta) - set(fields))
+    if missing or unknown:
+      raise ValueError(f'{path} is not an .npz of NGramDrafter.save: missing fields {missing}, '
+                       f'unexpected fields {unknown}.')
+    bad = [f'meta_{k}' for k, v in meta.items()
+           if v.shape != () or not np.issubdtype(v.dtype, np.integer)]
+    if bad:
+      raise ValueError(f'{path}: {bad} must be integer scalars.')
+    steps = NGramSteps(**{k: int(v) for k, v in meta.items()})
+    if steps.order not in (1, 2) or steps.vocab_size < 1:
+      raise ValueError(f'{path}: meta_order must be 1 or 2 and meta_vocab_size >= 1, got '
+                       f'{steps.order} and {steps.vocab_size}.')
+    params = {k: v for k, v in arrays.items() if not k.startswith('meta_')}
+    vocab = steps.vocab_size
+    # name -> (shape, dtype kind); 'K' is the number of continuations kept per context.
+    expected = ({'log_probs': ((vocab,), np.floating)} if steps.order == 1 else
+                {'log_base': ((vocab,), np.floating), 'next_ids': ((vocab, 'K'), np.integer),
+                 'next_log_probs': ((vocab, 'K'), np.floating)})
+    missing, unknown = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))
+    if missing or unknown:
+      raise ValueError(f'{path}: an order-{steps.order} NGramDrafter needs the arrays '
+                       f'{sorted(expected)}; missing {missing}, unexpected {unknown}.')
+    for name, (shape, kind) in expected.items():
+      got = params[name]
+      if (got.ndim != len(shape) or any(s not in ('K', g) for s, g in zip(shape, got.shape))
+          or not np.issubdtype(got.dtype, kind)):
+        want = '[' + ', '.join(map(str, shape)) + ']'
+        raise ValueError(f'{path}: array {name!r} must be {kind.__name__}{want} for '
+                         f'meta_vocab_size {vocab}, got {got.dtype}{list(got.shape)}.')
+    if steps.order == 2:
+      ids = params['next_ids']
+      if ids.shape != params['next_log_probs'].shape:
+        raise ValueError(f"{path}: 'next_ids' {list(ids.shape)} and 'next_log_probs' "
+                         f"{list(params['next_log_probs'].shape)} differ in K.")
+      if ids.size and not 0 <= ids.min() <= ids.max() < vocab:
+        raise ValueError(f"{path}: 'next_ids' lists token ids outside [0, {vocab}).")
+    return cls(steps, {k: jnp.asarray(v) for k, v in params.items()})
 
 
 def _fit_bigram(prev: np.ndarray, nxt: np.ndarray, vocab_size: int, add_k: float,

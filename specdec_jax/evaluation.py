@@ -18,11 +18,10 @@ import time
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import sacrebleu
 
-from specdec_jax import analysis, checkpoints, decode, drafters, sampling as sampling_lib
+from specdec_jax import analysis, checkpoints, decode, drafters, sampling as sampling_lib, timing
 from specdec_jax.data import pairs as pairs_lib, tokenizer as tokenizer_lib
 
 
@@ -33,10 +32,7 @@ class Run:
   hypotheses: list[str]
   seconds: float  # decoding wall time, compilation excluded
   tokens: int  # tokens emitted
-  target_calls: int  # summed over rows
-  accepted: int
-  beta_sum: float
-  beta_count: int
+  stats: decode.DecodeStats  # pooled over all rows (`DecodeStats.summed`)
 
 
 def translate(target, drafter, tokenizer: tokenizer_lib.Tokenizer, sources: Sequence[str], *,
@@ -69,35 +65,7 @@ def translate(target, drafter, tokenizer: tokenizer_lib.Tokenizer, sources: Sequ
     outputs.append(jax.tree.map(lambda x: np.asarray(x)[:n], (out.lengths, out.stats)))
   lengths = np.concatenate([o[0] for o in outputs])
   stats = jax.tree.map(lambda *x: np.concatenate(x), *[o[1] for o in outputs])
-  return Run(hyps, seconds, int(lengths.sum()), int(stats.target_calls.sum()),
-             int(stats.accepted.sum()), float(stats.beta_sum.sum()),
-             int(stats.beta_count.sum()))
-
-
-def step_costs(target, drafter, *, batch_size: int, source_length: int, gamma: int,
-               repeats: int = 20) -> dict[str, float]:
-  """Measured seconds of one target step (T=1), one (gamma+1)-position target pass, one drafter
-  step, from a 16-position cache; returns them and c = drafter step / target step."""
-
-  def seconds(model, t):
-    steps, params = decode.as_step_model(model)
-    ids = jnp.ones((batch_size, source_length), jnp.int32)
-    cache = steps.init_cache(params, ids, jnp.ones_like(ids), 64)
-    cache = cache.replace(end_index=jnp.full((batch_size,), 16, jnp.int32))
-    step = jax.jit(steps.step)
-    tokens = jnp.ones((batch_size, t), jnp.int32)
-    jax.block_until_ready(step(params, tokens, cache))
-    times = []
-    for _ in range(repeats):
-      start = time.perf_counter()
-      jax.block_until_ready(step(params, tokens, cache))
-      times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-  target_step, target_pass = seconds(target, 1), seconds(target, gamma + 1)
-  drafter_step = seconds(drafter, 1)
-  return {'target_step': target_step, 'target_pass': target_pass, 'drafter_step': drafter_step,
-          'c': drafter_step / target_step, 'pass_cost': target_pass / target_step}
+  return Run(hyps, seconds, int(lengths.sum()), stats.summed())
 
 
 def load_drafter(path: str):
@@ -140,19 +108,19 @@ def run(config) -> list[dict]:
   for drafter_name, drafter_path in config.drafters.items():
     drafter = load_drafter(drafter_path)
     for gamma in config.gammas:
-      costs = step_costs(target, drafter, batch_size=config.batch_size,
+      costs = timing.step_costs(target, drafter, batch_size=config.batch_size,
                          source_length=config.max_source_length, gamma=gamma)
       for temperature in config.temperatures:
         sampling = sampling_lib.SamplingConfig(temperature=temperature)
         for verifier in config.verifiers:
           r = translate(target, drafter, tokenizer, sources, method=verifier, gamma=gamma,
                         sampling=sampling, **common)
-          alpha = r.beta_sum / max(r.beta_count, 1)
+          alpha = float(r.stats.alpha)
           predicted = analysis.walltime_improvement_measured(alpha, gamma, costs['c'],
                                                              costs['pass_cost'])
           rows.append(dict(
             task='EnDe', drafter=drafter_name, method=verifier, temp=temperature, gamma=gamma,
-            alpha=alpha, block_efficiency=(r.accepted + r.target_calls) / r.target_calls,
+            alpha=alpha, block_efficiency=float(r.stats.block_efficiency),
             c=costs['c'], speedup=baselines[temperature].seconds / r.seconds,
             predicted_speedup=float(predicted), bleu=bleu(r.hypotheses), seconds=r.seconds,
             tokens_per_s=r.tokens / r.seconds))

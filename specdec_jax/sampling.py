@@ -2,8 +2,8 @@
 
 Speculative decoding is lossless with respect to a probability vector, so argmax, temperature,
 top-k and top-p are all expressed as a transform `logits -> probs` that is applied identically to
-the drafter's and the target's logits (SPEC.md, "Standardized sampling"). `sample` then draws from
-such a vector.
+the drafter's and the target's logits (docs/method.md, "Standardized sampling"). `sample` then
+draws from such a vector.
 
 Axes: V vocab; `...` any leading shape (e.g. B batch, G gamma).
 """
@@ -16,16 +16,25 @@ import numbers
 import jax
 import jax.numpy as jnp
 
+# The smallest positive temperature and top_p: the smallest normal float32, ~1.18e-38. The
+# transforms run in float32, where a smaller value is subnormal (XLA:CPU flushes it to 0) or
+# rounds to 0, giving 0/0 = NaN. Nothing else breaks above it: `logits - max` is <= 0 with the max
+# exactly 0, so for finite logits of any magnitude `shifted / T` is 0 at the max and <= 0 (or
+# -inf, probability 0) elsewhere, and the softmax stays finite; `1 / T` <= 8.5e37 is finite too,
+# should XLA divide by multiplying with the reciprocal.
+_SMALLEST_POSITIVE = float(jnp.finfo(jnp.float32).tiny)
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
   """How logits become a probability vector. Hashable, so it can be a static jit argument.
 
   Attributes:
-    temperature: >= 0. 0 means greedy: one-hot on the argmax, lowest id on ties.
+    temperature: 0, or >= ~1.18e-38 (the smallest normal float32). 0 means greedy: one-hot on
+      the argmax, lowest id on ties.
     top_k: >= 0. Keep the k most probable tokens; 0 disables.
-    top_p: in (0, 1]. Keep the smallest set of most probable tokens whose mass reaches top_p;
-      1 disables.
+    top_p: in [~1.18e-38, 1]. Keep the smallest set of most probable tokens whose mass reaches
+      top_p; 1 disables.
   """
 
   temperature: float = 1.0
@@ -37,12 +46,26 @@ class SamplingConfig:
       raise ValueError(f'temperature must be a finite number, got {self.temperature!r}')
     if self.temperature < 0:
       raise ValueError(f'temperature must be >= 0, got {self.temperature}')
+    if 0 < self.temperature < _SMALLEST_POSITIVE:
+      raise ValueError(
+        f'temperature must be 0 or >= {_SMALLEST_POSITIVE:.4g} (the smallest normal float32), '
+        f'got {self.temperature}: the logits are divided by it in float32, where a smaller '
+        'temperature rounds or flushes to 0 and the softmax becomes NaN. Use temperature=0 for '
+        'greedy decoding.'
+      )
     if not isinstance(self.top_k, numbers.Integral) or isinstance(self.top_k, bool):
       raise ValueError(f'top_k must be an int, got {self.top_k!r}')
     if self.top_k < 0:
       raise ValueError(f'top_k must be >= 0 (0 disables), got {self.top_k}')
     if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
       raise ValueError(f'top_p must be in (0, 1] (1 disables), got {self.top_p!r}')
+    if self.top_p < _SMALLEST_POSITIVE:
+      raise ValueError(
+        f'top_p must be >= {_SMALLEST_POSITIVE:.4g} (the smallest normal float32), got '
+        f'{self.top_p}: top-p compares float32 masses with it, and a smaller top_p rounds or '
+        'flushes to 0, keeps no token and gives NaN probabilities. Any top_p below the largest '
+        'probability keeps just the most probable token: use top_k=1 for that.'
+      )
 
   @property
   def greedy(self) -> bool:
@@ -77,8 +100,9 @@ def logits_to_probs(logits: jax.Array, config: SamplingConfig) -> jax.Array:
 
   # Shift before scaling: the max becomes exactly 0, so a tiny temperature sends every other
   # entry to -inf instead of overflowing to inf - inf = nan.
+  # The max is then 0, so exp cannot overflow and softmax's own max pass is not needed.
   shifted = logits - jnp.max(logits, axis=-1, keepdims=True)
-  probs = jax.nn.softmax(shifted / config.temperature, axis=-1)
+  probs = _renormalize(jnp.exp(shifted / config.temperature))
   if 0 < config.top_k < vocab:
     # lax.top_k lists equal values lowest index first, which is the tie rule we want.
     top = jax.lax.top_k(probs, config.top_k)[1]
@@ -151,8 +175,10 @@ def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
 
   One uniform per row rather than V Gumbel draws: with V = 8000 on CPU, V threefry draws cost
   ~0.5 ms, more than a step of a small model, and the speculative loop samples gamma + 1 times per
-  iteration. A token of probability 0 is never drawn: its CDF interval [cdf_{i-1}, cdf_i) is
-  empty. The CDF is float32, so each token's probability is honoured to ~1e-7 absolute.
+  iteration. The CDF is inverted in two levels, over blocks of ~sqrt(V) tokens and then within the
+  chosen block, so no cumulative sum runs over all V entries (a cumsum over V is a slow
+  reduce-window on XLA:CPU). A token of probability 0 is never drawn: its CDF interval is empty at
+  both levels. Sums are float32, so each token's probability is honoured to ~1e-7 absolute.
   `probs` need not be normalized (only ratios matter).
 
   Args:
@@ -163,9 +189,25 @@ def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
     i32[...] token ids.
   """
   probs = jnp.asarray(probs, jnp.float32)
-  cdf = jnp.cumsum(probs, axis=-1)
-  u = jax.random.uniform(rng, probs.shape[:-1] + (1,), jnp.float32) * cdf[..., -1:]
+  vocab = probs.shape[-1]
+  width = max(1, math.isqrt(vocab))
+  num_blocks = -(-vocab // width)
+  padded = jnp.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, num_blocks * width - vocab)])
+  blocks = padded.reshape(probs.shape[:-1] + (num_blocks, width))
+  block_mass = jnp.sum(blocks, axis=-1)
+  block_cdf = jnp.cumsum(block_mass, axis=-1)
+  u = jax.random.uniform(rng, probs.shape[:-1] + (1,), jnp.float32) * block_cdf[..., -1:]
+  block = _invert(block_cdf, block_mass, u)
+  within = jnp.take_along_axis(blocks, block[..., None, None], axis=-2)[..., 0, :]
+  mass_before = jnp.take_along_axis(block_cdf - block_mass, block[..., None], axis=-1)
+  # u >= the CDF before the chosen block, and float subtraction keeps the sign: u_within >= 0.
+  offset = _invert(jnp.cumsum(within, axis=-1), within, u - mass_before)
+  return (block * width + offset).astype(jnp.int32)
+
+
+def _invert(cdf: jax.Array, mass: jax.Array, u: jax.Array) -> jax.Array:
+  """The index i with cdf[i-1] <= u < cdf[i], i.e. the count of cdf <= u, capped at the last
+  entry of positive mass (u may round up to the total). cdf, mass: f32[..., K]; u: f32[..., 1]."""
   index = jnp.sum(cdf <= u, axis=-1)
-  # u < total exactly, but u * total may round up to it: then take the last possible token.
-  last = probs.shape[-1] - 1 - jnp.argmax(jnp.flip(probs > 0, axis=-1), axis=-1)
-  return jnp.minimum(index, last).astype(jnp.int32)
+  last = mass.shape[-1] - 1 - jnp.argmax(jnp.flip(mass > 0, axis=-1), axis=-1)
+  return jnp.minimum(index, last)

@@ -3,8 +3,8 @@
 One speculative iteration drafts `X_1..X_G` from the drafter, with `q_i = Ms(.|c, X^{i-1})`,
 scores all G+1 positions with one target pass, `p_i = Mb(.|c, X^{i-1})`, and keeps `X^tau`
 plus one more token `Y`. Both verifiers here are lossless: `X^tau, Y` followed by sampling from
-the target is distributed exactly as sampling from the target alone (SPEC.md; checked exactly
-in tests/verify_test.py).
+the target is distributed exactly as sampling from the target alone (docs/method.md; checked
+exactly in tests/verify_test.py).
 
 - `token_verify`: Leviathan et al. 2022 / Chen et al. 2023. Accept `X_i` with probability
   `min(1, p_i(X_i) / q_i(X_i))` until the first rejection.
@@ -13,6 +13,16 @@ in tests/verify_test.py).
 
 Everything is vectorized over the batch: no Python loops over B, G or V. Row b's outcome uses
 row b's uniforms and row b's residual draw only, so rows are independent.
+
+Non-finite inputs. Call position i (1..G+1) non-finite when `p_i`, or `q_i` for i <= G, holds a
+NaN or an infinity anywhere in V (a NaN `q_i` next to a finite `q_i(X_i)` is no less broken). A row
+whose first non-finite position is k is verified as if only `X_1..X_{k-1}` had been drafted (a
+block of length g = k-1): no draft at or after position k is accepted, block verification's last
+sub-block rule `h_g = w_g` applies at g, and `Y ~ p_k` when tau = g, the bonus draw of a length-g
+block. So a row whose only broken vector is `q_k` is still verified losslessly, with fewer drafts.
+Where that `p_k` is itself non-finite there is no distribution to draw from and Y is token 0.
+Nothing is ever sampled from a non-finite vector, and the verifiers' results stay in range; rows
+this happened to are reported by `nonfinite_rows` so the decode loop can count them.
 
 Axes: B batch, G gamma (drafted tokens), V vocab.
 """
@@ -55,12 +65,15 @@ def token_verify(
     target_probs: f32[B, G+1, V], p_i = Mb(.|c, X^{i-1}) for i = 1..G+1.
 
   Returns:
-    VerifyResult with i32[B] fields.
+    VerifyResult with i32[B] fields. A row holding a NaN or inf is verified as a shorter block
+    (module docstring); `nonfinite_rows` flags it.
   """
   draft_probs, target_probs = _check_and_cast(draft_tokens, draft_probs, target_probs)
+  draft_probs, target_probs, finite = _replace_nonfinite(draft_probs, target_probs)
   p_x, q_x = _probs_of_drafts(draft_tokens, draft_probs, target_probs)
   eta_rng, next_rng = jax.random.split(rng)
-  accepted = _uniform_like(eta_rng, p_x) < _token_acceptance(p_x, q_x)
+  # h = 0 at a non-finite position (module docstring): the prefix stops before it.
+  accepted = (_uniform_like(eta_rng, p_x) < _token_acceptance(p_x, q_x)) & finite[:, :-1]
   num_accepted = _accepted_prefix_length(accepted)
   no_weight = jnp.ones(num_accepted.shape, jnp.float32)
   next_token = _sample_next(next_rng, num_accepted, no_weight, draft_probs, target_probs)
@@ -86,13 +99,20 @@ def block_verify(
     target_probs: f32[B, G+1, V], p_i = Mb(.|c, X^{i-1}) for i = 1..G+1.
 
   Returns:
-    VerifyResult with i32[B] fields.
+    VerifyResult with i32[B] fields. A row holding a NaN or inf is verified as a shorter block
+    (module docstring); `nonfinite_rows` flags it.
   """
   draft_probs, target_probs = _check_and_cast(draft_tokens, draft_probs, target_probs)
+  draft_probs, target_probs, finite = _replace_nonfinite(draft_probs, target_probs)
   p_x, q_x = _probs_of_drafts(draft_tokens, draft_probs, target_probs)
   weights = _block_weights(p_x, q_x)
   eta_rng, next_rng = jax.random.split(rng)
-  accepted = _uniform_like(eta_rng, p_x) < _block_acceptance(weights, draft_probs, target_probs)
+  acceptance = _truncated_block_acceptance(
+    _block_acceptance(weights, draft_probs, target_probs),
+    weights,
+    _accepted_prefix_length(finite[:, :-1]),
+  )
+  accepted = _uniform_like(eta_rng, p_x) < acceptance
   num_accepted = _longest_accepted_block(accepted)
   weight = jnp.take_along_axis(weights, num_accepted[:, None], axis=1)[:, 0]
   next_token = _sample_next(next_rng, num_accepted, weight, draft_probs, target_probs)
@@ -100,6 +120,62 @@ def block_verify(
 
 
 VERIFIERS = {'token': token_verify, 'block': block_verify}
+
+
+@jax.jit
+def nonfinite_rows(draft_probs: jax.Array, target_probs: jax.Array) -> jax.Array:
+  """Rows that `token_verify` / `block_verify` verified with non-finite inputs.
+
+  A row is flagged when any of its `q_1..q_G`, `p_1..p_{G+1}` holds a NaN or an infinity. Its
+  outcome is then defined (module docstring: a shorter block, or token 0 when the distribution Y
+  needs is non-finite) but it is not what a healthy model would have given, so callers should
+  count or surface these rows. Reads the same sums over V as the verifiers: jitted together
+  with one, XLA computes them once.
+
+  Args:
+    draft_probs: f32[B, G, V], q_1..q_G.
+    target_probs: f32[B, G+1, V], p_1..p_{G+1}.
+
+  Returns:
+    bool[B], True where the row had a non-finite probability vector.
+  """
+  if draft_probs.ndim != 3 or target_probs.shape != (
+    draft_probs.shape[0],
+    draft_probs.shape[1] + 1,
+    draft_probs.shape[2],
+  ):
+    raise ValueError(
+      f'nonfinite_rows needs draft_probs [B, G, V] and target_probs [B, G+1, V], got '
+      f'{draft_probs.shape} and {target_probs.shape}'
+    )
+  return ~jnp.all(_finite_positions(draft_probs, target_probs), axis=1)
+
+
+@jax.jit
+def greedy_verify(draft_tokens: jax.Array, target_ids: jax.Array) -> VerifyResult:
+  """Both verifiers at temperature 0, on token ids: no probability vectors, no randomness.
+
+  With one-hot `p_i = onehot(a_i)` (`a_i` the target's argmax) and `q_i = onehot(X_i)`, token
+  verification accepts `X_i` iff `X_i == a_i` (h = 1 or 0) and its residual at the first mismatch
+  is `onehot(a_{tau+1})`; block verification's weights are 1 up to the first mismatch and 0 after
+  it, so `h_i = 1` exactly at `i = tau` (r = 1, w = 1) and the same residual follows. Both give:
+  `tau` = the longest prefix with `X_i == a_i`, and `Y = a_{tau+1}` (docs/method.md).
+
+  Args:
+    draft_tokens: i32[B, G], X_1..X_G (the drafter's argmax ids).
+    target_ids: i32[B, G+1], a_1..a_{G+1}, the target's argmax at each position.
+
+  Returns:
+    VerifyResult with i32[B] fields, equal to `token_verify` / `block_verify` on the one-hot
+    vectors of the same ids.
+  """
+  if draft_tokens.ndim != 2 or target_ids.shape != (draft_tokens.shape[0],
+                                                     draft_tokens.shape[1] + 1):
+    raise ValueError(f'greedy_verify needs draft_tokens [B, G] and target_ids [B, G+1], got '
+                     f'{draft_tokens.shape} and {target_ids.shape}')
+  num_accepted = _accepted_prefix_length(draft_tokens == target_ids[:, :-1])
+  next_token = jnp.take_along_axis(target_ids, num_accepted[:, None], axis=1)[:, 0]
+  return VerifyResult(num_accepted, next_token.astype(jnp.int32))
 
 
 def _check_and_cast(draft_tokens, draft_probs, target_probs) -> tuple[jax.Array, jax.Array]:
@@ -119,6 +195,58 @@ def _check_and_cast(draft_tokens, draft_probs, target_probs) -> tuple[jax.Array,
       f'target_probs must be [B, G+1, V] = {(batch, gamma + 1, vocab)}, got {target_probs.shape}'
     )
   return jnp.asarray(draft_probs, jnp.float32), jnp.asarray(target_probs, jnp.float32)
+
+
+def _finite_positions(draft_probs, target_probs) -> jax.Array:
+  """Whether `p_i` and `q_i` (`q_{G+1}` does not exist) are finite everywhere, i = 1..G+1.
+
+  A NaN or inf anywhere in the vector counts, not just at X_i. Tested as `isfinite(sum(x))`: NaN
+  and inf propagate through the sum (inf - inf is NaN), and only finite entries summing beyond
+  3.4e38, which no probability vector has, would also count. A float sum is a vectorized
+  reduction on XLA:CPU, ~3x faster than `all(isfinite(x))` over V.
+
+  Args:
+    draft_probs: f32[B, G, V].
+    target_probs: f32[B, G+1, V].
+
+  Returns:
+    bool[B, G+1].
+  """
+  return _combine(_is_finite_vector(target_probs), _is_finite_vector(draft_probs))
+
+
+def _replace_nonfinite(draft_probs, target_probs) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Replaces non-finite vectors so that a truncated row draws Y as the module docstring says.
+
+  A non-finite `q_i` becomes zeros, the convention for the absent `q_{G+1}`: at tau = g the
+  residual `max(0, w p_{g+1} - 0)` is then the bonus draw `p_{g+1}`. A non-finite `p_i` becomes
+  a one-hot on token 0, so a draw at position i gives 0. No draft at a replaced position is
+  accepted (the callers mask it), so only Y ever reads a replacement. The selects fuse into the
+  gathers and reductions that read the vectors; finite vectors pass through unchanged.
+
+  Args:
+    draft_probs: f32[B, G, V].
+    target_probs: f32[B, G+1, V].
+
+  Returns:
+    (draft_probs, target_probs, finite): the replaced vectors, and `_finite_positions`.
+  """
+  p_finite = _is_finite_vector(target_probs)
+  q_finite = _is_finite_vector(draft_probs)
+  token_zero = jnp.arange(target_probs.shape[-1]) == 0
+  target_probs = jnp.where(p_finite[..., None], target_probs, token_zero.astype(jnp.float32))
+  draft_probs = jnp.where(q_finite[..., None], draft_probs, 0.0)
+  return draft_probs, target_probs, _combine(p_finite, q_finite)
+
+
+def _combine(p_finite, q_finite) -> jax.Array:
+  """Position i is finite iff `p_i` and `q_i` are: bool[B, G+1], bool[B, G] -> bool[B, G+1]."""
+  return p_finite & jnp.pad(q_finite, ((0, 0), (0, 1)), constant_values=True)
+
+
+def _is_finite_vector(x: jax.Array) -> jax.Array:
+  """Whether each vector is finite everywhere (`_finite_positions`): f32[..., V] -> bool[...]."""
+  return jnp.isfinite(jnp.sum(x, axis=-1))
 
 
 def _probs_of_drafts(draft_tokens, draft_probs, target_probs) -> tuple[jax.Array, jax.Array]:
@@ -177,6 +305,23 @@ def _block_acceptance(weights, draft_probs, target_probs) -> jax.Array:
   return jnp.concatenate([h_inner, weights[:, -1:]], axis=1)
 
 
+def _truncated_block_acceptance(acceptance, weights, lengths) -> jax.Array:
+  """Block verification of each row's first `lengths` drafts only, f32[B, G].
+
+  A block of length g has `h_g = w_g` and no sub-blocks beyond g; `h_i` for i < g reads positions
+  up to g only, so it is unchanged. A full row (g = G) is returned as is (`h_G = w_G` already).
+  The entries replaced are the ones that read a vector `_replace_nonfinite` replaced.
+
+  Args:
+    acceptance: f32[B, G], `h_1..h_G` from `_block_acceptance`.
+    weights: f32[B, G+1], `w_0..w_G`.
+    lengths: i32[B], g in 0..G.
+  """
+  sub_block = jnp.arange(1, acceptance.shape[1] + 1)
+  g = lengths[:, None]
+  return jnp.where(sub_block < g, acceptance, jnp.where(sub_block == g, weights[:, 1:], 0.0))
+
+
 def _accepted_prefix_length(accepted: jax.Array) -> jax.Array:
   """Number of leading True entries per row: bool[B, G] -> i32[B]."""
   return jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)
@@ -192,7 +337,7 @@ def _sample_next(rng, num_accepted, weight, draft_probs, target_probs) -> jax.Ar
   """Draws Y from `norm(max(0, w p_{tau+1} - q_{tau+1}))`, with `q_{G+1} = 0`.
 
   At `tau == G` this is `p_{G+1}`. A residual that is zero everywhere (`p == q` there) falls back
-  to `p_{tau+1}`, as SPEC.md prescribes for tau = 0; every positive residual entry has
+  to `p_{tau+1}`, as docs/method.md prescribes for tau = 0; every positive residual entry has
   `p_{tau+1}(x) > 0`, so Y is never a token the target gives zero probability.
 
   Args:

@@ -29,9 +29,13 @@ class MarkovSteps:
   start_id: int = 0
   eos_id: int = 1
 
-  def init_cache(self, params, input_ids, input_mask, max_decode_len):
+  def encode(self, params, input_ids, input_mask):
     del params, input_mask
-    batch = input_ids.shape[0]
+    return input_ids
+
+  def init_cache(self, params, encoded, input_mask, max_decode_len):
+    del params, input_mask
+    batch = encoded.shape[0]
     return FakeCache(jnp.zeros((batch, max_decode_len), jnp.int32), jnp.zeros((batch,), jnp.int32))
 
   def step(self, params, tokens, cache):

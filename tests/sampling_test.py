@@ -133,6 +133,12 @@ def test_config_is_a_static_argument():
     (dict(top_p=0.0), r'top_p must be in \(0, 1\]'),
     (dict(top_p=1.5), r'top_p must be in \(0, 1\]'),
     (dict(top_p=float('nan')), r'top_p must be in \(0, 1\]'),
+    # Positive but below the smallest normal float32: 0 (or flushed to 0) in float32.
+    (dict(temperature=1e-39), r'temperature must be 0 or >= 1\.175e-38.*temperature=0 for greedy'),
+    (dict(temperature=1e-300), r'temperature must be 0 or >= 1\.175e-38'),
+    (dict(temperature=np.float64(5e-45)), r'temperature must be 0 or >= 1\.175e-38'),
+    (dict(top_p=1e-39), r'top_p must be >= 1\.175e-38.*top_k=1'),
+    (dict(top_p=1e-300), r'top_p must be >= 1\.175e-38'),
   ],
 )
 def test_config_validation(kwargs, message):
@@ -143,6 +149,29 @@ def test_config_validation(kwargs, message):
 def test_config_accepts_numpy_scalars():
   config = SamplingConfig(temperature=np.float32(0.5), top_k=np.int64(3), top_p=np.float64(0.9))
   assert config.top_k == 3
+
+
+def test_smallest_temperature_and_top_p_stay_finite():
+  """The bound is the smallest normal float32: at it, softmax(shifted / T) and top-p are finite
+  for finite logits of any magnitude; a value that is 0 in float32 gives NaN, which is why
+  SamplingConfig refuses everything below the bound."""
+  smallest = float(np.finfo(np.float32).tiny)
+  rng = np.random.default_rng(4)
+  for scale in (1.0, 1e4, 3e38):
+    logits = (rng.uniform(-1, 1, (16, 50)) * scale).astype(np.float32)
+    for config in (
+      SamplingConfig(temperature=smallest),
+      SamplingConfig(top_p=smallest),
+      SamplingConfig(temperature=smallest, top_k=3, top_p=smallest),
+    ):
+      probs = np.asarray(sampling.logits_to_probs(logits, config))
+      assert np.all(np.isfinite(probs)), (scale, config)
+      np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-6)
+      # Both limits keep just the most probable token (no ties in continuous random logits).
+      np.testing.assert_array_equal(probs.argmax(-1), logits.argmax(-1))
+  below = SamplingConfig()
+  object.__setattr__(below, 'temperature', 1e-46)  # bypasses the check: 0 in float32
+  assert np.all(np.isnan(sampling.logits_to_probs(np.zeros((1, 3), np.float32), below)))
 
 
 _SAMPLE_PROBS = np.array([0.5, 0.25, 0.125, 0.0, 0.0625, 0.0625], np.float32)
@@ -186,3 +215,19 @@ def test_sample_never_draws_trailing_or_leading_zeros():
   counts = np.bincount(np.asarray(sampling.sample(jax.random.key(3), probs)), minlength=7)
   assert counts[[0, 1, 3, 5, 6]].sum() == 0
   assert abs(counts[4] / counts.sum() - 2 / 3) < 0.01
+
+
+def test_sample_two_level_cdf_odd_vocab_with_zero_blocks():
+  """V = 103 (not a square: the last block is padded), whole blocks of zeros and zeros inside
+  blocks: 200k draws match the vector (chi-square at 1e-3) and never hit a zero."""
+  rng = np.random.default_rng(0)
+  probs = rng.random(103).astype(np.float32) * (rng.random(103) < 0.5)
+  probs[10:30] = 0.0  # two whole blocks of width 10, and the block boundaries around them
+  probs[102] = 0.05  # the lone real entry of the padded last block
+  probs /= probs.sum()
+  rows = np.broadcast_to(probs, (200_000, probs.size))
+  counts = np.bincount(np.asarray(sampling.sample(jax.random.key(5), rows)), minlength=103)
+  assert counts[probs == 0].sum() == 0
+  support = probs > 0
+  pvalue = scipy.stats.chisquare(counts[support], probs[support] * counts.sum()).pvalue
+  assert pvalue > SIGNIFICANCE

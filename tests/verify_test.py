@@ -485,3 +485,173 @@ def test_verifiers_registry():
     jnp.full((2, 2, 3), 1 / 3),
   )
   assert isinstance(result, verify.VerifyResult) and result.num_accepted.shape == (2,)
+
+
+@pytest.mark.parametrize('gamma', [1, 3, 6])
+def test_greedy_verify_equals_both_verifiers_on_one_hot(gamma):
+  """At temperature 0 (one-hot p and q) token and block verification reduce to greedy_verify."""
+  batch, vocab = 512, 3  # a small vocabulary: long matching prefixes and mismatches both occur
+  rng = np.random.default_rng(gamma)
+  target_ids = rng.integers(0, vocab, (batch, gamma + 1))
+  drafts = np.where(rng.random((batch, gamma)) < 0.7, target_ids[:, :-1],
+                    rng.integers(0, vocab, (batch, gamma)))
+  p = jax.nn.one_hot(target_ids, vocab)
+  q = jax.nn.one_hot(drafts, vocab)
+  drafts, target_ids = jnp.asarray(drafts, jnp.int32), jnp.asarray(target_ids, jnp.int32)
+  expected = verify.greedy_verify(drafts, target_ids)
+  assert len(set(np.asarray(expected.num_accepted).tolist())) == gamma + 1  # every tau occurs
+  for fn in (verify.token_verify, verify.block_verify):
+    for seed in range(3):
+      got = fn(jax.random.key(seed), drafts, q, p)
+      np.testing.assert_array_equal(got.num_accepted, expected.num_accepted)
+      np.testing.assert_array_equal(got.next_token, expected.next_token)
+
+
+# ----------------------------------------------------------------------------------------------
+# Non-finite inputs: a NaN or inf in p or q is never a silent wrong answer.
+
+
+def test_nan_draft_probs_reject_every_draft():
+  """The reported bug: all-NaN q was read as q = 0 and every draft was accepted."""
+  tokens = jnp.zeros((1, 3), jnp.int32)
+  q, p = jnp.full((1, 3, 4), jnp.nan), jnp.full((1, 4, 4), 0.25)
+  for method, verify_fn in verify.VERIFIERS.items():
+    for seed in range(5):
+      tau, y = verify_fn(jax.random.key(seed), tokens, q, p)
+      assert int(tau[0]) == 0, method
+      assert 0 <= int(y[0]) < 4, method  # the bonus draw from the finite p_1
+  np.testing.assert_array_equal(verify.nonfinite_rows(q, p), [True])
+  np.testing.assert_array_equal(verify.nonfinite_rows(jnp.full((1, 3, 4), 0.25), p), [False])
+
+
+@pytest.mark.parametrize('method', METHODS)
+def test_inf_at_the_draft_is_rejected(method):
+  """p_2(X_2) = inf would give h_2 = min(1, inf / q) = 1. p_1 = q_1 makes X_1 certain, so tau = 1
+  exactly, and Y, which would be drawn from the non-finite p_2, is token 0."""
+  tokens = jnp.array([[1, 2, 3]], jnp.int32)
+  q = jnp.full((1, 3, 4), 0.25)
+  p = jnp.full((1, 4, 4), 0.25).at[0, 1, 2].set(jnp.inf)
+  for seed in range(5):
+    tau, y = verify.VERIFIERS[method](jax.random.key(seed), tokens, q, p)
+    assert (int(tau[0]), int(y[0])) == (1, 0)
+
+
+@pytest.mark.parametrize('method', METHODS)
+def test_nan_target_probs_give_token_zero(method):
+  q = jnp.full((2, 2, 5), 0.2)
+  p = jnp.full((2, 3, 5), jnp.nan).at[1, 2].set(0.2)  # row 1: only p_3 finite
+  tau, y = verify.VERIFIERS[method](jax.random.key(0), jnp.ones((2, 2), jnp.int32), q, p)
+  np.testing.assert_array_equal(tau, [0, 0])
+  np.testing.assert_array_equal(y, [0, 0])
+  np.testing.assert_array_equal(verify.nonfinite_rows(q, p), [True, True])
+
+
+def test_nonfinite_rows_bad_shapes():
+  with pytest.raises(ValueError, match='nonfinite_rows needs'):
+    verify.nonfinite_rows(jnp.ones((2, 3, 4)), jnp.ones((2, 3, 4)))
+
+
+@pytest.mark.parametrize('method', METHODS)
+@pytest.mark.parametrize('corruption', ['nan_q', 'inf_entry_q'])
+def test_broken_last_draft_is_verified_as_a_shorter_block(method, corruption):
+  """Rows drafted with gamma = 2, then given a third draft whose q_3 is NaN (or holds one inf):
+  verified as G = 3 blocks, (X^tau, Y) must be distributed exactly as gamma = 2 verification
+  (the oracle), since the broken position is dropped and Y at tau = 2 is the bonus draw ~ p_3.
+  p_4 is NaN too: a position after the broken one is never read."""
+  pair = _random_pair(9, vocab=4, gamma=2)
+  tokens, draft_probs, target_probs = _draft(pair, 9)
+  rows = len(tokens)
+  broken_q = np.full((rows, 1, pair.vocab), np.nan, np.float32)
+  if corruption == 'inf_entry_q':
+    broken_q = np.full((rows, 1, pair.vocab), 0.1, np.float32)
+    broken_q[:, 0, 1] = np.inf
+  draft_probs = np.concatenate([draft_probs, broken_q], axis=1)
+  target_probs = np.concatenate(
+    [target_probs, np.full((rows, 1, pair.vocab), np.nan, np.float32)], axis=1
+  )
+  padded_tokens = np.pad(tokens, ((0, 0), (0, 1)))
+  result = verify.VERIFIERS[method](
+    jax.random.key(9), jnp.asarray(padded_tokens, jnp.int32), draft_probs, target_probs
+  )
+  tau, next_token = np.asarray(result.num_accepted), np.asarray(result.next_token)
+  assert tau.max() == pair.gamma  # the truncated block's last sub-block is accepted, too
+  codes = _encode(_emitted(tokens, tau, next_token), tau + 1, pair.vocab)
+  exact = oracle.iteration_distribution(pair.target, pair.drafter, pair.gamma, method)
+  pvalue = _chi_square_pvalue(codes, exact, pair.vocab, pair.gamma + 1)
+  assert pvalue > SIGNIFICANCE, f'chi-square p = {pvalue:.2e} at significance 1e-3'
+  assert np.all(np.asarray(verify.nonfinite_rows(draft_probs, target_probs)))
+
+
+_NONFINITE = (np.nan, np.inf, -np.inf)
+
+
+@pytest.mark.parametrize('gamma, vocab', [(1, 2), (3, 5)])
+@hypothesis.settings(max_examples=60, deadline=None, derandomize=True)
+@hypothesis.given(data=st.data())
+def test_fuzz_with_nonfinite_vectors(gamma, vocab, data):
+  """Random and degenerate vectors (one-hot, uniform, zeros, 1e-38 .. 1e-44 entries, p == q),
+  then NaN / +inf / -inf planted in some: at X_i, at another entry, or in the whole vector."""
+  batch = 6
+  seed = data.draw(st.integers(0, 2**31 - 1))
+  q_kinds = data.draw(
+    st.lists(st.sampled_from(_KINDS), min_size=batch * gamma, max_size=batch * gamma)
+  )
+  p_kinds = data.draw(
+    st.lists(st.sampled_from(_KINDS), min_size=batch * (gamma + 1), max_size=batch * (gamma + 1))
+  )
+  corruptions = data.draw(
+    st.lists(
+      st.tuples(
+        st.integers(0, batch - 1),
+        st.sampled_from(['p', 'q']),
+        st.integers(0, gamma),
+        st.sampled_from(range(len(_NONFINITE))),
+        st.sampled_from(['at_draft', 'other_entry', 'whole_vector']),
+      ),
+      max_size=batch,
+    )
+  )
+  rng = np.random.default_rng(seed)
+  q = _degenerate_probs(rng, q_kinds, (batch, gamma, vocab))
+  p = _degenerate_probs(rng, p_kinds, (batch, gamma + 1, vocab), like=q)
+  tokens = np.where(
+    rng.random((batch, gamma)) < 0.8,
+    np.argmax(np.log(q + 1e-45) + rng.gumbel(size=q.shape), axis=-1),
+    rng.integers(vocab, size=(batch, gamma)),
+  )
+  clean_q, clean_p = q.copy(), p.copy()
+  for row, which, position, value, where in corruptions:
+    probs = q if which == 'q' else p
+    position = min(position, probs.shape[1] - 1)
+    if where == 'whole_vector':
+      probs[row, position] = _NONFINITE[value]
+    else:
+      at_draft = where == 'at_draft' and position < gamma
+      probs[row, position, tokens[row, position] if at_draft else rng.integers(vocab)] = (
+        _NONFINITE[value]
+      )
+
+  finite = np.isfinite(p).all(-1) & np.pad(np.isfinite(q).all(-1), ((0, 0), (0, 1)),
+                                            constant_values=True)
+  # The number of drafts before the first non-finite position: no later draft may be accepted.
+  usable = np.minimum(np.cumprod(finite, axis=1).sum(axis=1), gamma)
+  flagged = ~finite.all(axis=1)
+  np.testing.assert_array_equal(verify.nonfinite_rows(q, p), flagged)
+  rows = np.arange(batch)
+  tokens = jnp.asarray(tokens, jnp.int32)
+  for method, verify_fn in verify.VERIFIERS.items():
+    result = verify_fn(jax.random.key(seed), tokens, q, p)
+    tau, y = np.asarray(result.num_accepted), np.asarray(result.next_token)
+    assert result.num_accepted.dtype == jnp.int32 and result.next_token.dtype == jnp.int32
+    assert np.all((tau >= 0) & (tau <= usable)), f'{method}: accepted a draft at/after a NaN/inf'
+    assert np.all((y >= 0) & (y < vocab)), method
+    y_finite = np.isfinite(p[rows, tau]).all(-1)
+    assert np.all(p[rows, tau, y][y_finite] > 0), f'{method}: Y has target probability 0'
+    assert np.all(y[~y_finite] == 0), f'{method}: Y drawn from a non-finite p'
+    for i in range(gamma):
+      p_x = p[rows, i, np.asarray(tokens)[:, i]]
+      assert np.all(p_x[tau > i] > 0), f'{method}: accepted X with p(X) = 0'
+    # Rows are independent: corrupting some rows changes nothing in the others.
+    clean = verify_fn(jax.random.key(seed), tokens, clean_q, clean_p)
+    np.testing.assert_array_equal(np.asarray(clean.num_accepted)[~flagged], tau[~flagged])
+    np.testing.assert_array_equal(np.asarray(clean.next_token)[~flagged], y[~flagged])

@@ -71,6 +71,10 @@ class T5Config:
   decoder_start_token_id: int = 0
   max_source_length: int = 512
   max_target_length: int = 512
+  # Width of the encoder output the decoder's cross-attention reads (None: d_model). A decoder
+  # without an encoder of its own (num_encoder_layers = 0) reads another model's encoder output:
+  # a drafter over the target's encoder sets encoder_dim to the target's d_model.
+  encoder_dim: int | None = None
 
   def __post_init__(self):
     positive = (
@@ -79,7 +83,6 @@ class T5Config:
       'd_kv',
       'd_ff',
       'num_heads',
-      'num_encoder_layers',
       'num_decoder_layers',
       'max_source_length',
       'max_target_length',
@@ -88,6 +91,15 @@ class T5Config:
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f'T5Config.{name} must be a positive int, got {value!r}.')
+    n = self.num_encoder_layers
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+      raise ValueError(f'T5Config.num_encoder_layers must be an int >= 0, got {n!r}.')
+    dim = self.encoder_dim
+    if dim is not None and (not isinstance(dim, int) or isinstance(dim, bool) or dim < 1):
+      raise ValueError(f'T5Config.encoder_dim must be a positive int or None, got {dim!r}.')
+    if n == 0 and dim is None:
+      raise ValueError('T5Config with num_encoder_layers=0 reads another model\'s encoder '
+                       'output: set encoder_dim to that encoder\'s width (its d_model).')
     for name in ('pad_token_id', 'eos_token_id', 'decoder_start_token_id'):
       value = getattr(self, name)
       if not isinstance(value, int) or not 0 <= value < self.vocab_size:
@@ -165,6 +177,40 @@ class T5Model:
   config: T5Config = flax.struct.field(pytree_node=False)
   params: Params
 
+  @property
+  def has_encoder(self) -> bool:
+    return self.config.num_encoder_layers > 0
+
+  @property
+  def steps(self) -> 'T5Steps':
+    """This model as a step model for the decode loops (see `step_models.StepModel`)."""
+    return T5Steps(self.config)
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Steps:
+  """A T5 model's static half as a step model (see `step_models.StepModel`); hashable."""
+
+  config: T5Config
+
+  vocab_size = property(lambda self: self.config.vocab_size)
+  start_id = property(lambda self: self.config.decoder_start_token_id)
+  eos_id = property(lambda self: self.config.eos_token_id)
+  max_source_length = property(lambda self: self.config.max_source_length)
+  max_target_length = property(lambda self: self.config.max_target_length)
+  # No encoder of its own: the decode loops hand it the target's `encode` output.
+  shares_target_encoder = property(lambda self: self.config.num_encoder_layers == 0)
+
+  def encode(self, params, input_ids, input_mask):
+    return encode(params, input_ids, input_mask, config=self.config)
+
+  def init_cache(self, params, encoded, input_mask, max_decode_len: int):
+    return init_cache(params, encoded, input_mask, config=self.config,
+                      max_decode_len=max_decode_len)
+
+  def step(self, params, tokens, cache):
+    return decode(params, tokens, cache, config=self.config)
+
 
 # ---------------------------------------------------------------------------------------------
 # Params.
@@ -178,17 +224,18 @@ def init_params(rng: jax.Array, config: T5Config) -> Params:
   variance 1 / fan_avg; norm scales 1. Logits of a random model are then O(1).
   """
   d, f, nh = config.d_model, config.d_ff, config.num_heads * config.d_kv
+  d_enc = config.encoder_dim or d
   init = jax.nn.initializers
   kernel = init.variance_scaling(1.0, 'fan_in', 'truncated_normal')
   query = init.variance_scaling(1.0 / config.d_kv, 'fan_in', 'truncated_normal')
   relpos = init.variance_scaling(1.0, 'fan_avg', 'uniform')
   scale = init.ones
 
-  def attention():
+  def attention(kv_dim=d):
     return {
       'query': {'kernel': ((d, nh), query)},
-      'key': {'kernel': ((d, nh), kernel)},
-      'value': {'kernel': ((d, nh), kernel)},
+      'key': {'kernel': ((kv_dim, nh), kernel)},
+      'value': {'kernel': ((kv_dim, nh), kernel)},
       'out': {'kernel': ((nh, d), kernel)},
     }
 
@@ -219,7 +266,7 @@ def init_params(rng: jax.Array, config: T5Config) -> Params:
       'pre_self_attention_layer_norm': norm(),
       'self_attention': attention(),
       'pre_cross_attention_layer_norm': norm(),
-      'encoder_decoder_attention': attention(),
+      'encoder_decoder_attention': attention(d_enc),
       'pre_mlp_layer_norm': norm(),
       'mlp': mlp(),
     }
@@ -230,6 +277,8 @@ def init_params(rng: jax.Array, config: T5Config) -> Params:
     'encoder': encoder,
     'decoder': decoder,
   }
+  if config.num_encoder_layers == 0:
+    del specs['encoder']
 
   is_spec = lambda x: isinstance(x, tuple) and len(x) == 2 and callable(x[1])
   leaves, treedef = jax.tree.flatten(specs, is_leaf=is_spec)
@@ -496,6 +545,9 @@ def encode(
       f'encode needs input_ids and input_mask of one shape [B, S], got '
       f'{input_ids.shape} and {input_mask.shape}.'
     )
+  if config.num_encoder_layers == 0:
+    raise ValueError('This T5 has no encoder (num_encoder_layers=0): it decodes over another '
+                     'model\'s `encode` output (use `decode_forward` / the target\'s encoder).')
   enc = params['encoder']
   positions = jnp.arange(input_ids.shape[1])
   bias = _relpos_bias(
@@ -619,6 +671,29 @@ def forward(
     f32[B, T, V] logits; position t predicts decoder position t + 1 (causal, no cache).
   """
   encoded = encode(params, input_ids, input_mask, config=config)
+  return decode_forward(params, encoded, input_mask, decoder_input_ids, config=config)
+
+
+def decode_forward(
+  params: Params,
+  encoded: jax.Array,
+  input_mask: jax.Array,
+  decoder_input_ids: jax.Array,
+  *,
+  config: T5Config,
+) -> jax.Array:
+  """Teacher-forced decoder logits over an encoder output (this model's, or another's).
+
+  Args:
+    params: model params.
+    encoded: [B, S, encoder_dim or D] an `encode` output.
+    input_mask: bool or int[B, S], nonzero at real source tokens.
+    decoder_input_ids: int32[B, T] decoder inputs.
+    config: model config.
+
+  Returns:
+    f32[B, T, V] logits, as `forward`.
+  """
   cross_k, cross_v = _cross_kv(params, encoded, config)
   logits, _ = _decoder(
     params, decoder_input_ids, cross_k, cross_v, input_mask.astype(bool), config=config

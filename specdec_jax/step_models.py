@@ -1,0 +1,51 @@
+"""Step models: what the decode loops know about a model, and nothing more.
+
+A step model is a hashable static half (`steps`, a jit static argument) plus a params pytree. The
+loops in `decode.py` call only the methods below, so they never import a model: T5 provides its
+adapter beside itself (`models.t5.T5Steps`, reached as `T5Model.steps`), n-gram drafters are step
+models already (`drafters.NGramSteps`), and tests drive the loops with fake Markov chains.
+
+Axis legend: B batch, S source length, T query length, V vocab.
+"""
+
+from typing import Any, Protocol
+
+
+class StepModel(Protocol):
+  """The static half of a model as the decode loops see it.
+
+  Every cache is a `flax.struct.dataclass` with an `end_index: int32[B]` field, the number of valid
+  decoder positions per row. `step` writes T positions starting at `end_index` and advances it by T;
+  the loops rewind a row with `cache.replace(end_index=...)`.
+
+  Optional attributes, read with `getattr`:
+    max_source_length / max_target_length: int limits checked before decoding (None: no limit).
+    shares_target_encoder: True for a drafter whose `init_cache` takes the *target's* `encode`
+      output (a small decoder over the target's encoder); the loop then encodes once.
+  """
+
+  vocab_size: int
+  start_id: int  # the decoder's first input token
+  eos_id: int
+
+  def encode(self, params, input_ids, input_mask) -> Any:
+    """int32[B, S] source ids and mask -> whatever `init_cache` needs (e.g. f32[B, S, D])."""
+
+  def init_cache(self, params, encoded, input_mask, max_decode_len: int) -> Any:
+    """An empty cache of `max_decode_len` decoder slots per row, end_index 0."""
+
+  def step(self, params, tokens, cache) -> tuple[Any, Any]:
+    """tokens int32[B, T] -> (logits float32[B, T, V], cache advanced by T)."""
+
+
+def as_step_model(model) -> tuple[StepModel, Any]:
+  """(static steps, params) of a `T5Model`, an n-gram drafter, or anything with .steps/.params."""
+  if hasattr(model, 'steps') and hasattr(model, 'params'):
+    return model.steps, model.params
+  raise TypeError(f'Cannot decode with a {type(model).__name__}: expected a T5Model, an n-gram '
+                  'drafter, or an object with .steps (a step model) and .params.')
+
+
+def limit(steps: StepModel, name: str) -> int | None:
+  """An optional integer limit of a step model (`max_source_length`, `max_target_length`)."""
+  return getattr(steps, name, None)

@@ -1,0 +1,86 @@
+"""Wall-clock measurement of jitted work: whole calls, and model calls as a decode loop sees them.
+
+A model call timed from Python includes jit dispatch (~0.3-0.5 ms for a T5's params pytree on a
+small CPU), which the decode loops never pay: they run inside one jit. `step_seconds` therefore
+times a model call inside a jitted `fori_loop` and takes the difference of two loop lengths, which
+cancels dispatch and the cache setup. Costs of the drafter (c) and of the (gamma+1)-position target
+pass are measured this way by the main job and the benchmarks.
+
+Axis legend: B batch, S source length, T query length.
+"""
+
+import functools
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import step_models
+
+
+def time_call(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
+  """(seconds of the first call, median seconds of `repeats` further calls); waits for results."""
+  start = time.perf_counter()
+  jax.block_until_ready(fn())
+  first = time.perf_counter() - start
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return first, float(np.median(times))
+
+
+@functools.partial(jax.jit, static_argnames=('steps', 'num_tokens', 'cache_len', 'calls'))
+def _repeated_steps(steps, params, input_ids, *, num_tokens: int, cache_len: int, calls: int):
+  """`calls` model calls of `num_tokens` positions each, from position cache_len // 4."""
+  mask = jnp.ones_like(input_ids)
+  encoded = steps.encode(params, input_ids, mask)
+  cache = steps.init_cache(params, encoded, mask, cache_len)
+  batch = input_ids.shape[0]
+  position = jnp.full((batch,), cache_len // 4, jnp.int32)
+
+  def body(i, carry):
+    cache, logits = carry
+    tokens = jnp.full((batch, num_tokens), 2, jnp.int32) + i % 7  # not loop-invariant
+    logits, cache = steps.step(params, tokens, cache.replace(end_index=position))
+    return cache, logits
+
+  vocab = steps.vocab_size
+  logits = jnp.zeros((batch, num_tokens, vocab), jnp.float32)
+  return jax.lax.fori_loop(0, calls, body, (cache, logits))[1]
+
+
+def step_seconds(model, *, batch_size: int, source_length: int, num_tokens: int = 1,
+                 cache_len: int = 64, calls: tuple[int, int] = (4, 36), repeats: int = 7) -> float:
+  """Seconds of one in-loop model call scoring `num_tokens` positions per row.
+
+  Args:
+    model: anything `step_models.as_step_model` takes.
+    batch_size: B.
+    source_length: S of the (all-real) source.
+    num_tokens: T, positions scored per call (1 for a step, gamma + 1 for a target pass).
+    cache_len: decoder slots; calls start at position cache_len // 4.
+    calls: two loop lengths; the cost is the difference of their median times per extra call.
+    repeats: timed runs of each loop length.
+  """
+  steps, params = step_models.as_step_model(model)
+  ids = jnp.full((batch_size, source_length), 3, jnp.int32)
+  run = lambda k: _repeated_steps(steps, params, ids, num_tokens=num_tokens, cache_len=cache_len,
+                                  calls=k)
+  short, long = (time_call(lambda k=k: run(k), repeats)[1] for k in calls)
+  return max(long - short, 0.0) / (calls[1] - calls[0])
+
+
+def step_costs(target, drafter, *, batch_size: int, source_length: int, gamma: int,
+               cache_len: int = 64) -> dict[str, float]:
+  """In-loop seconds of a target step (T=1), a (gamma+1)-position target pass, a drafter step;
+  and their ratios `c` (drafter step / target step) and `pass_cost` (pass / target step)."""
+  kw = dict(batch_size=batch_size, source_length=source_length, cache_len=cache_len)
+  target_step = step_seconds(target, **kw)
+  target_pass = step_seconds(target, num_tokens=gamma + 1, **kw)
+  drafter_step = step_seconds(drafter, **kw)
+  return {'target_step': target_step, 'target_pass': target_pass, 'drafter_step': drafter_step,
+          'c': drafter_step / target_step, 'pass_cost': target_pass / target_step}
