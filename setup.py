@@ -16,6 +16,8 @@ setuptools.setup(
         'flax==0.12.8',
         'optax==0.2.8',
         'orbax-checkpoint==0.12.8',
+        'tensorstore',  # T5X checkpoints (zarr, OCDBT)
+        'tqdm',
         'absl-py',
         'numpy',
         'ml_collections',
@@ -30,9 +32,14 @@ setuptools.setup(
             'pytest',
             'scipy',
             'hypothesis',
+            'ruff==0.14.0',
             # HF parity tests. torch==2.13.0 resolves to the CPU wheel in /opt/wheels here.
             'torch==2.13.0',
             'transformers==5.23.0',
+            # tests/notebooks_test.py executes notebooks/*.ipynb in a python3 kernel.
+            'nbclient',
+            'nbformat',
+            'ipykernel',
         ],
     },
 )

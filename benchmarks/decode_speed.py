@@ -154,7 +154,7 @@ def main(argv):
   batches = sorted({int(b) for b in _BATCHES.value + _BREAKDOWN.value})
   rows = max(batches + [_ROWS.value])
   target, found, all_ids, all_mask = _models_and_sources(rows)
-  count = lambda m: sum(x.size for x in jax.tree.leaves(m.params))
+  count = lambda m: t5.param_count(m.params)
   print(f'device: {jax.devices()[0].device_kind}, {jax.device_count()} device(s); target '
         f'{count(target) / 1e6:.2f}M params, T5 drafter {count(found["t5"]) / 1e6:.2f}M; '
         f'gamma {gamma}, source length {_SOURCE_LEN.value}, up to {_MAX_NEW.value} new tokens; '

@@ -1,6 +1,6 @@
 """Builds the EN->DE corpus (train/valid/test TSV + stats.json) from Debian packages.
 
-  python scripts/build_ende.py --data_dir=./data/ende
+  python -m scripts.build_ende --data_dir=./data/ende
 
 Downloads libreoffice-help-en-us, libreoffice-help-de, libreoffice-l10n-de and trans-de-en with
 `apt-get download` (about 12 MB, cached in --packages_dir) and unpacks them with `dpkg-deb -x`.

@@ -8,7 +8,7 @@ Override any field: `--config.num_train_steps=6000 --config.divergence=tvd`. Rer
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from specdec_jax import distill
+from specdec_jax import distill, sharding
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Distillation config file.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Target outputs, checkpoints, metrics, exports.')
@@ -16,6 +16,7 @@ flags.mark_flags_as_required(['config', 'workdir'])
 
 
 def main(argv):
+  sharding.maybe_initialize_distributed()  # multi-host (pod slice) runs only
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if not flags.FLAGS['verbosity'].present:

@@ -1,6 +1,6 @@
 r"""Fits a unigram / bigram drafter on the target side of a pairs file.
 
-  python scripts/fit_ngram.py --pairs=data/ende/train.tsv --tokenizer=data/ende/spm_ende_8k.model \
+  python -m scripts.fit_ngram --pairs=data/ende/train.tsv --tokenizer=data/ende/spm_ende_8k.model \
       --output=pretrained/ende/bigram.npz
 
 The drafter conditions on the previous decoder token only (c ~ 0 per step); load it with

@@ -5,7 +5,7 @@ r"""Runs an experiment on a Cloud TPU VM or pod slice: create, copy, install, ru
   python -m scripts.launch_tpu --name=specdec-v4-32 --zone=us-central2-b --accelerator_type=v4-32 \
       --project=my-project --delete_after
 
-Run from the repo root (`python -m` needs it; `python scripts/launch_tpu.py` works from anywhere).
+Run from the repo root, as every entry point here (`python -m scripts.<name>`).
 The repo copied is the one this file lives in, whatever the working directory. Each step is one
 gcloud command; --dry_run prints them, one per line, ready to paste into a shell, and runs nothing:
 

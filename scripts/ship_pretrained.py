@@ -1,6 +1,6 @@
 r"""Assembles pretrained/ende from trained runs: the pair, tokenizer, bigram, test pairs, card.
 
-  python scripts/ship_pretrained.py --target=workdir/target/best --drafter=workdir/drafter/best \
+  python -m scripts.ship_pretrained --target=workdir/target/best --drafter=workdir/drafter/best \
       --data_dir=data/ende --output=pretrained/ende
 
 Writes <output>/{target,drafter} (checkpoints.save directories), spm.model, bigram.npz (fitted on
@@ -17,6 +17,7 @@ from absl import app, flags
 
 from specdec_jax import checkpoints, drafters, training
 from specdec_jax.data import batching, pairs, tokenizer as tokenizer_lib
+from specdec_jax.models import t5
 
 _TARGET = flags.DEFINE_string('target', 'workdir/target/best', 'Trained target (export dir).')
 _DRAFTER = flags.DEFINE_string('drafter', 'workdir/drafter/best', 'Trained drafter.')
@@ -32,7 +33,7 @@ def _describe(name: str, export_dir: str, model, test, tok) -> dict:
   kept = [p for p in test if len(tok.encode(p[0])) <= 64 and len(tok.encode(p[1])) <= 64]
   bleu, _ = training.evaluate_bleu(model, data, [t for _, t in kept], tok, batch_size=64,
                                    max_new_tokens=64)
-  return {'name': name, 'params': sum(x.size for x in jax.tree.leaves(model.params)),
+  return {'name': name, 'params': t5.param_count(model.params),
           'config': model.config, 'step': best['step'], 'valid_nll': best['valid_nll'],
           'valid_bleu': best['valid_bleu'], 'test_bleu': bleu, 'test_pairs': len(kept)}
 

@@ -1,6 +1,6 @@
 """Trains the shared EN+DE SentencePiece model (T5 ids, vocab 8000) on the train split.
 
-  python scripts/train_tokenizer.py --data_dir=./data/ende
+  python -m scripts.train_tokenizer --data_dir=./data/ende
 
 Writes <data_dir>/spm_ende_8k.model (override with --output) and prints a round-trip check.
 """

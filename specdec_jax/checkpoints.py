@@ -1,4 +1,4 @@
-"""Checkpoint I/O for T5: Hugging Face, T5X (msgpack and tensorstore/zarr) and orbax.
+"""Checkpoint I/O for T5: Hugging Face, T5X (msgpack, tensorstore/zarr, OCDBT) and orbax.
 
 Every format maps onto the one params layout of `models/t5.py` (T5X names, nested dicts):
 
@@ -30,9 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import safetensors.numpy
+import tensorstore as ts
 from flax import serialization
 
-from specdec_jax import zarr
 from specdec_jax.models import t5
 
 Params = dict[str, Any]
@@ -448,11 +448,17 @@ def save_hf_t5(model: t5.T5Model, path: PathLike) -> None:
 
 
 # -------------------------------------------------------------------------------------------------
-# T5X: a msgpack `checkpoint` file (flax.serialization) of {'version', 'optimizer': {'target':
-# params, 'state': optimizer state}}. Legacy checkpoints hold every array inline; tensorstore ones
-# replace each partitioned array by a tensorstore spec, e.g. {'driver': 'zarr', 'kvstore':
-# {'driver': 'file', 'path': 'target.encoder.layers_0.attention.key.kernel'}, 'metadata': {...}},
-# whose path is a zarr v2 array directory relative to the checkpoint's directory.
+# T5X. A `checkpoint_<step>/` directory in one of two layouts, every array read by tensorstore:
+#   msgpack  a `checkpoint` file (flax.serialization) of {'version', 'optimizer': {'target': params,
+#            'state': optimizer state}}. Legacy checkpoints hold every array inline; tensorstore ones
+#            replace each partitioned array by a tensorstore spec, e.g. {'driver': 'zarr',
+#            'kvstore': {'driver': 'file', 'path': 'target.encoder.layers_0.attention.key.kernel'},
+#            'metadata': {...}}, whose path is a zarr array directory relative to the checkpoint's
+#            directory.
+#   OCDBT    a `state/` orbax PyTree checkpoint (T5X's OrbaxCheckpointManager) of {'target': params,
+#            'state': ...}: one OCDBT key-value store (`manifest.ocdbt`, data files under `d/` and
+#            `ocdbt.process_<i>/d/`) holding a zarr (or zarr3) array per leaf under its dotted path,
+#            e.g. key 'target.encoder.layers_0.attention.key.kernel/.zarray'.
 
 
 def t5x_names(config: t5.T5Config) -> NameTable:
@@ -463,11 +469,11 @@ def t5x_names(config: t5.T5Config) -> NameTable:
 def load_t5x(
   path: PathLike, *, config: t5.T5Config | None = None, allow_nonfinite: bool = False
 ) -> t5.T5Model:
-  """Loads the params of a T5X checkpoint (legacy msgpack or tensorstore/zarr).
+  """Loads the params of a T5X checkpoint (msgpack, tensorstore/zarr, or orbax OCDBT).
 
   Args:
-    path: a checkpoint directory (`checkpoint_<step>/`, holding a `checkpoint` file) or the
-      msgpack checkpoint file itself.
+    path: a checkpoint directory (`checkpoint_<step>/`, holding a `checkpoint` file or an OCDBT
+      `state/` directory), the msgpack checkpoint file itself, or the OCDBT directory itself.
     config: the model config; by default inferred from the parameter shapes (see
       `infer_t5x_config`: T5X checkpoints carry no config).
     allow_nonfinite: load weights holding NaN or inf instead of raising ValueError.
@@ -475,14 +481,20 @@ def load_t5x(
   Returns:
     The model; params are jax arrays of `config.dtype`.
   """
-  file = _t5x_checkpoint_file(Path(path))
-  target = _read_t5x_target(file)
-  arrays = {name: _read_t5x_leaf(leaf, file.parent, name) for name, leaf in target.items()}
+  where = _t5x_checkpoint(Path(path))
+  if where.is_dir():
+    specs = _t5x_ocdbt_specs(where)
+  else:
+    specs = {
+      name: _t5x_leaf_spec(leaf, where.parent, name)
+      for name, leaf in _read_t5x_target(where).items()
+    }
+  arrays = _read_arrays(specs)
   if config is None:
     config = infer_t5x_config({name: array.shape for name, array in arrays.items()})
   params = _mapped_params(arrays, t5x_names(config), config)
   if not allow_nonfinite:
-    _check_finite(params, file)
+    _check_finite(params, where)
   return t5.T5Model(config=config, params=params)
 
 
@@ -527,16 +539,23 @@ def _count_layers(shapes: Mapping[str, Any], stack: str) -> int:
   return max(layers) + 1
 
 
-def _t5x_checkpoint_file(path: Path) -> Path:
-  if path.is_dir():
-    path = path / 'checkpoint'
-    if not path.is_file():
-      raise FileNotFoundError(
-        f'{path.parent} has no `checkpoint` file (a T5X checkpoint_<step> directory holds one).'
-      )
-  elif not path.is_file():
+def _t5x_checkpoint(path: Path) -> Path:
+  """The msgpack `checkpoint` file, or the OCDBT directory, of a T5X checkpoint at `path`."""
+  if path.is_file():
+    return path
+  if not path.is_dir():
     raise FileNotFoundError(f'No T5X checkpoint at {path}.')
-  return path
+  for candidate in (
+    path / 'checkpoint',
+    path / 'manifest.ocdbt',
+    path / 'state' / 'manifest.ocdbt',
+  ):
+    if candidate.is_file():
+      return candidate if candidate.name == 'checkpoint' else candidate.parent
+  raise FileNotFoundError(
+    f'{path} has no `checkpoint` file and no `state/manifest.ocdbt` (a T5X checkpoint_<step> '
+    'directory holds one of them).'
+  )
 
 
 def _is_tensorstore_spec(value: Any) -> bool:
@@ -560,7 +579,8 @@ def _read_t5x_target(file: Path) -> dict[str, Any]:
   return _flatten(target, is_leaf=_is_tensorstore_spec)
 
 
-def _read_t5x_leaf(leaf: Any, directory: Path, name: str) -> np.ndarray:
+def _t5x_leaf_spec(leaf: Any, directory: Path, name: str) -> np.ndarray | dict[str, Any]:
+  """An inline array as is, or the tensorstore spec that opens a partitioned one."""
   if isinstance(leaf, np.ndarray):
     return leaf
   if not _is_tensorstore_spec(leaf):
@@ -576,7 +596,79 @@ def _read_t5x_leaf(leaf: Any, directory: Path, name: str) -> np.ndarray:
     raise ValueError(f'T5X parameter {name!r}: tensorstore spec without a path: {leaf}.')
   # T5X writes paths relative to the checkpoint directory (gcs ones under a dummy bucket); the
   # last component alone also finds arrays of a checkpoint moved after an absolute-path write.
-  return zarr.read_zarr(directory / Path(relative.rstrip('/')).name)
+  # Only the location is kept: the array's own metadata says its shape, dtype and chunks.
+  local = directory.absolute() / Path(relative.rstrip('/')).name
+  return {'driver': 'zarr', 'kvstore': {'driver': 'file', 'path': str(local)}}
+
+
+# The OCDBT key of a target array's metadata: (array path 'target.<dotted name>', the dotted name,
+# zarr's or zarr3's metadata file).
+_OCDBT_TARGET_KEY = re.compile(r'(target\.([^/]+))/(\.zarray|zarr\.json)')
+
+
+def _t5x_ocdbt_specs(directory: Path) -> dict[str, dict[str, Any]]:
+  """The tensorstore spec of every `target` array of an orbax OCDBT checkpoint, by our name."""
+  kvstore = {'driver': 'ocdbt', 'base': directory.absolute().as_uri()}
+  try:
+    # 'target.' up to 'target/' ('/' follows '.'): exactly the keys under the params.
+    params = ts.KvStore.KeyRange(inclusive_min='target.', exclusive_max='target/')
+    keys = ts.KvStore.open(kvstore).result().list(params).result()
+  except Exception as e:  # tensorstore reports every failure as one ValueError-like status
+    raise ValueError(f'{directory} is not a readable OCDBT checkpoint ({_ts_reason(e)}).') from e
+  specs = {}
+  for key in keys:
+    match = _OCDBT_TARGET_KEY.fullmatch(key.decode())
+    if match:
+      array_path, dotted, metadata_file = match.groups()
+      driver = 'zarr' if metadata_file == '.zarray' else 'zarr3'
+      specs[dotted.replace('.', '/')] = {
+        'driver': driver,
+        'kvstore': {**kvstore, 'path': array_path},
+      }
+  if not specs:
+    raise ValueError(
+      f'{directory}: no `target` params in the OCDBT checkpoint (T5X keeps them under keys '
+      "'target.<dotted name>/'); is it a T5X train state?"
+    )
+  return specs
+
+
+def _read_arrays(sources: Mapping[str, Any]) -> dict[str, np.ndarray]:
+  """Host numpy arrays (native byte order) from inline arrays or tensorstore specs, by name.
+
+  Every array is opened at once (tensorstore futures), then read in turn; tensorstore reads the
+  chunks of one array concurrently.
+
+  Raises:
+    FileNotFoundError: a spec's array does not exist (the message names its location).
+    ValueError: tensorstore cannot read an array (damaged metadata or chunks).
+  """
+  opened = {
+    name: ts.open(source, open=True, read=True)
+    for name, source in sources.items()
+    if not isinstance(source, np.ndarray)
+  }
+  arrays = {}
+  for name, source in sources.items():
+    if isinstance(source, np.ndarray):
+      arrays[name] = source
+      continue
+    try:
+      arrays[name] = opened[name].result().read().result()
+    except Exception as e:  # tensorstore reports every failure as a ValueError-like status
+      kvstore = source['kvstore']
+      location = ' in '.join(filter(None, (kvstore.get('path'), kvstore.get('base'))))
+      message = f'T5X parameter {name!r}: cannot read the array at {location} ({_ts_reason(e)}).'
+      if str(e).startswith('NOT_FOUND'):
+        raise FileNotFoundError(message) from e
+      raise ValueError(message) from e
+  return arrays
+
+
+def _ts_reason(error: Exception) -> str:
+  """A tensorstore error's first line without the spec it appends."""
+  reason = (str(error).strip().splitlines() or [''])[0].split(' [tensorstore_spec=')[0]
+  return reason if len(reason) <= 300 else reason[:300] + '...'
 
 
 # -------------------------------------------------------------------------------------------------

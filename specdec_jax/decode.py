@@ -19,11 +19,13 @@ vector: p and q are one-hot, so sampling is an argmax and both verifiers reduce 
 arrays, no cumulative sums over V and no random numbers.
 """
 
+import numbers
 from typing import Any, NamedTuple
 
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax import sampling as sampling_lib, step_models, verify
 
@@ -54,6 +56,9 @@ class DecodeStats:
     accepted_per_position: int32[B, G] times the draft at position i (0-based) was accepted.
     beta_sum: float32[B] sum of beta = sum_x min(p, q) over verified positions (i <= tau + 1).
     beta_count: int32[B] number of verified positions.
+    nonfinite: int32[B] target calls whose logits or probabilities held a NaN or inf (never a
+      silent answer: `generate` / `speculative_generate` raise when it is nonzero, unless asked
+      not to).
   """
 
   target_calls: jax.Array
@@ -62,16 +67,17 @@ class DecodeStats:
   accepted_per_position: jax.Array
   beta_sum: jax.Array
   beta_count: jax.Array
+  nonfinite: jax.Array
 
   @classmethod
   def zeros(cls, batch: int, gamma: int) -> 'DecodeStats':
     zero = jnp.zeros((batch,), jnp.int32)
     return cls(target_calls=zero, drafted=zero, accepted=zero,
                accepted_per_position=jnp.zeros((batch, gamma), jnp.int32),
-               beta_sum=jnp.zeros((batch,), jnp.float32), beta_count=zero)
+               beta_sum=jnp.zeros((batch,), jnp.float32), beta_count=zero, nonfinite=zero)
 
-  def accumulate(self, active: jax.Array, num_accepted: jax.Array,
-                 beta: jax.Array) -> 'DecodeStats':
+  def accumulate(self, active: jax.Array, num_accepted: jax.Array, beta: jax.Array,
+                 nonfinite: jax.Array) -> 'DecodeStats':
     """Adds one target call for the `active` rows.
 
     Args:
@@ -79,6 +85,7 @@ class DecodeStats:
       num_accepted: int32[B] tau, drafts accepted (0 for autoregressive decoding).
       beta: float32[B, G] beta of each draft position; positions after tau + 1 were never
         verified and are not counted. [B, 0] for autoregressive decoding.
+      nonfinite: bool[B] rows whose logits or probabilities held a NaN or inf in this call.
     """
     gamma = beta.shape[1]
     a = active.astype(jnp.int32)
@@ -92,6 +99,7 @@ class DecodeStats:
       + (position < num_accepted[:, None]) * a[:, None],
       beta_sum=self.beta_sum + jnp.where(verified, beta, 0.0).sum(-1),
       beta_count=self.beta_count + verified.sum(-1),
+      nonfinite=self.nonfinite + (nonfinite & active),
     )
 
   def summed(self) -> 'DecodeStats':
@@ -112,11 +120,32 @@ class DecodeStats:
 
 @flax.struct.dataclass
 class DecodeOutput:
-  """tokens int32[B, M] (PAD after the end), lengths int32[B] (EOS included), stats."""
+  """tokens int32[B, M] (PAD after the end), lengths int32[B] (EOS included), stats, and the
+  per-iteration `SpeculativeTrace` when `speculative_generate(..., trace=True)` (else None)."""
 
   tokens: jax.Array
   lengths: jax.Array
   stats: DecodeStats
+  trace: Any = None
+
+
+@flax.struct.dataclass
+class SpeculativeTrace:
+  """What each iteration of a speculative run did, per row (I = max_new_tokens iterations at most;
+  an iteration emits at least one token for every row still emitting).
+
+  Attributes:
+    drafts: int32[B, I, G] the drafted tokens X_1..X_G.
+    num_accepted: int32[B, I] tau, the drafts kept.
+    next_token: int32[B, I] Y, the corrected (tau < G) or extra (tau = G) token.
+    emitted: int32[B, I] tokens the iteration appended to the row (0 once it had stopped; fewer
+      than tau + 1 when EOS or the token limit cut the block).
+  """
+
+  drafts: jax.Array
+  num_accepted: jax.Array
+  next_token: jax.Array
+  emitted: jax.Array
 
 
 class _State(NamedTuple):
@@ -127,13 +156,15 @@ class _State(NamedTuple):
   draft_cache: Any
   stats: DecodeStats
   iteration: jax.Array  # int32[]
+  trace: Any  # SpeculativeTrace being filled, or None
 
 
-def _init_state(batch, gamma, max_new_tokens, start_id, target_cache, draft_cache) -> _State:
+def _init_state(batch, gamma, max_new_tokens, start_id, target_cache, draft_cache,
+                trace=None) -> _State:
   seq = jnp.zeros((batch, buffer_length(max_new_tokens, gamma)), jnp.int32)
   zeros = jnp.zeros((batch,), jnp.int32)
   return _State(seq.at[:, 0].set(start_id), zeros, jnp.zeros((batch,), bool), target_cache,
-                draft_cache, DecodeStats.zeros(batch, gamma), jnp.zeros((), jnp.int32))
+                draft_cache, DecodeStats.zeros(batch, gamma), jnp.zeros((), jnp.int32), trace)
 
 
 def _row_slice(seq: jax.Array, start: jax.Array, size: int) -> jax.Array:
@@ -180,7 +211,7 @@ def _emit(seq, n, done, block, num_valid, *, eos_id: int, max_new_tokens: int):
 def _finish(state: _State, max_new_tokens: int) -> DecodeOutput:
   tokens = state.seq[:, 1 : max_new_tokens + 1]
   tokens = jnp.where(jnp.arange(max_new_tokens) < state.n[:, None], tokens, PAD_ID)
-  return DecodeOutput(tokens=tokens, lengths=state.n, stats=state.stats)
+  return DecodeOutput(tokens=tokens, lengths=state.n, stats=state.stats, trace=state.trace)
 
 
 def _draft_token(rng, logits, sampling: sampling_lib.SamplingConfig):
@@ -242,14 +273,19 @@ def _init_caches(target_steps, target_params, draft_steps, draft_params, input_i
 def _speculative_loop(target_steps, target_params, draft_steps, draft_params, input_ids,
                       input_mask, rng, *, gamma: int, verifier: str,
                       sampling: sampling_lib.SamplingConfig, max_new_tokens: int,
-                      greedy_fast_path: bool = True) -> DecodeOutput:
+                      greedy_fast_path: bool = True, trace: bool = False) -> DecodeOutput:
   batch = input_ids.shape[0]
   greedy = sampling.greedy and greedy_fast_path
   target_cache, draft_cache = _init_caches(target_steps, target_params, draft_steps, draft_params,
                                            input_ids, input_mask,
                                            buffer_length(max_new_tokens, gamma))
+  record = None
+  if trace:
+    per_iteration = lambda *shape: jnp.zeros((batch, max_new_tokens) + shape, jnp.int32)
+    record = SpeculativeTrace(per_iteration(gamma), per_iteration(), per_iteration(),
+                              per_iteration())
   state = _init_state(batch, gamma, max_new_tokens, target_steps.start_id, target_cache,
-                      draft_cache)
+                      draft_cache, record)
   verify_fn = verify.VERIFIERS[verifier]
 
   def body(state: _State) -> _State:
@@ -267,12 +303,15 @@ def _speculative_loop(target_steps, target_params, draft_steps, draft_params, in
       with jax.named_scope('verify'):
         tau, y = verify.greedy_verify(drafts, target_ids)
         beta = (drafts == target_ids[:, :gamma]).astype(jnp.float32)
+        # Only the target's values matter at temperature 0: drafts are compared as ids.
+        nonfinite = ~jnp.isfinite(jnp.sum(logits, axis=(1, 2)))
     else:
       with jax.named_scope('sampling'):
         p = sampling_lib.logits_to_probs(logits, sampling)
       with jax.named_scope('verify'):
         tau, y = verify_fn(verify_rng, drafts, q, p)
         beta = jnp.minimum(p[:, :gamma], q).sum(-1)
+        nonfinite = verify.nonfinite_rows(q, p)
     with jax.named_scope('emit'):
       block = jnp.where(jnp.arange(gamma + 1) < tau[:, None],
                         jnp.pad(drafts, ((0, 0), (0, 1))), y[:, None])
@@ -281,8 +320,14 @@ def _speculative_loop(target_steps, target_params, draft_steps, draft_params, in
       # Rewind: the target keeps [.., seq[n], X_1..X_tau] (positions < new_n); the drafter
       # rewinds itself at its next call.
       target_cache = target_cache.replace(end_index=new_n)
-      stats = state.stats.accumulate(active, tau, beta)
-    return _State(seq, new_n, done, target_cache, draft_cache, stats, state.iteration + 1)
+      stats = state.stats.accumulate(active, tau, beta, nonfinite)
+      record = state.trace
+      if record is not None:
+        at = lambda field, value: field.at[:, state.iteration].set(value)
+        record = SpeculativeTrace(at(record.drafts, drafts), at(record.num_accepted, tau),
+                                  at(record.next_token, y), at(record.emitted, new_n - n))
+    return _State(seq, new_n, done, target_cache, draft_cache, stats, state.iteration + 1,
+                  record)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   return _finish(state, max_new_tokens)
@@ -301,6 +346,7 @@ def _autoregressive_loop(steps, params, input_ids, input_mask, rng, *,
     with jax.named_scope('target'):
       logits, cache = steps.step(params, _row_slice(state.seq, state.n, 1), state.target_cache)
     with jax.named_scope('sampling'):
+      nonfinite = ~jnp.isfinite(jnp.sum(logits, axis=(1, 2)))
       if sampling.greedy and greedy_fast_path:
         token = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
       else:
@@ -310,8 +356,8 @@ def _autoregressive_loop(steps, params, input_ids, input_mask, rng, *,
       seq, n, done = _emit(state.seq, state.n, state.done, token[:, None],
                            jnp.ones_like(state.n), eos_id=steps.eos_id,
                            max_new_tokens=max_new_tokens)
-      stats = state.stats.accumulate(~state.done, jnp.zeros_like(n), no_drafts)
-    return _State(seq, n, done, cache, None, stats, state.iteration + 1)
+      stats = state.stats.accumulate(~state.done, jnp.zeros_like(n), no_drafts, nonfinite)
+    return _State(seq, n, done, cache, None, stats, state.iteration + 1, None)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   return _finish(state, max_new_tokens)
@@ -320,7 +366,7 @@ def _autoregressive_loop(steps, params, input_ids, input_mask, rng, *,
 _speculative_jit = jax.jit(
   _speculative_loop,
   static_argnames=('target_steps', 'draft_steps', 'gamma', 'verifier', 'sampling',
-                   'max_new_tokens', 'greedy_fast_path'),
+                   'max_new_tokens', 'greedy_fast_path', 'trace'),
 )
 _autoregressive_jit = jax.jit(
   _autoregressive_loop,
@@ -328,47 +374,106 @@ _autoregressive_jit = jax.jit(
 )
 
 
-def _check_inputs(steps, input_ids, input_mask, max_new_tokens: int, role: str = 'model'):
-  if max_new_tokens < 1:
-    raise ValueError(f'max_new_tokens must be >= 1, got {max_new_tokens}.')
-  if input_ids.ndim != 2 or input_ids.shape != input_mask.shape:
+class NonFiniteError(ValueError):
+  """A model produced NaN or inf logits while decoding: the output is not a sample of it."""
+
+
+def _as_int(name: str, value, minimum: int) -> int:
+  """An integral argument as a Python int (so 3 and np.int64(3) share one compiled program)."""
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    raise TypeError(f'{name} must be an int, got {value!r} ({type(value).__name__}).')
+  if value < minimum:
+    raise ValueError(f'{name} must be >= {minimum}, got {value}.')
+  return int(value)
+
+
+def _check_inputs(steps, input_ids, input_mask, max_new_tokens, *, drafter=None):
+  """Validates the arguments every loop takes; returns (ids int32, mask int32, max_new_tokens)."""
+  max_new_tokens = _as_int('max_new_tokens', max_new_tokens, 1)
+  # A batch sharded over several hosts cannot be read here: check its shape and dtype only.
+  local = not any(isinstance(x, jax.Array) and not x.is_fully_addressable
+                  for x in (input_ids, input_mask))
+  ids = np.asarray(input_ids) if local else jax.ShapeDtypeStruct(input_ids.shape, input_ids.dtype)
+  mask = np.asarray(input_mask) if local else jax.ShapeDtypeStruct(input_mask.shape,
+                                                                   input_mask.dtype)
+  if ids.dtype == object or not np.issubdtype(ids.dtype, np.integer):
+    raise TypeError(f'input_ids must hold integer token ids, got dtype {ids.dtype}.')
+  if ids.ndim != 2 or ids.shape != mask.shape:
     raise ValueError('input_ids and input_mask must both be [batch, length], got shapes '
-                     f'{input_ids.shape} and {input_mask.shape}.')
-  max_source = step_models.limit(steps, 'max_source_length')
-  if max_source is not None and input_ids.shape[1] > max_source:
-    raise ValueError(f'Inputs of length {input_ids.shape[1]} exceed the {role}\'s '
-                     f'max_source_length={max_source}.')
+                     f'{ids.shape} and {mask.shape}.')
+  if ids.shape[0] < 1 or ids.shape[1] < 1:
+    raise ValueError(f'input_ids needs at least one row and one position, got shape {ids.shape}.')
+  if not (mask.dtype == bool or np.issubdtype(mask.dtype, np.integer)) or (
+      local and not np.isin(mask, (0, 1)).all()):
+    values = np.unique(mask)[:5] if local else '?'
+    raise TypeError(f'input_mask must be bool or 0/1 integers (1 at real tokens), got dtype '
+                    f'{mask.dtype} with values {values}.')
+  if local:
+    lowest, highest = int(ids.min()), int(ids.max())
+    if lowest < 0 or highest >= steps.vocab_size:
+      raise ValueError(f'input_ids must be in [0, vocab_size={steps.vocab_size}), got ids in '
+                       f'[{lowest}, {highest}].')
+  for role, model in (('model', steps), ('drafter', drafter)):
+    max_source = model and step_models.limit(model, 'max_source_length')
+    if max_source is not None and ids.shape[1] > max_source:
+      raise ValueError(f'Inputs of length {ids.shape[1]} exceed the {role}\'s '
+                       f'max_source_length={max_source}.')
   max_target = step_models.limit(steps, 'max_target_length')
-  if role == 'model' and max_target is not None and max_new_tokens > max_target:
-    raise ValueError(f'max_new_tokens={max_new_tokens} exceeds the {role}\'s '
+  if max_target is not None and max_new_tokens > max_target:
+    raise ValueError(f'max_new_tokens={max_new_tokens} exceeds the model\'s '
                      f'max_target_length={max_target}.')
+  # The caller's arrays, not the host copies: a sharded batch keeps its placement.
+  as_int32 = lambda x: x.astype(jnp.int32) if isinstance(x, jax.Array) else jnp.asarray(
+    np.asarray(x), jnp.int32)
+  return as_int32(input_ids), as_int32(input_mask), max_new_tokens
+
+
+def _check_sampling(sampling):
+  if not isinstance(sampling, sampling_lib.SamplingConfig):
+    raise TypeError(f'sampling must be a sampling.SamplingConfig (e.g. SamplingConfig('
+                    f'temperature=0.0) for greedy), got {sampling!r}.')
+
+
+def _raise_if_nonfinite(out: DecodeOutput, what: str) -> DecodeOutput:
+  rows = np.flatnonzero(np.asarray(out.stats.nonfinite))
+  if rows.size:
+    raise NonFiniteError(
+      f'{what} produced NaN or inf in {rows.size} row(s) (first: {rows[:8].tolist()}): the '
+      'output is not a sample of the model. Check the params (the checkpoint loaders reject '
+      'non-finite weights) and the inputs; pass check_finite=False to get the output anyway, '
+      'with the per-row counts in out.stats.nonfinite.')
+  return out
 
 
 def generate(model, input_ids, input_mask, *, sampling: sampling_lib.SamplingConfig,
-             max_new_tokens: int, rng: jax.Array) -> DecodeOutput:
+             max_new_tokens: int, rng: jax.Array, check_finite: bool = True) -> DecodeOutput:
   """Plain autoregressive decoding: one target call per token, the baseline.
 
   Args:
     model: a `T5Model` (or any step model, see `step_models.as_step_model`).
-    input_ids: int32[B, S] source tokens, padded.
-    input_mask: [B, S] 1 for real tokens.
+    input_ids: int[B, S] source tokens in [0, vocab_size), padded.
+    input_mask: bool or 0/1 int[B, S], 1 for real tokens.
     sampling: the standardized sampling transform (temperature 0 is greedy).
-    max_new_tokens: M, the most tokens per row.
+    max_new_tokens: M >= 1, the most tokens per row.
     rng: PRNG key (unused when greedy).
+    check_finite: raise `NonFiniteError` if the model produced NaN or inf logits (this waits for
+      the result); False returns the output with `stats.nonfinite` counts instead.
 
   Returns:
     DecodeOutput with tokens int32[B, M], lengths int32[B], stats.target_calls.
   """
   steps, params = step_models.as_step_model(model)
-  _check_inputs(steps, input_ids, input_mask, max_new_tokens)
-  return _autoregressive_jit(steps, params, jnp.asarray(input_ids, jnp.int32),
-                             jnp.asarray(input_mask, jnp.int32), rng, sampling=sampling,
-                             max_new_tokens=max_new_tokens)
+  _check_sampling(sampling)
+  ids, mask, max_new_tokens = _check_inputs(steps, input_ids, input_mask, max_new_tokens)
+  out = _autoregressive_jit(steps, params, ids, mask, rng, sampling=sampling,
+                            max_new_tokens=max_new_tokens)
+  return _raise_if_nonfinite(out, 'The model') if check_finite else out
 
 
 def speculative_generate(target, drafter, input_ids, input_mask, *, gamma: int,
                          verifier: str = 'token', sampling: sampling_lib.SamplingConfig,
-                         max_new_tokens: int, rng: jax.Array) -> DecodeOutput:
+                         max_new_tokens: int, rng: jax.Array, trace: bool = False,
+                         check_finite: bool = True) -> DecodeOutput:
   """Speculative decoding: output distributed exactly as `generate(target, ...)`.
 
   Each iteration the drafter proposes gamma tokens (a `lax.scan`), the target scores all gamma + 1
@@ -380,31 +485,35 @@ def speculative_generate(target, drafter, input_ids, input_mask, *, gamma: int,
 
   Args:
     target: the target `T5Model` (or step model).
-    drafter: a `T5Model` sharing the target's vocabulary, an n-gram drafter from `drafters`, or
-      the target itself.
-    input_ids: int32[B, S] source tokens, padded.
-    input_mask: [B, S] 1 for real tokens.
+    drafter: a `T5Model` sharing the target's vocabulary (one with `num_encoder_layers=0` reads
+      the target's encoder output), an n-gram drafter from `drafters`, or the target itself.
+    input_ids: int[B, S] source tokens in [0, vocab_size), padded.
+    input_mask: bool or 0/1 int[B, S], 1 for real tokens.
     gamma: G >= 1 draft tokens per iteration.
     verifier: a key of `verify.VERIFIERS`: 'token' (Leviathan et al.) or 'block' (Sun et al.).
     sampling: the transform applied identically to target and drafter logits.
-    max_new_tokens: M, the most tokens per row.
+    max_new_tokens: M >= 1, the most tokens per row.
     rng: PRNG key (unused when greedy).
+    trace: also return a `SpeculativeTrace` (drafts, accepted counts, corrected tokens of every
+      iteration) in `out.trace`; off, the loop records nothing.
+    check_finite: raise `NonFiniteError` if the target's logits or either model's probabilities
+      held NaN or inf; False returns the output with `stats.nonfinite` counts instead.
 
   Returns:
-    DecodeOutput: tokens int32[B, M], lengths int32[B], and per-row `DecodeStats`.
+    DecodeOutput: tokens int32[B, M], lengths int32[B], per-row `DecodeStats`, and the trace.
   """
-  if gamma < 1:
-    raise ValueError(f'gamma must be >= 1, got {gamma}.')
-  if verifier not in verify.VERIFIERS:
+  gamma = _as_int('gamma', gamma, 1)
+  if not isinstance(verifier, str) or verifier not in verify.VERIFIERS:
     raise ValueError(f'Unknown verifier {verifier!r}; choose one of {sorted(verify.VERIFIERS)}.')
+  _check_sampling(sampling)
   target_steps, target_params = step_models.as_step_model(target)
   draft_steps, draft_params = step_models.as_step_model(drafter)
-  _check_inputs(target_steps, input_ids, input_mask, max_new_tokens)
-  _check_inputs(draft_steps, input_ids, input_mask, max_new_tokens, role='drafter')
   if draft_steps.vocab_size != target_steps.vocab_size:
     raise ValueError(f'Drafter and target vocabularies differ: drafter vocab_size='
                      f'{draft_steps.vocab_size}, target vocab_size={target_steps.vocab_size}.')
-  return _speculative_jit(target_steps, target_params, draft_steps, draft_params,
-                          jnp.asarray(input_ids, jnp.int32), jnp.asarray(input_mask, jnp.int32),
-                          rng, gamma=gamma, verifier=verifier, sampling=sampling,
-                          max_new_tokens=max_new_tokens)
+  ids, mask, max_new_tokens = _check_inputs(target_steps, input_ids, input_mask, max_new_tokens,
+                                            drafter=draft_steps)
+  out = _speculative_jit(target_steps, target_params, draft_steps, draft_params, ids, mask, rng,
+                         gamma=gamma, verifier=verifier, sampling=sampling,
+                         max_new_tokens=max_new_tokens, trace=bool(trace))
+  return _raise_if_nonfinite(out, 'The target or the drafter') if check_finite else out

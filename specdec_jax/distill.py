@@ -262,7 +262,7 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
                        f'{student_config}.')
     state = state.replace(params=init.params,
                           opt_state=training.make_optimizer(optimizer_config).init(init.params))
-  print(f'student: {training.param_count(state.params):,} params, {student_config}', flush=True)
+  print(f'student: {t5.param_count(state.params):,} params, {student_config}', flush=True)
   manager = ocp.CheckpointManager(
     os.path.abspath(os.path.join(workdir, 'checkpoints')),
     options=ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints, create=True))
@@ -272,7 +272,7 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
   state = jax.device_put(state, jax.devices()[0])
   step = first_step = int(state.step)
   metrics_path = os.path.join(workdir, 'metrics.jsonl')
-  _truncate_records(metrics_path, after_step=step)
+  training.truncate_records(metrics_path, after_step=step)
   metrics_file = open(metrics_path, 'a', encoding='utf-8')
 
   def log(record):
@@ -342,8 +342,8 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
   bar.close()
   manager.wait_until_finished()
   manager.close()
-  if not last_eval:
-    last_eval = run_eval(step)
+  if not last_eval:  # resumed at the end: the last run's final evaluation stands
+    last_eval = training.last_record(metrics_path, 'eval', step) or run_eval(step)
   if step > first_step or not os.path.exists(os.path.join(final_path, 'config.json')):
     training._export(t5.T5Model(config=student_config, params=state.params), final_path,
                      config.tokenizer)
@@ -402,14 +402,3 @@ class _WithEncoderSteps:
 
   def step(self, params, tokens, cache):
     return t5.decode(params['student'], tokens, cache, config=self.student_config)
-
-
-def _truncate_records(path: str, *, after_step: int) -> None:
-  """Drops metric records past `after_step` (written after the checkpoint a run resumes from), so
-  a resumed run writes each record once."""
-  if not os.path.exists(path):
-    return
-  with open(path, encoding='utf-8') as f:
-    records = [line for line in f if line.strip() and json.loads(line).get('step', 0) <= after_step]
-  with open(path, 'w', encoding='utf-8') as f:
-    f.writelines(records)

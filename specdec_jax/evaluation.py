@@ -3,9 +3,14 @@
 For each drafter, temperature and gamma: translate the same sources autoregressively and
 speculatively (token and block verification), time both with compilation excluded, and report
 alpha (measured, mean beta over verified positions), block efficiency, c (drafter step / target
-step, measured), the walltime speedup, the speedup the paper's formula predicts from the measured
-alpha, c and (gamma+1)-position pass cost, and BLEU. No flags here: experiments/translate.py and
-notebooks call `run`.
+step, measured in the loop), the walltime speedup, the speedup the paper's formula predicts from
+the measured alpha, c and (gamma+1)-position pass cost, and BLEU. No flags here:
+experiments/translate.py and notebooks call `prepare` and `rows`.
+
+  plan = evaluation.prepare(config)        # validates the config, loads every model: fails early
+  writer = evaluation.ResultsWriter(workdir)
+  for row in evaluation.rows(plan):        # each row as soon as it is measured
+    writer.add(row)
 
 Axis legend: B batch, S source length, M max_new_tokens.
 """
@@ -13,16 +18,21 @@ Axis legend: B batch, S source length, M max_new_tokens.
 import csv
 import dataclasses
 import json
+import math
+import numbers
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
 import numpy as np
 import sacrebleu
 
-from specdec_jax import analysis, checkpoints, decode, drafters, sampling as sampling_lib, timing
-from specdec_jax.data import pairs as pairs_lib, tokenizer as tokenizer_lib
+from specdec_jax import analysis, decode, pretrained, sampling as sampling_lib, timing, verify
+from specdec_jax.data import tokenizer as tokenizer_lib
+
+COLUMNS = ('task', 'drafter', 'method', 'temp', 'gamma', 'alpha', 'block_efficiency', 'c',
+           'pass_cost', 'speedup', 'predicted_speedup', 'bleu', 'seconds', 'tokens_per_s')
 
 
 @dataclasses.dataclass
@@ -37,11 +47,13 @@ class Run:
 
 def translate(target, drafter, tokenizer: tokenizer_lib.Tokenizer, sources: Sequence[str], *,
               method: str, gamma: int, sampling: sampling_lib.SamplingConfig, batch_size: int,
-              max_source_length: int, max_new_tokens: int, seed: int = 0) -> Run:
+              max_source_length: int, max_new_tokens: int, seed: int = 0,
+              on_batch=None) -> Run:
   """Translates `sources` with `method` ('autoregressive' or a verifier name), timing decoding.
 
   Every batch is padded to [batch_size, max_source_length], so each method compiles once; a
-  warm-up call on the first batch is made before timing.
+  warm-up call on the first batch is made before timing. `on_batch(n)` is called after each
+  batch of n sources (progress).
   """
   chunks = [sources[i : i + batch_size] for i in range(0, len(sources), batch_size)]
 
@@ -63,120 +75,223 @@ def translate(target, drafter, tokenizer: tokenizer_lib.Tokenizer, sources: Sequ
     n = len(chunk)
     hyps += [tokenizer.decode(row) for row in np.asarray(out.tokens[:n])]
     outputs.append(jax.tree.map(lambda x: np.asarray(x)[:n], (out.lengths, out.stats)))
+    if on_batch:
+      on_batch(n)
   lengths = np.concatenate([o[0] for o in outputs])
   stats = jax.tree.map(lambda *x: np.concatenate(x), *[o[1] for o in outputs])
   return Run(hyps, seconds, int(lengths.sum()), stats.summed())
 
 
-def load_drafter(path: str):
-  """A T5 drafter (orbax directory) or an n-gram drafter (.npz)."""
-  if path.endswith('.npz'):
-    return drafters.NGramDrafter.load(path)
-  return checkpoints.restore(path)
+@dataclasses.dataclass
+class Plan:
+  """A validated run: the pair, the drafters to compare, the test set, the settings."""
+
+  config: object
+  pair: pretrained.Pair
+  drafters: dict
+  sources: list[str]
+  references: list[str]
+  truncated: int  # sources longer than max_source_length (cut to it)
+
+  @property
+  def num_methods(self) -> int:
+    c = self.config
+    return len(c.temperatures) * (1 + len(self.drafters) * len(c.gammas) * len(c.verifiers))
+
+  def summary(self) -> str:
+    c = self.config
+    return (f'{len(self.sources)} test sentences of {self.pair.directory}, batch {c.batch_size}; '
+            f'{self.truncated} source(s) longer than {c.max_source_length} tokens truncated; '
+            f'{self.num_methods} methods: autoregressive and drafters {sorted(self.drafters)} x '
+            f'gammas {tuple(c.gammas)} x verifiers {tuple(c.verifiers)}, at temperatures '
+            f'{tuple(c.temperatures)}')
 
 
-def run(config) -> list[dict]:
-  """Runs every (drafter, temperature, gamma, verifier) of `config`; returns the table rows.
+def _positive_int(config, name: str) -> None:
+  value = config[name]
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+    raise ValueError(f'config.{name} must be an int >= 1, got {value!r}.')
 
-  `config` fields: target, drafters (name -> path), tokenizer, test_pairs, num_examples,
-  batch_size, max_source_length, max_new_tokens, temperatures, gammas, verifiers, seed.
+
+def prepare(config) -> Plan:
+  """Checks every setting and loads the pair and the test set, before anything is decoded.
+
+  `config` fields: pretrained (pair name or directory), drafters (names, or ('all',)),
+  num_examples, batch_size, max_source_length, max_new_tokens, temperatures, gammas, verifiers,
+  seed.
+
+  Raises:
+    ValueError (or FileNotFoundError for a missing pair) naming the bad setting.
   """
-  target = checkpoints.restore(config.target)
-  tokenizer = tokenizer_lib.Tokenizer.load(config.tokenizer)
-  if tokenizer.vocab_size > target.config.vocab_size:
-    raise ValueError(f'Tokenizer has {tokenizer.vocab_size} pieces but the target only '
-                     f'{target.config.vocab_size} logits.')
-  test = pairs_lib.load_pairs(config.test_pairs)[: config.num_examples]
-  sources, references = [s for s, _ in test], [t for _, t in test]
-  common = dict(batch_size=config.batch_size, max_source_length=config.max_source_length,
-                max_new_tokens=config.max_new_tokens, seed=config.seed)
+  for name in ('num_examples', 'batch_size', 'max_source_length', 'max_new_tokens'):
+    _positive_int(config, name)
+  for name in ('temperatures', 'gammas', 'verifiers'):
+    if not config[name]:
+      raise ValueError(f'config.{name} is empty.')
+  for t in config.temperatures:
+    sampling_lib.SamplingConfig(temperature=t)  # raises on a bad temperature
+  for g in config.gammas:
+    if isinstance(g, bool) or not isinstance(g, numbers.Integral) or g < 1:
+      raise ValueError(f'config.gammas must hold ints >= 1, got {tuple(config.gammas)}.')
+  unknown = set(config.verifiers) - set(verify.VERIFIERS)
+  if unknown:
+    raise ValueError(f'Unknown verifier(s) {sorted(unknown)} in config.verifiers; choose from '
+                     f'{sorted(verify.VERIFIERS)}.')
+  pair = pretrained.load(config.pretrained)
+  names = list(pair.drafters) if tuple(config.drafters) == ('all',) else list(config.drafters)
+  missing = [n for n in names if n not in pair.drafters]
+  if missing:
+    raise ValueError(f'Drafter(s) {missing} are not in {pair.directory}; it has '
+                     f'{sorted(pair.drafters)}.')
+  if config.max_new_tokens > pair.target.config.max_target_length:
+    raise ValueError(f'config.max_new_tokens={config.max_new_tokens} exceeds the target\'s '
+                     f'max_target_length={pair.target.config.max_target_length}.')
+  test = pair.test_pairs()
+  if config.num_examples > len(test):
+    raise ValueError(f'config.num_examples={config.num_examples} but {pair.directory} has only '
+                     f'{len(test)} test pairs.')
+  test = test[: config.num_examples]
+  sources = [s for s, _ in test]
+  truncated = sum(len(pair.tokenizer.encode(s)) > config.max_source_length for s in sources)
+  return Plan(config, pair, {n: pair.drafters[n] for n in names}, sources,
+              [t for _, t in test], truncated)
+
+
+def rows(plan: Plan, *, progress: bool = True) -> Iterator[dict]:
+  """Runs every (drafter, temperature, gamma, verifier) of the plan, yielding each table row as
+  soon as it is measured (missing values are None). A progress bar with ETA counts sentences."""
+  from tqdm.auto import tqdm  # imported here: only the main job's progress needs it
+
+  c, pair = plan.config, plan.pair
+  common = dict(batch_size=c.batch_size, max_source_length=c.max_source_length,
+                max_new_tokens=c.max_new_tokens, seed=c.seed)
+  bar = tqdm(total=plan.num_methods * len(plan.sources), unit='sentence', disable=not progress,
+             dynamic_ncols=True, mininterval=2.0)
+
+  def run(drafter, method, gamma, temperature):
+    sampling = sampling_lib.SamplingConfig(temperature=temperature)
+    return translate(pair.target, drafter, pair.tokenizer, plan.sources, method=method,
+                     gamma=gamma, sampling=sampling, on_batch=bar.update, **common)
 
   def bleu(hyps):
-    return sacrebleu.corpus_bleu(hyps, [references]).score
+    return sacrebleu.corpus_bleu(hyps, [plan.references]).score
 
-  rows = []
   baselines = {}
-  for temperature in config.temperatures:
-    sampling = sampling_lib.SamplingConfig(temperature=temperature)
-    base = translate(target, None, tokenizer, sources, method='autoregressive', gamma=1,
-                     sampling=sampling, **common)
-    baselines[temperature] = base
-    rows.append(dict(task='EnDe', drafter='-', method='autoregressive', temp=temperature,
-                     gamma=0, alpha=float('nan'), block_efficiency=1.0, c=float('nan'),
-                     speedup=1.0, predicted_speedup=float('nan'), bleu=bleu(base.hypotheses),
-                     seconds=base.seconds, tokens_per_s=base.tokens / base.seconds))
-  for drafter_name, drafter_path in config.drafters.items():
-    drafter = load_drafter(drafter_path)
-    for gamma in config.gammas:
-      costs = timing.step_costs(target, drafter, batch_size=config.batch_size,
-                         source_length=config.max_source_length, gamma=gamma)
-      for temperature in config.temperatures:
-        sampling = sampling_lib.SamplingConfig(temperature=temperature)
-        for verifier in config.verifiers:
-          r = translate(target, drafter, tokenizer, sources, method=verifier, gamma=gamma,
-                        sampling=sampling, **common)
+  for temperature in c.temperatures:
+    base = baselines[temperature] = run(None, 'autoregressive', 1, temperature)
+    yield dict(task='EnDe', drafter='-', method='autoregressive', temp=temperature, gamma=0,
+               alpha=None, block_efficiency=1.0, c=None, pass_cost=None, speedup=1.0,
+               predicted_speedup=None, bleu=bleu(base.hypotheses), seconds=base.seconds,
+               tokens_per_s=base.tokens / base.seconds)
+  for name, drafter in plan.drafters.items():
+    for gamma in c.gammas:
+      costs = timing.step_costs(pair.target, drafter, batch_size=c.batch_size,
+                                source_length=c.max_source_length, gamma=gamma,
+                                cache_len=decode.buffer_length(c.max_new_tokens, gamma))
+      for temperature in c.temperatures:
+        for verifier in c.verifiers:
+          r = run(drafter, verifier, gamma, temperature)
           alpha = float(r.stats.alpha)
           predicted = analysis.walltime_improvement_measured(alpha, gamma, costs['c'],
                                                              costs['pass_cost'])
-          rows.append(dict(
-            task='EnDe', drafter=drafter_name, method=verifier, temp=temperature, gamma=gamma,
-            alpha=alpha, block_efficiency=float(r.stats.block_efficiency),
-            c=costs['c'], speedup=baselines[temperature].seconds / r.seconds,
-            predicted_speedup=float(predicted), bleu=bleu(r.hypotheses), seconds=r.seconds,
-            tokens_per_s=r.tokens / r.seconds))
-  return rows
+          yield dict(task='EnDe', drafter=name, method=verifier, temp=temperature, gamma=gamma,
+                     alpha=alpha, block_efficiency=float(r.stats.block_efficiency),
+                     c=costs['c'], pass_cost=costs['pass_cost'],
+                     speedup=baselines[temperature].seconds / r.seconds,
+                     predicted_speedup=float(predicted), bleu=bleu(r.hypotheses),
+                     seconds=r.seconds, tokens_per_s=r.tokens / r.seconds)
+  bar.close()
 
 
-_COLUMNS = ('task', 'drafter', 'method', 'temp', 'gamma', 'alpha', 'block_efficiency', 'c',
-            'speedup', 'predicted_speedup', 'bleu', 'tokens_per_s')
+def run(config) -> list[dict]:
+  """All rows of `config` (see `prepare`), as a list."""
+  return list(rows(prepare(config), progress=False))
 
 
-def format_table(rows: list[dict]) -> str:
+def format_row(row: dict) -> str:
+  """One row of the plain-text table (see `format_table`)."""
+  cells = []
+  for i, col in enumerate(COLUMNS[:12]):
+    v = row[col]
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+      text = '-'
+    elif isinstance(v, float):
+      text = f'{v:.3f}' if col in ('alpha', 'c') else f'{v:.2f}'
+      text += 'x' if col == 'speedup' else ''
+    else:
+      text = str(v)
+    cells.append(f'{text:>10s}' if i > 2 else f'{text:<9s}')
+  return ' '.join(cells)
+
+
+def format_table(table: list[dict]) -> str:
   """A plain-text table in the form of Leviathan et al. Table 2 (+ block efficiency, c, BLEU)."""
-  header = ' '.join(f'{c:>17s}' if i > 2 else f'{c:<14s}' for i, c in enumerate(_COLUMNS))
-  lines = [header]
-  for row in rows:
-    cells = []
-    for i, col in enumerate(_COLUMNS):
-      v = row[col]
-      if isinstance(v, float):
-        text = '-' if np.isnan(v) else (f'{v:.3f}' if col in ('alpha', 'c') else f'{v:.2f}')
-        if col == 'speedup' and not np.isnan(v):
-          text += 'x'
-      else:
-        text = str(v)
-      cells.append(f'{text:>17s}' if i > 2 else f'{text:<14s}')
-    lines.append(' '.join(cells))
-  return '\n'.join(lines)
+  header = ' '.join(f'{c[:10]:>10s}' if i > 2 else f'{c:<9s}' for i, c in enumerate(COLUMNS[:12]))
+  return '\n'.join([header] + [format_row(row) for row in table])
 
 
-def write_results(rows: list[dict], workdir: str) -> dict[str, str]:
+class ResultsWriter:
+  """Writes results.csv and results.json (strict JSON: null for missing values) after every row,
+  so an interrupted run keeps what it measured, and speedup.png at `finish`."""
+
+  def __init__(self, workdir: str):
+    os.makedirs(workdir, exist_ok=True)
+    self.paths = {k: os.path.join(workdir, f) for k, f in
+                  (('csv', 'results.csv'), ('json', 'results.json'), ('png', 'speedup.png'))}
+    probe = os.path.join(workdir, '.writable')
+    try:
+      with open(probe, 'w') as f:
+        f.write('')
+      os.remove(probe)
+    except OSError as e:
+      raise ValueError(f'Cannot write results to {workdir}: {e}') from None
+    self.rows: list[dict] = []
+    for path in (self.paths['csv'], self.paths['json']):
+      if os.path.exists(path):
+        os.remove(path)
+
+  def add(self, row: dict) -> None:
+    row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+           for k, v in row.items()}
+    self.rows.append(row)
+    new = not os.path.exists(self.paths['csv'])
+    with open(self.paths['csv'], 'a', newline='') as f:
+      writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
+      if new:
+        writer.writeheader()
+      writer.writerow({k: ('' if row.get(k) is None else row[k]) for k in COLUMNS})
+    tmp = self.paths['json'] + '.tmp'
+    with open(tmp, 'w') as f:
+      json.dump(self.rows, f, indent=1, allow_nan=False)
+    os.replace(tmp, self.paths['json'])
+
+  def finish(self) -> dict[str, str]:
+    """Draws speedup.png from the rows so far; returns the paths."""
+    if any(r['method'] != 'autoregressive' for r in self.rows):
+      _plot(self.rows, self.paths['png'])
+    return self.paths
+
+
+def write_results(table: list[dict], workdir: str) -> dict[str, str]:
   """Writes results.csv, results.json and speedup.png into workdir; returns their paths."""
-  os.makedirs(workdir, exist_ok=True)
-  paths = {k: os.path.join(workdir, f) for k, f in
-           (('csv', 'results.csv'), ('json', 'results.json'), ('png', 'speedup.png'))}
-  with open(paths['csv'], 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-  with open(paths['json'], 'w') as f:
-    json.dump(rows, f, indent=1, default=float)
-  _plot(rows, paths['png'])
-  return paths
+  writer = ResultsWriter(workdir)
+  for row in table:
+    writer.add(row)
+  return writer.finish()
 
 
-def _plot(rows: list[dict], path: str) -> None:
+def _plot(table: list[dict], path: str) -> None:
   import matplotlib
 
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
 
-  temps = sorted({r['temp'] for r in rows})
+  temps = sorted({r['temp'] for r in table})
   fig, axes = plt.subplots(1, len(temps), figsize=(5.5 * len(temps), 4), squeeze=False)
   for ax, temp in zip(axes[0], temps):
-    spec = [r for r in rows if r['temp'] == temp and r['method'] != 'autoregressive']
+    spec = [r for r in table if r['temp'] == temp and r['method'] != 'autoregressive']
     for drafter in sorted({r['drafter'] for r in spec}):
-      for method, style in (('token', '-o'), ('block', '--s'), ('greedy_block', ':^')):
+      for method, style in (('token', '-o'), ('block', '--s')):
         pts = sorted((r['gamma'], r['speedup'], r['predicted_speedup']) for r in spec
                      if r['drafter'] == drafter and r['method'] == method)
         if pts:

@@ -12,13 +12,15 @@ tensor parallelism; the model dimension D stays whole):
     logits = jitted_forward(params, input_ids, input_mask, decoder_input_ids)
 
 With no mesh set, `constrain` returns its input unchanged, so single-device code traces exactly as
-if this module did not exist.
+if this module did not exist. A multi-host run calls `maybe_initialize_distributed()` first thing in
+its main, before any other JAX call.
 
 Logical axes: batch (B), length (T, S), embed (D), mlp (F), heads (N), kv (H), joined_kv (N*H,
 the flattened heads of the attention kernels), vocab (V), layers (L), relpos_buckets.
 """
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 
 import jax
 from jax.sharding import AxisType, Mesh, NamedSharding
@@ -39,7 +41,7 @@ DEFAULT_RULES: Rules = (
   ('relpos_buckets', None),
 )
 
-# Logical axes of a '.../<module>/kernel' param, by module name (T5X names, see CONTRACT.md).
+# Logical axes of a '.../<module>/kernel' param, by module name (T5X names, as `t5.init_params` builds them).
 _KERNEL_AXES = {
   'query': ('embed', 'joined_kv'),
   'key': ('embed', 'joined_kv'),
@@ -55,6 +57,10 @@ _KERNEL_AXES = {
 
 def param_logical_axes(params):
   """The logical axes of every T5 param.
+
+  Name-based, so any T5 tree works: one without an encoder (a drafter over the target's encoder),
+  or one whose cross-attention key / value kernels read an encoder of another width
+  ([encoder_dim, N*H]: their input axis is 'embed', which the default rules replicate).
 
   Args:
     params: a T5 params pytree (arrays or anything with `.ndim`, e.g. `jax.ShapeDtypeStruct`).
@@ -165,3 +171,48 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None], rules: Rules = D
   if mesh.empty or not mesh.are_all_axes_auto:
     return x
   return jax.lax.with_sharding_constraint(x, logical_to_mesh(logical_axes, x.shape, mesh, rules))
+
+
+# Set to 1 (or 0) to say this process is (or is not) one of several hosts, overriding detection.
+MULTIHOST_ENV = 'SPECDEC_MULTIHOST'
+
+
+def is_multihost(environ: Mapping[str, str] | None = None) -> bool:
+  """Whether this process is one of several hosts of one JAX program, from the environment.
+
+  `SPECDEC_MULTIHOST=1` / `0` decides when set (e.g. 1 in a multi-process SLURM, Open MPI or
+  Kubernetes job). Otherwise a Cloud TPU VM is multi-host when `TPU_WORKER_HOSTNAMES` lists more
+  than one host (a pod slice); a single TPU VM, a GPU box or a laptop is not. Environment-only:
+  the question must be answered before JAX starts its backends.
+
+  Args:
+    environ: the environment to read; `os.environ` by default.
+  """
+  environ = os.environ if environ is None else environ
+  flag = environ.get(MULTIHOST_ENV, '').strip().lower()
+  if flag:
+    if flag not in ('0', '1', 'false', 'true'):
+      raise ValueError(f'{MULTIHOST_ENV} must be 1 or 0 (true / false), got {flag!r}.')
+    return flag in ('1', 'true')
+  hosts = [h for h in environ.get('TPU_WORKER_HOSTNAMES', '').split(',') if h.strip()]
+  return len(hosts) > 1
+
+
+def maybe_initialize_distributed(environ: Mapping[str, str] | None = None) -> bool:
+  """Calls `jax.distributed.initialize()` when `is_multihost(environ)`; a no-op otherwise.
+
+  Call it at the top of a main, before anything touches a device: every host then sees the global
+  device list, and `make_mesh` spans all of them. Called without arguments, `initialize` finds the
+  coordinator, the process count and this process's id itself on Cloud TPU, SLURM, Open MPI and
+  Kubernetes clusters.
+
+  Args:
+    environ: the environment to read; `os.environ` by default.
+
+  Returns:
+    True when it initialized the distributed runtime (False when single-host or done already).
+  """
+  if not is_multihost(environ) or jax.distributed.is_initialized():
+    return False
+  jax.distributed.initialize()
+  return True

@@ -39,10 +39,6 @@ class TrainState:
   opt_state: Any
 
 
-def param_count(params) -> int:
-  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
-
-
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
   """AdamW and learning-rate schedule settings; hashable, so a static jit argument."""
@@ -283,7 +279,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   optimizer_config = OptimizerConfig.from_config(config)
   schedule = learning_rate_schedule(optimizer_config)
   state = _init_state_jit(jax.random.key(config.seed), model_config, optimizer_config)
-  print(f'model: {param_count(state.params):,} params, {model_config}', flush=True)
+  print(f'model: {t5.param_count(state.params):,} params, {model_config}', flush=True)
   os.makedirs(workdir, exist_ok=True)
   manager = ocp.CheckpointManager(
     os.path.abspath(os.path.join(workdir, 'checkpoints')),
@@ -296,7 +292,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   # both alike and a resumed run reuses the compiled step.
   state = jax.device_put(state, jax.devices()[0])
 
-  metrics_file = open(os.path.join(workdir, 'metrics.jsonl'), 'a', encoding='utf-8')
+  metrics_path = os.path.join(workdir, 'metrics.jsonl')
+  truncate_records(metrics_path, after_step=int(state.step))  # written after that checkpoint
+  metrics_file = open(metrics_path, 'a', encoding='utf-8')
 
   def log(record):
     metrics_file.write(json.dumps(record) + '\n')
@@ -392,8 +390,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   manager.wait_until_finished()
   manager.close()
-  if not last_eval:  # resumed at or past the last step
-    last_eval = run_eval(step)
+  if not last_eval:  # resumed at or past the last step: that run's final evaluation stands
+    last_eval = last_record(metrics_path, 'eval', step) or run_eval(step)
   if step > first_step or not os.path.exists(os.path.join(final_path, 'config.json')):
     _export(t5.T5Model(config=model_config, params=state.params), final_path, paths['tokenizer'])
   print(
@@ -401,3 +399,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   )
   metrics_file.close()
   return last_eval
+
+
+def truncate_records(path: str, *, after_step: int) -> None:
+  """Drops metric records past `after_step` (written after the checkpoint a run resumes from), so
+  a resumed run writes each record once."""
+  if not os.path.exists(path):
+    return
+  with open(path, encoding='utf-8') as f:
+    records = [line for line in f if line.strip() and json.loads(line).get('step', 0) <= after_step]
+  with open(path, 'w', encoding='utf-8') as f:
+    f.writelines(records)
+
+
+def last_record(path: str, kind: str, step: int) -> dict | None:
+  """The last metrics record of `kind` at `step`, if the file has one."""
+  with open(path, encoding='utf-8') as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  found = [r for r in records if r.get('kind') == kind and r.get('step') == step]
+  return found[-1] if found else None

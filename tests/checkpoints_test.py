@@ -1,5 +1,5 @@
-"""Tests of checkpoints.py: parity with HF transformers' PyTorch T5, T5X (msgpack and
-tensorstore/zarr), orbax round trips, and the errors a wrong checkpoint gives."""
+"""Tests of checkpoints.py: parity with HF transformers' PyTorch T5, T5X (msgpack,
+tensorstore/zarr and orbax OCDBT), orbax round trips, and the errors a wrong checkpoint gives."""
 
 import dataclasses
 import json
@@ -18,7 +18,7 @@ import tensorstore as ts
 import torch
 import transformers
 
-from specdec_jax import checkpoints, zarr
+from specdec_jax import checkpoints
 from specdec_jax.models import t5
 
 # Written by T5X itself and shipped in the repo (origin and license: tests/testdata/README.md).
@@ -367,14 +367,17 @@ def _chunk_shape(shape: tuple[int, ...], target_elements: int) -> list[int]:
   return [f[-1] for f in factors]
 
 
-def _write_t5x_tensorstore_checkpoint(state: dict, directory: Path, inline: tuple[str, ...] = ()):
+def _write_t5x_tensorstore_checkpoint(
+  state: dict, directory: Path, inline: tuple[str, ...] = (), storage: dict | None = None
+):
   """Writes `state` ({'target': params, 'state': ...}) as T5X's Checkpointer does.
 
   Each array goes to a gzip-compressed zarr directory named by its dotted path
   ('target.encoder.layers_0.attention.key.kernel'), written by tensorstore; the msgpack
   `checkpoint` file holds {'version': 3, 'optimizer': state} with each such array replaced by its
   tensorstore spec, whose path is relative to the checkpoint directory. Scalars and the arrays
-  named in `inline` stay in the msgpack, as T5X keeps unpartitioned arrays.
+  named in `inline` stay in the msgpack, as T5X keeps unpartitioned arrays. `storage` overrides
+  zarr metadata fields (dtype, compressor, order, ...) that T5X itself leaves at their defaults.
   """
   directory.mkdir(parents=True)
 
@@ -390,8 +393,13 @@ def _write_t5x_tensorstore_checkpoint(state: dict, directory: Path, inline: tupl
         'compressor': {'id': 'gzip'},
         'shape': list(array.shape),
         'chunks': _chunk_shape(array.shape, target_elements=1024),
+        **(storage or {}),
       },
     }
+    if storage and 'dtype' in storage:
+      del spec['dtype']  # the metadata's dtype (e.g. big-endian '>f4') is the stored one
+    if array.ndim < 2:
+      spec['metadata'].pop('order', None)  # tensorstore refuses 'F' for 1-D arrays (same as 'C')
     absolute = {**spec, 'kvstore': {'driver': 'file', 'path': str(directory / '.'.join(path))}}
     ts.open(absolute, create=True, open=True).result().write(array).result()
     return ts.Spec(spec).to_json()
@@ -442,48 +450,33 @@ def test_t5x_checkpoint_formats_load(tmp_path, name, layout):
     _assert_params_equal(checkpoints.load_t5x(moved, config=config).params, params)
 
 
-@pytest.mark.parametrize('compressor', [None, 'gzip', 'zlib', 'bz2'])
-@pytest.mark.parametrize('order', ['C', 'F'])
-@pytest.mark.parametrize('separator', ['.', '/'])
-@pytest.mark.parametrize('dtype', ['<f4', '>f4', 'bfloat16', '<i4'])
-def test_read_zarr_matches_tensorstore(tmp_path, compressor, order, separator, dtype):
-  """Uneven edge chunks, every compressor, order, separator and dtype tensorstore writes."""
-  numpy_dtype = ts.bfloat16.numpy_dtype if dtype == 'bfloat16' else np.dtype(dtype)
-  array = (np.random.default_rng(0).standard_normal((5, 7, 3)) * 10).astype(numpy_dtype)
-  metadata = {
-    'shape': [5, 7, 3],
-    'chunks': [2, 4, 3],
-    'dtype': dtype,
-    'order': order,
-    'dimension_separator': separator,
-    'compressor': compressor and {'id': compressor},
-  }
-  store = ts.open(
-    {'driver': 'zarr', 'kvstore': {'driver': 'file', 'path': str(tmp_path)}, 'metadata': metadata},
-    create=True,
-  ).result()
-  store.write(array).result()
-  got = zarr.read_zarr(tmp_path)
-  assert got.dtype == np.dtype(numpy_dtype).newbyteorder('=')
-  np.testing.assert_array_equal(got, array)
+@pytest.mark.parametrize(
+  'storage',
+  [
+    {'compressor': None, 'dimension_separator': '/'},
+    {'compressor': {'id': 'zlib'}, 'order': 'F', 'dtype': '>f4'},
+    {'compressor': {'id': 'bz2'}, 'dtype': 'bfloat16'},
+    {'compressor': {'id': 'blosc'}, 'order': 'F', 'dimension_separator': '/', 'dtype': '<f4'},
+  ],
+  ids=['raw', 'zlib-F-big-endian', 'bz2-bfloat16', 'blosc-F-slash'],
+)
+def test_t5x_zarr_storage_variants_load_exactly(tmp_path, storage):
+  """Every compressor, order, separator and dtype tensorstore writes; unwritten chunks.
 
-
-def test_read_zarr_fills_unwritten_chunks(tmp_path):
-  metadata = {
-    'shape': [4, 4],
-    'chunks': [2, 2],
-    'dtype': '<f4',
-    'fill_value': 'NaN',
-    'compressor': {'id': 'gzip'},
-  }
-  store = ts.open(
-    {'driver': 'zarr', 'kvstore': {'driver': 'file', 'path': str(tmp_path)}, 'metadata': metadata},
-    create=True,
-  ).result()
-  store[:2, :2].write(np.ones((2, 2), np.float32)).result()
-  want = np.full((4, 4), np.nan, np.float32)
-  want[:2, :2] = 1
-  np.testing.assert_array_equal(zarr.read_zarr(tmp_path), want)
+  fill_value 1 leaves the all-ones layer norm scales without chunk files: they read as the fill.
+  """
+  config = t5.CONFIGS['tiny-v1.0']
+  params = jax.tree.map(np.asarray, _random_model('tiny-v1.0', seed=5).params)
+  dtype = ts.bfloat16.numpy_dtype if storage.get('dtype') == 'bfloat16' else np.float32
+  stored = jax.tree.map(lambda x: x.astype(dtype), params)
+  written = tmp_path / 'checkpoint_7'
+  _write_t5x_tensorstore_checkpoint(
+    _t5x_state(stored), written, storage={'dtype': '<f4', **storage, 'fill_value': 1.0}
+  )
+  scale = written / 'target.encoder.encoder_norm.scale'
+  assert [f.name for f in scale.iterdir()] == ['.zarray']
+  model = checkpoints.load_t5x(written, config=config)
+  _assert_params_equal(model.params, jax.tree.map(lambda x: x.astype(np.float32), stored))
 
 
 # -------------------------------------------------------------------------------------------------
@@ -611,15 +604,24 @@ def test_t5x_errors(tmp_path):
     checkpoints.load_t5x(written)
 
 
-def test_read_zarr_unsupported_compressor(tmp_path):
-  metadata = {'shape': [3], 'chunks': [3], 'dtype': '<f4', 'compressor': {'id': 'blosc'}}
-  store = ts.open(
-    {'driver': 'zarr', 'kvstore': {'driver': 'file', 'path': str(tmp_path)}, 'metadata': metadata},
-    create=True,
-  ).result()
-  store.write(np.ones(3, np.float32)).result()
-  with pytest.raises(ValueError, match="unsupported zarr compressor 'blosc'"):
-    zarr.read_zarr(tmp_path)
+def test_t5x_damaged_zarr_array_names_the_parameter(tmp_path):
+  written = tmp_path / 'checkpoint_7'
+  _write_t5x_tensorstore_checkpoint(_t5x_state(_random_model('tiny-v1.0').params), written)
+  array = written / 'target.decoder.layers_1.mlp.wo.kernel'
+  metadata = (array / '.zarray').read_text()
+  (array / '.zarray').write_text(metadata[:20])
+  _raises_naming(
+    lambda: checkpoints.load_t5x(written),
+    "T5X parameter 'decoder/layers_1/mlp/wo/kernel': cannot read the array at",
+    str(array),
+  )
+  (array / '.zarray').write_text(metadata)
+  for chunk in array.iterdir():
+    if chunk.name != '.zarray':
+      chunk.write_bytes(b'not gzip')
+  _raises_naming(
+    lambda: checkpoints.load_t5x(written), "T5X parameter 'decoder/layers_1/mlp/wo/kernel'"
+  )
 
 
 def test_orbax_errors(tmp_path):
@@ -751,3 +753,54 @@ def test_orbax_damaged_checkpoint_names_the_directory(tmp_path, damage):
     (directory / 'config.json').write_text('{"vocab_size": 32,')
     needle = f'{directory / "config.json"} is not valid JSON'
   _raises_naming(lambda: checkpoints.restore(directory), needle)
+
+
+# -------------------------------------------------------------------------------------------------
+# T5X orbax checkpoints: `checkpoint_<step>/state/`, one OCDBT key-value store of zarr arrays.
+
+
+def _write_t5x_ocdbt_checkpoint(state: dict, directory: Path, use_zarr3: bool = False) -> Path:
+  """Writes `state` as T5X's OrbaxCheckpointManager does; returns the `state/` directory.
+
+  An orbax PyTreeCheckpointHandler with use_ocdbt=True saves the tree to `<directory>/state/`:
+  `manifest.ocdbt` and data files under `d/` and `ocdbt.process_0/d/`, each leaf a zarr (zarr3
+  with `use_zarr3`) array under its dotted path ('target.encoder.layers_0.attention.key.kernel').
+  """
+  import orbax.checkpoint as ocp
+
+  handler = ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=use_zarr3)
+  with ocp.Checkpointer(handler) as checkpointer:
+    checkpointer.save(directory.absolute() / 'state', args=ocp.args.PyTreeSave(state))
+  return directory / 'state'
+
+
+@pytest.mark.parametrize(
+  'name, dtype, use_zarr3', [('tiny-v1.0', 'float32', False), ('tiny-v1.1', 'bfloat16', True)]
+)
+def test_t5x_ocdbt_checkpoint_loads(tmp_path, name, dtype, use_zarr3):
+  model = _random_model(name, seed=5, dtype=dtype)
+  # T5X saves jax arrays for the params and numpy / scalars for some optimizer state.
+  state = {'target': model.params, 'state': _t5x_state(model.params)['state']}
+  written = _write_t5x_ocdbt_checkpoint(state, tmp_path / 'checkpoint_7', use_zarr3)
+  assert (written / 'manifest.ocdbt').is_file() and not (written.parent / 'checkpoint').exists()
+  moved = Path(shutil.move(written.parent, tmp_path / 'elsewhere'))  # OCDBT paths are relative
+  for path in (moved, moved / 'state'):
+    _assert_params_equal(checkpoints.load_t5x(path, config=model.config).params, model.params)
+  inferred = checkpoints.load_t5x(moved).config
+  assert inferred == dataclasses.replace(
+    model.config, relative_attention_max_distance=128, dtype='float32'
+  )
+
+
+def test_t5x_ocdbt_errors(tmp_path):
+  params = _random_model('tiny-v1.0').params
+  written = _write_t5x_ocdbt_checkpoint({'params': params}, tmp_path / 'not_t5x')
+  _raises_naming(lambda: checkpoints.load_t5x(written.parent), f'{written}: no `target` params')
+
+  written = _write_t5x_ocdbt_checkpoint(_t5x_state(params), tmp_path / 'checkpoint_7')
+  for file in written.rglob('*'):
+    if file.is_file() and file.parent.name == 'd':
+      file.write_bytes(bytes(range(256)) * (file.stat().st_size // 256 + 1))
+  _raises_naming(
+    lambda: checkpoints.load_t5x(written.parent), f'{written} is not a readable OCDBT checkpoint'
+  )

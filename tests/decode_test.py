@@ -1,24 +1,25 @@
 """Tests of the decode loops: greedy equality, losslessness, ragged batches, compile-once."""
 
 import collections
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
 from specdec_jax import decode, drafters
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.models import t5
-from tests import fakes
+from tests import chisquare, fakes
 
 GREEDY = sampling_lib.SamplingConfig(temperature=0.0)
 SIGNIFICANCE = 1e-3  # chi-square tests reject losslessness below this p-value
 
 
 def _source(batch=4, length=7, seed=0, vocab=50):
-  """Padded source batch whose rows have different lengths."""
+  """Padded source ids in [2, vocab) whose rows have different lengths (the fake models ignore
+  the source, but ids are checked against their vocabulary)."""
   rng = np.random.default_rng(seed)
   ids = rng.integers(2, vocab, size=(batch, length))
   lengths = np.maximum(length - np.arange(batch) * 2, 1)
@@ -27,24 +28,10 @@ def _source(batch=4, length=7, seed=0, vocab=50):
 
 
 def _chi_square_pvalue(samples: np.ndarray, exact: dict) -> float:
-  """Pearson chi-square of observed rows against an exact distribution (cells with expected < 5
-  merged into one)."""
-  n = len(samples)
+  """chisquare.pvalue of the observed rows (tuples) against an exact {row: prob} distribution."""
   observed = collections.Counter(map(tuple, samples.tolist()))
   assert set(observed) <= set(exact), f'impossible outputs: {set(observed) - set(exact)}'
-  obs, exp, rest_obs, rest_exp = [], [], 0, 0.0
-  for key, prob in exact.items():
-    if prob * n >= 5:
-      obs.append(observed.get(key, 0))
-      exp.append(prob * n)
-    else:
-      rest_obs += observed.get(key, 0)
-      rest_exp += prob * n
-  if rest_exp > 0:
-    obs.append(rest_obs)
-    exp.append(rest_exp)
-  exp = np.asarray(exp) * n / np.sum(exp)
-  return stats.chisquare(obs, exp).pvalue
+  return chisquare.pvalue(observed, exact)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,7 +105,7 @@ def test_generate_matches_exact_distribution():
 def test_greedy_equals_generate_markov(verifier, gamma):
   target = fakes.random_markov(seed=11, vocab_size=16, positions=40, eos_id=1)
   drafter = fakes.random_markov(seed=12, vocab_size=16, positions=40, eos_id=1)
-  ids, mask = _source()
+  ids, mask = _source(vocab=4)
   kwargs = dict(sampling=GREEDY, max_new_tokens=30, rng=jax.random.key(0))
   ref = decode.generate(target, ids, mask, **kwargs)
   out = decode.speculative_generate(target, drafter, ids, mask, gamma=gamma, verifier=verifier,
@@ -132,7 +119,7 @@ def test_target_as_drafter_accepts_everything(gamma):
   """alpha = 1: every iteration emits gamma + 1 tokens (no EOS in this vocabulary)."""
   target = fakes.random_markov(seed=5, vocab_size=6, positions=40, eos_id=99)
   max_new = 5 * (gamma + 1)
-  ids, mask = _source()
+  ids, mask = _source(vocab=4)
   out = decode.speculative_generate(target, target, ids, mask, gamma=gamma, verifier='token',
                                     sampling=sampling_lib.SamplingConfig(temperature=1.0),
                                     max_new_tokens=max_new, rng=jax.random.key(1))
@@ -168,19 +155,19 @@ def test_ragged_rows_stop_independently_at_eos():
 
 
 def test_compiles_once_per_shape():
-  ids, mask = _source()
+  ids, mask = _source(vocab=4)
   kwargs = dict(gamma=3, verifier='token', sampling=sampling_lib.SamplingConfig(),
                 max_new_tokens=12)
   decode.speculative_generate(TARGET, DRAFTER, ids, mask, rng=jax.random.key(0), **kwargs)
   before = decode._speculative_jit._cache_size()
   for seed in range(1, 4):
-    decode.speculative_generate(TARGET, DRAFTER, ids + seed, mask, rng=jax.random.key(seed),
+    decode.speculative_generate(TARGET, DRAFTER, (ids + seed) % 4, mask, rng=jax.random.key(seed),
                                 **kwargs)
   assert decode._speculative_jit._cache_size() == before
 
 
 def test_bad_inputs_raise_clear_errors():
-  ids, mask = _source()
+  ids, mask = _source(vocab=4)
   kw = dict(sampling=GREEDY, max_new_tokens=4, rng=jax.random.key(0))
   with pytest.raises(ValueError, match='gamma must be >= 1'):
     decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=0, **kw)
@@ -235,10 +222,10 @@ def test_ngram_save_load(tmp_path):
 @pytest.mark.parametrize('verifier', ['token', 'block'])
 def test_greedy_equals_generate_with_ngram_drafter(order, verifier):
   target = fakes.random_markov(seed=31, vocab_size=12, positions=40, eos_id=1)
-  ref = decode.generate(target, *_source(), sampling=GREEDY, max_new_tokens=25,
+  ref = decode.generate(target, *_source(vocab=4), sampling=GREEDY, max_new_tokens=25,
                         rng=jax.random.key(0))
   drafter = drafters.NGramDrafter.fit(np.asarray(ref.tokens), vocab_size=12, order=order)
-  out = decode.speculative_generate(target, drafter, *_source(), gamma=3, verifier=verifier,
+  out = decode.speculative_generate(target, drafter, *_source(vocab=4), gamma=3, verifier=verifier,
                                     sampling=GREEDY, max_new_tokens=25, rng=jax.random.key(0))
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   assert int(out.stats.accepted.sum()) > 0
@@ -339,11 +326,18 @@ def _assert_same_output(fast, general):
   np.testing.assert_allclose(fast.stats.beta_sum, general.stats.beta_sum)
 
 
+def _noisy_copy(model, seed, noise):
+  """A drafter that agrees with `model`'s argmax often, not always."""
+  table = model.params['table']
+  table = table + noise * jax.random.normal(jax.random.key(seed), table.shape)
+  return fakes.MarkovModel(model.steps, {'table': table})
+
+
 @pytest.mark.parametrize('verifier', ['token', 'block'])
 @pytest.mark.parametrize('gamma', [1, 4])
 def test_greedy_fast_path_matches_general_path_markov(verifier, gamma):
   target = fakes.random_markov(seed=11, vocab_size=16, positions=40, eos_id=1)
-  drafter = fakes.random_markov(seed=12, vocab_size=16, positions=40, eos_id=1, scale=0.5)
+  drafter = _noisy_copy(target, seed=12, noise=1.0)
   ids, mask = jnp.zeros((64, 1), jnp.int32), jnp.ones((64, 1), jnp.int32)
   fast, general = _both_paths(target, drafter, ids, mask, gamma=gamma, verifier=verifier,
                               max_new_tokens=30)
@@ -353,9 +347,12 @@ def test_greedy_fast_path_matches_general_path_markov(verifier, gamma):
                                    max_new_tokens=30))
 
 
+_GREEDY_VERIFY = decode.verify.greedy_verify
+
+
 def _off_by_one_greedy_verify(draft_tokens, target_ids):
   """Plausible bug: the corrected token read one position too far."""
-  tau, _ = decode.verify.greedy_verify(draft_tokens, target_ids)
+  tau, _ = _GREEDY_VERIFY(draft_tokens, target_ids)
   gamma = draft_tokens.shape[1]
   y = jnp.take_along_axis(target_ids, jnp.minimum(tau + 1, gamma)[:, None], axis=1)[:, 0]
   return tau, y
@@ -363,7 +360,7 @@ def _off_by_one_greedy_verify(draft_tokens, target_ids):
 
 def test_negative_control_greedy_fast_path_off_by_one_differs(monkeypatch):
   target = fakes.random_markov(seed=11, vocab_size=16, positions=40, eos_id=1)
-  drafter = fakes.random_markov(seed=12, vocab_size=16, positions=40, eos_id=1, scale=0.5)
+  drafter = _noisy_copy(target, seed=12, noise=1.0)
   ids, mask = jnp.zeros((64, 1), jnp.int32), jnp.ones((64, 1), jnp.int32)
   monkeypatch.setattr(decode.verify, 'greedy_verify', _off_by_one_greedy_verify)
   jax.clear_caches()
@@ -381,3 +378,165 @@ def test_greedy_fast_path_matches_general_path_t5(verifier):
   fast, general = _both_paths(target, drafter, ids, mask, gamma=3, verifier=verifier,
                               max_new_tokens=16)
   _assert_same_output(fast, general)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad inputs are refused at the boundary; non-finite values are never a silent answer.
+
+
+@pytest.mark.parametrize('bad_ids, bad_mask, error, match', [
+  (np.full((2, 3), 1.0), np.ones((2, 3)), TypeError, 'integer token ids'),
+  (np.full((2, 3), 4), np.ones((2, 3), int), ValueError, r'in \[0, vocab_size=4\)'),
+  (np.full((2, 3), -1), np.ones((2, 3), int), ValueError, r'got ids in \[-1, -1\]'),
+  (np.ones((2, 3), int), np.full((2, 3), 0.5), TypeError, 'input_mask must be bool or 0/1'),
+  (np.ones((2, 3), int), np.full((2, 3), 2), TypeError, 'input_mask must be bool or 0/1'),
+  (np.ones((0, 3), int), np.ones((0, 3), int), ValueError, 'at least one row'),
+  (np.ones((2, 0), int), np.ones((2, 0), int), ValueError, 'at least one row'),
+  (np.ones((2, 3), int), np.ones((2, 4), int), ValueError, r'\[batch, length\]'),
+])
+def test_bad_ids_and_masks_are_refused(bad_ids, bad_mask, error, match):
+  kw = dict(sampling=GREEDY, max_new_tokens=3, rng=jax.random.key(0))
+  with pytest.raises(error, match=match):
+    decode.generate(TARGET, bad_ids, bad_mask, **kw)
+  with pytest.raises(error, match=match):
+    decode.speculative_generate(TARGET, DRAFTER, bad_ids, bad_mask, gamma=2, **kw)
+
+
+def test_bad_arguments_are_refused():
+  ids, mask = _source(vocab=4)
+  kw = dict(max_new_tokens=3, rng=jax.random.key(0))
+  with pytest.raises(TypeError, match='gamma must be an int'):
+    decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=2.0, sampling=GREEDY, **kw)
+  with pytest.raises(TypeError, match='max_new_tokens must be an int'):
+    decode.generate(TARGET, ids, mask, sampling=GREEDY, max_new_tokens=3.0,
+                    rng=jax.random.key(0))
+  with pytest.raises(TypeError, match='sampling must be a sampling.SamplingConfig'):
+    decode.generate(TARGET, ids, mask, sampling=None, **kw)
+  with pytest.raises(TypeError, match='Cannot decode with a str'):
+    decode.generate('t5-small', ids, mask, sampling=GREEDY, **kw)
+  # Lists are fine, and an integral numpy gamma shares the compiled program of a Python int.
+  out = decode.generate(TARGET, np.asarray(ids).tolist(), np.asarray(mask).tolist(),
+                        sampling=GREEDY, **kw)
+  assert out.tokens.shape == (ids.shape[0], 3)
+  decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=3, sampling=GREEDY, **kw)
+  before = decode._speculative_jit._cache_size()
+  decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=np.int64(3), sampling=GREEDY,
+                              **kw)
+  assert decode._speculative_jit._cache_size() == before
+
+
+def _with_nan(model, position=1):
+  table = np.array(model.params['table'])
+  table[position] = np.nan  # every context at this decoder position
+  return fakes.MarkovModel(model.steps, {'table': jnp.asarray(table)})
+
+
+@pytest.mark.parametrize('sampling', [GREEDY, SAMPLINGS[0]], ids=str)
+def test_nan_target_raises_and_is_counted(sampling):
+  ids, mask = jnp.zeros((8, 1), jnp.int32), jnp.ones((8, 1), jnp.int32)
+  kw = dict(sampling=sampling, max_new_tokens=4, rng=jax.random.key(0))
+  bad = _with_nan(TARGET, position=0)
+  with pytest.raises(decode.NonFiniteError, match='NaN or inf in 8 row'):
+    decode.generate(bad, ids, mask, **kw)
+  with pytest.raises(decode.NonFiniteError, match='NaN or inf'):
+    decode.speculative_generate(bad, DRAFTER, ids, mask, gamma=2, **kw)
+  out = decode.generate(bad, ids, mask, check_finite=False, **kw)
+  assert (np.asarray(out.stats.nonfinite) > 0).all()
+  # A healthy pair counts nothing.
+  out = decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=2, **kw)
+  assert int(out.stats.nonfinite.sum()) == 0
+
+
+def test_nan_drafter_raises_when_sampling_and_not_when_greedy():
+  """At temperature 0 drafts are compared as ids, so a broken drafter cannot change the output
+  (it stays greedy decoding of the target); when sampling, its q enters verification."""
+  ids, mask = jnp.zeros((8, 1), jnp.int32), jnp.ones((8, 1), jnp.int32)
+  bad = _with_nan(DRAFTER, position=0)
+  kw = dict(max_new_tokens=4, rng=jax.random.key(0))
+  with pytest.raises(decode.NonFiniteError):
+    decode.speculative_generate(TARGET, bad, ids, mask, gamma=2, sampling=SAMPLINGS[0], **kw)
+  out = decode.speculative_generate(TARGET, bad, ids, mask, gamma=2, sampling=GREEDY, **kw)
+  ref = decode.generate(TARGET, ids, mask, sampling=GREEDY, **kw)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+
+
+# ---------------------------------------------------------------------------------------------
+# A drafter that reads the target's encoder (num_encoder_layers=0).
+
+
+def _shared_encoder_drafter(target, seed=3):
+  config = dataclasses.replace(t5.CONFIGS['tiny-v1.0'], num_encoder_layers=0,
+                               encoder_dim=target.config.d_model, d_model=16, d_kv=4, d_ff=32,
+                               num_decoder_layers=1)
+  return t5.T5Model(config=config, params=t5.init_params(jax.random.key(seed), config))
+
+
+@pytest.mark.parametrize('verifier', ['token', 'block'])
+def test_greedy_equals_generate_with_shared_encoder_drafter(verifier):
+  target, _ = _t5_pair()
+  drafter = _shared_encoder_drafter(target)
+  assert drafter.steps.shares_target_encoder
+  ids, mask = _source(vocab=target.config.vocab_size)
+  kwargs = dict(sampling=GREEDY, max_new_tokens=16, rng=jax.random.key(0))
+  ref = decode.generate(target, ids, mask, **kwargs)
+  out = decode.speculative_generate(target, drafter, ids, mask, gamma=3, verifier=verifier,
+                                    **kwargs)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  with pytest.raises(ValueError, match='has no encoder'):
+    decode.generate(drafter, ids, mask, **kwargs)  # it cannot decode alone
+
+
+def _exact_t5_prefixes(model, ids, mask, sampling, length):
+  """{prefix: probability} of `length` tokens sampled from a T5 on one source (EOS -> PAD)."""
+  cfg = model.config
+  dist, frontier = {}, [((), 1.0)]
+  for _ in range(length):
+    grown = []
+    for prefix, prob in frontier:
+      if prefix and cfg.eos_token_id in prefix:
+        grown.append((prefix + (decode.PAD_ID,), prob))
+        continue
+      dec_in = jnp.asarray([[cfg.decoder_start_token_id, *prefix]], jnp.int32)
+      logits = t5.forward(model.params, ids, mask, dec_in, config=cfg)[0, -1]
+      probs = np.asarray(sampling_lib.logits_to_probs(logits, sampling), np.float64)
+      probs /= probs.sum()
+      grown += [(prefix + (int(y),), prob * probs[y]) for y in np.flatnonzero(probs > 0)]
+    frontier = grown
+  for prefix, prob in frontier:
+    dist[prefix] = dist.get(prefix, 0.0) + prob
+  return dist
+
+
+@pytest.mark.parametrize('verifier', ['token', 'block'])
+def test_shared_encoder_drafter_is_lossless(verifier):
+  """100k rows through the jitted loop: the first 3 tokens match the target's exact joint."""
+  target, _ = _t5_pair()
+  drafter = _shared_encoder_drafter(target)
+  sampling = sampling_lib.SamplingConfig(temperature=1.5, top_k=3)
+  src = jnp.asarray([[5, 17, 42, 9]], jnp.int32)
+  ids = jnp.tile(src, (PREFIX_ROWS, 1))
+  out = decode.speculative_generate(target, drafter, ids, jnp.ones_like(ids), gamma=2,
+                                    verifier=verifier, sampling=sampling,
+                                    max_new_tokens=PREFIX_LENGTH, rng=jax.random.key(4))
+  exact = _exact_t5_prefixes(target, src, jnp.ones_like(src), sampling, PREFIX_LENGTH)
+  assert _chi_square_pvalue(np.asarray(out.tokens), exact) > SIGNIFICANCE
+  assert 0 < int(out.stats.accepted.sum()) < int(out.stats.drafted.sum())
+
+
+def test_negative_control_shared_encoder_q_before_transform_fails(monkeypatch):
+  target, _ = _t5_pair()
+  drafter = _shared_encoder_drafter(target)
+  sampling = sampling_lib.SamplingConfig(temperature=1.5, top_k=3)
+  src = jnp.asarray([[5, 17, 42, 9]], jnp.int32)
+  ids = jnp.tile(src, (PREFIX_ROWS, 1))
+  monkeypatch.setattr(decode, '_draft_token', _q_before_transform)
+  jax.clear_caches()
+  out = decode.speculative_generate(target, drafter, ids, jnp.ones_like(ids), gamma=2,
+                                    verifier='token', sampling=sampling,
+                                    max_new_tokens=PREFIX_LENGTH, rng=jax.random.key(4))
+  monkeypatch.undo()
+  jax.clear_caches()
+  samples = np.asarray(out.tokens)
+  exact = _exact_t5_prefixes(target, src, jnp.ones_like(src), sampling, PREFIX_LENGTH)
+  impossible = set(map(tuple, samples.tolist())) - set(exact)
+  assert impossible or _chi_square_pvalue(samples, exact) < SIGNIFICANCE

@@ -1,5 +1,6 @@
 """Tests of sharding.py: logical axes, rules, and a (data=2, model=4) mesh of 8 CPU devices."""
 
+import dataclasses
 import os
 import pathlib
 import subprocess
@@ -35,6 +36,55 @@ def test_param_logical_axes_cover_every_param(name):
 def test_param_logical_axes_rejects_unknown_params():
   with pytest.raises(ValueError, match='encoder/extra/kernel'):
     sharding.param_logical_axes({'encoder': {'extra': {'kernel': jnp.zeros((2, 2))}}})
+
+
+def test_param_logical_axes_of_a_drafter_over_the_target_encoder():
+  # No 'encoder' subtree; cross-attention key / value kernels read a 48-wide encoder output.
+  config = dataclasses.replace(t5.CONFIGS['tiny-v1.0'], num_encoder_layers=0, encoder_dim=48)
+  shapes = jax.eval_shape(lambda rng: t5.init_params(rng, config), jax.random.key(0))
+  axes = sharding.param_logical_axes(shapes)
+  assert 'encoder' not in axes
+  cross = shapes['decoder']['layers_0']['encoder_decoder_attention']['key']['kernel']
+  assert cross.shape == (48, 32)
+  assert axes['decoder']['layers_0']['encoder_decoder_attention']['key']['kernel'] == P(
+    'embed', 'joined_kv'
+  )
+  mesh = AbstractMesh((2, 4), ('data', 'model'))
+  assert sharding.logical_to_mesh(('embed', 'joined_kv'), cross.shape, mesh) == P(None, 'model')
+
+
+@pytest.mark.parametrize(
+  'environ,expected',
+  [
+    ({}, False),
+    ({'TPU_WORKER_HOSTNAMES': 'localhost'}, False),  # one TPU VM
+    ({'TPU_WORKER_HOSTNAMES': 't1k-w-0,t1k-w-1,t1k-w-2,t1k-w-3'}, True),  # a pod slice
+    ({'SPECDEC_MULTIHOST': '1'}, True),
+    ({'SPECDEC_MULTIHOST': 'true'}, True),
+    ({'SPECDEC_MULTIHOST': '0', 'TPU_WORKER_HOSTNAMES': 'w-0,w-1'}, False),  # the flag wins
+    ({'SPECDEC_MULTIHOST': ''}, False),
+  ],
+)
+def test_maybe_initialize_distributed_only_when_multihost(monkeypatch, environ, expected):
+  for name in ('SPECDEC_MULTIHOST', 'TPU_WORKER_HOSTNAMES'):
+    monkeypatch.delenv(name, raising=False)
+  for name, value in environ.items():
+    monkeypatch.setenv(name, value)
+  calls = []
+  monkeypatch.setattr(jax.distributed, 'initialize', lambda *a, **k: calls.append((a, k)))
+  monkeypatch.setattr(jax.distributed, 'is_initialized', lambda: False)
+  assert sharding.is_multihost() == expected
+  assert sharding.maybe_initialize_distributed() == expected
+  assert calls == ([((), {})] if expected else [])
+  # Once initialized, never again.
+  monkeypatch.setattr(jax.distributed, 'is_initialized', lambda: True)
+  assert not sharding.maybe_initialize_distributed()
+  assert len(calls) == int(expected)
+
+
+def test_is_multihost_rejects_a_malformed_flag():
+  with pytest.raises(ValueError, match='SPECDEC_MULTIHOST must be 1 or 0'):
+    sharding.is_multihost({'SPECDEC_MULTIHOST': 'yes please'})
 
 
 @pytest.mark.parametrize(
@@ -122,14 +172,88 @@ print('SHARDED_OK')
 """
 
 
-def test_sharded_decode_matches_one_device():
+def _run_on_8_cpu_devices(script: str, done: str):
   env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=8')
   result = subprocess.run(
-    [sys.executable, '-c', _MULTI_DEVICE_SCRIPT],
+    [sys.executable, '-c', script],
     cwd=_REPO,
     env=env,
     capture_output=True,
     text=True,
     timeout=300,
   )
-  assert result.returncode == 0 and 'SHARDED_OK' in result.stdout, result.stderr[-4000:]
+  assert result.returncode == 0 and done in result.stdout, result.stdout + result.stderr[-4000:]
+
+
+def test_sharded_decode_matches_one_device():
+  _run_on_8_cpu_devices(_MULTI_DEVICE_SCRIPT, 'SHARDED_OK')
+
+
+# Speculative decoding of a (data=2, model=4)-sharded tiny T5 pair against one device. Each pair
+# of runs compiles the loop twice (~5 s each on CPU), so the four cases share the settings out:
+# each verifier at each temperature once, each drafter at both temperatures. The drafter is
+# either a T5 with its own encoder, or one with none (d_model 16) whose cross-attention reads
+# the target's 32-wide encoder output. Temperature 1 is identical too: jax's partitionable
+# threefry draws the same bits whatever the sharding, and a float reduced in another order
+# (logits summed over 'model' shards) would change a draw only if a uniform fell within an ulp of
+# a CDF boundary.
+_SPECULATIVE_SCRIPT = """
+import dataclasses
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from specdec_jax import decode, sharding
+from specdec_jax.models import t5
+from specdec_jax.sampling import SamplingConfig
+
+assert jax.device_count() == 8, jax.devices()
+rng = np.random.default_rng(0)
+
+def model(config):
+  # NumPy params with init_params' structure and scales: compiling init_params costs ~5 s each.
+  shapes = jax.eval_shape(lambda key: t5.init_params(key, config), jax.random.key(0))
+  params = jax.tree_util.tree_map_with_path(
+    lambda path, s: (np.ones(s.shape) if 'scale' in str(path[-1])
+                     else rng.normal(size=s.shape) / np.sqrt(s.shape[0])).astype(np.float32),
+    shapes)
+  return t5.T5Model(config=config, params=params)
+
+target = model(t5.CONFIGS['tiny-v1.1'])
+own_encoder = model(t5.CONFIGS['tiny-v1.0'])
+target_encoder = model(dataclasses.replace(
+  t5.CONFIGS['tiny-v1.0'], d_model=16, d_kv=4, d_ff=32, num_encoder_layers=0,
+  encoder_dim=target.config.d_model))
+assert 'encoder' not in target_encoder.params
+mask = np.arange(9)[None] < np.array([9, 3, 6, 7])[:, None]
+ids = (rng.integers(2, 128, (4, 9)) * mask).astype(np.int32)
+
+mesh = sharding.make_mesh(data=2, model=4)
+shard = lambda m: t5.T5Model(config=m.config, params=sharding.shard_params(m.params, mesh))
+sharded_ids, sharded_mask = sharding.shard_batch((ids, mask), mesh)
+cases = [(own_encoder, 0.0, 'token'), (own_encoder, 1.0, 'block'),
+         (target_encoder, 0.0, 'block'), (target_encoder, 1.0, 'token')]
+accepted = []
+for drafter, temperature, verifier in cases:
+  settings = dict(gamma=3, verifier=verifier, sampling=SamplingConfig(temperature=temperature),
+                  max_new_tokens=12, rng=jax.random.key(0))
+  want = decode.speculative_generate(target, drafter, ids, mask, **settings)
+  with jax.set_mesh(mesh):
+    got = decode.speculative_generate(shard(target), shard(drafter), sharded_ids, sharded_mask,
+                                      **settings)
+  case = (drafter.config.num_encoder_layers, temperature, verifier)
+  # The rows stay split over 'data' (the sharding comes from the model's constraints).
+  assert got.tokens.sharding.is_equivalent_to(NamedSharding(mesh, P('data', None)), 2), (
+    case, got.tokens.sharding)
+  np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens), err_msg=str(case))
+  np.testing.assert_array_equal(np.asarray(got.lengths), np.asarray(want.lengths),
+                                err_msg=str(case))
+  np.testing.assert_array_equal(np.asarray(got.stats.accepted), np.asarray(want.stats.accepted),
+                                err_msg=str(case))
+  accepted.append(int(want.stats.accepted.sum()))
+# Not vacuous: at temperature 1 drafts were accepted (multi-token writes and rewinds both ran).
+assert accepted[1] > 0 and accepted[3] > 0, accepted
+print('SPECULATIVE_SHARDED_OK')
+"""
+
+
+def test_sharded_speculative_generate_matches_one_device():
+  _run_on_8_cpu_devices(_SPECULATIVE_SCRIPT, 'SPECULATIVE_SHARDED_OK')

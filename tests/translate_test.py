@@ -1,41 +1,91 @@
-"""The main job's runlocal variant, end to end on the shipped pair."""
+"""The main job's runlocal variant end to end on the shipped pair, and its config and failures."""
 
 import json
+import math
 import pathlib
 
 import pytest
 
 from experiments import translate
 from experiments.configs import ende
-from specdec_jax import evaluation
+from specdec_jax import evaluation, pretrained
 
-_SHIPPED = pathlib.Path(ende.get_config().target)
+_SHIPPED = (pretrained.ROOT / 'ende' / 'target').exists()
 
 
-@pytest.mark.skipif(not _SHIPPED.exists(), reason='pretrained/ende not shipped in this checkout')
+@pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
 def test_runlocal_end_to_end(tmp_path):
-  config = ende.get_config('runlocal')
-  config.num_examples = 4
-  rows = evaluation.run(config)
+  config = ende.get_config('runlocal,num_examples=3')
+  plan = evaluation.prepare(config)
+  writer = evaluation.ResultsWriter(str(tmp_path))
+  for row in evaluation.rows(plan, progress=False):
+    writer.add(row)
+    # Each finished row is on disk at once, as strict JSON (null for missing values).
+    on_disk = json.loads(pathlib.Path(writer.paths['json']).read_text())
+    assert on_disk[-1]['method'] == row['method']
+  rows = writer.rows
   methods = {(r['drafter'], r['method'], r['temp']) for r in rows}
   assert ('-', 'autoregressive', 0.0) in methods and ('small-t5', 'block', 1.0) in methods
-  assert len(rows) == 2 * (1 + len(config.drafters) * len(config.verifiers))
+  assert len(rows) == plan.num_methods
   for row in rows:
     assert row['seconds'] > 0 and row['tokens_per_s'] > 0
     if row['method'] != 'autoregressive':
       assert 0 <= row['alpha'] <= 1 and 1 <= row['block_efficiency'] <= config.gammas[0] + 1
+    else:
+      assert row['alpha'] is None
   # Greedy speculative decoding is lossless token for token: same BLEU as greedy autoregressive.
-  greedy_bleu = {r['bleu'] for r in rows if r['temp'] == 0.0}
-  assert len(greedy_bleu) == 1
-  paths = evaluation.write_results(rows, str(tmp_path))
-  assert len(json.loads(pathlib.Path(paths['json']).read_text())) == len(rows)
-  assert pathlib.Path(paths['png']).stat().st_size > 0
+  assert len({r['bleu'] for r in rows if r['temp'] == 0.0}) == 1
+  assert 'NaN' not in pathlib.Path(writer.paths['json']).read_text()
+  assert pathlib.Path(writer.finish()['png']).stat().st_size > 0
   assert 'speedup' in evaluation.format_table(rows)
 
 
-def test_config_overrides():
-  config = ende.get_config('runlocal,gammas=3-5,batch_size=8')
-  assert config.gammas == (3, 5) and config.batch_size == 8 and config.num_examples == 16
-  with pytest.raises(ValueError, match='Unknown config key'):
+def test_config_items_apply_in_order_and_lists_hold_any_number():
+  config = ende.get_config('runlocal,gammas=3,5,batch_size=8')
+  assert config.gammas == (3, 5) and config.batch_size == 8 and config.num_examples == 8
+  assert ende.get_config('num_examples=150,runlocal').num_examples == 8  # runlocal came later
+  assert ende.get_config('runlocal,num_examples=150').num_examples == 150
+  assert ende.get_config('temperatures=0,1e-3,0.5').temperatures == (0.0, 0.001, 0.5)
+  with pytest.raises(ValueError, match='Unknown config item'):
     ende.get_config('gama=3')
+  with pytest.raises(ValueError, match="Bad value for config field 'batch_size'"):
+    ende.get_config('batch_size=two')
   assert translate.main  # the absl main imports
+
+
+@pytest.mark.parametrize('item, match', [
+  ('num_examples=0', 'num_examples must be an int >= 1'),
+  ('batch_size=0', 'batch_size must be an int >= 1'),
+  ('gammas=0', 'gammas must hold ints >= 1'),
+  ('verifiers=token,nope', 'Unknown verifier'),
+  ('temperatures=-1', 'temperature must be >= 0'),
+  ('num_examples=100000', 'has only'),
+])
+@pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
+def test_bad_settings_fail_before_decoding(item, match):
+  with pytest.raises(ValueError, match=match):
+    evaluation.prepare(ende.get_config(item))
+
+
+def test_missing_pair_and_drafter_fail_early(tmp_path):
+  with pytest.raises(FileNotFoundError, match='No pretrained pair'):
+    evaluation.prepare(ende.get_config(f'pretrained={tmp_path / "nope"}'))
+  if _SHIPPED:
+    with pytest.raises(ValueError, match=r"Drafter\(s\) \['nope'\] are not in"):
+      evaluation.prepare(ende.get_config('drafters=nope'))
+
+
+def test_unwritable_workdir_fails_before_decoding(tmp_path):
+  blocker = tmp_path / 'file'
+  blocker.write_text('')
+  with pytest.raises((ValueError, OSError)):
+    evaluation.ResultsWriter(str(blocker / 'sub'))
+
+
+def test_results_writer_writes_strict_json(tmp_path):
+  writer = evaluation.ResultsWriter(str(tmp_path))
+  writer.add(dict(task='EnDe', drafter='-', method='autoregressive', temp=0.0, gamma=0,
+                  alpha=math.nan, block_efficiency=1.0, c=None, pass_cost=None, speedup=1.0,
+                  predicted_speedup=None, bleu=1.0, seconds=1.0, tokens_per_s=2.0))
+  assert json.loads((tmp_path / 'results.json').read_text())[0]['alpha'] is None
+  assert (tmp_path / 'results.csv').read_text().count('\n') == 2

@@ -19,18 +19,27 @@ import pathlib
 
 import ml_collections
 
-from experiments.configs import train_common
+from experiments.configs import common, train_common
 
 _ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+def _independent(c):
+  c.student.update(d_model=96, d_kv=24, d_ff=256, num_encoder_layers=2, encoder_dim=None)
+
+
+def _runlocal(c):
+  train_common.shrink(c)
+  c.num_train_sources, c.num_valid_sources = 64, 16
+  c.generate_batch_size = 16
+  c.batch_size, c.num_train_steps, c.eval_every, c.checkpoint_every = 8, 4, 2, 2
+  c.log_every, c.eval_batch_size, c.warmup_steps = 2, 8, 1
+  c.on_policy_every = 2
+  c.progress = False
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  options = {a for a in (arg or '').split(',') if a}
-  unknown = options - {'runlocal', 'independent'}
-  if unknown:
-    raise ValueError(f'unknown config option(s) {sorted(unknown)}; known: runlocal, independent')
-  runlocal = 'runlocal' in options
-  c = train_common.base_config(runlocal)
+  c = train_common.base_config()
   c.teacher = str(_ROOT / 'pretrained' / 'ende' / 'target')
   c.tokenizer = str(_ROOT / 'pretrained' / 'ende' / 'spm.model')
   c.train_file = str(_ROOT / 'data' / 'ende' / 'train.tsv')  # sources; references are unused
@@ -57,13 +66,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     d_model=128, d_kv=32, num_heads=4, d_ff=512, num_encoder_layers=0, num_decoder_layers=1,
     encoder_dim=256, feed_forward='gated-gelu', tie_word_embeddings=True,
     max_source_length=512, max_target_length=512))
-  if 'independent' in options:
-    c.student.update(d_model=96, d_kv=24, d_ff=256, num_encoder_layers=2, encoder_dim=None)
-  if runlocal:
-    c.num_train_sources, c.num_valid_sources = 64, 16
-    c.generate_batch_size = 16
-    c.batch_size, c.num_train_steps, c.eval_every, c.checkpoint_every = 8, 4, 2, 2
-    c.log_every, c.eval_batch_size, c.warmup_steps = 2, 8, 1
-    c.on_policy_every = 2
-    c.progress = False
-  return c
+  return common.parse(arg, c, {'runlocal': _runlocal, 'independent': _independent})

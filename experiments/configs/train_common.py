@@ -7,17 +7,8 @@ checkpointing) is here, so the target and its drafter are trained the same way o
 import ml_collections
 
 
-def parse_arg(arg: str | None) -> set[str]:
-  """The comma-separated options after the config path (`...py:runlocal`)."""
-  options = {a for a in (arg or '').split(',') if a}
-  unknown = options - {'runlocal'}
-  if unknown:
-    raise ValueError(f'unknown config option(s) {sorted(unknown)}; known: runlocal')
-  return options
-
-
-def base_config(runlocal: bool) -> ml_collections.ConfigDict:
-  """Data, optimizer and loop settings; `runlocal` shrinks them to a smoke test."""
+def base_config() -> ml_collections.ConfigDict:
+  """Data, optimizer and loop settings (`shrink` makes them a smoke test)."""
   c = ml_collections.ConfigDict()
   c.data_dir = './data/ende'
   c.train_file = ''  # default <data_dir>/train.tsv; any load_pairs file (TSV / JSONL) works
@@ -49,16 +40,19 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
   c.num_bleu_pairs = 512  # valid pairs decoded greedily for BLEU
   c.eval_batch_size = 128
 
-  if runlocal:
-    c.max_source_length = c.max_target_length = 32
-    c.length_buckets = (16, 32)
-    c.batch_size = 8
-    c.num_train_steps = 6
-    c.warmup_steps = 2
-    c.log_every = 2
-    c.eval_every = 3
-    c.checkpoint_every = 3
-    c.num_eval_pairs = 16
-    c.num_bleu_pairs = 8
-    c.eval_batch_size = 8
   return c
+
+
+def shrink(c: ml_collections.ConfigDict) -> None:
+  """The `runlocal` settings: a few steps on tiny batches."""
+  c.max_source_length = c.max_target_length = 32
+  c.length_buckets = (16, 32)
+  c.batch_size = 8
+  c.num_train_steps = 6
+  c.warmup_steps = 2
+  c.log_every = 2
+  c.eval_every = 3
+  c.checkpoint_every = 3
+  c.num_eval_pairs = 16
+  c.num_bleu_pairs = 8
+  c.eval_batch_size = 8

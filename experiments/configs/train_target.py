@@ -1,19 +1,18 @@
 """Target model: T5 v1.1 layout (gated-GELU, untied output layer), ~13.5M params, vocab 8000.
 
-  python scripts/train.py --config=experiments/configs/train_target.py --workdir=workdir/target
-  python scripts/train.py --config=experiments/configs/train_target.py:runlocal \\
+  python -m scripts.train --config=experiments/configs/train_target.py --workdir=workdir/target
+  python -m scripts.train --config=experiments/configs/train_target.py:runlocal \\
       --workdir=/tmp/target_smoke    # a few steps on tiny shapes
 
 Rerunning the same command resumes from the latest checkpoint. Params: 13,539,072
 (embedding 2.05M + logits 2.05M + 4 encoder layers 4.19M + 4 decoder layers 5.24M + bias tables).
 """
 
-from experiments.configs import train_common
+from experiments.configs import common, train_common
 
 
 def get_config(arg: str | None = None):
-  runlocal = 'runlocal' in train_common.parse_arg(arg)
-  c = train_common.base_config(runlocal)
+  c = train_common.base_config()
   c.model = dict(
     vocab_size=8000,
     d_model=256,
@@ -25,6 +24,9 @@ def get_config(arg: str | None = None):
     feed_forward='gated-gelu',
     tie_word_embeddings=False,
   )
-  if runlocal:
+
+  def runlocal(c):
+    train_common.shrink(c)
     c.model.update(d_model=32, d_kv=8, d_ff=64, num_encoder_layers=1, num_decoder_layers=1)
-  return c
+
+  return common.parse(arg, c, {'runlocal': runlocal})

@@ -1,6 +1,7 @@
 """T5 v1.0 and v1.1 encoder-decoders with multi-token, per-row incremental decoding.
 
-Pure functions on the T5X-named params pytree of CONTRACT.md. The numerics are those of T5X and of
+Pure functions on a params pytree named as T5X names it (`init_params` builds it; `checkpoints`
+maps HF and T5X checkpoints onto it). The numerics are those of T5X and of
 HF's `T5ForConditionalGeneration`: pre-norm residual blocks with RMS layer norm (no mean, no bias,
 computed in float32); no run-time 1/sqrt(H) attention scaling (it lives in the query kernel); one
 relative-position bias table per stack, shared by its layers, bidirectional in the encoder and
@@ -35,7 +36,7 @@ import numpy as np
 from specdec_jax import cache as cache_lib
 from specdec_jax import sharding
 
-Params = Any  # nested dicts of arrays, layout in CONTRACT.md
+Params = Any  # nested dicts of arrays, the layout `init_params` builds
 
 # Masked attention logits. Finite, so a row with every key masked (an all-padding source) gives a
 # uniform softmax rather than NaN; scores are float32 whatever the model dtype.
@@ -214,6 +215,11 @@ class T5Steps:
 
 # ---------------------------------------------------------------------------------------------
 # Params.
+
+
+def param_count(params: Params) -> int:
+  """Number of parameters in a params pytree (of arrays or shape structs)."""
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
 
 
 def init_params(rng: jax.Array, config: T5Config) -> Params:

@@ -1,0 +1,99 @@
+"""The one override syntax of every config: `--config=path/to/config.py:item,item,...`.
+
+Items apply in the order written, so a later item wins:
+  runlocal                 a variant the config defines (a function that edits the config)
+  key=value                sets a field, converted to the type of its default
+  student.d_model=128      nested fields with dots
+  gammas=3,5,7             a tuple field takes every following item that is not itself a known
+                           key=... or variant: `temperatures=0,1e-3,runlocal` is (0.0, 0.001)
+                           then the runlocal variant
+
+Booleans are true/false; a field whose default is None takes a string, or `none`.
+"""
+
+from collections.abc import Callable
+
+import ml_collections
+
+Variant = Callable[[ml_collections.ConfigDict], None]
+
+
+def parse(arg: str | None, config: ml_collections.ConfigDict,
+          variants: dict[str, Variant] | None = None) -> ml_collections.ConfigDict:
+  """Applies the items of `arg` to `config` (in place) and returns it."""
+  variants = variants or {}
+  items = [item for item in (arg or '').split(',') if item]
+  assignments: list[tuple[str, list[str]]] = []
+  plan: list[tuple[str, object]] = []  # ('variant', name) or ('set', (key, values))
+  for item in items:
+    key = item.split('=', 1)[0]
+    if item in variants:
+      plan.append(('variant', item))
+    elif '=' in item and _has_key(config, key):
+      assignments.append((key, [item.split('=', 1)[1]]))
+      plan.append(('set', assignments[-1]))
+    elif assignments and plan[-1][0] == 'set' and isinstance(_get(config, plan[-1][1][0]), tuple):
+      plan[-1][1][1].append(item)  # the next value of a tuple field
+    else:
+      known = sorted(variants) + sorted(_keys(config))
+      raise ValueError(f'Unknown config item {item!r} in {arg!r}: use key=value or a variant; '
+                       f'known: {", ".join(known)}.')
+  for kind, what in plan:
+    if kind == 'variant':
+      variants[what](config)
+    else:
+      key, values = what
+      _set(config, key, _convert(key, _get(config, key), values))
+  return config
+
+
+def _keys(config, prefix=''):
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      yield from _keys(value, f'{prefix}{key}.')
+    else:
+      yield prefix + key
+
+
+def _has_key(config, key: str) -> bool:
+  *parents, last = key.split('.')
+  for part in parents:
+    if part not in config or not isinstance(config[part], ml_collections.ConfigDict):
+      return False
+    config = config[part]
+  return last in config
+
+
+def _get(config, key: str):
+  for part in key.split('.'):
+    config = config[part]
+  return config
+
+
+def _set(config, key: str, value) -> None:
+  *parents, last = key.split('.')
+  for part in parents:
+    config = config[part]
+  config[last] = value
+
+
+def _convert(key: str, default, values: list[str]):
+  try:
+    if isinstance(default, tuple):
+      kind = type(default[0]) if default else str
+      return tuple(_scalar(kind, v) for v in values)
+    if len(values) != 1:
+      raise ValueError(f'{key} takes one value, got {values}')
+    return _scalar(type(default), values[0])
+  except ValueError as e:
+    raise ValueError(f'Bad value for config field {key!r} (default {default!r}): {e}') from None
+
+
+def _scalar(kind, text: str):
+  if kind is bool:
+    if text.lower() not in ('true', 'false'):
+      raise ValueError(f'expected true or false, got {text!r}')
+    return text.lower() == 'true'
+  if kind is type(None):
+    return None if text.lower() == 'none' else text
+  return kind(text)

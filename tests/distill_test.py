@@ -1,0 +1,88 @@
+"""Distillation (specdec_jax.distill): the divergences, and the runlocal run end to end."""
+
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments.configs import distill_drafter
+from specdec_jax import checkpoints, decode, distill, pretrained
+
+_SHIPPED = (pretrained.ROOT / 'ende' / 'target').exists()
+
+
+def test_token_divergences_match_numpy():
+  rng = np.random.default_rng(0)
+  a, b = rng.normal(size=(3, 7)), rng.normal(size=(3, 7))
+  got = distill.token_divergences(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
+  p = np.exp(a) / np.exp(a).sum(-1, keepdims=True)
+  q = np.exp(b) / np.exp(b).sum(-1, keepdims=True)
+  np.testing.assert_allclose(got['fkl'], (p * np.log(p / q)).sum(-1), rtol=1e-4)
+  np.testing.assert_allclose(got['rkl'], (q * np.log(q / p)).sum(-1), rtol=1e-4)
+  np.testing.assert_allclose(got['tvd'], 1 - np.minimum(p, q).sum(-1), rtol=1e-4)  # alpha = 1-TV
+  np.testing.assert_array_equal(got['agree'], (a.argmax(-1) == b.argmax(-1)).astype(np.float32))
+  same = distill.token_divergences(jnp.asarray(a), jnp.asarray(a))
+  np.testing.assert_allclose(same['tvd'], 0.0, atol=1e-6)
+
+
+@pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
+@pytest.mark.parametrize('variant', ['runlocal', 'runlocal,independent'])
+def test_runlocal_distillation_end_to_end_and_resume(tmp_path, variant):
+  sources = tmp_path / 'sources.tsv'
+  test = pretrained.load('ende').test_pairs()
+  sources.write_text(''.join(f'{s}\t{t}\n' for s, t in test[:80]))
+  config = distill_drafter.get_config(f'{variant},train_file={sources},valid_file={sources}')
+  workdir = tmp_path / 'run'
+  record = distill.distill_and_evaluate(config, str(workdir))
+  assert 0 <= record['valid_alpha_t0'] <= 1 and 0 <= record['valid_alpha_t1'] <= 1
+  drafter = checkpoints.restore(workdir / 'final')
+  assert drafter.steps.shares_target_encoder == ('independent' not in variant)
+  # The distilled drafter plugs into the loop; greedy output is still the target's.
+  pair = pretrained.load('ende')
+  ids, mask = pair.tokenizer.encode_batch([s for s, _ in test[:3]], 32, truncate=True)
+  kw = dict(sampling=distill.sampling_lib.SamplingConfig(temperature=0.0), max_new_tokens=16,
+            rng=jax.random.key(0))
+  ref = decode.generate(pair.target, ids, mask, **kw)
+  out = decode.speculative_generate(pair.target, drafter, ids, mask, gamma=3, **kw)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  # Rerunning resumes at the last step: no step is trained twice, no record written twice.
+  records = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  distill.distill_and_evaluate(config, str(workdir))
+  again = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  keys = [(r['kind'], r['step']) for r in again]
+  assert len(keys) == len(set(keys)) and again == records
+
+
+@pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
+def test_pretrained_load():
+  pair = pretrained.load('ende')
+  assert 'bigram' in pair.drafters and pair.recommended in pair.drafters
+  assert pair.drafter is pair.drafters[pair.recommended]
+  assert pair.gamma(0.0) >= 1 and pair.gamma(1.0) >= 1
+  assert len(pair.test_pairs()) >= 100
+  assert pretrained.load(pair.directory).recommended == pair.recommended
+
+
+def test_pretrained_load_unknown_pair(tmp_path):
+  with pytest.raises(FileNotFoundError, match='No pretrained pair'):
+    pretrained.load('no-such-pair')
+  (tmp_path / 'pair.json').write_text(json.dumps(
+    {'target': 'target', 'drafters': {'a': 'a.npz'}, 'recommended': 'b', 'gamma': {'0': 3}}))
+  with pytest.raises(ValueError, match="recommended drafter 'b' is not among"):
+    pretrained.load(tmp_path)
+
+
+def test_configs_share_one_parser():
+  from experiments.configs import train_drafter, train_target
+
+  c = train_target.get_config('runlocal,batch_size=4,model.d_model=48')
+  assert c.batch_size == 4 and c.model.d_model == 48 and c.num_train_steps == 6
+  assert train_drafter.get_config('runlocal').model.d_model == 16
+  c = distill_drafter.get_config('independent,student.num_decoder_layers=2,divergence=tvd')
+  assert c.student.num_encoder_layers == 2 and c.student.num_decoder_layers == 2
+  assert c.divergence == 'tvd'
+  with pytest.raises(ValueError, match='Unknown config item'):
+    train_target.get_config('runlokal')

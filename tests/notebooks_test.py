@@ -1,0 +1,37 @@
+"""Executes every notebook in notebooks/ in a fresh python3 kernel; any cell error fails the test.
+
+Notebooks are stored without outputs, so this is the only place they run. Each is sized to run in
+about a minute on 2 CPU cores.
+"""
+
+import pathlib
+
+import nbclient
+import nbformat
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / 'notebooks').glob('*.ipynb'))
+CELL_TIMEOUT_S = 300
+
+
+def test_notebooks_exist():
+  assert {p.name for p in NOTEBOOKS} >= {'quickstart.ipynb', 'analysis.ipynb',
+                                         'bring_your_own_t5.ipynb'}
+
+
+@pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_stored_without_outputs(path):
+  notebook = nbformat.read(path, as_version=4)
+  for cell in notebook.cells:
+    if cell.cell_type == 'code':
+      assert not cell.outputs and cell.execution_count is None, f'{path.name}: clear outputs'
+
+
+@pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs(path):
+  notebook = nbformat.read(path, as_version=4)
+  # The kernel starts in the repository root; the notebooks find it from any cwd anyway.
+  client = nbclient.NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name='python3',
+                                   resources={'metadata': {'path': str(ROOT)}})
+  client.execute()  # raises CellExecutionError, with the cell and its traceback, on any error
