@@ -3,43 +3,44 @@
 import setuptools
 
 setuptools.setup(
-    name='specdec_jax',
-    version='0.1.0',
-    description='Speculative decoding (token and block verification) for T5 pairs in JAX/Flax.',
-    packages=setuptools.find_packages(include=['specdec_jax', 'specdec_jax.*', 'experiments',
-                                               'experiments.*']),
-    package_data={'specdec_jax.data': ['*.md']},
-    python_requires='>=3.11',
-    install_requires=[
-        'jax==0.10.2',
-        'jaxlib==0.10.2',
-        'flax==0.12.8',
-        'optax==0.2.8',
-        'orbax-checkpoint==0.12.8',
-        'tensorstore',  # T5X checkpoints (zarr, OCDBT)
-        'tqdm',
-        'absl-py',
-        'numpy',
-        'ml_collections',
-        'msgpack',
-        'safetensors',
-        'sentencepiece',
-        'sacrebleu',
-        'matplotlib',
+  name='specdec_jax',
+  version='0.1.0',
+  description='Speculative decoding (token and block verification) for T5 pairs in JAX/Flax.',
+  packages=setuptools.find_packages(
+    include=['specdec_jax', 'specdec_jax.*', 'experiments', 'experiments.*']
+  ),
+  package_data={'specdec_jax.data': ['*.md']},
+  python_requires='>=3.11',
+  install_requires=[
+    'jax==0.10.2',
+    'jaxlib==0.10.2',
+    'flax==0.12.8',
+    'optax==0.2.8',
+    'orbax-checkpoint==0.12.8',
+    'tensorstore',  # T5X checkpoints (zarr, OCDBT)
+    'tqdm',
+    'absl-py',
+    'numpy',
+    'ml_collections',
+    'msgpack',
+    'safetensors',
+    'sentencepiece',
+    'sacrebleu',
+    'matplotlib',
+  ],
+  extras_require={
+    'test': [
+      'pytest',
+      'scipy',
+      'hypothesis',
+      'ruff==0.14.0',
+      # HF parity tests. torch==2.13.0 resolves to the CPU wheel in /opt/wheels here.
+      'torch==2.13.0',
+      'transformers==5.23.0',
+      # tests/notebooks_test.py executes notebooks/*.ipynb in a python3 kernel.
+      'nbclient',
+      'nbformat',
+      'ipykernel',
     ],
-    extras_require={
-        'test': [
-            'pytest',
-            'scipy',
-            'hypothesis',
-            'ruff==0.14.0',
-            # HF parity tests. torch==2.13.0 resolves to the CPU wheel in /opt/wheels here.
-            'torch==2.13.0',
-            'transformers==5.23.0',
-            # tests/notebooks_test.py executes notebooks/*.ipynb in a python3 kernel.
-            'nbclient',
-            'nbformat',
-            'ipykernel',
-        ],
-    },
+  },
 )

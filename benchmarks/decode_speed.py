@@ -27,25 +27,31 @@ from specdec_jax import profiling
 
 profiling.enable_tracing()  # before JAX starts: per-op trace events for the breakdown
 
-import dataclasses  # noqa: E402
-import pathlib  # noqa: E402
+import dataclasses
+import pathlib
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from absl import app, flags  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
 
-from specdec_jax import checkpoints, decode, drafters, sampling as sampling_lib, timing  # noqa: E402
-from specdec_jax.data import pairs, tokenizer as tokenizer_lib  # noqa: E402
-from specdec_jax.models import t5  # noqa: E402
+from specdec_jax import checkpoints, decode, drafters, timing
+from specdec_jax import sampling as sampling_lib
+from specdec_jax.data import pairs
+from specdec_jax.data import tokenizer as tokenizer_lib
+from specdec_jax.models import t5
 
 _PRETRAINED = pathlib.Path(__file__).resolve().parents[1] / 'pretrained' / 'ende'
 _DIR = flags.DEFINE_string('pretrained', str(_PRETRAINED), 'Shipped pair directory.')
-_RANDOM = flags.DEFINE_bool('random_weights', False, 'Random-weight models of --target/--drafter '
-                            'shapes instead of the shipped pair (random ids as sources).')
+_RANDOM = flags.DEFINE_bool(
+  'random_weights',
+  False,
+  'Random-weight models of --target/--drafter '
+  'shapes instead of the shipped pair (random ids as sources).',
+)
 _TARGET = flags.DEFINE_string('target', 'ende-target', 'Random target: a t5.CONFIGS key or ende-*.')
 _DRAFTER = flags.DEFINE_string('drafter', 'ende-drafter', 'Random drafter (same vocabulary).')
-_DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Random models\' dtype.')
+_DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], "Random models' dtype.")
 _BATCHES = flags.DEFINE_list('batches', ['1', '8', '32'], 'Batch sizes for tokens/s.')
 _BREAKDOWN = flags.DEFINE_list('breakdown_batches', ['1', '8'], 'Batch sizes for the breakdown.')
 _TEMPS = flags.DEFINE_list('temperatures', ['0', '1'], 'Temperatures.')
@@ -57,12 +63,26 @@ _ROWS = flags.DEFINE_integer('rows', 16, 'Test sources decoded per measurement, 
 
 # The shapes we train for EN->DE (experiments/configs/train_*.py), with an 8k vocabulary.
 SIZES = {
-  'ende-target': dataclasses.replace(t5.CONFIGS['t5_1_1-small'], vocab_size=8000, d_model=256,
-                                     d_ff=1024, num_heads=4, num_encoder_layers=4,
-                                     num_decoder_layers=4),
-  'ende-drafter': dataclasses.replace(t5.CONFIGS['t5-small'], vocab_size=8000, d_model=96,
-                                      d_kv=24, d_ff=256, num_heads=4, num_encoder_layers=2,
-                                      num_decoder_layers=1, feed_forward='gated-gelu'),
+  'ende-target': dataclasses.replace(
+    t5.CONFIGS['t5_1_1-small'],
+    vocab_size=8000,
+    d_model=256,
+    d_ff=1024,
+    num_heads=4,
+    num_encoder_layers=4,
+    num_decoder_layers=4,
+  ),
+  'ende-drafter': dataclasses.replace(
+    t5.CONFIGS['t5-small'],
+    vocab_size=8000,
+    d_model=96,
+    d_kv=24,
+    d_ff=256,
+    num_heads=4,
+    num_encoder_layers=2,
+    num_decoder_layers=1,
+    feed_forward='gated-gelu',
+  ),
 }
 
 
@@ -78,13 +98,21 @@ def _models_and_sources(max_rows: int):
   if _RANDOM.value:
     target, drafter = _random_model(_TARGET.value, 0), _random_model(_DRAFTER.value, 1)
     ids = np.random.default_rng(0).integers(2, 1000, (max_rows, s))
-    bigram = drafters.NGramDrafter.fit([ids[:, :8].reshape(-1)], vocab_size=target.config.vocab_size)
-    return target, {'bigram': bigram, 't5': drafter}, jnp.asarray(ids, jnp.int32), jnp.ones_like(
-      jnp.asarray(ids, jnp.int32))
+    bigram = drafters.NGramDrafter.fit(
+      [ids[:, :8].reshape(-1)], vocab_size=target.config.vocab_size
+    )
+    return (
+      target,
+      {'bigram': bigram, 't5': drafter},
+      jnp.asarray(ids, jnp.int32),
+      jnp.ones_like(jnp.asarray(ids, jnp.int32)),
+    )
   d = pathlib.Path(_DIR.value)
   target = checkpoints.restore(str(d / 'target'))
-  found = {'bigram': drafters.NGramDrafter.load(str(d / 'bigram.npz')),
-           't5': checkpoints.restore(str(d / 'drafter'))}
+  found = {
+    'bigram': drafters.NGramDrafter.load(str(d / 'bigram.npz')),
+    't5': checkpoints.restore(str(d / 'drafter')),
+  }
   tokenizer = tokenizer_lib.Tokenizer.load(str(d / 'spm.model'))
   sources = [src for src, _ in pairs.load_pairs(str(d / 'test.tsv'))]
   sources = (sources * (max_rows // len(sources) + 1))[:max_rows]
@@ -95,12 +123,26 @@ def _models_and_sources(max_rows: int):
   return target, found, jnp.asarray(ids), jnp.asarray(mask)
 
 
-def _calls(target, drafter, ids, mask, batch, temperature, *, gamma, verifier='token',
-           fast=True, max_new_tokens=None):
+def _calls(
+  target,
+  drafter,
+  ids,
+  mask,
+  batch,
+  temperature,
+  *,
+  gamma,
+  verifier='token',
+  fast=True,
+  max_new_tokens=None,
+):
   """(jitted loop, [(args, kwargs)] over the batches of ids) of generate (drafter None) or
   speculative_generate; the private jits, so the general path can be run at temperature 0."""
-  kw = dict(sampling=sampling_lib.SamplingConfig(temperature=temperature),
-            max_new_tokens=max_new_tokens or _MAX_NEW.value, greedy_fast_path=fast)
+  kw = dict(
+    sampling=sampling_lib.SamplingConfig(temperature=temperature),
+    max_new_tokens=max_new_tokens or _MAX_NEW.value,
+    greedy_fast_path=fast,
+  )
   if drafter is not None:
     kw.update(gamma=gamma, verifier=verifier)
   calls = []
@@ -109,8 +151,15 @@ def _calls(target, drafter, ids, mask, batch, temperature, *, gamma, verifier='t
     if drafter is None:
       args = (target.steps, target.params, ids[i : i + batch], mask[i : i + batch], rng)
     else:
-      args = (target.steps, target.params, drafter.steps, drafter.params, ids[i : i + batch],
-              mask[i : i + batch], rng)
+      args = (
+        target.steps,
+        target.params,
+        drafter.steps,
+        drafter.params,
+        ids[i : i + batch],
+        mask[i : i + batch],
+        rng,
+      )
     calls.append((args, kw))
   return (decode._autoregressive_jit if drafter is None else decode._speculative_jit), calls
 
@@ -139,8 +188,13 @@ def _measure(target, drafter, ids, mask, batch, temperature, **kw) -> tuple[Meas
   one = _timed(*_calls(target, drafter, ids, mask, batch, temperature, max_new_tokens=1, **kw))
   iterations = sum(int(o.stats.target_calls.max()) for o in outs)
   stats = jax.tree.map(lambda *x: jnp.concatenate(x), *[o.stats for o in outs]).summed()
-  m = Measured(seconds, (seconds - one) / max(iterations - len(calls), 1), iterations,
-               sum(int(o.lengths.sum()) for o in outs), stats)
+  m = Measured(
+    seconds,
+    (seconds - one) / max(iterations - len(calls), 1),
+    iterations,
+    sum(int(o.lengths.sum()) for o in outs),
+    stats,
+  )
   return m, profiling.breakdown(jitted, calls)
 
 
@@ -155,36 +209,50 @@ def main(argv):
   rows = max(batches + [_ROWS.value])
   target, found, all_ids, all_mask = _models_and_sources(rows)
   count = lambda m: t5.param_count(m.params)
-  print(f'device: {jax.devices()[0].device_kind}, {jax.device_count()} device(s); target '
-        f'{count(target) / 1e6:.2f}M params, T5 drafter {count(found["t5"]) / 1e6:.2f}M; '
-        f'gamma {gamma}, source length {_SOURCE_LEN.value}, up to {_MAX_NEW.value} new tokens; '
-        f'median of {_REPEATS.value}')
+  print(
+    f'device: {jax.devices()[0].device_kind}, {jax.device_count()} device(s); target '
+    f'{count(target) / 1e6:.2f}M params, T5 drafter {count(found["t5"]) / 1e6:.2f}M; '
+    f'gamma {gamma}, source length {_SOURCE_LEN.value}, up to {_MAX_NEW.value} new tokens; '
+    f'median of {_REPEATS.value}'
+  )
 
   for batch in map(int, _BREAKDOWN.value):
     n = max(batch, _ROWS.value // batch * batch)
     ids, mask = all_ids[:n], all_mask[:n]
-    kw = dict(batch_size=batch, source_length=_SOURCE_LEN.value,
-              cache_len=decode.buffer_length(_MAX_NEW.value, gamma))
+    kw = dict(
+      batch_size=batch,
+      source_length=_SOURCE_LEN.value,
+      cache_len=decode.buffer_length(_MAX_NEW.value, gamma),
+    )
     step = timing.step_seconds(target, **kw)
     pass_ = timing.step_seconds(target, num_tokens=gamma + 1, **kw)
     d_step = timing.step_seconds(found['t5'], **kw)
-    print(f'\n== batch {batch}: in-loop target step {step * 1e3:.3f} ms, {gamma + 1}-position '
-          f'pass {pass_ * 1e3:.3f} ms = {pass_ / step:.2f} steps; T5 drafter step '
-          f'{d_step * 1e3:.3f} ms, c = {d_step / step:.3f}')
+    print(
+      f'\n== batch {batch}: in-loop target step {step * 1e3:.3f} ms, {gamma + 1}-position '
+      f'pass {pass_ * 1e3:.3f} ms = {pass_ / step:.2f} steps; T5 drafter step '
+      f'{d_step * 1e3:.3f} ms, c = {d_step / step:.3f}'
+    )
     for temperature in map(float, _TEMPS.value):
       for fast in [True, False] if temperature == 0 else [True]:
         label = '' if temperature else (' [fast path]' if fast else ' [general path]')
         print(f'-- temperature {temperature:g}{label}')
         m, b = _measure(target, None, ids, mask, batch, temperature, gamma=gamma, fast=fast)
-        print(f'   autoregressive: {m.iteration * 1e3:.3f} ms/iteration = '
-              f'{m.iteration / step:.2f}x the bare step | {_shares(b)}')
+        print(
+          f'   autoregressive: {m.iteration * 1e3:.3f} ms/iteration = '
+          f'{m.iteration / step:.2f}x the bare step | {_shares(b)}'
+        )
         for name, drafter in found.items():
           m, b = _measure(target, drafter, ids, mask, batch, temperature, gamma=gamma, fast=fast)
-          bare, what = (pass_, 'pass') if name != 't5' else (pass_ + gamma * d_step,
-                                                               'pass + gamma drafter steps')
-          print(f'   {name:6s} token: {m.iteration * 1e3:.3f} ms/iteration = '
-                f'{m.iteration / bare:.2f}x the bare {what}; alpha {float(m.stats.alpha):.2f} '
-                f'| {_shares(b)}')
+          bare, what = (
+            (pass_, 'pass')
+            if name != 't5'
+            else (pass_ + gamma * d_step, 'pass + gamma drafter steps')
+          )
+          print(
+            f'   {name:6s} token: {m.iteration * 1e3:.3f} ms/iteration = '
+            f'{m.iteration / bare:.2f}x the bare {what}; alpha {float(m.stats.alpha):.2f} '
+            f'| {_shares(b)}'
+          )
 
   print('\n== tokens/s (temperature 0, T5 drafter, gamma %d)' % gamma)
   ar_tps = {}
@@ -194,8 +262,16 @@ def main(argv):
     line = []
     for method in ('autoregressive', 'token', 'block'):
       drafter = None if method == 'autoregressive' else found['t5']
-      jitted, calls = _calls(target, drafter, ids, mask, batch, 0.0, gamma=gamma,
-                             verifier=None if drafter is None else method)
+      jitted, calls = _calls(
+        target,
+        drafter,
+        ids,
+        mask,
+        batch,
+        0.0,
+        gamma=gamma,
+        verifier=None if drafter is None else method,
+      )
       outs = [jitted(*a, **k) for a, k in calls]
       sec, tokens = _timed(jitted, calls), sum(int(o.lengths.sum()) for o in outs)
       line.append(f'{method} {tokens / sec:8.1f}')

@@ -10,7 +10,8 @@ The drafter conditions on the previous decoder token only (c ~ 0 per step); load
 from absl import app, flags
 
 from specdec_jax import drafters
-from specdec_jax.data import pairs, tokenizer as tokenizer_lib
+from specdec_jax.data import pairs
+from specdec_jax.data import tokenizer as tokenizer_lib
 
 _PAIRS = flags.DEFINE_string('pairs', 'data/ende/train.tsv', 'TSV / JSONL of (source, target).')
 _TOKENIZER = flags.DEFINE_string('tokenizer', 'data/ende/spm_ende_8k.model', 'SentencePiece.')
@@ -24,9 +25,14 @@ def main(argv):
   del argv
   tok = tokenizer_lib.Tokenizer.load(_TOKENIZER.value)
   targets = [tok.encode(target) for _, target in pairs.load_pairs(_PAIRS.value)]
-  drafter = drafters.NGramDrafter.fit(targets, vocab_size=tok.vocab_size, order=_ORDER.value,
-                                      add_k=_ADD_K.value, top_k=_TOP_K.value,
-                                      eos_id=tok.eos_id)
+  drafter = drafters.NGramDrafter.fit(
+    targets,
+    vocab_size=tok.vocab_size,
+    order=_ORDER.value,
+    add_k=_ADD_K.value,
+    top_k=_TOP_K.value,
+    eos_id=tok.eos_id,
+  )
   drafter.save(_OUTPUT.value)
   print(f'fitted an order-{_ORDER.value} drafter on {len(targets)} sequences -> {_OUTPUT.value}')
 

@@ -57,8 +57,7 @@ from absl import app, flags
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_COMMAND = (
-  'python -m experiments.translate --config=experiments/configs/ende.py '
-  '--workdir=/tmp/specdec_run'
+  'python -m experiments.translate --config=experiments/configs/ende.py --workdir=/tmp/specdec_run'
 )
 VENV = '~/specdec_venv'  # Left unquoted in remote commands: the remote shell expands the ~.
 
@@ -101,13 +100,16 @@ class TpuVm:
 
   def __post_init__(self):
     if not re.fullmatch(r'[a-z]([-a-z0-9]*[a-z0-9])?', self.name or ''):
-      raise ValueError(f'--name must be lowercase letters, digits and hyphens, starting with a '
-                       f'letter and not ending with a hyphen, e.g. specdec-v4-8; got {self.name!r}')
+      raise ValueError(
+        f'--name must be lowercase letters, digits and hyphens, starting with a '
+        f'letter and not ending with a hyphen, e.g. specdec-v4-8; got {self.name!r}'
+      )
     if not self.zone:
       raise ValueError('--zone is required, e.g. --zone=us-central2-b')
     if not re.fullmatch(r'v\d+[a-z]*-\d+', self.accelerator_type):
-      raise ValueError(f'--accelerator_type must look like v4-8 or v4-32, '
-                       f'got {self.accelerator_type!r}')
+      raise ValueError(
+        f'--accelerator_type must look like v4-8 or v4-32, got {self.accelerator_type!r}'
+      )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,14 +145,16 @@ def _gcloud(vm: TpuVm, verb: str, *args: str) -> list[str]:
 
 def create_command(vm: TpuVm) -> list[str]:
   """Creates the TPU VM or pod slice."""
-  return _gcloud(vm, 'create', vm.name, f'--accelerator-type={vm.accelerator_type}',
-                 f'--version={vm.version}')
+  return _gcloud(
+    vm, 'create', vm.name, f'--accelerator-type={vm.accelerator_type}', f'--version={vm.version}'
+  )
 
 
 def copy_repo_command(vm: TpuVm, job: Job) -> list[str]:
   """Copies the local repo to `job.remote_dir` on every worker."""
-  return _gcloud(vm, 'scp', '--recurse', job.repo_dir, f'{vm.name}:{job.remote_dir}',
-                 '--worker=all')
+  return _gcloud(
+    vm, 'scp', '--recurse', job.repo_dir, f'{vm.name}:{job.remote_dir}', '--worker=all'
+  )
 
 
 def ssh_command(vm: TpuVm, remote_command: str, worker: str = 'all') -> list[str]:
@@ -163,12 +167,26 @@ def install_script(job: Job) -> str:
   steps = []
   if job.apt_packages:
     # Waits for the dpkg lock, which unattended-upgrades often holds on a freshly booted VM.
-    steps += ['sudo apt-get update -qq',
-              shlex.join(['sudo', 'apt-get', '-o', 'DPkg::Lock::Timeout=600', 'install', '-y',
-                          '-qq', *job.apt_packages])]
-  steps += [f'{shlex.quote(job.python)} -m venv {VENV}',
-            f'cd {shlex.quote(job.remote_dir)}',
-            f'{VENV}/bin/pip install -q -e . "jax[tpu]"']  # quoted: [] is a glob
+    steps += [
+      'sudo apt-get update -qq',
+      shlex.join(
+        [
+          'sudo',
+          'apt-get',
+          '-o',
+          'DPkg::Lock::Timeout=600',
+          'install',
+          '-y',
+          '-qq',
+          *job.apt_packages,
+        ]
+      ),
+    ]
+  steps += [
+    f'{shlex.quote(job.python)} -m venv {VENV}',
+    f'cd {shlex.quote(job.remote_dir)}',
+    f'{VENV}/bin/pip install -q -e . "jax[tpu]"',
+  ]  # quoted: [] is a glob
   return ' && '.join(steps)
 
 
@@ -179,8 +197,9 @@ def run_script(job: Job) -> str:
 
 def fetch_results_command(vm: TpuVm, job: Job) -> list[str]:
   """Copies `job.results_dir` from worker 0 into `job.local_dir`."""
-  return _gcloud(vm, 'scp', '--recurse', f'{vm.name}:{job.results_dir}', job.local_dir,
-                 '--worker=0')
+  return _gcloud(
+    vm, 'scp', '--recurse', f'{vm.name}:{job.results_dir}', job.local_dir, '--worker=0'
+  )
 
 
 def delete_command(vm: TpuVm) -> list[str]:
@@ -233,13 +252,23 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   try:
-    vm = TpuVm(name=_NAME.value, zone=_ZONE.value, accelerator_type=_ACCELERATOR_TYPE.value,
-               version=_VERSION.value, project=_PROJECT.value)
+    vm = TpuVm(
+      name=_NAME.value,
+      zone=_ZONE.value,
+      accelerator_type=_ACCELERATOR_TYPE.value,
+      version=_VERSION.value,
+      project=_PROJECT.value,
+    )
   except ValueError as e:
     raise app.UsageError(str(e)) from e
-  job = Job(command=_COMMAND.value, results_dir=_RESULTS_DIR.value, local_dir=_LOCAL_DIR.value,
-            remote_dir=_REMOTE_DIR.value, python=_PYTHON.value,
-            apt_packages=tuple(_APT_PACKAGES.value))
+  job = Job(
+    command=_COMMAND.value,
+    results_dir=_RESULTS_DIR.value,
+    local_dir=_LOCAL_DIR.value,
+    remote_dir=_REMOTE_DIR.value,
+    python=_PYTHON.value,
+    apt_packages=tuple(_APT_PACKAGES.value),
+  )
   launch(vm, job, delete_after=_DELETE_AFTER.value, dry_run=_DRY_RUN.value)
 
 

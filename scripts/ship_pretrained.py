@@ -12,11 +12,11 @@ import json
 import os
 import shutil
 
-import jax
 from absl import app, flags
 
 from specdec_jax import checkpoints, drafters, training
-from specdec_jax.data import batching, pairs, tokenizer as tokenizer_lib
+from specdec_jax.data import batching, pairs
+from specdec_jax.data import tokenizer as tokenizer_lib
 from specdec_jax.models import t5
 
 _TARGET = flags.DEFINE_string('target', 'workdir/target/best', 'Trained target (export dir).')
@@ -31,11 +31,19 @@ def _describe(name: str, export_dir: str, model, test, tok) -> dict:
     best = json.load(f)
   data, _ = batching.encode_pairs(test, tok, max_source_length=64, max_target_length=64)
   kept = [p for p in test if len(tok.encode(p[0])) <= 64 and len(tok.encode(p[1])) <= 64]
-  bleu, _ = training.evaluate_bleu(model, data, [t for _, t in kept], tok, batch_size=64,
-                                   max_new_tokens=64)
-  return {'name': name, 'params': t5.param_count(model.params),
-          'config': model.config, 'step': best['step'], 'valid_nll': best['valid_nll'],
-          'valid_bleu': best['valid_bleu'], 'test_bleu': bleu, 'test_pairs': len(kept)}
+  bleu, _ = training.evaluate_bleu(
+    model, data, [t for _, t in kept], tok, batch_size=64, max_new_tokens=64
+  )
+  return {
+    'name': name,
+    'params': t5.param_count(model.params),
+    'config': model.config,
+    'step': best['step'],
+    'valid_nll': best['valid_nll'],
+    'valid_bleu': best['valid_bleu'],
+    'test_bleu': bleu,
+    'test_pairs': len(kept),
+  }
 
 
 def main(argv):
@@ -54,8 +62,14 @@ def main(argv):
   shutil.copy(tok_path, os.path.join(out, 'spm.model'))
   pairs.write_tsv(test, os.path.join(out, 'test.tsv'))
   train = pairs.load_pairs(os.path.join(_DATA_DIR.value, 'train.tsv'))
-  bigram = drafters.NGramDrafter.fit([tok.encode(t) for _, t in train], vocab_size=tok.vocab_size,
-                                     order=2, add_k=0.01, top_k=16, eos_id=tok.eos_id)
+  bigram = drafters.NGramDrafter.fit(
+    [tok.encode(t) for _, t in train],
+    vocab_size=tok.vocab_size,
+    order=2,
+    add_k=0.01,
+    top_k=16,
+    eos_id=tok.eos_id,
+  )
   bigram.save(os.path.join(out, 'bigram.npz'))
   with open(os.path.join(out, 'MODEL_CARD.md'), 'w') as f:
     f.write(_card(rows, len(test), len(train)))
@@ -77,14 +91,18 @@ def _card(rows, num_test, num_train) -> str:
   ]
   for r in rows:
     c = r['config']
-    layout = (f"{c.feed_forward}, {'tied' if c.tie_word_embeddings else 'untied'}, "
-              f'd_model {c.d_model}, {c.num_heads}x{c.d_kv} heads, d_ff {c.d_ff}, '
-              f'{c.num_encoder_layers}+{c.num_decoder_layers} layers')
-    lines.append(f"| {r['name']} | {layout} | {r['params']:,} | {r['step']:,} | "
-                 f"{r['valid_nll']:.3f} | {r['valid_bleu']:.1f} | {r['test_bleu']:.1f} |")
+    layout = (
+      f'{c.feed_forward}, {"tied" if c.tie_word_embeddings else "untied"}, '
+      f'd_model {c.d_model}, {c.num_heads}x{c.d_kv} heads, d_ff {c.d_ff}, '
+      f'{c.num_encoder_layers}+{c.num_decoder_layers} layers'
+    )
+    lines.append(
+      f'| {r["name"]} | {layout} | {r["params"]:,} | {r["step"]:,} | '
+      f'{r["valid_nll"]:.3f} | {r["valid_bleu"]:.1f} | {r["test_bleu"]:.1f} |'
+    )
   lines += [
     '',
-    f"The drafter has {target['params'] / drafter['params']:.1f}x fewer parameters than the "
+    f'The drafter has {target["params"] / drafter["params"]:.1f}x fewer parameters than the '
     'target.',
     '`bigram.npz`: a bigram drafter (previous decoder token; add-0.01 smoothing, 16',
     'continuations kept per context) fitted on the train targets.',

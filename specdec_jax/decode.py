@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import sampling as sampling_lib, step_models, verify
+from specdec_jax import sampling as sampling_lib
+from specdec_jax import step_models, verify
 
 PAD_ID = 0
 
@@ -72,12 +73,19 @@ class DecodeStats:
   @classmethod
   def zeros(cls, batch: int, gamma: int) -> 'DecodeStats':
     zero = jnp.zeros((batch,), jnp.int32)
-    return cls(target_calls=zero, drafted=zero, accepted=zero,
-               accepted_per_position=jnp.zeros((batch, gamma), jnp.int32),
-               beta_sum=jnp.zeros((batch,), jnp.float32), beta_count=zero, nonfinite=zero)
+    return cls(
+      target_calls=zero,
+      drafted=zero,
+      accepted=zero,
+      accepted_per_position=jnp.zeros((batch, gamma), jnp.int32),
+      beta_sum=jnp.zeros((batch,), jnp.float32),
+      beta_count=zero,
+      nonfinite=zero,
+    )
 
-  def accumulate(self, active: jax.Array, num_accepted: jax.Array, beta: jax.Array,
-                 nonfinite: jax.Array) -> 'DecodeStats':
+  def accumulate(
+    self, active: jax.Array, num_accepted: jax.Array, beta: jax.Array, nonfinite: jax.Array
+  ) -> 'DecodeStats':
     """Adds one target call for the `active` rows.
 
     Args:
@@ -159,12 +167,21 @@ class _State(NamedTuple):
   trace: Any  # SpeculativeTrace being filled, or None
 
 
-def _init_state(batch, gamma, max_new_tokens, start_id, target_cache, draft_cache,
-                trace=None) -> _State:
+def _init_state(
+  batch, gamma, max_new_tokens, start_id, target_cache, draft_cache, trace=None
+) -> _State:
   seq = jnp.zeros((batch, buffer_length(max_new_tokens, gamma)), jnp.int32)
   zeros = jnp.zeros((batch,), jnp.int32)
-  return _State(seq.at[:, 0].set(start_id), zeros, jnp.zeros((batch,), bool), target_cache,
-                draft_cache, DecodeStats.zeros(batch, gamma), jnp.zeros((), jnp.int32), trace)
+  return _State(
+    seq.at[:, 0].set(start_id),
+    zeros,
+    jnp.zeros((batch,), bool),
+    target_cache,
+    draft_cache,
+    DecodeStats.zeros(batch, gamma),
+    jnp.zeros((), jnp.int32),
+    trace,
+  )
 
 
 def _row_slice(seq: jax.Array, start: jax.Array, size: int) -> jax.Array:
@@ -258,8 +275,9 @@ def _draft(steps, params, cache, seq, n, rng, *, gamma, sampling, greedy):
 
 
 @jax.named_scope('encode')
-def _init_caches(target_steps, target_params, draft_steps, draft_params, input_ids, input_mask,
-                 cache_len):
+def _init_caches(
+  target_steps, target_params, draft_steps, draft_params, input_ids, input_mask, cache_len
+):
   """Both caches; the source is encoded once when the drafter reads the target's encoder."""
   encoded = target_steps.encode(target_params, input_ids, input_mask)
   target_cache = target_steps.init_cache(target_params, encoded, input_mask, cache_len)
@@ -270,29 +288,58 @@ def _init_caches(target_steps, target_params, draft_steps, draft_params, input_i
   return target_cache, draft_steps.init_cache(draft_params, encoded, input_mask, cache_len)
 
 
-def _speculative_loop(target_steps, target_params, draft_steps, draft_params, input_ids,
-                      input_mask, rng, *, gamma: int, verifier: str,
-                      sampling: sampling_lib.SamplingConfig, max_new_tokens: int,
-                      greedy_fast_path: bool = True, trace: bool = False) -> DecodeOutput:
+def _speculative_loop(
+  target_steps,
+  target_params,
+  draft_steps,
+  draft_params,
+  input_ids,
+  input_mask,
+  rng,
+  *,
+  gamma: int,
+  verifier: str,
+  sampling: sampling_lib.SamplingConfig,
+  max_new_tokens: int,
+  greedy_fast_path: bool = True,
+  trace: bool = False,
+) -> DecodeOutput:
   batch = input_ids.shape[0]
   greedy = sampling.greedy and greedy_fast_path
-  target_cache, draft_cache = _init_caches(target_steps, target_params, draft_steps, draft_params,
-                                           input_ids, input_mask,
-                                           buffer_length(max_new_tokens, gamma))
+  target_cache, draft_cache = _init_caches(
+    target_steps,
+    target_params,
+    draft_steps,
+    draft_params,
+    input_ids,
+    input_mask,
+    buffer_length(max_new_tokens, gamma),
+  )
   record = None
   if trace:
     per_iteration = lambda *shape: jnp.zeros((batch, max_new_tokens) + shape, jnp.int32)
-    record = SpeculativeTrace(per_iteration(gamma), per_iteration(), per_iteration(),
-                              per_iteration())
-  state = _init_state(batch, gamma, max_new_tokens, target_steps.start_id, target_cache,
-                      draft_cache, record)
+    record = SpeculativeTrace(
+      per_iteration(gamma), per_iteration(), per_iteration(), per_iteration()
+    )
+  state = _init_state(
+    batch, gamma, max_new_tokens, target_steps.start_id, target_cache, draft_cache, record
+  )
   verify_fn = verify.VERIFIERS[verifier]
 
   def body(state: _State) -> _State:
     n, active = state.n, ~state.done
     draft_rng, verify_rng = jax.random.split(jax.random.fold_in(rng, state.iteration))
-    drafts, q, draft_cache = _draft(draft_steps, draft_params, state.draft_cache, state.seq, n,
-                                    draft_rng, gamma=gamma, sampling=sampling, greedy=greedy)
+    drafts, q, draft_cache = _draft(
+      draft_steps,
+      draft_params,
+      state.draft_cache,
+      state.seq,
+      n,
+      draft_rng,
+      gamma=gamma,
+      sampling=sampling,
+      greedy=greedy,
+    )
     with jax.named_scope('target'):
       # One pass scores the pending token and all gamma drafts: p_1 .. p_{gamma+1}.
       target_in = jnp.concatenate([_row_slice(state.seq, n, 1), drafts], axis=1)
@@ -313,10 +360,18 @@ def _speculative_loop(target_steps, target_params, draft_steps, draft_params, in
         beta = jnp.minimum(p[:, :gamma], q).sum(-1)
         nonfinite = verify.nonfinite_rows(q, p)
     with jax.named_scope('emit'):
-      block = jnp.where(jnp.arange(gamma + 1) < tau[:, None],
-                        jnp.pad(drafts, ((0, 0), (0, 1))), y[:, None])
-      seq, new_n, done = _emit(state.seq, n, state.done, block, tau + 1,
-                               eos_id=target_steps.eos_id, max_new_tokens=max_new_tokens)
+      block = jnp.where(
+        jnp.arange(gamma + 1) < tau[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), y[:, None]
+      )
+      seq, new_n, done = _emit(
+        state.seq,
+        n,
+        state.done,
+        block,
+        tau + 1,
+        eos_id=target_steps.eos_id,
+        max_new_tokens=max_new_tokens,
+      )
       # Rewind: the target keeps [.., seq[n], X_1..X_tau] (positions < new_n); the drafter
       # rewinds itself at its next call.
       target_cache = target_cache.replace(end_index=new_n)
@@ -324,21 +379,33 @@ def _speculative_loop(target_steps, target_params, draft_steps, draft_params, in
       record = state.trace
       if record is not None:
         at = lambda field, value: field.at[:, state.iteration].set(value)
-        record = SpeculativeTrace(at(record.drafts, drafts), at(record.num_accepted, tau),
-                                  at(record.next_token, y), at(record.emitted, new_n - n))
-    return _State(seq, new_n, done, target_cache, draft_cache, stats, state.iteration + 1,
-                  record)
+        record = SpeculativeTrace(
+          at(record.drafts, drafts),
+          at(record.num_accepted, tau),
+          at(record.next_token, y),
+          at(record.emitted, new_n - n),
+        )
+    return _State(seq, new_n, done, target_cache, draft_cache, stats, state.iteration + 1, record)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   return _finish(state, max_new_tokens)
 
 
-def _autoregressive_loop(steps, params, input_ids, input_mask, rng, *,
-                         sampling: sampling_lib.SamplingConfig, max_new_tokens: int,
-                         greedy_fast_path: bool = True) -> DecodeOutput:
+def _autoregressive_loop(
+  steps,
+  params,
+  input_ids,
+  input_mask,
+  rng,
+  *,
+  sampling: sampling_lib.SamplingConfig,
+  max_new_tokens: int,
+  greedy_fast_path: bool = True,
+) -> DecodeOutput:
   batch = input_ids.shape[0]
-  cache, _ = _init_caches(steps, params, None, None, input_ids, input_mask,
-                          buffer_length(max_new_tokens, 0))
+  cache, _ = _init_caches(
+    steps, params, None, None, input_ids, input_mask, buffer_length(max_new_tokens, 0)
+  )
   state = _init_state(batch, 0, max_new_tokens, steps.start_id, cache, None)
   no_drafts = jnp.zeros((batch, 0), jnp.float32)
 
@@ -353,9 +420,15 @@ def _autoregressive_loop(steps, params, input_ids, input_mask, rng, *,
         probs = sampling_lib.logits_to_probs(logits[:, 0], sampling)
         token = sampling_lib.sample(jax.random.fold_in(rng, state.iteration), probs)
     with jax.named_scope('emit'):
-      seq, n, done = _emit(state.seq, state.n, state.done, token[:, None],
-                           jnp.ones_like(state.n), eos_id=steps.eos_id,
-                           max_new_tokens=max_new_tokens)
+      seq, n, done = _emit(
+        state.seq,
+        state.n,
+        state.done,
+        token[:, None],
+        jnp.ones_like(state.n),
+        eos_id=steps.eos_id,
+        max_new_tokens=max_new_tokens,
+      )
       stats = state.stats.accumulate(~state.done, jnp.zeros_like(n), no_drafts, nonfinite)
     return _State(seq, n, done, cache, None, stats, state.iteration + 1, None)
 
@@ -365,8 +438,16 @@ def _autoregressive_loop(steps, params, input_ids, input_mask, rng, *,
 
 _speculative_jit = jax.jit(
   _speculative_loop,
-  static_argnames=('target_steps', 'draft_steps', 'gamma', 'verifier', 'sampling',
-                   'max_new_tokens', 'greedy_fast_path', 'trace'),
+  static_argnames=(
+    'target_steps',
+    'draft_steps',
+    'gamma',
+    'verifier',
+    'sampling',
+    'max_new_tokens',
+    'greedy_fast_path',
+    'trace',
+  ),
 )
 _autoregressive_jit = jax.jit(
   _autoregressive_loop,
@@ -391,47 +472,63 @@ def _check_inputs(steps, input_ids, input_mask, max_new_tokens, *, drafter=None)
   """Validates the arguments every loop takes; returns (ids int32, mask int32, max_new_tokens)."""
   max_new_tokens = _as_int('max_new_tokens', max_new_tokens, 1)
   # A batch sharded over several hosts cannot be read here: check its shape and dtype only.
-  local = not any(isinstance(x, jax.Array) and not x.is_fully_addressable
-                  for x in (input_ids, input_mask))
+  local = not any(
+    isinstance(x, jax.Array) and not x.is_fully_addressable for x in (input_ids, input_mask)
+  )
   ids = np.asarray(input_ids) if local else jax.ShapeDtypeStruct(input_ids.shape, input_ids.dtype)
-  mask = np.asarray(input_mask) if local else jax.ShapeDtypeStruct(input_mask.shape,
-                                                                   input_mask.dtype)
+  mask = (
+    np.asarray(input_mask) if local else jax.ShapeDtypeStruct(input_mask.shape, input_mask.dtype)
+  )
   if ids.dtype == object or not np.issubdtype(ids.dtype, np.integer):
     raise TypeError(f'input_ids must hold integer token ids, got dtype {ids.dtype}.')
   if ids.ndim != 2 or ids.shape != mask.shape:
-    raise ValueError('input_ids and input_mask must both be [batch, length], got shapes '
-                     f'{ids.shape} and {mask.shape}.')
+    raise ValueError(
+      'input_ids and input_mask must both be [batch, length], got shapes '
+      f'{ids.shape} and {mask.shape}.'
+    )
   if ids.shape[0] < 1 or ids.shape[1] < 1:
     raise ValueError(f'input_ids needs at least one row and one position, got shape {ids.shape}.')
   if not (mask.dtype == bool or np.issubdtype(mask.dtype, np.integer)) or (
-      local and not np.isin(mask, (0, 1)).all()):
+    local and not np.isin(mask, (0, 1)).all()
+  ):
     values = np.unique(mask)[:5] if local else '?'
-    raise TypeError(f'input_mask must be bool or 0/1 integers (1 at real tokens), got dtype '
-                    f'{mask.dtype} with values {values}.')
+    raise TypeError(
+      f'input_mask must be bool or 0/1 integers (1 at real tokens), got dtype '
+      f'{mask.dtype} with values {values}.'
+    )
   if local:
     lowest, highest = int(ids.min()), int(ids.max())
     if lowest < 0 or highest >= steps.vocab_size:
-      raise ValueError(f'input_ids must be in [0, vocab_size={steps.vocab_size}), got ids in '
-                       f'[{lowest}, {highest}].')
+      raise ValueError(
+        f'input_ids must be in [0, vocab_size={steps.vocab_size}), got ids in '
+        f'[{lowest}, {highest}].'
+      )
   for role, model in (('model', steps), ('drafter', drafter)):
     max_source = model and step_models.limit(model, 'max_source_length')
     if max_source is not None and ids.shape[1] > max_source:
-      raise ValueError(f'Inputs of length {ids.shape[1]} exceed the {role}\'s '
-                       f'max_source_length={max_source}.')
+      raise ValueError(
+        f"Inputs of length {ids.shape[1]} exceed the {role}'s max_source_length={max_source}."
+      )
   max_target = step_models.limit(steps, 'max_target_length')
   if max_target is not None and max_new_tokens > max_target:
-    raise ValueError(f'max_new_tokens={max_new_tokens} exceeds the model\'s '
-                     f'max_target_length={max_target}.')
+    raise ValueError(
+      f"max_new_tokens={max_new_tokens} exceeds the model's max_target_length={max_target}."
+    )
   # The caller's arrays, not the host copies: a sharded batch keeps its placement.
-  as_int32 = lambda x: x.astype(jnp.int32) if isinstance(x, jax.Array) else jnp.asarray(
-    np.asarray(x), jnp.int32)
+  as_int32 = (
+    lambda x: x.astype(jnp.int32)
+    if isinstance(x, jax.Array)
+    else jnp.asarray(np.asarray(x), jnp.int32)
+  )
   return as_int32(input_ids), as_int32(input_mask), max_new_tokens
 
 
 def _check_sampling(sampling):
   if not isinstance(sampling, sampling_lib.SamplingConfig):
-    raise TypeError(f'sampling must be a sampling.SamplingConfig (e.g. SamplingConfig('
-                    f'temperature=0.0) for greedy), got {sampling!r}.')
+    raise TypeError(
+      f'sampling must be a sampling.SamplingConfig (e.g. SamplingConfig('
+      f'temperature=0.0) for greedy), got {sampling!r}.'
+    )
 
 
 def _raise_if_nonfinite(out: DecodeOutput, what: str) -> DecodeOutput:
@@ -441,12 +538,21 @@ def _raise_if_nonfinite(out: DecodeOutput, what: str) -> DecodeOutput:
       f'{what} produced NaN or inf in {rows.size} row(s) (first: {rows[:8].tolist()}): the '
       'output is not a sample of the model. Check the params (the checkpoint loaders reject '
       'non-finite weights) and the inputs; pass check_finite=False to get the output anyway, '
-      'with the per-row counts in out.stats.nonfinite.')
+      'with the per-row counts in out.stats.nonfinite.'
+    )
   return out
 
 
-def generate(model, input_ids, input_mask, *, sampling: sampling_lib.SamplingConfig,
-             max_new_tokens: int, rng: jax.Array, check_finite: bool = True) -> DecodeOutput:
+def generate(
+  model,
+  input_ids,
+  input_mask,
+  *,
+  sampling: sampling_lib.SamplingConfig,
+  max_new_tokens: int,
+  rng: jax.Array,
+  check_finite: bool = True,
+) -> DecodeOutput:
   """Plain autoregressive decoding: one target call per token, the baseline.
 
   Args:
@@ -465,15 +571,26 @@ def generate(model, input_ids, input_mask, *, sampling: sampling_lib.SamplingCon
   steps, params = step_models.as_step_model(model)
   _check_sampling(sampling)
   ids, mask, max_new_tokens = _check_inputs(steps, input_ids, input_mask, max_new_tokens)
-  out = _autoregressive_jit(steps, params, ids, mask, rng, sampling=sampling,
-                            max_new_tokens=max_new_tokens)
+  out = _autoregressive_jit(
+    steps, params, ids, mask, rng, sampling=sampling, max_new_tokens=max_new_tokens
+  )
   return _raise_if_nonfinite(out, 'The model') if check_finite else out
 
 
-def speculative_generate(target, drafter, input_ids, input_mask, *, gamma: int,
-                         verifier: str = 'token', sampling: sampling_lib.SamplingConfig,
-                         max_new_tokens: int, rng: jax.Array, trace: bool = False,
-                         check_finite: bool = True) -> DecodeOutput:
+def speculative_generate(
+  target,
+  drafter,
+  input_ids,
+  input_mask,
+  *,
+  gamma: int,
+  verifier: str = 'token',
+  sampling: sampling_lib.SamplingConfig,
+  max_new_tokens: int,
+  rng: jax.Array,
+  trace: bool = False,
+  check_finite: bool = True,
+) -> DecodeOutput:
   """Speculative decoding: output distributed exactly as `generate(target, ...)`.
 
   Each iteration the drafter proposes gamma tokens (a `lax.scan`), the target scores all gamma + 1
@@ -509,11 +626,25 @@ def speculative_generate(target, drafter, input_ids, input_mask, *, gamma: int,
   target_steps, target_params = step_models.as_step_model(target)
   draft_steps, draft_params = step_models.as_step_model(drafter)
   if draft_steps.vocab_size != target_steps.vocab_size:
-    raise ValueError(f'Drafter and target vocabularies differ: drafter vocab_size='
-                     f'{draft_steps.vocab_size}, target vocab_size={target_steps.vocab_size}.')
-  ids, mask, max_new_tokens = _check_inputs(target_steps, input_ids, input_mask, max_new_tokens,
-                                            drafter=draft_steps)
-  out = _speculative_jit(target_steps, target_params, draft_steps, draft_params, ids, mask, rng,
-                         gamma=gamma, verifier=verifier, sampling=sampling,
-                         max_new_tokens=max_new_tokens, trace=bool(trace))
+    raise ValueError(
+      f'Drafter and target vocabularies differ: drafter vocab_size='
+      f'{draft_steps.vocab_size}, target vocab_size={target_steps.vocab_size}.'
+    )
+  ids, mask, max_new_tokens = _check_inputs(
+    target_steps, input_ids, input_mask, max_new_tokens, drafter=draft_steps
+  )
+  out = _speculative_jit(
+    target_steps,
+    target_params,
+    draft_steps,
+    draft_params,
+    ids,
+    mask,
+    rng,
+    gamma=gamma,
+    verifier=verifier,
+    sampling=sampling,
+    max_new_tokens=max_new_tokens,
+    trace=bool(trace),
+  )
   return _raise_if_nonfinite(out, 'The target or the drafter') if check_finite else out

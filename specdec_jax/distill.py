@@ -31,8 +31,11 @@ import ml_collections
 import numpy as np
 import optax
 
-from specdec_jax import checkpoints, decode, sampling as sampling_lib, training
-from specdec_jax.data import batching, pairs as pairs_lib, tokenizer as tokenizer_lib
+from specdec_jax import checkpoints, decode, training
+from specdec_jax import sampling as sampling_lib
+from specdec_jax.data import batching
+from specdec_jax.data import pairs as pairs_lib
+from specdec_jax.data import tokenizer as tokenizer_lib
 from specdec_jax.models import t5
 
 DIVERGENCES = ('fkl', 'rkl', 'tvd')
@@ -56,8 +59,7 @@ def token_divergences(teacher_logits: jax.Array, student_logits: jax.Array) -> d
     'fkl': jnp.sum(p * (log_p - log_q), axis=-1),
     'rkl': jnp.sum(q * (log_q - log_p), axis=-1),
     'tvd': 0.5 * jnp.sum(jnp.abs(p - q), axis=-1),
-    'agree': (jnp.argmax(teacher_logits, -1) == jnp.argmax(student_logits, -1)).astype(
-      jnp.float32),
+    'agree': (jnp.argmax(teacher_logits, -1) == jnp.argmax(student_logits, -1)).astype(jnp.float32),
   }
 
 
@@ -66,14 +68,17 @@ def _logits(teacher: t5.T5Model, student_config: t5.T5Config, student_params, ba
   cfg = teacher.config
   decoder_in = t5.shift_right(batch['targets'], cfg.decoder_start_token_id)
   encoded = t5.encode(teacher.params, batch['inputs'], batch['input_mask'], config=cfg)
-  teacher_logits = t5.decode_forward(teacher.params, encoded, batch['input_mask'], decoder_in,
-                                     config=cfg)
+  teacher_logits = t5.decode_forward(
+    teacher.params, encoded, batch['input_mask'], decoder_in, config=cfg
+  )
   if student_config.num_encoder_layers == 0:  # reads the target's encoder
-    student_logits = t5.decode_forward(student_params, encoded, batch['input_mask'], decoder_in,
-                                       config=student_config)
+    student_logits = t5.decode_forward(
+      student_params, encoded, batch['input_mask'], decoder_in, config=student_config
+    )
   else:
-    student_logits = t5.forward(student_params, batch['inputs'], batch['input_mask'], decoder_in,
-                                config=student_config)
+    student_logits = t5.forward(
+      student_params, batch['inputs'], batch['input_mask'], decoder_in, config=student_config
+    )
   return jax.lax.stop_gradient(teacher_logits), student_logits
 
 
@@ -83,11 +88,20 @@ def _masked_means(terms: dict, mask: jax.Array) -> dict:
   return {k: jnp.sum(v * weights) / tokens for k, v in terms.items()}
 
 
-@functools.partial(jax.jit, static_argnames=('student_config', 'optimizer_config', 'divergence'),
-                   donate_argnames=('state',))
-def distill_step(state: training.TrainState, batch, teacher: t5.T5Model, *,
-                 student_config: t5.T5Config, optimizer_config: training.OptimizerConfig,
-                 divergence: str):
+@functools.partial(
+  jax.jit,
+  static_argnames=('student_config', 'optimizer_config', 'divergence'),
+  donate_argnames=('state',),
+)
+def distill_step(
+  state: training.TrainState,
+  batch,
+  teacher: t5.T5Model,
+  *,
+  student_config: t5.T5Config,
+  optimizer_config: training.OptimizerConfig,
+  divergence: str,
+):
   """One AdamW step on the mean token `divergence` between target and drafter.
 
   Returns:
@@ -101,7 +115,8 @@ def distill_step(state: training.TrainState, batch, teacher: t5.T5Model, *,
 
   (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
   updates, opt_state = training.make_optimizer(optimizer_config).update(
-    grads, state.opt_state, state.params)
+    grads, state.opt_state, state.params
+  )
   params = optax.apply_updates(state.params, updates)
   metrics = dict(metrics, grad_norm=optax.global_norm(grads))
   return training.TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
@@ -126,27 +141,50 @@ def teacher_forced_metrics(teacher, student_config, student_params, batches) -> 
   return {k: v / max(tokens, 1.0) for k, v in sums.items()}
 
 
-def measured_alpha(teacher, student, data: batching.EncodedPairs, *, temperature: float,
-                   gamma: int, batch_size: int, max_new_tokens: int, seed: int = 0) -> float:
+def measured_alpha(
+  teacher,
+  student,
+  data: batching.EncodedPairs,
+  *,
+  temperature: float,
+  gamma: int,
+  batch_size: int,
+  max_new_tokens: int,
+  seed: int = 0,
+) -> float:
   """alpha of `student` against `teacher` measured by speculative decoding of `data`'s sources
   (pooled `DecodeStats.alpha`), as the main job reports it."""
   stats = []
   sampling = sampling_lib.SamplingConfig(temperature=temperature)
   for i, batch in enumerate(batching.eval_batches(data, batch_size)):
     real = batch['input_mask'].any(axis=1)  # eval_batches pads the last batch with empty rows
-    out = decode.speculative_generate(teacher, student, batch['inputs'],
-                                      batch['input_mask'].astype(np.int32),
-                                      gamma=gamma, sampling=sampling,
-                                      max_new_tokens=max_new_tokens,
-                                      rng=jax.random.key(seed + i))
+    out = decode.speculative_generate(
+      teacher,
+      student,
+      batch['inputs'],
+      batch['input_mask'].astype(np.int32),
+      gamma=gamma,
+      sampling=sampling,
+      max_new_tokens=max_new_tokens,
+      rng=jax.random.key(seed + i),
+    )
     stats.append(jax.tree.map(lambda x: np.asarray(x)[real], out.stats))
   pooled = jax.tree.map(lambda *x: np.concatenate(x), *stats).summed()
   return float(pooled.alpha)
 
 
-def generate_outputs(teacher: t5.T5Model, data: batching.EncodedPairs, *, temperature: float,
-                     batch_size: int, max_new_tokens: int, shard_dir: str, seed: int = 0,
-                     shard_size: int = 4096, progress: bool = True) -> batching.EncodedPairs:
+def generate_outputs(
+  teacher: t5.T5Model,
+  data: batching.EncodedPairs,
+  *,
+  temperature: float,
+  batch_size: int,
+  max_new_tokens: int,
+  shard_dir: str,
+  seed: int = 0,
+  shard_size: int = 4096,
+  progress: bool = True,
+) -> batching.EncodedPairs:
   """The target's outputs on `data`'s sources, as new pairs (source, output).
 
   Generated in shards of `shard_size` sources saved to `shard_dir` (`shard_00000.npz`, ...); a
@@ -173,9 +211,14 @@ def generate_outputs(teacher: t5.T5Model, data: batching.EncodedPairs, *, temper
         pad = np.concatenate([rows, np.full(batch_size - len(rows), rows[0])])
         ids = data.inputs[pad]
         mask = np.arange(ids.shape[1]) < data.input_lengths[pad, None]
-        out = decode.generate(teacher, ids, mask.astype(np.int32), sampling=sampling,
-                              max_new_tokens=max_new_tokens,
-                              rng=jax.random.key(hash((seed, shard, b)) % 2**31))
+        out = decode.generate(
+          teacher,
+          ids,
+          mask.astype(np.int32),
+          sampling=sampling,
+          max_new_tokens=max_new_tokens,
+          rng=jax.random.key(hash((seed, shard, b)) % 2**31),
+        )
         tokens.append(np.asarray(out.tokens)[: len(rows)])
         n.append(np.asarray(out.lengths)[: len(rows)])
         bar.update(len(rows))
@@ -187,15 +230,17 @@ def generate_outputs(teacher: t5.T5Model, data: batching.EncodedPairs, *, temper
     outputs[index], lengths[index] = tokens, n
   bar.close()
   keep = lengths > 0
-  return batching.EncodedPairs(data.inputs[keep], outputs[keep], data.input_lengths[keep],
-                               lengths[keep])
+  return batching.EncodedPairs(
+    data.inputs[keep], outputs[keep], data.input_lengths[keep], lengths[keep]
+  )
 
 
 def _progress(total: int, description: str, enabled: bool):
   from tqdm.auto import tqdm  # a dependency of transformers/orbax; imported here only
 
-  return tqdm(total=total, desc=description, disable=not enabled, dynamic_ncols=True,
-              mininterval=5.0)
+  return tqdm(
+    total=total, desc=description, disable=not enabled, dynamic_ncols=True, mininterval=5.0
+  )
 
 
 def load_model(path: str) -> t5.T5Model:
@@ -224,48 +269,75 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
   teacher = jax.device_put(teacher, jax.devices()[0])
   tok = tokenizer_lib.Tokenizer.load(config.tokenizer)
   if tok.vocab_size > teacher.config.vocab_size:
-    raise ValueError(f'Tokenizer has {tok.vocab_size} pieces, the target {teacher.config.vocab_size}.')
-  student_config = t5.T5Config(**dict(config.student.to_dict(),
-                                      vocab_size=teacher.config.vocab_size))
-  if student_config.num_encoder_layers == 0 and student_config.encoder_dim != teacher.config.d_model:
-    raise ValueError(f'A drafter over the target\'s encoder needs encoder_dim = the target\'s '
-                     f'd_model ({teacher.config.d_model}), got {student_config.encoder_dim}.')
-  lengths = dict(max_source_length=config.max_source_length,
-                 max_target_length=config.max_target_length)
+    raise ValueError(
+      f'Tokenizer has {tok.vocab_size} pieces, the target {teacher.config.vocab_size}.'
+    )
+  student_config = t5.T5Config(
+    **dict(config.student.to_dict(), vocab_size=teacher.config.vocab_size)
+  )
+  if (
+    student_config.num_encoder_layers == 0 and student_config.encoder_dim != teacher.config.d_model
+  ):
+    raise ValueError(
+      f"A drafter over the target's encoder needs encoder_dim = the target's "
+      f'd_model ({teacher.config.d_model}), got {student_config.encoder_dim}.'
+    )
+  lengths = dict(
+    max_source_length=config.max_source_length, max_target_length=config.max_target_length
+  )
   train_pairs = pairs_lib.load_pairs(config.train_file)[: config.num_train_sources or None]
   valid_pairs = pairs_lib.load_pairs(config.valid_file)[: config.num_valid_sources]
   train_src, _ = batching.encode_pairs(train_pairs, tok, **lengths)
   valid_src, _ = batching.encode_pairs(valid_pairs, tok, **lengths)
   os.makedirs(workdir, exist_ok=True)
-  gen = dict(batch_size=config.generate_batch_size, max_new_tokens=config.max_target_length,
-             seed=config.seed, progress=config.progress)
-  parts = [generate_outputs(teacher, train_src, temperature=t,
-                            shard_dir=os.path.join(workdir, f'data_t{t:g}'), **gen)
-           for t in config.data_temperatures]
-  train = batching.EncodedPairs(*(np.concatenate([getattr(p, f) for p in parts]) for f in
-                                  ('inputs', 'targets', 'input_lengths', 'target_lengths')))
-  valid = generate_outputs(teacher, valid_src, temperature=0.0,
-                           shard_dir=os.path.join(workdir, 'valid_t0'), **gen)
-  batches = batching.BucketedBatches(train, batch_size=config.batch_size,
-                                     buckets=config.length_buckets, seed=config.seed)
+  gen = dict(
+    batch_size=config.generate_batch_size,
+    max_new_tokens=config.max_target_length,
+    seed=config.seed,
+    progress=config.progress,
+  )
+  parts = [
+    generate_outputs(
+      teacher, train_src, temperature=t, shard_dir=os.path.join(workdir, f'data_t{t:g}'), **gen
+    )
+    for t in config.data_temperatures
+  ]
+  train = batching.EncodedPairs(
+    *(
+      np.concatenate([getattr(p, f) for p in parts])
+      for f in ('inputs', 'targets', 'input_lengths', 'target_lengths')
+    )
+  )
+  valid = generate_outputs(
+    teacher, valid_src, temperature=0.0, shard_dir=os.path.join(workdir, 'valid_t0'), **gen
+  )
+  batches = batching.BucketedBatches(
+    train, batch_size=config.batch_size, buckets=config.length_buckets, seed=config.seed
+  )
   valid_batches = batching.eval_batches(valid, config.eval_batch_size)
-  print(f'distillation data: {len(train)} target outputs on {len(train_src)} sources '
-        f'(temperatures {tuple(config.data_temperatures)}), {batches.num_batches_per_epoch} '
-        f'batches/epoch; valid {len(valid)}', flush=True)
+  print(
+    f'distillation data: {len(train)} target outputs on {len(train_src)} sources '
+    f'(temperatures {tuple(config.data_temperatures)}), {batches.num_batches_per_epoch} '
+    f'batches/epoch; valid {len(valid)}',
+    flush=True,
+  )
 
   optimizer_config = training.OptimizerConfig.from_config(config)
   state = training._init_state_jit(jax.random.key(config.seed), student_config, optimizer_config)
   if config.init_from:
     init = checkpoints.restore(config.init_from)
     if init.config != student_config:
-      raise ValueError(f'init_from {config.init_from} has config {init.config}, the student '
-                       f'{student_config}.')
-    state = state.replace(params=init.params,
-                          opt_state=training.make_optimizer(optimizer_config).init(init.params))
+      raise ValueError(
+        f'init_from {config.init_from} has config {init.config}, the student {student_config}.'
+      )
+    state = state.replace(
+      params=init.params, opt_state=training.make_optimizer(optimizer_config).init(init.params)
+    )
   print(f'student: {t5.param_count(state.params):,} params, {student_config}', flush=True)
   manager = ocp.CheckpointManager(
     os.path.abspath(os.path.join(workdir, 'checkpoints')),
-    options=ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints, create=True))
+    options=ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints, create=True),
+  )
   if manager.latest_step() is not None:
     state = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(state))
     print(f'resumed from step {int(state.step)}', flush=True)
@@ -290,18 +362,35 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
     start = time.perf_counter()
     student = t5.T5Model(config=student_config, params=state.params)
     record = {'kind': 'eval', 'step': step}
-    record.update({f'valid_{k}': v for k, v in teacher_forced_metrics(
-      teacher, student_config, state.params, valid_batches).items()})
-    alphas = [measured_alpha(teacher, student, valid, temperature=t, gamma=config.eval_gamma,
-                             batch_size=config.eval_batch_size,
-                             max_new_tokens=config.max_target_length)
-              for t in config.eval_temperatures]
+    record.update(
+      {
+        f'valid_{k}': v
+        for k, v in teacher_forced_metrics(
+          teacher, student_config, state.params, valid_batches
+        ).items()
+      }
+    )
+    alphas = [
+      measured_alpha(
+        teacher,
+        student,
+        valid,
+        temperature=t,
+        gamma=config.eval_gamma,
+        batch_size=config.eval_batch_size,
+        max_new_tokens=config.max_target_length,
+      )
+      for t in config.eval_temperatures
+    ]
     for t, a in zip(config.eval_temperatures, alphas):
       record[f'valid_alpha_t{t:g}'] = a
     record['valid_alpha'] = float(np.mean(alphas))
     record['eval_seconds'] = time.perf_counter() - start
-    print(f'eval step {step}: ' + ', '.join(f'{k} {v:.4f}' for k, v in record.items()
-                                           if k.startswith('valid')), flush=True)
+    print(
+      f'eval step {step}: '
+      + ', '.join(f'{k} {v:.4f}' for k, v in record.items() if k.startswith('valid')),
+      flush=True,
+    )
     log(record)
     if record['valid_alpha'] > best:
       best = record['valid_alpha']
@@ -317,19 +406,28 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
   while step < config.num_train_steps:
     batch = batches.batch(step)
     if config.on_policy_every and step % config.on_policy_every == 0:
-      batch = _on_policy_batch(teacher, student_config, state.params, batch, on_policy,
-                               config.max_target_length, step)
-    state, metrics = distill_step(state, batch, teacher, student_config=student_config,
-                                  optimizer_config=optimizer_config,
-                                  divergence=config.divergence)
+      batch = _on_policy_batch(
+        teacher, student_config, state.params, batch, on_policy, config.max_target_length, step
+      )
+    state, metrics = distill_step(
+      state,
+      batch,
+      teacher,
+      student_config=student_config,
+      optimizer_config=optimizer_config,
+      divergence=config.divergence,
+    )
     step += 1
     bar.update(1)
     pending.append(metrics)
     if step % config.log_every == 0 or step == config.num_train_steps:
       fetched = jax.device_get(pending)
-      record = {'kind': 'train', 'step': step,
-                **{k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]},
-                'steps_per_second': len(fetched) / (time.perf_counter() - window)}
+      record = {
+        'kind': 'train',
+        'step': step,
+        **{k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]},
+        'steps_per_second': len(fetched) / (time.perf_counter() - window),
+      }
       bar.set_postfix(tvd=f'{record["tvd"]:.3f}', agree=f'{record["agree"]:.3f}')
       log(record)
       pending, window = [], time.perf_counter()
@@ -345,23 +443,30 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
   if not last_eval:  # resumed at the end: the last run's final evaluation stands
     last_eval = training.last_record(metrics_path, 'eval', step) or run_eval(step)
   if step > first_step or not os.path.exists(os.path.join(final_path, 'config.json')):
-    training._export(t5.T5Model(config=student_config, params=state.params), final_path,
-                     config.tokenizer)
+    training._export(
+      t5.T5Model(config=student_config, params=state.params), final_path, config.tokenizer
+    )
   metrics_file.close()
   return last_eval
 
 
-def _on_policy_batch(teacher, student_config, student_params, batch, sampling, max_new_tokens,
-                     step):
+def _on_policy_batch(
+  teacher, student_config, student_params, batch, sampling, max_new_tokens, step
+):
   """The batch with its target sequences replaced by the student's own samples (DistillSpec's
   on-policy data); the loss then scores them with the target."""
   student = t5.T5Model(config=student_config, params=student_params)
   if student_config.num_encoder_layers == 0:  # a decoder over the target's encoder drafts alone
     student = _WithEncoder(teacher, student)
   length = batch['targets'].shape[1]
-  out = decode.generate(student, batch['inputs'], batch['input_mask'].astype(np.int32),
-                        sampling=sampling, max_new_tokens=min(length, max_new_tokens),
-                        rng=jax.random.key(step))
+  out = decode.generate(
+    student,
+    batch['inputs'],
+    batch['input_mask'].astype(np.int32),
+    sampling=sampling,
+    max_new_tokens=min(length, max_new_tokens),
+    rng=jax.random.key(step),
+  )
   tokens = np.zeros_like(batch['targets'])
   tokens[:, : out.tokens.shape[1]] = np.asarray(out.tokens)
   mask = np.arange(length) < np.asarray(out.lengths)[:, None]
@@ -397,8 +502,13 @@ class _WithEncoderSteps:
     return t5.encode(params['teacher'], input_ids, input_mask, config=self.teacher_config)
 
   def init_cache(self, params, encoded, input_mask, max_decode_len):
-    return t5.init_cache(params['student'], encoded, input_mask, config=self.student_config,
-                         max_decode_len=max_decode_len)
+    return t5.init_cache(
+      params['student'],
+      encoded,
+      input_mask,
+      config=self.student_config,
+      max_decode_len=max_decode_len,
+    )
 
   def step(self, params, tokens, cache):
     return t5.decode(params['student'], tokens, cache, config=self.student_config)

@@ -17,7 +17,6 @@ import jax.numpy as jnp
 import numpy as np
 
 
-
 @flax.struct.dataclass
 class NGramCache:
   """An n-gram drafter needs no history beyond the token it is fed; only the position count."""
@@ -71,9 +70,17 @@ class NGramDrafter:
   params: dict
 
   @classmethod
-  def fit(cls, sequences: Iterable[np.ndarray], *, vocab_size: int, order: int = 2,
-          add_k: float = 0.01, top_k: int = 64, start_id: int = 0,
-          eos_id: int = 1) -> 'NGramDrafter':
+  def fit(
+    cls,
+    sequences: Iterable[np.ndarray],
+    *,
+    vocab_size: int,
+    order: int = 2,
+    add_k: float = 0.01,
+    top_k: int = 64,
+    start_id: int = 0,
+    eos_id: int = 1,
+  ) -> 'NGramDrafter':
     """Counts n-grams of decoder token sequences and smooths them.
 
     p(y | x) = (c(x, y) + add_k) / (c(x) + add_k * V), where for a bigram only the `top_k` most
@@ -98,8 +105,9 @@ class NGramDrafter:
     for seq in sequences:
       seq = np.asarray(seq, np.int64).reshape(-1)
       if seq.size and (seq.min() < 0 or seq.max() >= vocab_size):
-        raise ValueError(f'Token ids must be in [0, {vocab_size}), got range '
-                         f'[{seq.min()}, {seq.max()}].')
+        raise ValueError(
+          f'Token ids must be in [0, {vocab_size}), got range [{seq.min()}, {seq.max()}].'
+        )
       prev.append(np.concatenate([[start_id], seq[:-1]]))
       nxt.append(seq)
     prev = np.concatenate(prev) if prev else np.zeros(0, np.int64)
@@ -114,8 +122,11 @@ class NGramDrafter:
   def save(self, path: str) -> None:
     """Writes an .npz with the arrays and the static fields."""
     meta = dataclasses.asdict(self.steps)
-    np.savez(path, **{k: np.asarray(v) for k, v in self.params.items()},
-             **{f'meta_{k}': v for k, v in meta.items()})
+    np.savez(
+      path,
+      **{k: np.asarray(v) for k, v in self.params.items()},
+      **{f'meta_{k}': v for k, v in meta.items()},
+    )
 
   @classmethod
   def load(cls, path) -> 'NGramDrafter':
@@ -137,45 +148,68 @@ class NGramDrafter:
     missing = [f'meta_{k}' for k in fields if k not in meta]
     unknown = sorted(f'meta_{k}' for k in set(meta) - set(fields))
     if missing or unknown:
-      raise ValueError(f'{path} is not an .npz of NGramDrafter.save: missing fields {missing}, '
-                       f'unexpected fields {unknown}.')
-    bad = [f'meta_{k}' for k, v in meta.items()
-           if v.shape != () or not np.issubdtype(v.dtype, np.integer)]
+      raise ValueError(
+        f'{path} is not an .npz of NGramDrafter.save: missing fields {missing}, '
+        f'unexpected fields {unknown}.'
+      )
+    bad = [
+      f'meta_{k}'
+      for k, v in meta.items()
+      if v.shape != () or not np.issubdtype(v.dtype, np.integer)
+    ]
     if bad:
       raise ValueError(f'{path}: {bad} must be integer scalars.')
     steps = NGramSteps(**{k: int(v) for k, v in meta.items()})
     if steps.order not in (1, 2) or steps.vocab_size < 1:
-      raise ValueError(f'{path}: meta_order must be 1 or 2 and meta_vocab_size >= 1, got '
-                       f'{steps.order} and {steps.vocab_size}.')
+      raise ValueError(
+        f'{path}: meta_order must be 1 or 2 and meta_vocab_size >= 1, got '
+        f'{steps.order} and {steps.vocab_size}.'
+      )
     params = {k: v for k, v in arrays.items() if not k.startswith('meta_')}
     vocab = steps.vocab_size
     # name -> (shape, dtype kind); 'K' is the number of continuations kept per context.
-    expected = ({'log_probs': ((vocab,), np.floating)} if steps.order == 1 else
-                {'log_base': ((vocab,), np.floating), 'next_ids': ((vocab, 'K'), np.integer),
-                 'next_log_probs': ((vocab, 'K'), np.floating)})
+    expected = (
+      {'log_probs': ((vocab,), np.floating)}
+      if steps.order == 1
+      else {
+        'log_base': ((vocab,), np.floating),
+        'next_ids': ((vocab, 'K'), np.integer),
+        'next_log_probs': ((vocab, 'K'), np.floating),
+      }
+    )
     missing, unknown = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))
     if missing or unknown:
-      raise ValueError(f'{path}: an order-{steps.order} NGramDrafter needs the arrays '
-                       f'{sorted(expected)}; missing {missing}, unexpected {unknown}.')
+      raise ValueError(
+        f'{path}: an order-{steps.order} NGramDrafter needs the arrays '
+        f'{sorted(expected)}; missing {missing}, unexpected {unknown}.'
+      )
     for name, (shape, kind) in expected.items():
       got = params[name]
-      if (got.ndim != len(shape) or any(s not in ('K', g) for s, g in zip(shape, got.shape))
-          or not np.issubdtype(got.dtype, kind)):
+      if (
+        got.ndim != len(shape)
+        or any(s not in ('K', g) for s, g in zip(shape, got.shape))
+        or not np.issubdtype(got.dtype, kind)
+      ):
         want = '[' + ', '.join(map(str, shape)) + ']'
-        raise ValueError(f'{path}: array {name!r} must be {kind.__name__}{want} for '
-                         f'meta_vocab_size {vocab}, got {got.dtype}{list(got.shape)}.')
+        raise ValueError(
+          f'{path}: array {name!r} must be {kind.__name__}{want} for '
+          f'meta_vocab_size {vocab}, got {got.dtype}{list(got.shape)}.'
+        )
     if steps.order == 2:
       ids = params['next_ids']
       if ids.shape != params['next_log_probs'].shape:
-        raise ValueError(f"{path}: 'next_ids' {list(ids.shape)} and 'next_log_probs' "
-                         f"{list(params['next_log_probs'].shape)} differ in K.")
+        raise ValueError(
+          f"{path}: 'next_ids' {list(ids.shape)} and 'next_log_probs' "
+          f'{list(params["next_log_probs"].shape)} differ in K.'
+        )
       if ids.size and not 0 <= ids.min() <= ids.max() < vocab:
         raise ValueError(f"{path}: 'next_ids' lists token ids outside [0, {vocab}).")
     return cls(steps, {k: jnp.asarray(v) for k, v in params.items()})
 
 
-def _fit_bigram(prev: np.ndarray, nxt: np.ndarray, vocab_size: int, add_k: float,
-                top_k: int) -> dict:
+def _fit_bigram(
+  prev: np.ndarray, nxt: np.ndarray, vocab_size: int, add_k: float, top_k: int
+) -> dict:
   pair, counts = np.unique(prev * vocab_size + nxt, return_counts=True)
   ctx, tok = pair // vocab_size, pair % vocab_size
   # Within each context, most frequent first (ties: lower id first); keep the top K.

@@ -28,11 +28,26 @@ import jax
 import numpy as np
 import sacrebleu
 
-from specdec_jax import analysis, decode, pretrained, sampling as sampling_lib, timing, verify
+from specdec_jax import analysis, decode, pretrained, timing, verify
+from specdec_jax import sampling as sampling_lib
 from specdec_jax.data import tokenizer as tokenizer_lib
 
-COLUMNS = ('task', 'drafter', 'method', 'temp', 'gamma', 'alpha', 'block_efficiency', 'c',
-           'pass_cost', 'speedup', 'predicted_speedup', 'bleu', 'seconds', 'tokens_per_s')
+COLUMNS = (
+  'task',
+  'drafter',
+  'method',
+  'temp',
+  'gamma',
+  'alpha',
+  'block_efficiency',
+  'c',
+  'pass_cost',
+  'speedup',
+  'predicted_speedup',
+  'bleu',
+  'seconds',
+  'tokens_per_s',
+)
 
 
 @dataclasses.dataclass
@@ -45,10 +60,21 @@ class Run:
   stats: decode.DecodeStats  # pooled over all rows (`DecodeStats.summed`)
 
 
-def translate(target, drafter, tokenizer: tokenizer_lib.Tokenizer, sources: Sequence[str], *,
-              method: str, gamma: int, sampling: sampling_lib.SamplingConfig, batch_size: int,
-              max_source_length: int, max_new_tokens: int, seed: int = 0,
-              on_batch=None) -> Run:
+def translate(
+  target,
+  drafter,
+  tokenizer: tokenizer_lib.Tokenizer,
+  sources: Sequence[str],
+  *,
+  method: str,
+  gamma: int,
+  sampling: sampling_lib.SamplingConfig,
+  batch_size: int,
+  max_source_length: int,
+  max_new_tokens: int,
+  seed: int = 0,
+  on_batch=None,
+) -> Run:
   """Translates `sources` with `method` ('autoregressive' or a verifier name), timing decoding.
 
   Every batch is padded to [batch_size, max_source_length], so each method compiles once; a
@@ -63,8 +89,9 @@ def translate(target, drafter, tokenizer: tokenizer_lib.Tokenizer, sources: Sequ
     kw = dict(sampling=sampling, max_new_tokens=max_new_tokens, rng=rng)
     if method == 'autoregressive':
       return decode.generate(target, ids, mask, **kw)
-    return decode.speculative_generate(target, drafter, ids, mask, gamma=gamma, verifier=method,
-                                       **kw)
+    return decode.speculative_generate(
+      target, drafter, ids, mask, gamma=gamma, verifier=method, **kw
+    )
 
   jax.block_until_ready(run_batch(chunks[0], jax.random.key(seed)))
   hyps, seconds, outputs = [], 0.0, []
@@ -100,11 +127,13 @@ class Plan:
 
   def summary(self) -> str:
     c = self.config
-    return (f'{len(self.sources)} test sentences of {self.pair.directory}, batch {c.batch_size}; '
-            f'{self.truncated} source(s) longer than {c.max_source_length} tokens truncated; '
-            f'{self.num_methods} methods: autoregressive and drafters {sorted(self.drafters)} x '
-            f'gammas {tuple(c.gammas)} x verifiers {tuple(c.verifiers)}, at temperatures '
-            f'{tuple(c.temperatures)}')
+    return (
+      f'{len(self.sources)} test sentences of {self.pair.directory}, batch {c.batch_size}; '
+      f'{self.truncated} source(s) longer than {c.max_source_length} tokens truncated; '
+      f'{self.num_methods} methods: autoregressive and drafters {sorted(self.drafters)} x '
+      f'gammas {tuple(c.gammas)} x verifiers {tuple(c.verifiers)}, at temperatures '
+      f'{tuple(c.temperatures)}'
+    )
 
 
 def _positive_int(config, name: str) -> None:
@@ -135,26 +164,34 @@ def prepare(config) -> Plan:
       raise ValueError(f'config.gammas must hold ints >= 1, got {tuple(config.gammas)}.')
   unknown = set(config.verifiers) - set(verify.VERIFIERS)
   if unknown:
-    raise ValueError(f'Unknown verifier(s) {sorted(unknown)} in config.verifiers; choose from '
-                     f'{sorted(verify.VERIFIERS)}.')
+    raise ValueError(
+      f'Unknown verifier(s) {sorted(unknown)} in config.verifiers; choose from '
+      f'{sorted(verify.VERIFIERS)}.'
+    )
   pair = pretrained.load(config.pretrained)
   names = list(pair.drafters) if tuple(config.drafters) == ('all',) else list(config.drafters)
   missing = [n for n in names if n not in pair.drafters]
   if missing:
-    raise ValueError(f'Drafter(s) {missing} are not in {pair.directory}; it has '
-                     f'{sorted(pair.drafters)}.')
+    raise ValueError(
+      f'Drafter(s) {missing} are not in {pair.directory}; it has {sorted(pair.drafters)}.'
+    )
   if config.max_new_tokens > pair.target.config.max_target_length:
-    raise ValueError(f'config.max_new_tokens={config.max_new_tokens} exceeds the target\'s '
-                     f'max_target_length={pair.target.config.max_target_length}.')
+    raise ValueError(
+      f"config.max_new_tokens={config.max_new_tokens} exceeds the target's "
+      f'max_target_length={pair.target.config.max_target_length}.'
+    )
   test = pair.test_pairs()
   if config.num_examples > len(test):
-    raise ValueError(f'config.num_examples={config.num_examples} but {pair.directory} has only '
-                     f'{len(test)} test pairs.')
+    raise ValueError(
+      f'config.num_examples={config.num_examples} but {pair.directory} has only '
+      f'{len(test)} test pairs.'
+    )
   test = test[: config.num_examples]
   sources = [s for s, _ in test]
   truncated = sum(len(pair.tokenizer.encode(s)) > config.max_source_length for s in sources)
-  return Plan(config, pair, {n: pair.drafters[n] for n in names}, sources,
-              [t for _, t in test], truncated)
+  return Plan(
+    config, pair, {n: pair.drafters[n] for n in names}, sources, [t for _, t in test], truncated
+  )
 
 
 def rows(plan: Plan, *, progress: bool = True) -> Iterator[dict]:
@@ -163,15 +200,33 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[dict]:
   from tqdm.auto import tqdm  # imported here: only the main job's progress needs it
 
   c, pair = plan.config, plan.pair
-  common = dict(batch_size=c.batch_size, max_source_length=c.max_source_length,
-                max_new_tokens=c.max_new_tokens, seed=c.seed)
-  bar = tqdm(total=plan.num_methods * len(plan.sources), unit='sentence', disable=not progress,
-             dynamic_ncols=True, mininterval=2.0)
+  common = dict(
+    batch_size=c.batch_size,
+    max_source_length=c.max_source_length,
+    max_new_tokens=c.max_new_tokens,
+    seed=c.seed,
+  )
+  bar = tqdm(
+    total=plan.num_methods * len(plan.sources),
+    unit='sentence',
+    disable=not progress,
+    dynamic_ncols=True,
+    mininterval=2.0,
+  )
 
   def run(drafter, method, gamma, temperature):
     sampling = sampling_lib.SamplingConfig(temperature=temperature)
-    return translate(pair.target, drafter, pair.tokenizer, plan.sources, method=method,
-                     gamma=gamma, sampling=sampling, on_batch=bar.update, **common)
+    return translate(
+      pair.target,
+      drafter,
+      pair.tokenizer,
+      plan.sources,
+      method=method,
+      gamma=gamma,
+      sampling=sampling,
+      on_batch=bar.update,
+      **common,
+    )
 
   def bleu(hyps):
     return sacrebleu.corpus_bleu(hyps, [plan.references]).score
@@ -179,27 +234,55 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[dict]:
   baselines = {}
   for temperature in c.temperatures:
     base = baselines[temperature] = run(None, 'autoregressive', 1, temperature)
-    yield dict(task='EnDe', drafter='-', method='autoregressive', temp=temperature, gamma=0,
-               alpha=None, block_efficiency=1.0, c=None, pass_cost=None, speedup=1.0,
-               predicted_speedup=None, bleu=bleu(base.hypotheses), seconds=base.seconds,
-               tokens_per_s=base.tokens / base.seconds)
+    yield dict(
+      task='EnDe',
+      drafter='-',
+      method='autoregressive',
+      temp=temperature,
+      gamma=0,
+      alpha=None,
+      block_efficiency=1.0,
+      c=None,
+      pass_cost=None,
+      speedup=1.0,
+      predicted_speedup=None,
+      bleu=bleu(base.hypotheses),
+      seconds=base.seconds,
+      tokens_per_s=base.tokens / base.seconds,
+    )
   for name, drafter in plan.drafters.items():
     for gamma in c.gammas:
-      costs = timing.step_costs(pair.target, drafter, batch_size=c.batch_size,
-                                source_length=c.max_source_length, gamma=gamma,
-                                cache_len=decode.buffer_length(c.max_new_tokens, gamma))
+      costs = timing.step_costs(
+        pair.target,
+        drafter,
+        batch_size=c.batch_size,
+        source_length=c.max_source_length,
+        gamma=gamma,
+        cache_len=decode.buffer_length(c.max_new_tokens, gamma),
+      )
       for temperature in c.temperatures:
         for verifier in c.verifiers:
           r = run(drafter, verifier, gamma, temperature)
           alpha = float(r.stats.alpha)
-          predicted = analysis.walltime_improvement_measured(alpha, gamma, costs['c'],
-                                                             costs['pass_cost'])
-          yield dict(task='EnDe', drafter=name, method=verifier, temp=temperature, gamma=gamma,
-                     alpha=alpha, block_efficiency=float(r.stats.block_efficiency),
-                     c=costs['c'], pass_cost=costs['pass_cost'],
-                     speedup=baselines[temperature].seconds / r.seconds,
-                     predicted_speedup=float(predicted), bleu=bleu(r.hypotheses),
-                     seconds=r.seconds, tokens_per_s=r.tokens / r.seconds)
+          predicted = analysis.walltime_improvement_measured(
+            alpha, gamma, costs['c'], costs['pass_cost']
+          )
+          yield dict(
+            task='EnDe',
+            drafter=name,
+            method=verifier,
+            temp=temperature,
+            gamma=gamma,
+            alpha=alpha,
+            block_efficiency=float(r.stats.block_efficiency),
+            c=costs['c'],
+            pass_cost=costs['pass_cost'],
+            speedup=baselines[temperature].seconds / r.seconds,
+            predicted_speedup=float(predicted),
+            bleu=bleu(r.hypotheses),
+            seconds=r.seconds,
+            tokens_per_s=r.tokens / r.seconds,
+          )
   bar.close()
 
 
@@ -236,8 +319,10 @@ class ResultsWriter:
 
   def __init__(self, workdir: str):
     os.makedirs(workdir, exist_ok=True)
-    self.paths = {k: os.path.join(workdir, f) for k, f in
-                  (('csv', 'results.csv'), ('json', 'results.json'), ('png', 'speedup.png'))}
+    self.paths = {
+      k: os.path.join(workdir, f)
+      for k, f in (('csv', 'results.csv'), ('json', 'results.json'), ('png', 'speedup.png'))
+    }
     probe = os.path.join(workdir, '.writable')
     try:
       with open(probe, 'w') as f:
@@ -251,8 +336,9 @@ class ResultsWriter:
         os.remove(path)
 
   def add(self, row: dict) -> None:
-    row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-           for k, v in row.items()}
+    row = {
+      k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()
+    }
     self.rows.append(row)
     new = not os.path.exists(self.paths['csv'])
     with open(self.paths['csv'], 'a', newline='') as f:
@@ -292,13 +378,22 @@ def _plot(table: list[dict], path: str) -> None:
     spec = [r for r in table if r['temp'] == temp and r['method'] != 'autoregressive']
     for drafter in sorted({r['drafter'] for r in spec}):
       for method, style in (('token', '-o'), ('block', '--s')):
-        pts = sorted((r['gamma'], r['speedup'], r['predicted_speedup']) for r in spec
-                     if r['drafter'] == drafter and r['method'] == method)
+        pts = sorted(
+          (r['gamma'], r['speedup'], r['predicted_speedup'])
+          for r in spec
+          if r['drafter'] == drafter and r['method'] == method
+        )
         if pts:
           g, s, p = zip(*pts)
-          line, = ax.plot(g, s, style, label=f'{drafter} / {method} (measured)')
-          ax.plot(g, p, style[1:], color=line.get_color(), alpha=0.35,
-                  label=f'{drafter} / {method} (predicted)')
+          (line,) = ax.plot(g, s, style, label=f'{drafter} / {method} (measured)')
+          ax.plot(
+            g,
+            p,
+            style[1:],
+            color=line.get_color(),
+            alpha=0.35,
+            label=f'{drafter} / {method} (predicted)',
+          )
     ax.axhline(1.0, color='gray', lw=0.8)
     ax.set(title=f'EnDe, temperature {temp}', xlabel='gamma', ylabel='walltime speedup vs AR')
     ax.legend(fontsize=7)

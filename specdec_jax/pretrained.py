@@ -16,8 +16,10 @@ import json
 import pathlib
 from typing import Any
 
-from specdec_jax import checkpoints, drafters as drafters_lib
-from specdec_jax.data import pairs as pairs_lib, tokenizer as tokenizer_lib
+from specdec_jax import checkpoints
+from specdec_jax import drafters as drafters_lib
+from specdec_jax.data import pairs as pairs_lib
+from specdec_jax.data import tokenizer as tokenizer_lib
 from specdec_jax.models import t5
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / 'pretrained'
@@ -85,20 +87,29 @@ def load(name_or_path: str | pathlib.Path = 'ende') -> Pair:
     directory = ROOT / str(name_or_path)
   if not directory.is_dir():
     known = sorted(p.name for p in ROOT.iterdir() if p.is_dir()) if ROOT.is_dir() else []
-    raise FileNotFoundError(f'No pretrained pair {name_or_path!r}: not a directory, and not one '
-                            f'of {known} in {ROOT}.')
+    raise FileNotFoundError(
+      f'No pretrained pair {name_or_path!r}: not a directory, and not one of {known} in {ROOT}.'
+    )
   manifest_file = directory / 'pair.json'
   manifest = json.loads(manifest_file.read_text()) if manifest_file.exists() else _DEFAULT_MANIFEST
   if manifest['recommended'] not in manifest['drafters']:
-    raise ValueError(f'{manifest_file}: recommended drafter {manifest["recommended"]!r} is not '
-                     f'among its drafters {sorted(manifest["drafters"])}.')
+    raise ValueError(
+      f'{manifest_file}: recommended drafter {manifest["recommended"]!r} is not '
+      f'among its drafters {sorted(manifest["drafters"])}.'
+    )
   target = checkpoints.restore(directory / manifest['target'])
   found = {name: load_drafter(directory / rel) for name, rel in manifest['drafters'].items()}
   for name, drafter in found.items():
     if drafter.steps.vocab_size != target.config.vocab_size:
-      raise ValueError(f'Drafter {name!r} has vocab_size {drafter.steps.vocab_size}, the target '
-                       f'{target.config.vocab_size}.')
-  return Pair(directory=directory, target=target, drafters=found,
-              recommended=manifest['recommended'],
-              tokenizer=tokenizer_lib.Tokenizer.load(str(directory / 'spm.model')),
-              gammas={float(t): int(g) for t, g in manifest['gamma'].items()})
+      raise ValueError(
+        f'Drafter {name!r} has vocab_size {drafter.steps.vocab_size}, the target '
+        f'{target.config.vocab_size}.'
+      )
+  return Pair(
+    directory=directory,
+    target=target,
+    drafters=found,
+    recommended=manifest['recommended'],
+    tokenizer=tokenizer_lib.Tokenizer.load(str(directory / 'spm.model')),
+    gammas={float(t): int(g) for t, g in manifest['gamma'].items()},
+  )

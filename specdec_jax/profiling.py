@@ -87,8 +87,7 @@ def _op_scopes(hlo_text: str) -> dict[str, str]:
   for _ in range(8):  # inherit along operand chains (bitcasts, copies) of unlabeled ops
     for name, component in own.items():
       if component is None:
-        own[name] = next((own[o] for o in operands[name] if own.get(o) not in (None, 'loop')),
-                         None)
+        own[name] = next((own[o] for o in operands[name] if own.get(o) not in (None, 'loop')), None)
   return {name: '' if opcodes[name] in _CONTAINERS else (c or 'loop') for name, c in own.items()}
 
 
@@ -115,8 +114,10 @@ def breakdown(jitted, calls, *, runs: int = 3) -> Breakdown:
     runs: passes traced.
   """
   if not tracing_enabled():
-    raise RuntimeError(f'Per-op tracing is off: start Python with XLA_FLAGS={TRACE_FLAG} (or '
-                       'call profiling.enable_tracing() before JAX initializes).')
+    raise RuntimeError(
+      f'Per-op tracing is off: start Python with XLA_FLAGS={TRACE_FLAG} (or '
+      'call profiling.enable_tracing() before JAX initializes).'
+    )
   args, kwargs = calls[0]
   text = jitted.lower(*args, **kwargs).compile().as_text()
   scopes = _op_scopes(text)
@@ -151,5 +152,6 @@ def breakdown(jitted, calls, *, runs: int = 3) -> Breakdown:
   seconds = {c: busy * op_time.get(c, 0.0) / total_ops * 1e-6 / runs for c in COMPONENTS}
   executed = executed * 1e-6 / runs or wall
   seconds['loop'] = busy * op_time.get('loop', 0.0) / total_ops * 1e-6 / runs + max(
-    executed - busy * 1e-6 / runs, 0.0)
+    executed - busy * 1e-6 / runs, 0.0
+  )
   return Breakdown(seconds, executed)

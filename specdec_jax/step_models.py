@@ -42,8 +42,10 @@ def as_step_model(model) -> tuple[StepModel, Any]:
   """(static steps, params) of a `T5Model`, an n-gram drafter, or anything with .steps/.params."""
   if hasattr(model, 'steps') and hasattr(model, 'params'):
     return model.steps, model.params
-  raise TypeError(f'Cannot decode with a {type(model).__name__}: expected a T5Model, an n-gram '
-                  'drafter, or an object with .steps (a step model) and .params.')
+  raise TypeError(
+    f'Cannot decode with a {type(model).__name__}: expected a T5Model, an n-gram '
+    'drafter, or an object with .steps (a step model) and .params.'
+  )
 
 
 def limit(steps: StepModel, name: str) -> int | None:

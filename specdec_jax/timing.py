@@ -53,8 +53,16 @@ def _repeated_steps(steps, params, input_ids, *, num_tokens: int, cache_len: int
   return jax.lax.fori_loop(0, calls, body, (cache, logits))[1]
 
 
-def step_seconds(model, *, batch_size: int, source_length: int, num_tokens: int = 1,
-                 cache_len: int = 64, calls: tuple[int, int] = (4, 36), repeats: int = 7) -> float:
+def step_seconds(
+  model,
+  *,
+  batch_size: int,
+  source_length: int,
+  num_tokens: int = 1,
+  cache_len: int = 64,
+  calls: tuple[int, int] = (4, 36),
+  repeats: int = 7,
+) -> float:
   """Seconds of one in-loop model call scoring `num_tokens` positions per row.
 
   Args:
@@ -68,19 +76,26 @@ def step_seconds(model, *, batch_size: int, source_length: int, num_tokens: int 
   """
   steps, params = step_models.as_step_model(model)
   ids = jnp.full((batch_size, source_length), 3, jnp.int32)
-  run = lambda k: _repeated_steps(steps, params, ids, num_tokens=num_tokens, cache_len=cache_len,
-                                  calls=k)
+  run = lambda k: _repeated_steps(
+    steps, params, ids, num_tokens=num_tokens, cache_len=cache_len, calls=k
+  )
   short, long = (time_call(lambda k=k: run(k), repeats)[1] for k in calls)
   return max(long - short, 0.0) / (calls[1] - calls[0])
 
 
-def step_costs(target, drafter, *, batch_size: int, source_length: int, gamma: int,
-               cache_len: int = 64) -> dict[str, float]:
+def step_costs(
+  target, drafter, *, batch_size: int, source_length: int, gamma: int, cache_len: int = 64
+) -> dict[str, float]:
   """In-loop seconds of a target step (T=1), a (gamma+1)-position target pass, a drafter step;
   and their ratios `c` (drafter step / target step) and `pass_cost` (pass / target step)."""
   kw = dict(batch_size=batch_size, source_length=source_length, cache_len=cache_len)
   target_step = step_seconds(target, **kw)
   target_pass = step_seconds(target, num_tokens=gamma + 1, **kw)
   drafter_step = step_seconds(drafter, **kw)
-  return {'target_step': target_step, 'target_pass': target_pass, 'drafter_step': drafter_step,
-          'c': drafter_step / target_step, 'pass_cost': target_pass / target_step}
+  return {
+    'target_step': target_step,
+    'target_pass': target_pass,
+    'drafter_step': drafter_step,
+    'c': drafter_step / target_step,
+    'pass_cost': target_pass / target_step,
+  }

@@ -81,8 +81,9 @@ def iterations(trace, row: int) -> list[dict[str, Any]]:
     ValueError: `trace` is None (the run was not traced) or `row` is out of range.
   """
   if trace is None:
-    raise ValueError('No trace: run decode.speculative_generate(..., trace=True) and pass '
-                     'out.trace.')
+    raise ValueError(
+      'No trace: run decode.speculative_generate(..., trace=True) and pass out.trace.'
+    )
   drafts = np.asarray(trace.drafts)
   batch, _, gamma = drafts.shape
   if not 0 <= row < batch:
@@ -95,14 +96,16 @@ def iterations(trace, row: int) -> list[dict[str, Any]]:
   for i in np.flatnonzero(emitted > 0):
     t, k = int(tau[i]), int(emitted[i])
     accepted = [int(x) for x in drafts[i, :t]]
-    result.append({
-      'accepted': accepted,
-      'rejected': int(drafts[i, t]) if t < gamma else None,
-      'next_token': int(next_token[i]),
-      'emitted': k,
-      'tokens': (accepted + [int(next_token[i])])[:k],
-      'cut': k < t + 1,
-    })
+    result.append(
+      {
+        'accepted': accepted,
+        'rejected': int(drafts[i, t]) if t < gamma else None,
+        'next_token': int(next_token[i]),
+        'emitted': k,
+        'tokens': (accepted + [int(next_token[i])])[:k],
+        'cut': k < t + 1,
+      }
+    )
   return result
 
 
@@ -190,8 +193,14 @@ def plot_trace(trace, row: int, tokenizer=None, *, ax=None):
     inches = min(chars * _CHAR_EM * _FONT_SIZE / 72, 16.0)
     fig = figure_lib.Figure(figsize=(max(inches + 0.8, 6.0), 0.3 * len(rows) + 1.0))
     top = 1.0 - 0.6 / fig.get_figheight()  # room for the legend
-    ax = fig.add_axes((0.6 / fig.get_figwidth(), 0.1 / fig.get_figheight(),
-                       1.0 - 0.8 / fig.get_figwidth(), top - 0.1 / fig.get_figheight()))
+    ax = fig.add_axes(
+      (
+        0.6 / fig.get_figwidth(),
+        0.1 / fig.get_figheight(),
+        1.0 - 0.8 / fig.get_figwidth(),
+        top - 0.1 / fig.get_figheight(),
+      )
+    )
   fig = ax.figure
   position = ax.get_position()
   width_pt = position.width * fig.get_figwidth() * 72
@@ -201,14 +210,29 @@ def plot_trace(trace, row: int, tokenizer=None, *, ax=None):
     x = _GAP  # clear of the axis line
     for kind, label in cells:
       center = x + _PAD + len(label) / 2
-      ax.text(center, y, label, ha='center', va='center', family='monospace', fontsize=size,
-              fontweight='bold' if kind == 'extra' else 'normal', parse_math=False,
-              color='#606060' if kind == 'cut' else 'black',
-              bbox=dict(boxstyle=f'round,pad={_PAD * _CHAR_EM:.3f}', facecolor=_FACE[kind],
-                        edgecolor='none'))
+      ax.text(
+        center,
+        y,
+        label,
+        ha='center',
+        va='center',
+        family='monospace',
+        fontsize=size,
+        fontweight='bold' if kind == 'extra' else 'normal',
+        parse_math=False,
+        color='#606060' if kind == 'cut' else 'black',
+        bbox=dict(
+          boxstyle=f'round,pad={_PAD * _CHAR_EM:.3f}', facecolor=_FACE[kind], edgecolor='none'
+        ),
+      )
       if kind == 'rejected':
-        ax.plot([center - len(label) / 2, center + len(label) / 2], [y, y], color='#b2182b',
-                linewidth=1.2, zorder=4)  # over the box (texts are drawn at zorder 3)
+        ax.plot(
+          [center - len(label) / 2, center + len(label) / 2],
+          [y, y],
+          color='#b2182b',
+          linewidth=1.2,
+          zorder=4,
+        )  # over the box (texts are drawn at zorder 3)
       x += len(label) + 2 * _PAD + _GAP
   ax.set_xlim(0, max(chars, width_pt / (_CHAR_EM * size)))
   ax.set_ylim(len(rows) + 0.6, 0.4)  # iteration 1 at the top, as text reads
@@ -219,8 +243,16 @@ def plot_trace(trace, row: int, tokenizer=None, *, ax=None):
   for side in ('top', 'right', 'bottom'):
     ax.spines[side].set_visible(False)
   shown = {kind for cells in rows for kind, _ in cells}
-  handles = [patches.Patch(facecolor=_FACE[k], label=text) for k, text in _LEGEND.items()
-             if k in shown]
-  ax.legend(handles=handles, loc='lower left', bbox_to_anchor=(0.0, 1.0), ncols=3,
-            fontsize='small', frameon=False, borderaxespad=0.2)
+  handles = [
+    patches.Patch(facecolor=_FACE[k], label=text) for k, text in _LEGEND.items() if k in shown
+  ]
+  ax.legend(
+    handles=handles,
+    loc='lower left',
+    bbox_to_anchor=(0.0, 1.0),
+    ncols=3,
+    fontsize='small',
+    frameon=False,
+    borderaxespad=0.2,
+  )
   return fig

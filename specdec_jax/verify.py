@@ -169,10 +169,14 @@ def greedy_verify(draft_tokens: jax.Array, target_ids: jax.Array) -> VerifyResul
     VerifyResult with i32[B] fields, equal to `token_verify` / `block_verify` on the one-hot
     vectors of the same ids.
   """
-  if draft_tokens.ndim != 2 or target_ids.shape != (draft_tokens.shape[0],
-                                                     draft_tokens.shape[1] + 1):
-    raise ValueError(f'greedy_verify needs draft_tokens [B, G] and target_ids [B, G+1], got '
-                     f'{draft_tokens.shape} and {target_ids.shape}')
+  if draft_tokens.ndim != 2 or target_ids.shape != (
+    draft_tokens.shape[0],
+    draft_tokens.shape[1] + 1,
+  ):
+    raise ValueError(
+      f'greedy_verify needs draft_tokens [B, G] and target_ids [B, G+1], got '
+      f'{draft_tokens.shape} and {target_ids.shape}'
+    )
   num_accepted = _accepted_prefix_length(draft_tokens == target_ids[:, :-1])
   next_token = jnp.take_along_axis(target_ids, num_accepted[:, None], axis=1)[:, 0]
   return VerifyResult(num_accepted, next_token.astype(jnp.int32))

@@ -52,11 +52,18 @@ PREFIX_ROWS, PREFIX_LENGTH = 100_000, 3
 def _speculative_prefixes(drafter, verifier, sampling, *, gamma, seed):
   """PREFIX_ROWS speculative samples of the first PREFIX_LENGTH tokens from TARGET, and stats."""
   ids = jnp.zeros((PREFIX_ROWS, 1), jnp.int32)
-  out = decode.speculative_generate(TARGET, drafter, ids, jnp.ones_like(ids), gamma=gamma,
-                                    verifier=verifier, sampling=sampling,
-                                    max_new_tokens=PREFIX_LENGTH, rng=jax.random.key(seed))
+  out = decode.speculative_generate(
+    TARGET,
+    drafter,
+    ids,
+    jnp.ones_like(ids),
+    gamma=gamma,
+    verifier=verifier,
+    sampling=sampling,
+    max_new_tokens=PREFIX_LENGTH,
+    rng=jax.random.key(seed),
+  )
   return np.asarray(out.tokens), out.stats
-
 
 
 @pytest.mark.parametrize('verifier', ['token', 'block'])
@@ -94,8 +101,9 @@ def test_generate_matches_exact_distribution():
   sampling = SAMPLINGS[1]
   rows, length = 50_000, 3
   ids, mask = jnp.zeros((rows, 1), jnp.int32), jnp.ones((rows, 1), jnp.int32)
-  out = decode.generate(TARGET, ids, mask, sampling=sampling, max_new_tokens=length,
-                        rng=jax.random.key(3))
+  out = decode.generate(
+    TARGET, ids, mask, sampling=sampling, max_new_tokens=length, rng=jax.random.key(3)
+  )
   exact = fakes.exact_prefix_distribution(TARGET, length, sampling)
   assert _chi_square_pvalue(np.asarray(out.tokens), exact) > SIGNIFICANCE
 
@@ -108,8 +116,9 @@ def test_greedy_equals_generate_markov(verifier, gamma):
   ids, mask = _source(vocab=4)
   kwargs = dict(sampling=GREEDY, max_new_tokens=30, rng=jax.random.key(0))
   ref = decode.generate(target, ids, mask, **kwargs)
-  out = decode.speculative_generate(target, drafter, ids, mask, gamma=gamma, verifier=verifier,
-                                    **kwargs)
+  out = decode.speculative_generate(
+    target, drafter, ids, mask, gamma=gamma, verifier=verifier, **kwargs
+  )
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   np.testing.assert_array_equal(out.lengths, ref.lengths)
 
@@ -120,9 +129,17 @@ def test_target_as_drafter_accepts_everything(gamma):
   target = fakes.random_markov(seed=5, vocab_size=6, positions=40, eos_id=99)
   max_new = 5 * (gamma + 1)
   ids, mask = _source(vocab=4)
-  out = decode.speculative_generate(target, target, ids, mask, gamma=gamma, verifier='token',
-                                    sampling=sampling_lib.SamplingConfig(temperature=1.0),
-                                    max_new_tokens=max_new, rng=jax.random.key(1))
+  out = decode.speculative_generate(
+    target,
+    target,
+    ids,
+    mask,
+    gamma=gamma,
+    verifier='token',
+    sampling=sampling_lib.SamplingConfig(temperature=1.0),
+    max_new_tokens=max_new,
+    rng=jax.random.key(1),
+  )
   np.testing.assert_array_equal(out.lengths, max_new)
   np.testing.assert_array_equal(out.stats.target_calls, 5)
   np.testing.assert_array_equal(out.stats.accepted, 5 * gamma)
@@ -135,9 +152,17 @@ def test_ragged_rows_stop_independently_at_eos():
   drafter = fakes.random_markov(seed=22, vocab_size=5, positions=40, eos_id=1, scale=1.0)
   rows = 256
   ids, mask = jnp.zeros((rows, 1), jnp.int32), jnp.ones((rows, 1), jnp.int32)
-  out = decode.speculative_generate(target, drafter, ids, mask, gamma=4, verifier='block',
-                                    sampling=sampling_lib.SamplingConfig(), max_new_tokens=30,
-                                    rng=jax.random.key(2))
+  out = decode.speculative_generate(
+    target,
+    drafter,
+    ids,
+    mask,
+    gamma=4,
+    verifier='block',
+    sampling=sampling_lib.SamplingConfig(),
+    max_new_tokens=30,
+    rng=jax.random.key(2),
+  )
   tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
   assert len(set(lengths.tolist())) > 5  # genuinely ragged
   for row, n in zip(tokens, lengths):
@@ -147,8 +172,9 @@ def test_ragged_rows_stop_independently_at_eos():
       assert eos.tolist() == [n - 1]  # stopped exactly at its first EOS
     else:
       assert eos.size == 0 or eos.tolist() == [n - 1]
-  np.testing.assert_array_equal(np.asarray(out.stats.accepted_per_position).sum(1),
-                                out.stats.accepted)
+  np.testing.assert_array_equal(
+    np.asarray(out.stats.accepted_per_position).sum(1), out.stats.accepted
+  )
   # Stats count only the iterations in which a row was still emitting.
   assert (out.stats.target_calls <= out.lengths).all()
   assert (out.stats.accepted + out.stats.target_calls >= out.lengths).all()
@@ -156,13 +182,15 @@ def test_ragged_rows_stop_independently_at_eos():
 
 def test_compiles_once_per_shape():
   ids, mask = _source(vocab=4)
-  kwargs = dict(gamma=3, verifier='token', sampling=sampling_lib.SamplingConfig(),
-                max_new_tokens=12)
+  kwargs = dict(
+    gamma=3, verifier='token', sampling=sampling_lib.SamplingConfig(), max_new_tokens=12
+  )
   decode.speculative_generate(TARGET, DRAFTER, ids, mask, rng=jax.random.key(0), **kwargs)
   before = decode._speculative_jit._cache_size()
   for seed in range(1, 4):
-    decode.speculative_generate(TARGET, DRAFTER, (ids + seed) % 4, mask, rng=jax.random.key(seed),
-                                **kwargs)
+    decode.speculative_generate(
+      TARGET, DRAFTER, (ids + seed) % 4, mask, rng=jax.random.key(seed), **kwargs
+    )
   assert decode._speculative_jit._cache_size() == before
 
 
@@ -172,8 +200,9 @@ def test_bad_inputs_raise_clear_errors():
   with pytest.raises(ValueError, match='gamma must be >= 1'):
     decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=0, **kw)
   with pytest.raises(ValueError, match='vocabularies differ'):
-    decode.speculative_generate(TARGET, fakes.random_markov(0, vocab_size=5), ids, mask, gamma=2,
-                                **kw)
+    decode.speculative_generate(
+      TARGET, fakes.random_markov(0, vocab_size=5), ids, mask, gamma=2, **kw
+    )
   with pytest.raises(ValueError, match='Unknown verifier'):
     decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=2, verifier='nope', **kw)
   with pytest.raises(ValueError, match='max_new_tokens must be >= 1'):
@@ -187,8 +216,11 @@ def test_bad_inputs_raise_clear_errors():
 def test_bigram_fit_matches_counts():
   seqs = [np.array([3, 4, 3, 1]), np.array([3, 4, 5, 1])]
   drafter = drafters.NGramDrafter.fit(seqs, vocab_size=8, order=2, add_k=0.5, top_k=2)
-  logits, _ = drafter.steps.step(drafter.params, jnp.array([[0, 3, 4, 7]]),
-                                 drafter.steps.init_cache(None, jnp.zeros((1, 1)), None, 0))
+  logits, _ = drafter.steps.step(
+    drafter.params,
+    jnp.array([[0, 3, 4, 7]]),
+    drafter.steps.init_cache(None, jnp.zeros((1, 1)), None, 0),
+  )
   probs = np.exp(np.asarray(logits[0], np.float64))
   np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-5)
   # After start (0): 3 twice. After 4: 3 once, 5 once (both kept, K = 2). Unseen 7: uniform.
@@ -202,8 +234,9 @@ def test_bigram_fit_matches_counts():
 def test_bigram_keeps_only_top_k_continuations():
   seqs = [np.array([2, 5]), np.array([2, 5]), np.array([2, 6]), np.array([2, 7])]
   drafter = drafters.NGramDrafter.fit(seqs, vocab_size=10, order=2, add_k=0.1, top_k=2)
-  logits, _ = drafter.steps.step(drafter.params, jnp.array([[2]]),
-                                 drafter.steps.init_cache(None, jnp.zeros((1, 1)), None, 0))
+  logits, _ = drafter.steps.step(
+    drafter.params, jnp.array([[2]]), drafter.steps.init_cache(None, jnp.zeros((1, 1)), None, 0)
+  )
   probs = np.exp(np.asarray(logits[0, 0], np.float64))
   np.testing.assert_allclose(probs.sum(), 1.0, rtol=1e-5)
   assert probs[5] > probs[6] > probs[7]  # 7 (tie with 6, higher id) counted as unseen
@@ -222,11 +255,20 @@ def test_ngram_save_load(tmp_path):
 @pytest.mark.parametrize('verifier', ['token', 'block'])
 def test_greedy_equals_generate_with_ngram_drafter(order, verifier):
   target = fakes.random_markov(seed=31, vocab_size=12, positions=40, eos_id=1)
-  ref = decode.generate(target, *_source(vocab=4), sampling=GREEDY, max_new_tokens=25,
-                        rng=jax.random.key(0))
+  ref = decode.generate(
+    target, *_source(vocab=4), sampling=GREEDY, max_new_tokens=25, rng=jax.random.key(0)
+  )
   drafter = drafters.NGramDrafter.fit(np.asarray(ref.tokens), vocab_size=12, order=order)
-  out = decode.speculative_generate(target, drafter, *_source(vocab=4), gamma=3, verifier=verifier,
-                                    sampling=GREEDY, max_new_tokens=25, rng=jax.random.key(0))
+  out = decode.speculative_generate(
+    target,
+    drafter,
+    *_source(vocab=4),
+    gamma=3,
+    verifier=verifier,
+    sampling=GREEDY,
+    max_new_tokens=25,
+    rng=jax.random.key(0),
+  )
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   assert int(out.stats.accepted.sum()) > 0
 
@@ -234,8 +276,9 @@ def test_greedy_equals_generate_with_ngram_drafter(order, verifier):
 @pytest.mark.parametrize('verifier', ['token', 'block'])
 def test_lossless_with_bigram_drafter(verifier):
   sampling = SAMPLINGS[2]
-  drafter = drafters.NGramDrafter.fit([np.array([2, 3, 2, 1]), np.array([3, 3, 0, 2])],
-                                      vocab_size=4, order=2, add_k=0.3)
+  drafter = drafters.NGramDrafter.fit(
+    [np.array([2, 3, 2, 1]), np.array([3, 3, 0, 2])], vocab_size=4, order=2, add_k=0.3
+  )
   tokens, _ = _speculative_prefixes(drafter, verifier, sampling, gamma=2, seed=9)
   exact = fakes.exact_prefix_distribution(TARGET, PREFIX_LENGTH, sampling)
   assert _chi_square_pvalue(tokens, exact) > SIGNIFICANCE
@@ -262,8 +305,9 @@ def test_greedy_equals_generate_t5(verifier, gamma):
   kwargs = dict(sampling=GREEDY, max_new_tokens=16, rng=jax.random.key(0))
   ref = decode.generate(target, ids, mask, **kwargs)
   assert float(ref.lengths.mean()) > 4  # the comparison is not trivially short
-  out = decode.speculative_generate(target, drafter, ids, mask, gamma=gamma, verifier=verifier,
-                                    **kwargs)
+  out = decode.speculative_generate(
+    target, drafter, ids, mask, gamma=gamma, verifier=verifier, **kwargs
+  )
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   np.testing.assert_array_equal(out.lengths, ref.lengths)
 
@@ -271,8 +315,9 @@ def test_greedy_equals_generate_t5(verifier, gamma):
 def test_t5_rows_do_not_depend_on_batch():
   target, drafter = _t5_pair()
   ids, mask = _source(vocab=target.config.vocab_size)
-  kwargs = dict(gamma=3, verifier='block', sampling=GREEDY, max_new_tokens=16,
-                rng=jax.random.key(0))
+  kwargs = dict(
+    gamma=3, verifier='block', sampling=GREEDY, max_new_tokens=16, rng=jax.random.key(0)
+  )
   full = decode.speculative_generate(target, drafter, ids, mask, **kwargs)
   for b in range(ids.shape[0]):
     alone = decode.speculative_generate(target, drafter, ids[b : b + 1], mask[b : b + 1], **kwargs)
@@ -282,8 +327,17 @@ def test_t5_rows_do_not_depend_on_batch():
 def test_t5_target_as_drafter_greedy():
   target, _ = _t5_pair()
   ids, mask = _source(vocab=target.config.vocab_size)
-  out = decode.speculative_generate(target, target, ids, mask, gamma=4, verifier='token',
-                                    sampling=GREEDY, max_new_tokens=16, rng=jax.random.key(0))
+  out = decode.speculative_generate(
+    target,
+    target,
+    ids,
+    mask,
+    gamma=4,
+    verifier='token',
+    sampling=GREEDY,
+    max_new_tokens=16,
+    rng=jax.random.key(0),
+  )
   full_iterations = out.stats.accepted == 4 * out.stats.target_calls
   # Only a row's last iteration may be cut short (EOS or the limit).
   assert (out.stats.accepted >= 4 * (out.stats.target_calls - 1)).all()
@@ -295,8 +349,9 @@ def test_t5_input_too_long():
   n = target.config.max_source_length + 1
   ids, mask = jnp.ones((1, n), jnp.int32), jnp.ones((1, n), jnp.int32)
   with pytest.raises(ValueError, match='max_source_length'):
-    decode.speculative_generate(target, drafter, ids, mask, gamma=2, sampling=GREEDY,
-                                max_new_tokens=4, rng=jax.random.key(0))
+    decode.speculative_generate(
+      target, drafter, ids, mask, gamma=2, sampling=GREEDY, max_new_tokens=4, rng=jax.random.key(0)
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,12 +364,23 @@ def _both_paths(target, drafter, ids, mask, *, gamma, verifier, max_new_tokens):
   t_steps, t_params = target.steps, target.params
   ids, mask = jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32)
   if drafter is None:
-    run = lambda fast: decode._autoregressive_jit(t_steps, t_params, ids, mask,
-                                                  jax.random.key(0), greedy_fast_path=fast, **kw)
+    run = lambda fast: decode._autoregressive_jit(
+      t_steps, t_params, ids, mask, jax.random.key(0), greedy_fast_path=fast, **kw
+    )
   else:
-    run = lambda fast: decode._speculative_jit(t_steps, t_params, drafter.steps, drafter.params,
-                                               ids, mask, jax.random.key(0), gamma=gamma,
-                                               verifier=verifier, greedy_fast_path=fast, **kw)
+    run = lambda fast: decode._speculative_jit(
+      t_steps,
+      t_params,
+      drafter.steps,
+      drafter.params,
+      ids,
+      mask,
+      jax.random.key(0),
+      gamma=gamma,
+      verifier=verifier,
+      greedy_fast_path=fast,
+      **kw,
+    )
   return run(True), run(False)
 
 
@@ -339,12 +405,14 @@ def test_greedy_fast_path_matches_general_path_markov(verifier, gamma):
   target = fakes.random_markov(seed=11, vocab_size=16, positions=40, eos_id=1)
   drafter = _noisy_copy(target, seed=12, noise=1.0)
   ids, mask = jnp.zeros((64, 1), jnp.int32), jnp.ones((64, 1), jnp.int32)
-  fast, general = _both_paths(target, drafter, ids, mask, gamma=gamma, verifier=verifier,
-                              max_new_tokens=30)
+  fast, general = _both_paths(
+    target, drafter, ids, mask, gamma=gamma, verifier=verifier, max_new_tokens=30
+  )
   assert 0 < int(fast.stats.accepted.sum()) < int(fast.stats.drafted.sum())
   _assert_same_output(fast, general)
-  _assert_same_output(*_both_paths(target, None, ids, mask, gamma=0, verifier=None,
-                                   max_new_tokens=30))
+  _assert_same_output(
+    *_both_paths(target, None, ids, mask, gamma=0, verifier=None, max_new_tokens=30)
+  )
 
 
 _GREEDY_VERIFY = decode.verify.greedy_verify
@@ -364,8 +432,9 @@ def test_negative_control_greedy_fast_path_off_by_one_differs(monkeypatch):
   ids, mask = jnp.zeros((64, 1), jnp.int32), jnp.ones((64, 1), jnp.int32)
   monkeypatch.setattr(decode.verify, 'greedy_verify', _off_by_one_greedy_verify)
   jax.clear_caches()
-  fast, general = _both_paths(target, drafter, ids, mask, gamma=3, verifier='token',
-                              max_new_tokens=30)
+  fast, general = _both_paths(
+    target, drafter, ids, mask, gamma=3, verifier='token', max_new_tokens=30
+  )
   monkeypatch.undo()
   jax.clear_caches()
   assert (np.asarray(fast.tokens) != np.asarray(general.tokens)).any()
@@ -375,8 +444,9 @@ def test_negative_control_greedy_fast_path_off_by_one_differs(monkeypatch):
 def test_greedy_fast_path_matches_general_path_t5(verifier):
   target, drafter = _t5_pair()
   ids, mask = _source(vocab=target.config.vocab_size)
-  fast, general = _both_paths(target, drafter, ids, mask, gamma=3, verifier=verifier,
-                              max_new_tokens=16)
+  fast, general = _both_paths(
+    target, drafter, ids, mask, gamma=3, verifier=verifier, max_new_tokens=16
+  )
   _assert_same_output(fast, general)
 
 
@@ -384,16 +454,19 @@ def test_greedy_fast_path_matches_general_path_t5(verifier):
 # Bad inputs are refused at the boundary; non-finite values are never a silent answer.
 
 
-@pytest.mark.parametrize('bad_ids, bad_mask, error, match', [
-  (np.full((2, 3), 1.0), np.ones((2, 3)), TypeError, 'integer token ids'),
-  (np.full((2, 3), 4), np.ones((2, 3), int), ValueError, r'in \[0, vocab_size=4\)'),
-  (np.full((2, 3), -1), np.ones((2, 3), int), ValueError, r'got ids in \[-1, -1\]'),
-  (np.ones((2, 3), int), np.full((2, 3), 0.5), TypeError, 'input_mask must be bool or 0/1'),
-  (np.ones((2, 3), int), np.full((2, 3), 2), TypeError, 'input_mask must be bool or 0/1'),
-  (np.ones((0, 3), int), np.ones((0, 3), int), ValueError, 'at least one row'),
-  (np.ones((2, 0), int), np.ones((2, 0), int), ValueError, 'at least one row'),
-  (np.ones((2, 3), int), np.ones((2, 4), int), ValueError, r'\[batch, length\]'),
-])
+@pytest.mark.parametrize(
+  'bad_ids, bad_mask, error, match',
+  [
+    (np.full((2, 3), 1.0), np.ones((2, 3)), TypeError, 'integer token ids'),
+    (np.full((2, 3), 4), np.ones((2, 3), int), ValueError, r'in \[0, vocab_size=4\)'),
+    (np.full((2, 3), -1), np.ones((2, 3), int), ValueError, r'got ids in \[-1, -1\]'),
+    (np.ones((2, 3), int), np.full((2, 3), 0.5), TypeError, 'input_mask must be bool or 0/1'),
+    (np.ones((2, 3), int), np.full((2, 3), 2), TypeError, 'input_mask must be bool or 0/1'),
+    (np.ones((0, 3), int), np.ones((0, 3), int), ValueError, 'at least one row'),
+    (np.ones((2, 0), int), np.ones((2, 0), int), ValueError, 'at least one row'),
+    (np.ones((2, 3), int), np.ones((2, 4), int), ValueError, r'\[batch, length\]'),
+  ],
+)
 def test_bad_ids_and_masks_are_refused(bad_ids, bad_mask, error, match):
   kw = dict(sampling=GREEDY, max_new_tokens=3, rng=jax.random.key(0))
   with pytest.raises(error, match=match):
@@ -408,20 +481,19 @@ def test_bad_arguments_are_refused():
   with pytest.raises(TypeError, match='gamma must be an int'):
     decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=2.0, sampling=GREEDY, **kw)
   with pytest.raises(TypeError, match='max_new_tokens must be an int'):
-    decode.generate(TARGET, ids, mask, sampling=GREEDY, max_new_tokens=3.0,
-                    rng=jax.random.key(0))
+    decode.generate(TARGET, ids, mask, sampling=GREEDY, max_new_tokens=3.0, rng=jax.random.key(0))
   with pytest.raises(TypeError, match='sampling must be a sampling.SamplingConfig'):
     decode.generate(TARGET, ids, mask, sampling=None, **kw)
   with pytest.raises(TypeError, match='Cannot decode with a str'):
     decode.generate('t5-small', ids, mask, sampling=GREEDY, **kw)
   # Lists are fine, and an integral numpy gamma shares the compiled program of a Python int.
-  out = decode.generate(TARGET, np.asarray(ids).tolist(), np.asarray(mask).tolist(),
-                        sampling=GREEDY, **kw)
+  out = decode.generate(
+    TARGET, np.asarray(ids).tolist(), np.asarray(mask).tolist(), sampling=GREEDY, **kw
+  )
   assert out.tokens.shape == (ids.shape[0], 3)
   decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=3, sampling=GREEDY, **kw)
   before = decode._speculative_jit._cache_size()
-  decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=np.int64(3), sampling=GREEDY,
-                              **kw)
+  decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=np.int64(3), sampling=GREEDY, **kw)
   assert decode._speculative_jit._cache_size() == before
 
 
@@ -465,9 +537,15 @@ def test_nan_drafter_raises_when_sampling_and_not_when_greedy():
 
 
 def _shared_encoder_drafter(target, seed=3):
-  config = dataclasses.replace(t5.CONFIGS['tiny-v1.0'], num_encoder_layers=0,
-                               encoder_dim=target.config.d_model, d_model=16, d_kv=4, d_ff=32,
-                               num_decoder_layers=1)
+  config = dataclasses.replace(
+    t5.CONFIGS['tiny-v1.0'],
+    num_encoder_layers=0,
+    encoder_dim=target.config.d_model,
+    d_model=16,
+    d_kv=4,
+    d_ff=32,
+    num_decoder_layers=1,
+  )
   return t5.T5Model(config=config, params=t5.init_params(jax.random.key(seed), config))
 
 
@@ -479,8 +557,9 @@ def test_greedy_equals_generate_with_shared_encoder_drafter(verifier):
   ids, mask = _source(vocab=target.config.vocab_size)
   kwargs = dict(sampling=GREEDY, max_new_tokens=16, rng=jax.random.key(0))
   ref = decode.generate(target, ids, mask, **kwargs)
-  out = decode.speculative_generate(target, drafter, ids, mask, gamma=3, verifier=verifier,
-                                    **kwargs)
+  out = decode.speculative_generate(
+    target, drafter, ids, mask, gamma=3, verifier=verifier, **kwargs
+  )
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   with pytest.raises(ValueError, match='has no encoder'):
     decode.generate(drafter, ids, mask, **kwargs)  # it cannot decode alone
@@ -515,9 +594,17 @@ def test_shared_encoder_drafter_is_lossless(verifier):
   sampling = sampling_lib.SamplingConfig(temperature=1.5, top_k=3)
   src = jnp.asarray([[5, 17, 42, 9]], jnp.int32)
   ids = jnp.tile(src, (PREFIX_ROWS, 1))
-  out = decode.speculative_generate(target, drafter, ids, jnp.ones_like(ids), gamma=2,
-                                    verifier=verifier, sampling=sampling,
-                                    max_new_tokens=PREFIX_LENGTH, rng=jax.random.key(4))
+  out = decode.speculative_generate(
+    target,
+    drafter,
+    ids,
+    jnp.ones_like(ids),
+    gamma=2,
+    verifier=verifier,
+    sampling=sampling,
+    max_new_tokens=PREFIX_LENGTH,
+    rng=jax.random.key(4),
+  )
   exact = _exact_t5_prefixes(target, src, jnp.ones_like(src), sampling, PREFIX_LENGTH)
   assert _chi_square_pvalue(np.asarray(out.tokens), exact) > SIGNIFICANCE
   assert 0 < int(out.stats.accepted.sum()) < int(out.stats.drafted.sum())
@@ -531,9 +618,17 @@ def test_negative_control_shared_encoder_q_before_transform_fails(monkeypatch):
   ids = jnp.tile(src, (PREFIX_ROWS, 1))
   monkeypatch.setattr(decode, '_draft_token', _q_before_transform)
   jax.clear_caches()
-  out = decode.speculative_generate(target, drafter, ids, jnp.ones_like(ids), gamma=2,
-                                    verifier='token', sampling=sampling,
-                                    max_new_tokens=PREFIX_LENGTH, rng=jax.random.key(4))
+  out = decode.speculative_generate(
+    target,
+    drafter,
+    ids,
+    jnp.ones_like(ids),
+    gamma=2,
+    verifier='token',
+    sampling=sampling,
+    max_new_tokens=PREFIX_LENGTH,
+    rng=jax.random.key(4),
+  )
   monkeypatch.undo()
   jax.clear_caches()
   samples = np.asarray(out.tokens)

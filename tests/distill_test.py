@@ -1,7 +1,6 @@
 """Distillation (specdec_jax.distill): the divergences, and the runlocal run end to end."""
 
 import json
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -43,8 +42,11 @@ def test_runlocal_distillation_end_to_end_and_resume(tmp_path, variant):
   # The distilled drafter plugs into the loop; greedy output is still the target's.
   pair = pretrained.load('ende')
   ids, mask = pair.tokenizer.encode_batch([s for s, _ in test[:3]], 32, truncate=True)
-  kw = dict(sampling=distill.sampling_lib.SamplingConfig(temperature=0.0), max_new_tokens=16,
-            rng=jax.random.key(0))
+  kw = dict(
+    sampling=distill.sampling_lib.SamplingConfig(temperature=0.0),
+    max_new_tokens=16,
+    rng=jax.random.key(0),
+  )
   ref = decode.generate(pair.target, ids, mask, **kw)
   out = decode.speculative_generate(pair.target, drafter, ids, mask, gamma=3, **kw)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
@@ -69,8 +71,11 @@ def test_pretrained_load():
 def test_pretrained_load_unknown_pair(tmp_path):
   with pytest.raises(FileNotFoundError, match='No pretrained pair'):
     pretrained.load('no-such-pair')
-  (tmp_path / 'pair.json').write_text(json.dumps(
-    {'target': 'target', 'drafters': {'a': 'a.npz'}, 'recommended': 'b', 'gamma': {'0': 3}}))
+  (tmp_path / 'pair.json').write_text(
+    json.dumps(
+      {'target': 'target', 'drafters': {'a': 'a.npz'}, 'recommended': 'b', 'gamma': {'0': 3}}
+    )
+  )
   with pytest.raises(ValueError, match="recommended drafter 'b' is not among"):
     pretrained.load(tmp_path)
 

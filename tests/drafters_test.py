@@ -16,8 +16,9 @@ VOCAB = 6
 
 def _saved_arrays(tmp_path: Path, order: int) -> dict[str, np.ndarray]:
   """The arrays `save` writes for a small fitted drafter, read back as a dict."""
-  drafter = drafters.NGramDrafter.fit([np.array([3, 4, 1]), np.array([2, 5, 5, 1])],
-                                      vocab_size=VOCAB, order=order, top_k=2)
+  drafter = drafters.NGramDrafter.fit(
+    [np.array([3, 4, 1]), np.array([2, 5, 5, 1])], vocab_size=VOCAB, order=order, top_k=2
+  )
   drafter.save(tmp_path / 'good.npz')
   with np.load(tmp_path / 'good.npz') as f:
     return {k: f[k] for k in f.files}
@@ -50,7 +51,8 @@ def _set(name, value):
 # (order of the saved drafter, edit, what the message must say)
 FOREIGN = {
   'no meta fields': (
-    2, _pop('meta_order', 'meta_vocab_size', 'meta_start_id', 'meta_eos_id'),
+    2,
+    _pop('meta_order', 'meta_vocab_size', 'meta_start_id', 'meta_eos_id'),
     "missing fields ['meta_order', 'meta_vocab_size', 'meta_start_id', 'meta_eos_id']",
   ),
   'one meta field missing': (1, _pop('meta_eos_id'), "missing fields ['meta_eos_id']"),
@@ -58,26 +60,37 @@ FOREIGN = {
   'meta field not a scalar': (2, _set('meta_vocab_size', [6, 6]), "['meta_vocab_size'] must be"),
   'meta field a float': (2, _set('meta_order', 2.0), "['meta_order'] must be integer scalars"),
   'unknown order': (2, _set('meta_order', 3), 'meta_order must be 1 or 2'),
-  'bigram without tables': (2, _pop('next_ids', 'next_log_probs'),
-                            "missing ['next_ids', 'next_log_probs']"),
+  'bigram without tables': (
+    2,
+    _pop('next_ids', 'next_log_probs'),
+    "missing ['next_ids', 'next_log_probs']",
+  ),
   'unigram given bigram tables': (1, _set('meta_order', 2), "missing ['log_base', 'next_ids'"),
   'stray array': (1, _set('weights', np.zeros(3)), "unexpected ['weights']"),
   'table for another vocabulary': (
-    1, _set('log_probs', np.zeros(7, np.float32)),
+    1,
+    _set('log_probs', np.zeros(7, np.float32)),
     "array 'log_probs' must be floating[6] for meta_vocab_size 6, got float32[7]",
   ),
   'table of the wrong rank': (
-    2, _set('log_base', np.zeros((6, 1), np.float32)), "array 'log_base' must be floating[6]",
+    2,
+    _set('log_base', np.zeros((6, 1), np.float32)),
+    "array 'log_base' must be floating[6]",
   ),
   'ids as floats': (
-    2, lambda a: a.update(next_ids=a['next_ids'].astype(np.float32)),
+    2,
+    lambda a: a.update(next_ids=a['next_ids'].astype(np.float32)),
     "array 'next_ids' must be integer[6, K]",
   ),
   'K differs': (
-    2, lambda a: a.update(next_log_probs=a['next_log_probs'][:, :1]), 'differ in K',
+    2,
+    lambda a: a.update(next_log_probs=a['next_log_probs'][:, :1]),
+    'differ in K',
   ),
   'ids outside the vocabulary': (
-    2, lambda a: a['next_ids'].__setitem__((0, 0), VOCAB), 'token ids outside [0, 6)',
+    2,
+    lambda a: a['next_ids'].__setitem__((0, 0), VOCAB),
+    'token ids outside [0, 6)',
   ),
 }
 

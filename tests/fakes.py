@@ -55,15 +55,17 @@ class MarkovModel:
   params: dict
 
 
-def random_markov(seed: int, vocab_size: int = 4, positions: int = 8, eos_id: int = 1,
-                  scale: float = 1.5) -> MarkovModel:
+def random_markov(
+  seed: int, vocab_size: int = 4, positions: int = 8, eos_id: int = 1, scale: float = 1.5
+) -> MarkovModel:
   shape = (positions, vocab_size, vocab_size, vocab_size)
   table = np.random.default_rng(seed).normal(size=shape) * scale
   return MarkovModel(MarkovSteps(vocab_size, 0, eos_id), {'table': jnp.asarray(table, jnp.float32)})
 
 
-def exact_prefix_distribution(model: MarkovModel, length: int,
-                              sampling: sampling_lib.SamplingConfig, pad_id: int = 0) -> dict:
+def exact_prefix_distribution(
+  model: MarkovModel, length: int, sampling: sampling_lib.SamplingConfig, pad_id: int = 0
+) -> dict:
   """{(y_1..y_length): probability} of generate(model) output, EOS absorbing into PAD."""
   probs = np.asarray(sampling_lib.logits_to_probs(model.params['table'], sampling), np.float64)
   probs /= probs.sum(-1, keepdims=True)

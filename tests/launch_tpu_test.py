@@ -44,19 +44,24 @@ def test_v4_8_commands():
   vm = launch_tpu.TpuVm(name='specdec-v4-8', zone='us-central2-b', accelerator_type='v4-8')
   zone = '--zone=us-central2-b'
   assert launch_tpu.all_commands(vm, launch_tpu.Job(), delete_after=False) == [
-    _TPU_VM + ['create', 'specdec-v4-8', '--accelerator-type=v4-8',
-               '--version=tpu-ubuntu2204-base', zone],
+    _TPU_VM
+    + ['create', 'specdec-v4-8', '--accelerator-type=v4-8', '--version=tpu-ubuntu2204-base', zone],
     _TPU_VM + ['scp', '--recurse', str(_REPO), 'specdec-v4-8:specdec_jax', '--worker=all', zone],
     _TPU_VM + ['ssh', 'specdec-v4-8', '--worker=all', '--command', _INSTALL, zone],
     _TPU_VM + ['ssh', 'specdec-v4-8', '--worker=all', '--command', _RUN, zone],
-    _TPU_VM + ['scp', '--recurse', 'specdec-v4-8:/tmp/specdec_run', '/tmp/specdec_tpu',
-               '--worker=0', zone],
+    _TPU_VM
+    + ['scp', '--recurse', 'specdec-v4-8:/tmp/specdec_run', '/tmp/specdec_tpu', '--worker=0', zone],
   ]
 
 
 def test_v4_32_pod_slice_commands():
-  vm = launch_tpu.TpuVm(name='pod', zone='us-central2-b', accelerator_type='v4-32',
-                        version='tpu-vm-v4-base', project='my-project')
+  vm = launch_tpu.TpuVm(
+    name='pod',
+    zone='us-central2-b',
+    accelerator_type='v4-32',
+    version='tpu-vm-v4-base',
+    project='my-project',
+  )
   job = launch_tpu.Job(results_dir='/tmp/out', local_dir='/tmp/here')
   create, copy, install, run, fetch, delete = launch_tpu.all_commands(vm, job, delete_after=True)
   for argv in (create, copy, install, run, fetch, delete):
@@ -97,10 +102,18 @@ def test_dry_run_prints_every_command_and_executes_nothing(monkeypatch, capsys, 
   monkeypatch.setattr(subprocess, 'run', _fail_if_called)
   monkeypatch.setattr(os, 'makedirs', _fail_if_called)
   local_dir = tmp_path / 'results'
-  _main('--name=specdec-v4-32', '--zone=us-central2-b', '--accelerator_type=v4-32',
-        '--project=p', f'--local_dir={local_dir}', '--delete_after', '--dry_run')
-  vm = launch_tpu.TpuVm(name='specdec-v4-32', zone='us-central2-b', accelerator_type='v4-32',
-                        project='p')
+  _main(
+    '--name=specdec-v4-32',
+    '--zone=us-central2-b',
+    '--accelerator_type=v4-32',
+    '--project=p',
+    f'--local_dir={local_dir}',
+    '--delete_after',
+    '--dry_run',
+  )
+  vm = launch_tpu.TpuVm(
+    name='specdec-v4-32', zone='us-central2-b', accelerator_type='v4-32', project='p'
+  )
   want = launch_tpu.all_commands(vm, launch_tpu.Job(local_dir=str(local_dir)), delete_after=True)
   assert capsys.readouterr().out.splitlines() == [shlex.join(argv) for argv in want]
   assert not local_dir.exists()
@@ -147,8 +160,7 @@ def test_failed_create_deletes_nothing(monkeypatch, tmp_path):
   monkeypatch.setattr(subprocess, 'run', _recording_run(calls, lambda argv: argv[4] == 'create'))
   vm = launch_tpu.TpuVm(name='t', zone='z')
   with pytest.raises(subprocess.CalledProcessError):
-    launch_tpu.launch(vm, launch_tpu.Job(local_dir=str(tmp_path)), delete_after=True,
-                      dry_run=False)
+    launch_tpu.launch(vm, launch_tpu.Job(local_dir=str(tmp_path)), delete_after=True, dry_run=False)
   assert calls == [launch_tpu.create_command(vm)]
 
 
@@ -175,9 +187,19 @@ def test_command_line_dry_run(tmp_path):
   fake_gcloud.chmod(0o755)
   env = dict(os.environ, PATH=f'{fake_gcloud.parent}{os.pathsep}{os.environ["PATH"]}')
   result = subprocess.run(
-    [sys.executable, '-m', 'scripts.launch_tpu', '--name=specdec-v4-8', '--zone=us-central2-b',
-     '--dry_run'],
-    cwd=_REPO, env=env, capture_output=True, text=True, check=True,
+    [
+      sys.executable,
+      '-m',
+      'scripts.launch_tpu',
+      '--name=specdec-v4-8',
+      '--zone=us-central2-b',
+      '--dry_run',
+    ],
+    cwd=_REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    check=True,
   )
   lines = result.stdout.splitlines()
   assert [shlex.split(line)[4] for line in lines] == ['create', 'scp', 'ssh', 'ssh', 'scp']

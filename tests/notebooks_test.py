@@ -16,8 +16,11 @@ CELL_TIMEOUT_S = 300
 
 
 def test_notebooks_exist():
-  assert {p.name for p in NOTEBOOKS} >= {'quickstart.ipynb', 'analysis.ipynb',
-                                         'bring_your_own_t5.ipynb'}
+  assert {p.name for p in NOTEBOOKS} >= {
+    'quickstart.ipynb',
+    'analysis.ipynb',
+    'bring_your_own_t5.ipynb',
+  }
 
 
 @pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: p.stem)
@@ -32,6 +35,10 @@ def test_notebook_is_stored_without_outputs(path):
 def test_notebook_runs(path):
   notebook = nbformat.read(path, as_version=4)
   # The kernel starts in the repository root; the notebooks find it from any cwd anyway.
-  client = nbclient.NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name='python3',
-                                   resources={'metadata': {'path': str(ROOT)}})
+  client = nbclient.NotebookClient(
+    notebook,
+    timeout=CELL_TIMEOUT_S,
+    kernel_name='python3',
+    resources={'metadata': {'path': str(ROOT)}},
+  )
   client.execute()  # raises CellExecutionError, with the cell and its traceback, on any error

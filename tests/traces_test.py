@@ -26,9 +26,17 @@ SPM = pathlib.Path(__file__).resolve().parents[1] / 'pretrained' / 'ende' / 'spm
 def _traced_run(verifier, temperature, *, drafter=DRAFTER, gamma=GAMMA):
   ids, mask = jnp.zeros((ROWS, 1), jnp.int32), jnp.ones((ROWS, 1), jnp.int32)
   return decode.speculative_generate(
-    TARGET, drafter, ids, mask, gamma=gamma, verifier=verifier,
-    sampling=sampling_lib.SamplingConfig(temperature=temperature), max_new_tokens=MAX_NEW,
-    rng=jax.random.key(3), trace=True)
+    TARGET,
+    drafter,
+    ids,
+    mask,
+    gamma=gamma,
+    verifier=verifier,
+    sampling=sampling_lib.SamplingConfig(temperature=temperature),
+    max_new_tokens=MAX_NEW,
+    rng=jax.random.key(3),
+    trace=True,
+  )
 
 
 @pytest.mark.parametrize('temperature', [0.0, 1.0])
@@ -49,7 +57,7 @@ def test_trace_reproduces_the_output(verifier, temperature):
     assert sum(len(s['accepted']) for s in steps) == int(out.stats.accepted[row])
     # Emitting iterations come first; the row then stays stopped.
     assert np.count_nonzero(np.asarray(out.trace.emitted[row])) == len(steps)
-    assert np.asarray(out.trace.emitted[row, len(steps):]).sum() == 0
+    assert np.asarray(out.trace.emitted[row, len(steps) :]).sum() == 0
   if temperature > 0:  # greedy rows are all alike: the fakes ignore the source
     # Not vacuous: rejections, all-accepted iterations and blocks cut by EOS all occurred.
     assert kinds == {'cut', 'extra', 'rejected'}
@@ -64,9 +72,16 @@ def test_target_as_drafter_trace_is_all_extra_tokens():
 
 def test_trace_off_returns_none():
   ids, mask = jnp.zeros((2, 1), jnp.int32), jnp.ones((2, 1), jnp.int32)
-  out = decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=GAMMA,
-                                    sampling=sampling_lib.SamplingConfig(temperature=1.0),
-                                    max_new_tokens=8, rng=jax.random.key(0))
+  out = decode.speculative_generate(
+    TARGET,
+    DRAFTER,
+    ids,
+    mask,
+    gamma=GAMMA,
+    sampling=sampling_lib.SamplingConfig(temperature=1.0),
+    max_new_tokens=8,
+    rng=jax.random.key(0),
+  )
   assert out.trace is None
   with pytest.raises(ValueError, match='trace=True'):
     traces.iterations(out.trace, 0)
@@ -78,9 +93,19 @@ def _while_carry_shapes(trace: bool) -> list[tuple[int, ...]]:
 
   def loop(target_params, draft_params, ids, mask, rng):
     return decode._speculative_loop(
-      TARGET.steps, target_params, DRAFTER.steps, draft_params, ids, mask, rng, gamma=GAMMA,
-      verifier='token', sampling=sampling_lib.SamplingConfig(temperature=1.0),
-      max_new_tokens=max_new, trace=trace)
+      TARGET.steps,
+      target_params,
+      DRAFTER.steps,
+      draft_params,
+      ids,
+      mask,
+      rng,
+      gamma=GAMMA,
+      verifier='token',
+      sampling=sampling_lib.SamplingConfig(temperature=1.0),
+      max_new_tokens=max_new,
+      trace=trace,
+    )
 
   ids = jnp.zeros((batch, 1), jnp.int32)
   jaxpr = jax.make_jaxpr(loop)(TARGET.params, DRAFTER.params, ids, ids, jax.random.key(0))
@@ -134,11 +159,16 @@ def test_format_plain_markers():
 
 def test_format_ansi_colours():
   green, red_struck, blue, bold_blue, dim, reset = (
-    '\x1b[32m', '\x1b[31;9m', '\x1b[34m', '\x1b[1;34m', '\x1b[2m', '\x1b[0m')
+    '\x1b[32m',
+    '\x1b[31;9m',
+    '\x1b[34m',
+    '\x1b[1;34m',
+    '\x1b[2m',
+    '\x1b[0m',
+  )
   lines = traces.format_trace(_hand_trace(), 0).splitlines()
   assert lines[0] == f'1  {green}5{reset} {red_struck}6{reset} {blue}9{reset}'
-  assert lines[1] == (f'2  {green}4{reset} {green}4{reset} {green}3{reset} '
-                      f'{bold_blue}2{reset}')
+  assert lines[1] == (f'2  {green}4{reset} {green}4{reset} {green}3{reset} {bold_blue}2{reset}')
   assert lines[2] == f'3  {green}1{reset} {dim}6{reset} {red_struck}6{reset} {dim}7{reset}'
 
 
@@ -146,8 +176,11 @@ def test_format_with_sentencepiece_pieces():
   tokenizer = tokenizer_lib.Tokenizer.load(str(SPM))
   ids = tokenizer.encode('Das Haus ist klein.', add_eos=False)
   trace = decode.SpeculativeTrace(
-    drafts=np.array([[ids[:3]]], np.int32), num_accepted=np.array([[2]], np.int32),
-    next_token=np.array([[tokenizer.eos_id]], np.int32), emitted=np.array([[3]], np.int32))
+    drafts=np.array([[ids[:3]]], np.int32),
+    num_accepted=np.array([[2]], np.int32),
+    next_token=np.array([[tokenizer.eos_id]], np.int32),
+    emitted=np.array([[3]], np.int32),
+  )
   pieces = [tokenizer.id_to_piece(i) for i in ids[:3]]
   assert pieces[0].startswith('\u2581')  # the word marker is kept
   line = traces.format_trace(trace, 0, tokenizer, color=False)
@@ -161,7 +194,8 @@ def test_plot_has_one_text_row_per_iteration():
   boxes = {}
   for text in ax.texts:
     boxes.setdefault(text.get_position()[1], []).append(
-      (text.get_text(), text.get_bbox_patch().get_facecolor()))
+      (text.get_text(), text.get_bbox_patch().get_facecolor())
+    )
   assert sorted(boxes) == [1, 2, 3]
   face = {k: colors.to_rgba(c) for k, c in traces._FACE.items()}
   assert boxes[1] == [('5', face['accepted']), ('6', face['rejected']), ('9', face['corrected'])]

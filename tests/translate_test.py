@@ -53,14 +53,17 @@ def test_config_items_apply_in_order_and_lists_hold_any_number():
   assert translate.main  # the absl main imports
 
 
-@pytest.mark.parametrize('item, match', [
-  ('num_examples=0', 'num_examples must be an int >= 1'),
-  ('batch_size=0', 'batch_size must be an int >= 1'),
-  ('gammas=0', 'gammas must hold ints >= 1'),
-  ('verifiers=token,nope', 'Unknown verifier'),
-  ('temperatures=-1', 'temperature must be >= 0'),
-  ('num_examples=100000', 'has only'),
-])
+@pytest.mark.parametrize(
+  'item, match',
+  [
+    ('num_examples=0', 'num_examples must be an int >= 1'),
+    ('batch_size=0', 'batch_size must be an int >= 1'),
+    ('gammas=0', 'gammas must hold ints >= 1'),
+    ('verifiers=token,nope', 'Unknown verifier'),
+    ('temperatures=-1', 'temperature must be >= 0'),
+    ('num_examples=100000', 'has only'),
+  ],
+)
 @pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
 def test_bad_settings_fail_before_decoding(item, match):
   with pytest.raises(ValueError, match=match):
@@ -84,8 +87,23 @@ def test_unwritable_workdir_fails_before_decoding(tmp_path):
 
 def test_results_writer_writes_strict_json(tmp_path):
   writer = evaluation.ResultsWriter(str(tmp_path))
-  writer.add(dict(task='EnDe', drafter='-', method='autoregressive', temp=0.0, gamma=0,
-                  alpha=math.nan, block_efficiency=1.0, c=None, pass_cost=None, speedup=1.0,
-                  predicted_speedup=None, bleu=1.0, seconds=1.0, tokens_per_s=2.0))
+  writer.add(
+    dict(
+      task='EnDe',
+      drafter='-',
+      method='autoregressive',
+      temp=0.0,
+      gamma=0,
+      alpha=math.nan,
+      block_efficiency=1.0,
+      c=None,
+      pass_cost=None,
+      speedup=1.0,
+      predicted_speedup=None,
+      bleu=1.0,
+      seconds=1.0,
+      tokens_per_s=2.0,
+    )
+  )
   assert json.loads((tmp_path / 'results.json').read_text())[0]['alpha'] is None
   assert (tmp_path / 'results.csv').read_text().count('\n') == 2

@@ -484,8 +484,9 @@ def test_greedy_verify_equals_both_verifiers_on_one_hot(gamma):
   batch, vocab = 512, 3  # a small vocabulary: long matching prefixes and mismatches both occur
   rng = np.random.default_rng(gamma)
   target_ids = rng.integers(0, vocab, (batch, gamma + 1))
-  drafts = np.where(rng.random((batch, gamma)) < 0.7, target_ids[:, :-1],
-                    rng.integers(0, vocab, (batch, gamma)))
+  drafts = np.where(
+    rng.random((batch, gamma)) < 0.7, target_ids[:, :-1], rng.integers(0, vocab, (batch, gamma))
+  )
   p = jax.nn.one_hot(target_ids, vocab)
   q = jax.nn.one_hot(drafts, vocab)
   drafts, target_ids = jnp.asarray(drafts, jnp.int32), jnp.asarray(target_ids, jnp.int32)
@@ -618,12 +619,13 @@ def test_fuzz_with_nonfinite_vectors(gamma, vocab, data):
       probs[row, position] = _NONFINITE[value]
     else:
       at_draft = where == 'at_draft' and position < gamma
-      probs[row, position, tokens[row, position] if at_draft else rng.integers(vocab)] = (
-        _NONFINITE[value]
-      )
+      probs[row, position, tokens[row, position] if at_draft else rng.integers(vocab)] = _NONFINITE[
+        value
+      ]
 
-  finite = np.isfinite(p).all(-1) & np.pad(np.isfinite(q).all(-1), ((0, 0), (0, 1)),
-                                            constant_values=True)
+  finite = np.isfinite(p).all(-1) & np.pad(
+    np.isfinite(q).all(-1), ((0, 0), (0, 1)), constant_values=True
+  )
   # The number of drafts before the first non-finite position: no later draft may be accepted.
   usable = np.minimum(np.cumprod(finite, axis=1).sum(axis=1), gamma)
   flagged = ~finite.all(axis=1)

@@ -18,8 +18,9 @@ import ml_collections
 Variant = Callable[[ml_collections.ConfigDict], None]
 
 
-def parse(arg: str | None, config: ml_collections.ConfigDict,
-          variants: dict[str, Variant] | None = None) -> ml_collections.ConfigDict:
+def parse(
+  arg: str | None, config: ml_collections.ConfigDict, variants: dict[str, Variant] | None = None
+) -> ml_collections.ConfigDict:
   """Applies the items of `arg` to `config` (in place) and returns it."""
   variants = variants or {}
   items = [item for item in (arg or '').split(',') if item]
@@ -36,8 +37,10 @@ def parse(arg: str | None, config: ml_collections.ConfigDict,
       plan[-1][1][1].append(item)  # the next value of a tuple field
     else:
       known = sorted(variants) + sorted(_keys(config))
-      raise ValueError(f'Unknown config item {item!r} in {arg!r}: use key=value or a variant; '
-                       f'known: {", ".join(known)}.')
+      raise ValueError(
+        f'Unknown config item {item!r} in {arg!r}: use key=value or a variant; '
+        f'known: {", ".join(known)}.'
+      )
   for kind, what in plan:
     if kind == 'variant':
       variants[what](config)

@@ -62,8 +62,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.log_every = 50
   c.eval_every = 500
   c.checkpoint_every = 250
-  c.student = ml_collections.ConfigDict(dict(
-    d_model=128, d_kv=32, num_heads=4, d_ff=512, num_encoder_layers=0, num_decoder_layers=1,
-    encoder_dim=256, feed_forward='gated-gelu', tie_word_embeddings=True,
-    max_source_length=512, max_target_length=512))
+  c.student = ml_collections.ConfigDict(
+    dict(
+      d_model=128,
+      d_kv=32,
+      num_heads=4,
+      d_ff=512,
+      num_encoder_layers=0,
+      num_decoder_layers=1,
+      encoder_dim=256,
+      feed_forward='gated-gelu',
+      tie_word_embeddings=True,
+      max_source_length=512,
+      max_target_length=512,
+    )
+  )
   return common.parse(arg, c, {'runlocal': _runlocal, 'independent': _independent})

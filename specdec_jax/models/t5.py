@@ -99,8 +99,10 @@ class T5Config:
     if dim is not None and (not isinstance(dim, int) or isinstance(dim, bool) or dim < 1):
       raise ValueError(f'T5Config.encoder_dim must be a positive int or None, got {dim!r}.')
     if n == 0 and dim is None:
-      raise ValueError('T5Config with num_encoder_layers=0 reads another model\'s encoder '
-                       'output: set encoder_dim to that encoder\'s width (its d_model).')
+      raise ValueError(
+        "T5Config with num_encoder_layers=0 reads another model's encoder "
+        "output: set encoder_dim to that encoder's width (its d_model)."
+      )
     for name in ('pad_token_id', 'eos_token_id', 'decoder_start_token_id'):
       value = getattr(self, name)
       if not isinstance(value, int) or not 0 <= value < self.vocab_size:
@@ -206,8 +208,9 @@ class T5Steps:
     return encode(params, input_ids, input_mask, config=self.config)
 
   def init_cache(self, params, encoded, input_mask, max_decode_len: int):
-    return init_cache(params, encoded, input_mask, config=self.config,
-                      max_decode_len=max_decode_len)
+    return init_cache(
+      params, encoded, input_mask, config=self.config, max_decode_len=max_decode_len
+    )
 
   def step(self, params, tokens, cache):
     return decode(params, tokens, cache, config=self.config)
@@ -552,8 +555,10 @@ def encode(
       f'{input_ids.shape} and {input_mask.shape}.'
     )
   if config.num_encoder_layers == 0:
-    raise ValueError('This T5 has no encoder (num_encoder_layers=0): it decodes over another '
-                     'model\'s `encode` output (use `decode_forward` / the target\'s encoder).')
+    raise ValueError(
+      'This T5 has no encoder (num_encoder_layers=0): it decodes over another '
+      "model's `encode` output (use `decode_forward` / the target's encoder)."
+    )
   enc = params['encoder']
   positions = jnp.arange(input_ids.shape[1])
   bias = _relpos_bias(
