@@ -597,8 +597,10 @@ def speculative_generate(
   prefixes in one call, and `verifier` keeps a prefix of the drafts plus one token. The whole loop
   is one `lax.while_loop` inside one jit; rows accept different numbers of drafts and stop
   independently at EOS or `max_new_tokens`. At temperature 0 both verifiers keep the longest
-  prefix of drafts equal to the target's argmax, so the output is greedy `generate`'s, token for
-  token.
+  prefix of drafts equal to the target's argmax, so in float32 the output is greedy `generate`'s,
+  token for token. In bfloat16 it is greedy decoding of the target as its (gamma+1)-position
+  pass computes it, which rounds differently from `generate`'s 1-position step: near-ties of the
+  two most likely tokens can flip (7 of 256 shipped test sentences; tests/bfloat16_test.py).
 
   Args:
     target: the target `T5Model` (or step model).

@@ -28,7 +28,9 @@ def test_token_divergences_match_numpy():
 
 
 @pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
-@pytest.mark.parametrize('variant', ['runlocal', 'runlocal,independent'])
+@pytest.mark.parametrize(
+  'variant', ['runlocal', pytest.param('runlocal,independent', marks=pytest.mark.slow)]
+)
 def test_runlocal_distillation_end_to_end_and_resume(tmp_path, variant):
   sources = tmp_path / 'sources.tsv'
   test = pretrained.load('ende').test_pairs()

@@ -187,7 +187,7 @@ def test_configs_param_ratio_and_runlocal():
   assert target[0].feed_forward == 'gated-gelu' and not target[0].tie_word_embeddings
   assert 12e6 < target[1] < 15e6
   assert 10 <= target[1] / drafter[1] <= 30
-  with pytest.raises(ValueError, match='unknown config option'):
+  with pytest.raises(ValueError, match='Unknown config item'):
     train_target.get_config('runlokal')
 
 
