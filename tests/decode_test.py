@@ -586,14 +586,15 @@ def _exact_t5_prefixes(model, ids, mask, sampling, length):
   return dist
 
 
-@pytest.mark.parametrize('verifier', ['token', 'block'])
-def test_shared_encoder_drafter_is_lossless(verifier):
-  """100k rows through the jitted loop: the first 3 tokens match the target's exact joint."""
+_SHARED_SAMPLING = sampling_lib.SamplingConfig(temperature=1.5, top_k=3)
+_SHARED_SOURCE = jnp.asarray([[5, 17, 42, 9]], jnp.int32)
+
+
+def _shared_encoder_prefixes(verifier):
+  """(100k sampled first-3-token rows, stats, exact distribution) with a shared-encoder drafter."""
   target, _ = _t5_pair()
   drafter = _shared_encoder_drafter(target)
-  sampling = sampling_lib.SamplingConfig(temperature=1.5, top_k=3)
-  src = jnp.asarray([[5, 17, 42, 9]], jnp.int32)
-  ids = jnp.tile(src, (PREFIX_ROWS, 1))
+  ids = jnp.tile(_SHARED_SOURCE, (PREFIX_ROWS, 1))
   out = decode.speculative_generate(
     target,
     drafter,
@@ -601,37 +602,29 @@ def test_shared_encoder_drafter_is_lossless(verifier):
     jnp.ones_like(ids),
     gamma=2,
     verifier=verifier,
-    sampling=sampling,
+    sampling=_SHARED_SAMPLING,
     max_new_tokens=PREFIX_LENGTH,
     rng=jax.random.key(4),
   )
-  exact = _exact_t5_prefixes(target, src, jnp.ones_like(src), sampling, PREFIX_LENGTH)
-  assert _chi_square_pvalue(np.asarray(out.tokens), exact) > SIGNIFICANCE
-  assert 0 < int(out.stats.accepted.sum()) < int(out.stats.drafted.sum())
+  exact = _exact_t5_prefixes(
+    target, _SHARED_SOURCE, jnp.ones_like(_SHARED_SOURCE), _SHARED_SAMPLING, PREFIX_LENGTH
+  )
+  return np.asarray(out.tokens), out.stats, exact
+
+
+@pytest.mark.parametrize('verifier', ['token', 'block'])
+def test_shared_encoder_drafter_is_lossless(verifier):
+  """100k rows through the jitted loop: the first 3 tokens match the target's exact joint."""
+  samples, stats, exact = _shared_encoder_prefixes(verifier)
+  assert _chi_square_pvalue(samples, exact) > SIGNIFICANCE
+  assert 0 < int(stats.accepted.sum()) < int(stats.drafted.sum())
 
 
 def test_negative_control_shared_encoder_q_before_transform_fails(monkeypatch):
-  target, _ = _t5_pair()
-  drafter = _shared_encoder_drafter(target)
-  sampling = sampling_lib.SamplingConfig(temperature=1.5, top_k=3)
-  src = jnp.asarray([[5, 17, 42, 9]], jnp.int32)
-  ids = jnp.tile(src, (PREFIX_ROWS, 1))
   monkeypatch.setattr(decode, '_draft_token', _q_before_transform)
   jax.clear_caches()
-  out = decode.speculative_generate(
-    target,
-    drafter,
-    ids,
-    jnp.ones_like(ids),
-    gamma=2,
-    verifier='token',
-    sampling=sampling,
-    max_new_tokens=PREFIX_LENGTH,
-    rng=jax.random.key(4),
-  )
+  samples, _, exact = _shared_encoder_prefixes('token')
   monkeypatch.undo()
   jax.clear_caches()
-  samples = np.asarray(out.tokens)
-  exact = _exact_t5_prefixes(target, src, jnp.ones_like(src), sampling, PREFIX_LENGTH)
   impossible = set(map(tuple, samples.tolist())) - set(exact)
   assert impossible or _chi_square_pvalue(samples, exact) < SIGNIFICANCE
