@@ -12,6 +12,7 @@ keeps every finished row; speedup.png at the end. Third-party INFO logs only wit
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from experiments.configs import common
 from specdec_jax import evaluation, sharding
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config (python file).')
@@ -40,4 +41,4 @@ def main(argv):
 
 if __name__ == '__main__':
   flags.mark_flag_as_required('config')
-  app.run(main)
+  app.run(main, flags_parser=common.flags_parser)

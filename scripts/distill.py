@@ -8,6 +8,7 @@ Override any field: `--config.num_train_steps=6000 --config.divergence=tvd`. Rer
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from experiments.configs import common
 from specdec_jax import distill, sharding
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Distillation config file.')
@@ -27,4 +28,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=common.flags_parser)

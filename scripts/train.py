@@ -12,6 +12,7 @@ resumes from the latest checkpoint in --workdir; the trained model is exported t
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from experiments.configs import common
 from specdec_jax import sharding, training
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.')
@@ -30,4 +31,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=common.flags_parser)

@@ -107,3 +107,25 @@ def test_results_writer_writes_strict_json(tmp_path):
   )
   assert json.loads((tmp_path / 'results.json').read_text())[0]['alpha'] is None
   assert (tmp_path / 'results.csv').read_text().count('\n') == 2
+
+
+def test_bad_config_override_is_one_line():
+  import subprocess
+  import sys
+
+  result = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'experiments.translate',
+      '--config=experiments/configs/ende.py',
+      '--config.bogus=3',
+    ],
+    capture_output=True,
+    text=True,
+    cwd=pathlib.Path(__file__).resolve().parents[1],
+    timeout=120,
+  )
+  assert result.returncode != 0
+  lines = [line for line in result.stderr.splitlines() if line.strip()]
+  assert len(lines) <= 2 and 'bogus' in lines[-1], result.stderr

@@ -100,3 +100,24 @@ def _scalar(kind, text: str):
   if kind is type(None):
     return None if text.lower() == 'none' else text
   return kind(text)
+
+
+def flags_parser(argv: list[str]) -> list[str]:
+  """`absl.app.run(main, flags_parser=common.flags_parser)`: parses the flags, turning a bad
+  `--config.<field>=value` override (an unknown field, a value of the wrong type) into one line
+  instead of a traceback from inside ml_collections."""
+  import sys
+
+  from absl import flags
+
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    sys.exit(f'FATAL Flags parsing error: {e}\nPass --helpshort or --helpfull to see help.')
+  except (AttributeError, KeyError, TypeError, ValueError) as e:
+    bad = [a for a in argv[1:] if a.startswith('--config.')]
+    sys.exit(
+      f'Bad config override {" ".join(bad) or ""}: {str(e).strip(chr(34) + chr(39))} '
+      '(unknown field or wrong type). The config file lists its fields; items after '
+      '":" in --config (e.g. --config=path.py:key=value) are the documented syntax.'
+    )
