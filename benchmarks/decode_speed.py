@@ -37,21 +37,17 @@ from specdec_jax import profiling
 profiling.enable_tracing()  # before JAX starts: per-op trace events for the breakdown
 
 import dataclasses
-import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from specdec_jax import checkpoints, decode, drafters, timing
+from specdec_jax import decode, drafters, pretrained, timing
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.data import pairs
-from specdec_jax.data import tokenizer as tokenizer_lib
 from specdec_jax.models import t5
 
-_PRETRAINED = pathlib.Path(__file__).resolve().parents[1] / 'pretrained' / 'ende'
-_DIR = flags.DEFINE_string('pretrained', str(_PRETRAINED), 'Shipped pair directory.')
+_DIR = flags.DEFINE_string('pretrained', 'ende', 'Shipped pair (name or directory).')
 _RANDOM = flags.DEFINE_bool(
   'random_weights',
   False,
@@ -116,14 +112,13 @@ def _models_and_sources(max_rows: int):
       jnp.asarray(ids, jnp.int32),
       jnp.ones_like(jnp.asarray(ids, jnp.int32)),
     )
-  d = pathlib.Path(_DIR.value)
-  target = checkpoints.restore(str(d / 'target'))
-  found = {
-    'bigram': drafters.NGramDrafter.load(str(d / 'bigram.npz')),
-    't5': checkpoints.restore(str(d / 'drafter')),
-  }
-  tokenizer = tokenizer_lib.Tokenizer.load(str(d / 'spm.model'))
-  sources = [src for src, _ in pairs.load_pairs(str(d / 'test.tsv'))]
+  pair = pretrained.load(_DIR.value)
+  target, tokenizer = pair.target, pair.tokenizer
+  # The T5 drafter measured is the pair's recommended one (the small independent T5 if the
+  # bigram is recommended).
+  t5_name = pair.recommended if pair.recommended != 'bigram' else 'small-t5'
+  found = {'bigram': pair.drafters['bigram'], 't5': pair.drafters[t5_name]}
+  sources = [src for src, _ in pair.test_pairs()]
   sources = (sources * (max_rows // len(sources) + 1))[:max_rows]
   # Batches of similar lengths, as a server buckets requests: a batch runs until its longest row
   # is done, and ragged rows would measure the batch's padding rather than the loop.
@@ -235,7 +230,7 @@ def main(argv):
     )
     step = timing.step_seconds(target, **kw)
     pass_ = timing.step_seconds(target, num_tokens=gamma + 1, **kw)
-    d_step = timing.step_seconds(found['t5'], **kw)
+    d_step = timing.step_seconds(found['t5'], target=target, **kw)
     print(
       f'\n== batch {batch}: in-loop target step {step * 1e3:.3f} ms, {gamma + 1}-position '
       f'pass {pass_ * 1e3:.3f} ms = {pass_ / step:.2f} steps; T5 drafter step '

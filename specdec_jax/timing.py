@@ -33,11 +33,15 @@ def time_call(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
   return first, float(np.median(times))
 
 
-@functools.partial(jax.jit, static_argnames=('steps', 'num_tokens', 'cache_len', 'calls'))
-def _repeated_steps(steps, params, input_ids, *, num_tokens: int, cache_len: int, calls: int):
+@functools.partial(
+  jax.jit, static_argnames=('steps', 'encoder_steps', 'num_tokens', 'cache_len', 'calls')
+)
+def _repeated_steps(
+  steps, params, encoder_steps, encoder_params, input_ids, *, num_tokens, cache_len, calls
+):
   """`calls` model calls of `num_tokens` positions each, from position cache_len // 4."""
   mask = jnp.ones_like(input_ids)
-  encoded = steps.encode(params, input_ids, mask)
+  encoded = encoder_steps.encode(encoder_params, input_ids, mask)
   cache = steps.init_cache(params, encoded, mask, cache_len)
   batch = input_ids.shape[0]
   position = jnp.full((batch,), cache_len // 4, jnp.int32)
@@ -62,6 +66,7 @@ def step_seconds(
   cache_len: int = 64,
   calls: tuple[int, int] = (4, 36),
   repeats: int = 7,
+  target=None,
 ) -> float:
   """Seconds of one in-loop model call scoring `num_tokens` positions per row.
 
@@ -73,11 +78,25 @@ def step_seconds(
     cache_len: decoder slots; calls start at position cache_len // 4.
     calls: two loop lengths; the cost is the difference of their median times per extra call.
     repeats: timed runs of each loop length.
+    target: the target, for a drafter that reads the target's encoder output (its cache is built
+      from the target's `encode`, as the decode loops build it; the encoder is not timed).
   """
   steps, params = step_models.as_step_model(model)
+  encoder_steps, encoder_params = steps, params
+  if getattr(steps, 'shares_target_encoder', False):
+    if target is None:
+      raise ValueError("This drafter reads the target's encoder output: pass target=.")
+    encoder_steps, encoder_params = step_models.as_step_model(target)
   ids = jnp.full((batch_size, source_length), 3, jnp.int32)
   run = lambda k: _repeated_steps(
-    steps, params, ids, num_tokens=num_tokens, cache_len=cache_len, calls=k
+    steps,
+    params,
+    encoder_steps,
+    encoder_params,
+    ids,
+    num_tokens=num_tokens,
+    cache_len=cache_len,
+    calls=k,
   )
   short, long = (time_call(lambda k=k: run(k), repeats)[1] for k in calls)
   return max(long - short, 0.0) / (calls[1] - calls[0])
@@ -91,7 +110,7 @@ def step_costs(
   kw = dict(batch_size=batch_size, source_length=source_length, cache_len=cache_len)
   target_step = step_seconds(target, **kw)
   target_pass = step_seconds(target, num_tokens=gamma + 1, **kw)
-  drafter_step = step_seconds(drafter, **kw)
+  drafter_step = step_seconds(drafter, target=target, **kw)
   return {
     'target_step': target_step,
     'target_pass': target_pass,

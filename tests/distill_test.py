@@ -93,3 +93,26 @@ def test_configs_share_one_parser():
   assert c.divergence == 'tvd'
   with pytest.raises(ValueError, match='Unknown config item'):
     train_target.get_config('runlokal')
+
+
+@pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
+def test_step_costs_of_a_drafter_over_the_target_encoder():
+  from specdec_jax import timing
+  from specdec_jax.models import t5
+
+  pair = pretrained.load('ende')
+  config = t5.T5Config(
+    vocab_size=pair.target.config.vocab_size,
+    d_model=16,
+    d_kv=4,
+    d_ff=32,
+    num_heads=2,
+    num_encoder_layers=0,
+    num_decoder_layers=1,
+    encoder_dim=pair.target.config.d_model,
+  )
+  drafter = t5.T5Model(config=config, params=t5.init_params(jax.random.key(0), config))
+  costs = timing.step_costs(pair.target, drafter, batch_size=1, source_length=16, gamma=2)
+  assert costs['drafter_step'] > 0 and costs['c'] > 0
+  with pytest.raises(ValueError, match='pass target='):
+    timing.step_seconds(drafter, batch_size=1, source_length=16)
