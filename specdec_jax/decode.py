@@ -19,16 +19,15 @@ vector: p and q are one-hot, so sampling is an argmax and both verifiers reduce 
 arrays, no cumulative sums over V and no random numbers.
 """
 
-import numbers
 from typing import Any, NamedTuple
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specdec_jax import sampling as sampling_lib
-from specdec_jax import step_models, verify
+from specdec_jax import step_models, validation, verify
+from specdec_jax.validation import NonFiniteError  # noqa: F401  (raised by the public functions)
 
 PAD_ID = 0
 
@@ -455,94 +454,6 @@ _autoregressive_jit = jax.jit(
 )
 
 
-class NonFiniteError(ValueError):
-  """A model produced NaN or inf logits while decoding: the output is not a sample of it."""
-
-
-def _as_int(name: str, value, minimum: int) -> int:
-  """An integral argument as a Python int (so 3 and np.int64(3) share one compiled program)."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-    raise TypeError(f'{name} must be an int, got {value!r} ({type(value).__name__}).')
-  if value < minimum:
-    raise ValueError(f'{name} must be >= {minimum}, got {value}.')
-  return int(value)
-
-
-def _check_inputs(steps, input_ids, input_mask, max_new_tokens, *, drafter=None):
-  """Validates the arguments every loop takes; returns (ids int32, mask int32, max_new_tokens)."""
-  max_new_tokens = _as_int('max_new_tokens', max_new_tokens, 1)
-  # A batch sharded over several hosts cannot be read here: check its shape and dtype only.
-  local = not any(
-    isinstance(x, jax.Array) and not x.is_fully_addressable for x in (input_ids, input_mask)
-  )
-  ids = np.asarray(input_ids) if local else jax.ShapeDtypeStruct(input_ids.shape, input_ids.dtype)
-  mask = (
-    np.asarray(input_mask) if local else jax.ShapeDtypeStruct(input_mask.shape, input_mask.dtype)
-  )
-  if ids.dtype == object or not np.issubdtype(ids.dtype, np.integer):
-    raise TypeError(f'input_ids must hold integer token ids, got dtype {ids.dtype}.')
-  if ids.ndim != 2 or ids.shape != mask.shape:
-    raise ValueError(
-      'input_ids and input_mask must both be [batch, length], got shapes '
-      f'{ids.shape} and {mask.shape}.'
-    )
-  if ids.shape[0] < 1 or ids.shape[1] < 1:
-    raise ValueError(f'input_ids needs at least one row and one position, got shape {ids.shape}.')
-  if not (mask.dtype == bool or np.issubdtype(mask.dtype, np.integer)) or (
-    local and not np.isin(mask, (0, 1)).all()
-  ):
-    values = np.unique(mask)[:5] if local else '?'
-    raise TypeError(
-      f'input_mask must be bool or 0/1 integers (1 at real tokens), got dtype '
-      f'{mask.dtype} with values {values}.'
-    )
-  if local:
-    lowest, highest = int(ids.min()), int(ids.max())
-    if lowest < 0 or highest >= steps.vocab_size:
-      raise ValueError(
-        f'input_ids must be in [0, vocab_size={steps.vocab_size}), got ids in '
-        f'[{lowest}, {highest}].'
-      )
-  for role, model in (('model', steps), ('drafter', drafter)):
-    max_source = model and step_models.limit(model, 'max_source_length')
-    if max_source is not None and ids.shape[1] > max_source:
-      raise ValueError(
-        f"Inputs of length {ids.shape[1]} exceed the {role}'s max_source_length={max_source}."
-      )
-  max_target = step_models.limit(steps, 'max_target_length')
-  if max_target is not None and max_new_tokens > max_target:
-    raise ValueError(
-      f"max_new_tokens={max_new_tokens} exceeds the model's max_target_length={max_target}."
-    )
-  # The caller's arrays, not the host copies: a sharded batch keeps its placement.
-  as_int32 = (
-    lambda x: x.astype(jnp.int32)
-    if isinstance(x, jax.Array)
-    else jnp.asarray(np.asarray(x), jnp.int32)
-  )
-  return as_int32(input_ids), as_int32(input_mask), max_new_tokens
-
-
-def _check_sampling(sampling):
-  if not isinstance(sampling, sampling_lib.SamplingConfig):
-    raise TypeError(
-      f'sampling must be a sampling.SamplingConfig (e.g. SamplingConfig('
-      f'temperature=0.0) for greedy), got {sampling!r}.'
-    )
-
-
-def _raise_if_nonfinite(out: DecodeOutput, what: str) -> DecodeOutput:
-  rows = np.flatnonzero(np.asarray(out.stats.nonfinite))
-  if rows.size:
-    raise NonFiniteError(
-      f'{what} produced NaN or inf in {rows.size} row(s) (first: {rows[:8].tolist()}): the '
-      'output is not a sample of the model. Check the params (the checkpoint loaders reject '
-      'non-finite weights) and the inputs; pass check_finite=False to get the output anyway, '
-      'with the per-row counts in out.stats.nonfinite.'
-    )
-  return out
-
-
 def generate(
   model,
   input_ids,
@@ -569,12 +480,12 @@ def generate(
     DecodeOutput with tokens int32[B, M], lengths int32[B], stats.target_calls.
   """
   steps, params = step_models.as_step_model(model)
-  _check_sampling(sampling)
-  ids, mask, max_new_tokens = _check_inputs(steps, input_ids, input_mask, max_new_tokens)
+  validation.check_sampling(sampling)
+  ids, mask, max_new_tokens = validation.check_inputs(steps, input_ids, input_mask, max_new_tokens)
   out = _autoregressive_jit(
     steps, params, ids, mask, rng, sampling=sampling, max_new_tokens=max_new_tokens
   )
-  return _raise_if_nonfinite(out, 'The model') if check_finite else out
+  return validation.raise_if_nonfinite(out, 'The model') if check_finite else out
 
 
 def speculative_generate(
@@ -621,10 +532,10 @@ def speculative_generate(
   Returns:
     DecodeOutput: tokens int32[B, M], lengths int32[B], per-row `DecodeStats`, and the trace.
   """
-  gamma = _as_int('gamma', gamma, 1)
+  gamma = validation.as_int('gamma', gamma, 1)
   if not isinstance(verifier, str) or verifier not in verify.VERIFIERS:
     raise ValueError(f'Unknown verifier {verifier!r}; choose one of {sorted(verify.VERIFIERS)}.')
-  _check_sampling(sampling)
+  validation.check_sampling(sampling)
   target_steps, target_params = step_models.as_step_model(target)
   draft_steps, draft_params = step_models.as_step_model(drafter)
   if draft_steps.vocab_size != target_steps.vocab_size:
@@ -632,7 +543,7 @@ def speculative_generate(
       f'Drafter and target vocabularies differ: drafter vocab_size='
       f'{draft_steps.vocab_size}, target vocab_size={target_steps.vocab_size}.'
     )
-  ids, mask, max_new_tokens = _check_inputs(
+  ids, mask, max_new_tokens = validation.check_inputs(
     target_steps, input_ids, input_mask, max_new_tokens, drafter=draft_steps
   )
   out = _speculative_jit(
@@ -649,4 +560,4 @@ def speculative_generate(
     max_new_tokens=max_new_tokens,
     trace=bool(trace),
   )
-  return _raise_if_nonfinite(out, 'The target or the drafter') if check_finite else out
+  return validation.raise_if_nonfinite(out, 'The target or the drafter') if check_finite else out
