@@ -1,10 +1,13 @@
 """Drafters that are not a T5 model: n-gram tables.
 
-Axis legend: B batch, T query length, V vocab, K continuations kept per bigram context.
+Axis legend: B batch, T query length, L decoder positions, V vocab, K continuations kept per
+context, C trigram contexts kept.
 
 - A small T5 sharing the target's vocabulary is a drafter as it is (`T5Model.steps`).
-- `NGramDrafter`: unigram / bigram (previous decoder token) drafters with add-k smoothing. Their
-  step is a table lookup, so c ~ 0 in the paper's terms.
+- `NGramDrafter`: unigram / bigram (previous decoder token) / trigram (two previous tokens)
+  drafters. Their step is a table lookup, so c ~ 0 in the paper's terms. Fitted on the *target's
+  own outputs* rather than on references they agree with the target far more (the n-gram form of
+  distillation; `scripts/fit_ngram.py --target=...`).
 - The target itself is a valid drafter (alpha = 1): pass the same `T5Model` twice.
 """
 
@@ -19,14 +22,17 @@ import numpy as np
 
 @flax.struct.dataclass
 class NGramCache:
-  """An n-gram drafter needs no history beyond the token it is fed; only the position count."""
+  """Unigram and bigram drafters need only the position count; a trigram also keeps the tokens
+  fed so far, so that rewinding (lowering `end_index`) restores its context as for a KV cache."""
 
   end_index: jax.Array  # int32[B]
+  history: jax.Array | None = None  # int32[B, L] token fed at each position (order 3 only)
 
 
 @dataclasses.dataclass(frozen=True)
 class NGramSteps:
-  """Static half of an n-gram drafter: order 1 (unigram) or 2 (bigram on the previous token)."""
+  """Static half of an n-gram drafter: order 1 (unigram), 2 (bigram on the previous token) or 3
+  (trigram on the two previous tokens, interpolated with the bigram)."""
 
   order: int
   vocab_size: int
@@ -39,22 +45,29 @@ class NGramSteps:
     return input_ids
 
   def init_cache(self, params, encoded, input_mask, max_decode_len: int) -> NGramCache:
-    del params, input_mask, max_decode_len
-    return NGramCache(end_index=jnp.zeros((encoded.shape[0],), jnp.int32))
+    del params, input_mask
+    b = encoded.shape[0]
+    history = jnp.zeros((b, max_decode_len), jnp.int32) if self.order == 3 else None
+    return NGramCache(end_index=jnp.zeros((b,), jnp.int32), history=history)
 
   def step(self, params, tokens, cache: NGramCache):
     """tokens int32[B, T] -> (log-probabilities float32[B, T, V], cache advanced by T)."""
     b, t = tokens.shape
     if self.order == 1:
       logits = jnp.broadcast_to(params['log_probs'], (b, t, self.vocab_size))
-    else:
-      # Every continuation outside the K kept ones has the context's smoothing mass.
-      logits = jnp.broadcast_to(params['log_base'][tokens][..., None], (b, t, self.vocab_size))
-      rows, cols = jnp.arange(b)[:, None, None], jnp.arange(t)[None, :, None]
-      logits = logits.at[rows, cols, params['next_ids'][tokens]].set(
-        params['next_log_probs'][tokens]
-      )
-    return logits, cache.replace(end_index=cache.end_index + t)
+      return logits, cache.replace(end_index=cache.end_index + t)
+    logits = _bigram_log_probs(params, tokens, self.vocab_size)
+    if self.order == 2:
+      return logits, cache.replace(end_index=cache.end_index + t)
+    # Trigram: the token before each fed one comes from the history (this call's own tokens are
+    # written first); position 0's predecessor is the start token, as in `fit`.
+    positions = cache.end_index[:, None] + jnp.arange(t)
+    rows = jnp.arange(b)[:, None]
+    history = cache.history.at[rows, positions].set(tokens, mode='drop')
+    before = jnp.take_along_axis(history, jnp.clip(positions - 1, min=0), axis=1)
+    before = jnp.where(positions > 0, before, self.start_id)
+    logits = _interpolate_trigram(params, before, tokens, logits)
+    return logits, NGramCache(end_index=cache.end_index + t, history=history)
 
 
 @dataclasses.dataclass
@@ -64,6 +77,11 @@ class NGramDrafter:
   params (unigram): log_probs float32[V].
   params (bigram): log_base float32[V] (log-probability of an unlisted continuation, per context),
     next_ids int32[V, K] and next_log_probs float32[V, K] (the K most frequent continuations).
+  params (trigram): the bigram's arrays, plus for the C contexts (x, y) seen at least
+    `min_count` times, sorted by key x * V + y: tri_keys int32[C], tri_ids int32[C, K],
+    tri_probs float32[C, K] (the K most frequent continuations, renormalised among themselves)
+    and tri_weight float32[C], the Witten-Bell weight c / (c + distinct continuations) the
+    trigram gets against the bigram.
   """
 
   steps: NGramSteps
@@ -78,6 +96,7 @@ class NGramDrafter:
     order: int = 2,
     add_k: float = 0.01,
     top_k: int = 64,
+    min_count: int = 2,
     start_id: int = 0,
     eos_id: int = 1,
   ) -> 'NGramDrafter':
@@ -90,39 +109,48 @@ class NGramDrafter:
     Args:
       sequences: int arrays of target token ids (each ending with EOS, as the model emits them).
       vocab_size: V, the target's vocabulary size.
-      order: 1 (unigram) or 2 (bigram conditioned on the previous decoder token; the first token
-        is conditioned on `start_id`).
+      order: 1 (unigram), 2 (bigram conditioned on the previous decoder token; the first token
+        is conditioned on `start_id`) or 3 (trigram on the two previous tokens, the first on
+        (start_id, start_id); interpolated with the bigram by Witten-Bell weights).
       add_k: additive smoothing constant, > 0 so every token has probability > 0.
-      top_k: K, continuations kept per bigram context.
+      top_k: K, continuations kept per bigram (and trigram) context.
+      min_count: a trigram context seen fewer times is left to the bigram (keeps the table small).
       start_id: the decoder start token.
       eos_id: the EOS token (for the step model's protocol).
     """
-    if order not in (1, 2):
-      raise ValueError(f'order must be 1 (unigram) or 2 (bigram), got {order}.')
+    if order not in (1, 2, 3):
+      raise ValueError(f'order must be 1 (unigram), 2 (bigram) or 3 (trigram), got {order}.')
+    if order == 3 and vocab_size**2 >= 2**31:
+      raise ValueError(f'A trigram keys contexts as int32 x * V + y; V={vocab_size} is too large.')
     if add_k <= 0:
       raise ValueError(f'add_k must be > 0 so no token has zero probability, got {add_k}.')
-    prev, nxt = [], []
+    prev2, prev, nxt = [], [], []
     for seq in sequences:
       seq = np.asarray(seq, np.int64).reshape(-1)
       if seq.size and (seq.min() < 0 or seq.max() >= vocab_size):
         raise ValueError(
           f'Token ids must be in [0, {vocab_size}), got range [{seq.min()}, {seq.max()}].'
         )
+      prev2.append(np.concatenate([[start_id, start_id], seq[:-2]])[: seq.size])
       prev.append(np.concatenate([[start_id], seq[:-1]]))
       nxt.append(seq)
-    prev = np.concatenate(prev) if prev else np.zeros(0, np.int64)
-    nxt = np.concatenate(nxt) if nxt else np.zeros(0, np.int64)
+    prev2, prev, nxt = (
+      np.concatenate(x) if x else np.zeros(0, np.int64) for x in (prev2, prev, nxt)
+    )
     steps = NGramSteps(order, vocab_size, start_id, eos_id)
     if order == 1:
       counts = np.bincount(nxt, minlength=vocab_size).astype(np.float64)
       probs = (counts + add_k) / (counts.sum() + add_k * vocab_size)
       return cls(steps, {'log_probs': jnp.asarray(np.log(probs), jnp.float32)})
-    return cls(steps, _fit_bigram(prev, nxt, vocab_size, add_k, top_k))
+    params = _fit_bigram(prev, nxt, vocab_size, add_k, top_k)
+    if order == 3:
+      params.update(_fit_trigram(prev2 * vocab_size + prev, nxt, top_k, min_count))
+    return cls(steps, params)
 
   def save(self, path: str) -> None:
-    """Writes an .npz with the arrays and the static fields."""
+    """Writes a compressed .npz with the arrays and the static fields."""
     meta = dataclasses.asdict(self.steps)
-    np.savez(
+    np.savez_compressed(
       path,
       **{k: np.asarray(v) for k, v in self.params.items()},
       **{f'meta_{k}': v for k, v in meta.items()},
@@ -160,9 +188,9 @@ class NGramDrafter:
     if bad:
       raise ValueError(f'{path}: {bad} must be integer scalars.')
     steps = NGramSteps(**{k: int(v) for k, v in meta.items()})
-    if steps.order not in (1, 2) or steps.vocab_size < 1:
+    if steps.order not in (1, 2, 3) or steps.vocab_size < 1:
       raise ValueError(
-        f'{path}: meta_order must be 1 or 2 and meta_vocab_size >= 1, got '
+        f'{path}: meta_order must be 1, 2 or 3 and meta_vocab_size >= 1, got '
         f'{steps.order} and {steps.vocab_size}.'
       )
     params = {k: v for k, v in arrays.items() if not k.startswith('meta_')}
@@ -177,6 +205,13 @@ class NGramDrafter:
         'next_log_probs': ((vocab, 'K'), np.floating),
       }
     )
+    if steps.order == 3:
+      expected.update(
+        tri_keys=(('C',), np.integer),
+        tri_ids=(('C', 'K3'), np.integer),
+        tri_probs=(('C', 'K3'), np.floating),
+        tri_weight=(('C',), np.floating),
+      )
     missing, unknown = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))
     if missing or unknown:
       raise ValueError(
@@ -187,7 +222,7 @@ class NGramDrafter:
       got = params[name]
       if (
         got.ndim != len(shape)
-        or any(s not in ('K', g) for s, g in zip(shape, got.shape))
+        or any(s != g and not isinstance(s, str) for s, g in zip(shape, got.shape))
         or not np.issubdtype(got.dtype, kind)
       ):
         want = '[' + ', '.join(map(str, shape)) + ']'
@@ -195,7 +230,7 @@ class NGramDrafter:
           f'{path}: array {name!r} must be {kind.__name__}{want} for '
           f'meta_vocab_size {vocab}, got {got.dtype}{list(got.shape)}.'
         )
-    if steps.order == 2:
+    if steps.order >= 2:
       ids = params['next_ids']
       if ids.shape != params['next_log_probs'].shape:
         raise ValueError(
@@ -204,6 +239,17 @@ class NGramDrafter:
         )
       if ids.size and not 0 <= ids.min() <= ids.max() < vocab:
         raise ValueError(f"{path}: 'next_ids' lists token ids outside [0, {vocab}).")
+    if steps.order == 3:
+      keys, ids = params['tri_keys'], params['tri_ids']
+      if not (
+        len(keys) == len(ids) == len(params['tri_weight'])
+        and ids.shape == params['tri_probs'].shape
+      ):
+        raise ValueError(f'{path}: the tri_* arrays disagree in C or K.')
+      if keys.size and (np.any(np.diff(keys) <= 0) or keys[0] < 0 or keys[-1] >= vocab**2):
+        raise ValueError(f"{path}: 'tri_keys' must be strictly increasing in [0, V^2).")
+      if ids.size and not 0 <= ids.min() <= ids.max() < vocab:
+        raise ValueError(f"{path}: 'tri_ids' lists token ids outside [0, {vocab}).")
     return cls(steps, {k: jnp.asarray(v) for k, v in params.items()})
 
 
@@ -238,4 +284,56 @@ def _fit_bigram(
     'log_base': jnp.asarray(log_base, jnp.float32),
     'next_ids': jnp.asarray(next_ids, jnp.int32),
     'next_log_probs': jnp.asarray(next_log_probs, jnp.float32),
+  }
+
+
+def _bigram_log_probs(params, tokens, vocab_size: int) -> jax.Array:
+  """The bigram's log p(. | token): int32[B, T] -> float32[B, T, V]."""
+  b, t = tokens.shape
+  # Every continuation outside the K kept ones has the context's smoothing mass.
+  logits = jnp.broadcast_to(params['log_base'][tokens][..., None], (b, t, vocab_size))
+  rows, cols = jnp.arange(b)[:, None, None], jnp.arange(t)[None, :, None]
+  return logits.at[rows, cols, params['next_ids'][tokens]].set(params['next_log_probs'][tokens])
+
+
+def _interpolate_trigram(params, before, tokens, bigram_log_probs) -> jax.Array:
+  """log((1 - w) p_bigram + w p_trigram) for contexts (before, tokens) in the table, else the
+  bigram: int32[B, T] x 2, float32[B, T, V] -> float32[B, T, V]."""
+  vocab = bigram_log_probs.shape[-1]
+  keys = params['tri_keys']
+  query = before * vocab + tokens
+  index = jnp.clip(jnp.searchsorted(keys, query), max=keys.shape[0] - 1)
+  weight = jnp.where(keys[index] == query, params['tri_weight'][index], 0.0)[..., None]
+  b, t = tokens.shape
+  rows, cols = jnp.arange(b)[:, None, None], jnp.arange(t)[None, :, None]
+  probs = (1.0 - weight) * jnp.exp(bigram_log_probs)
+  probs = probs.at[rows, cols, params['tri_ids'][index]].add(weight * params['tri_probs'][index])
+  return jnp.log(probs)
+
+
+def _fit_trigram(context: np.ndarray, nxt: np.ndarray, top_k: int, min_count: int) -> dict:
+  """Trigram tables (see `NGramDrafter`) from context keys x * V + y and next tokens."""
+  pairs, counts = np.unique(np.stack([context, nxt]), axis=1, return_counts=True)
+  ctx, tok = pairs
+  keys, per_context = np.unique(ctx, return_inverse=True)
+  total = np.bincount(per_context, weights=counts)  # c(x, y)
+  types = np.bincount(per_context)  # distinct continuations of (x, y)
+  keep = total >= min_count
+  # Within each context, most frequent first (ties: lower id first); keep the top K.
+  order = np.lexsort((tok, -counts, ctx))
+  ctx, tok, counts = ctx[order], tok[order], counts[order]
+  rank = np.arange(len(ctx)) - np.searchsorted(ctx, ctx)
+  row = np.searchsorted(keys, ctx)
+  kept = (rank < top_k) & keep[row]
+  ids = np.zeros((len(keys), top_k), np.int64)
+  probs = np.zeros((len(keys), top_k), np.float64)
+  ids[row[kept], rank[kept]] = tok[kept]
+  probs[row[kept], rank[kept]] = counts[kept]
+  probs /= np.maximum(probs.sum(1, keepdims=True), 1)
+  weight = total / (total + types)  # Witten-Bell
+  return {
+    'tri_keys': jnp.asarray(keys[keep], jnp.int32),
+    'tri_ids': jnp.asarray(ids[keep], jnp.int32),
+    'tri_probs': jnp.asarray(probs[keep], jnp.float32),
+    'tri_weight': jnp.asarray(weight[keep], jnp.float32),
   }

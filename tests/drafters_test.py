@@ -1,15 +1,22 @@
-"""Tests for specdec_jax.drafters: `NGramDrafter.load` refuses files that `save` did not write.
+"""Tests for specdec_jax.drafters: `NGramDrafter.load` refuses files that `save` did not write;
+the trigram's counts, its context across rewinds, and its use in the decode loops.
 
-Fitting, stepping and a save/load round trip are tested with the decode loops (decode_test.py).
+Unigram / bigram fitting and stepping are tested with the decode loops (decode_test.py).
 """
 
+import collections
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import drafters
+from specdec_jax import decode, drafters
+from specdec_jax import sampling as sampling_lib
+from tests import chisquare, fakes
+
+GREEDY = sampling_lib.SamplingConfig(temperature=0.0)
 
 VOCAB = 6
 
@@ -17,7 +24,11 @@ VOCAB = 6
 def _saved_arrays(tmp_path: Path, order: int) -> dict[str, np.ndarray]:
   """The arrays `save` writes for a small fitted drafter, read back as a dict."""
   drafter = drafters.NGramDrafter.fit(
-    [np.array([3, 4, 1]), np.array([2, 5, 5, 1])], vocab_size=VOCAB, order=order, top_k=2
+    [np.array([3, 4, 1]), np.array([2, 5, 5, 1])],
+    vocab_size=VOCAB,
+    order=order,
+    top_k=2,
+    min_count=1,
   )
   drafter.save(tmp_path / 'good.npz')
   with np.load(tmp_path / 'good.npz') as f:
@@ -31,7 +42,7 @@ def _load_edited(tmp_path: Path, order: int, edit) -> None:
   drafters.NGramDrafter.load(tmp_path / 'edited.npz')
 
 
-@pytest.mark.parametrize('order', [1, 2])
+@pytest.mark.parametrize('order', [1, 2, 3])
 def test_load_round_trip(tmp_path, order):
   drafter = drafters.NGramDrafter.fit([np.array([3, 4, 1])], vocab_size=VOCAB, order=order)
   drafter.save(tmp_path / 'ngram.npz')
@@ -59,7 +70,13 @@ FOREIGN = {
   'unknown meta field': (1, _set('meta_smoothing', 3), "unexpected fields ['meta_smoothing']"),
   'meta field not a scalar': (2, _set('meta_vocab_size', [6, 6]), "['meta_vocab_size'] must be"),
   'meta field a float': (2, _set('meta_order', 2.0), "['meta_order'] must be integer scalars"),
-  'unknown order': (2, _set('meta_order', 3), 'meta_order must be 1 or 2'),
+  'unknown order': (2, _set('meta_order', 4), 'meta_order must be 1, 2 or 3'),
+  'bigram called a trigram': (2, _set('meta_order', 3), "missing ['tri_ids', 'tri_keys'"),
+  'trigram keys unsorted': (
+    3,
+    lambda a: a.update(tri_keys=a['tri_keys'][::-1].copy()),
+    'strictly increasing',
+  ),
   'bigram without tables': (
     2,
     _pop('next_ids', 'next_log_probs'),
@@ -108,3 +125,138 @@ def test_load_npy_is_not_an_npz(tmp_path):
   np.save(tmp_path / 'table.npy', np.zeros(VOCAB))
   with pytest.raises(ValueError, match='single .npy array'):
     drafters.NGramDrafter.load(tmp_path / 'table.npy')
+
+
+# ---------------------------------------------------------------------------------------------
+# Trigram drafter: counts, rewinding, and in the decode loops.
+
+TRIGRAM_SEQS = [np.array([3, 4, 5, 1]), np.array([3, 4, 5, 1]), np.array([3, 4, 2, 1])]
+
+
+def _step(drafter, tokens, cache):
+  logits, cache = drafter.steps.step(drafter.params, jnp.asarray(tokens, jnp.int32), cache)
+  return np.exp(np.asarray(logits, np.float64)), cache
+
+
+def _fresh_cache(drafter, batch=1, length=16):
+  return drafter.steps.init_cache(drafter.params, jnp.zeros((batch, 1)), None, length)
+
+
+def test_trigram_fit_interpolates_with_the_bigram():
+  add_k, v = 0.5, 8
+  tri = drafters.NGramDrafter.fit(
+    TRIGRAM_SEQS, vocab_size=v, order=3, add_k=add_k, top_k=4, min_count=2
+  )
+  bi = drafters.NGramDrafter.fit(TRIGRAM_SEQS, vocab_size=v, order=2, add_k=add_k, top_k=4)
+  probs, _ = _step(tri, [[0, 3, 4, 5]], _fresh_cache(tri))
+  bi_probs, _ = _step(bi, [[0, 3, 4, 5]], _fresh_cache(bi))
+  np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-5)
+  # Context (3, 4) was seen 3 times with 2 distinct continuations: Witten-Bell w = 3 / 5;
+  # trigram p(5) = 2/3, p(2) = 1/3.
+  w = 3 / 5
+  np.testing.assert_allclose(probs[0, 2, 5], (1 - w) * bi_probs[0, 2, 5] + w * 2 / 3, rtol=1e-5)
+  np.testing.assert_allclose(probs[0, 2, 2], (1 - w) * bi_probs[0, 2, 2] + w * 1 / 3, rtol=1e-5)
+  # Context (0, 0) (start, start), seen 3 times, one continuation (3): w = 3 / 4.
+  np.testing.assert_allclose(probs[0, 0, 3], 0.25 * bi_probs[0, 0, 3] + 0.75, rtol=1e-5)
+  # Context (4, 5) was seen twice (kept, min_count 2); (4, 2) once: left to the bigram.
+  np.testing.assert_allclose(probs[0, 3], 1 / 3 * bi_probs[0, 3] + 2 / 3 * np.eye(v)[1], rtol=1e-5)
+  probs, _ = _step(tri, [[4, 2]], _fresh_cache(tri).replace(end_index=jnp.array([2])))
+  bi_probs, _ = _step(bi, [[4, 2]], _fresh_cache(bi))
+  np.testing.assert_allclose(probs[0, 1], bi_probs[0, 1], rtol=1e-5)
+
+
+def test_trigram_context_survives_rewinds():
+  """Random feeds and rewinds (as the speculative loop makes them) give the same distributions as
+  feeding the whole prefix at once: the history restores the context after a rewind."""
+  rng = np.random.default_rng(0)
+  seqs = [rng.integers(1, 6, size=12) for _ in range(40)]
+  drafter = drafters.NGramDrafter.fit(seqs, vocab_size=6, order=3, min_count=1, top_k=3)
+  prefix, cache = [0], _fresh_cache(drafter, length=64)
+  probs, cache = _step(drafter, [prefix], cache)
+  for _ in range(30):
+    if rng.random() < 0.5 and len(prefix) > 2:  # rewind and feed 2 tokens, as the catch-up does
+      start = int(rng.integers(1, len(prefix)))
+      prefix = prefix[:start] + list(rng.integers(1, 6, size=2))
+      fed = prefix[start:]
+      cache = cache.replace(end_index=jnp.array([start]))
+    else:
+      fed = list(rng.integers(1, 6, size=int(rng.integers(1, 4))))
+      prefix = prefix + fed
+    probs, cache = _step(drafter, [fed], cache)
+    whole, _ = _step(drafter, [prefix], _fresh_cache(drafter, length=64))
+    np.testing.assert_allclose(probs[0], whole[0, -len(fed) :], rtol=1e-6)
+    assert int(cache.end_index[0]) == len(prefix)
+
+
+def _trigram_for(target, seed=0):
+  """A trigram drafter fitted on the target's own samples (so it agrees with it often)."""
+  ids = jnp.zeros((256, 1), jnp.int32)
+  out = decode.generate(
+    target,
+    ids,
+    jnp.ones_like(ids),
+    sampling=sampling_lib.SamplingConfig(temperature=1.0),
+    max_new_tokens=6,
+    rng=jax.random.key(seed),
+  )
+  return drafters.NGramDrafter.fit(
+    np.asarray(out.tokens), vocab_size=target.steps.vocab_size, order=3, min_count=1
+  )
+
+
+@pytest.mark.parametrize('verifier', ['token', 'block'])
+def test_greedy_equals_generate_with_trigram_drafter(verifier):
+  target = fakes.random_markov(seed=31, vocab_size=12, positions=40, eos_id=1)
+  ids = jnp.asarray(np.random.default_rng(0).integers(2, 12, size=(4, 5)), jnp.int32)
+  kw = dict(sampling=GREEDY, max_new_tokens=25, rng=jax.random.key(0))
+  ref = decode.generate(target, ids, jnp.ones_like(ids), **kw)
+  drafter = drafters.NGramDrafter.fit(np.asarray(ref.tokens), vocab_size=12, order=3)
+  out = decode.speculative_generate(
+    target, drafter, ids, jnp.ones_like(ids), gamma=3, verifier=verifier, **kw
+  )
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  assert int(out.stats.accepted.sum()) > 0
+
+
+@pytest.mark.parametrize('verifier', ['token', 'block'])
+def test_lossless_with_trigram_drafter(verifier):
+  """100k rows: the joint of the first 3 tokens matches the exact target distribution (p-value
+  above 1e-3), with drafts both accepted and rejected."""
+  target = fakes.random_markov(seed=1)
+  sampling = sampling_lib.SamplingConfig(temperature=1.0)
+  ids = jnp.zeros((100_000, 1), jnp.int32)
+  out = decode.speculative_generate(
+    target,
+    _trigram_for(fakes.random_markov(seed=2)),
+    ids,
+    jnp.ones_like(ids),
+    gamma=3,
+    verifier=verifier,
+    sampling=sampling,
+    max_new_tokens=3,
+    rng=jax.random.key(5),
+  )
+  exact = fakes.exact_prefix_distribution(target, 3, sampling)
+  observed = collections.Counter(map(tuple, np.asarray(out.tokens).tolist()))
+  assert set(observed) <= set(exact)
+  assert chisquare.pvalue(observed, exact) > 1e-3
+  assert 0 < int(out.stats.accepted.sum()) < int(out.stats.drafted.sum())
+
+
+def test_trigram_drafter_of_itself_accepts_everything():
+  """A trigram as its own target (and drafter) has alpha exactly 1 at temperature 1: every draft
+  of every iteration, catch-up steps included, sees the context the target sees."""
+  trigram = _trigram_for(fakes.random_markov(seed=3))
+  ids = jnp.zeros((64, 1), jnp.int32)
+  out = decode.speculative_generate(
+    trigram,
+    trigram,
+    ids,
+    jnp.ones_like(ids),
+    gamma=3,
+    sampling=sampling_lib.SamplingConfig(temperature=1.0),
+    max_new_tokens=12,
+    rng=jax.random.key(0),
+  )
+  assert int(out.stats.drafted.sum()) > 0
+  np.testing.assert_allclose(float(out.stats.summed().alpha), 1.0, rtol=1e-5)
