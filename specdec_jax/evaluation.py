@@ -58,6 +58,9 @@ class Run:
   seconds: float  # decoding wall time, compilation excluded
   tokens: int  # tokens emitted
   stats: decode.DecodeStats  # pooled over all rows (`DecodeStats.summed`)
+  # With `translate(..., trace=True)`: tau (drafts accepted) of every iteration in which a row
+  # was still emitting, over all rows (int32[iterations]); else None.
+  accepted_lengths: np.ndarray | None = None
 
 
 def translate(
@@ -74,13 +77,18 @@ def translate(
   max_new_tokens: int,
   seed: int = 0,
   on_batch=None,
+  trace: bool = False,
 ) -> Run:
   """Translates `sources` with `method` ('autoregressive' or a verifier name), timing decoding.
 
   Every batch is padded to [batch_size, max_source_length], so each method compiles once; a
   warm-up call on the first batch is made before timing. `on_batch(n)` is called after each
-  batch of n sources (progress).
+  batch of n sources (progress). `trace=True` (speculative methods only) decodes with
+  `speculative_generate(..., trace=True)` and fills `Run.accepted_lengths`; the trace's
+  bookkeeping is then part of the timed work.
   """
+  if trace and method == 'autoregressive':
+    raise ValueError('trace=True needs a speculative method (a verifier name).')
   chunks = [sources[i : i + batch_size] for i in range(0, len(sources), batch_size)]
 
   def run_batch(texts, rng):
@@ -90,11 +98,11 @@ def translate(
     if method == 'autoregressive':
       return decode.generate(target, ids, mask, **kw)
     return decode.speculative_generate(
-      target, drafter, ids, mask, gamma=gamma, verifier=method, **kw
+      target, drafter, ids, mask, gamma=gamma, verifier=method, trace=trace, **kw
     )
 
   jax.block_until_ready(run_batch(chunks[0], jax.random.key(seed)))
-  hyps, seconds, outputs = [], 0.0, []
+  hyps, seconds, outputs, accepted = [], 0.0, [], []
   for i, chunk in enumerate(chunks):
     start = time.perf_counter()
     out = jax.block_until_ready(run_batch(chunk, jax.random.key(seed + 1 + i)))
@@ -102,11 +110,15 @@ def translate(
     n = len(chunk)
     hyps += [tokenizer.decode(row) for row in np.asarray(out.tokens[:n])]
     outputs.append(jax.tree.map(lambda x: np.asarray(x)[:n], (out.lengths, out.stats)))
+    if trace:  # live iterations: a row still emitting appends at least one token
+      live = np.asarray(out.trace.emitted[:n]) > 0
+      accepted.append(np.asarray(out.trace.num_accepted[:n])[live])
     if on_batch:
       on_batch(n)
   lengths = np.concatenate([o[0] for o in outputs])
   stats = jax.tree.map(lambda *x: np.concatenate(x), *[o[1] for o in outputs])
-  return Run(hyps, seconds, int(lengths.sum()), stats.summed())
+  accepted_lengths = np.concatenate(accepted) if trace else None
+  return Run(hyps, seconds, int(lengths.sum()), stats.summed(), accepted_lengths)
 
 
 @dataclasses.dataclass
@@ -315,14 +327,19 @@ def format_table(table: list[dict]) -> str:
 
 class ResultsWriter:
   """Writes results.csv and results.json (strict JSON: null for missing values) after every row,
-  so an interrupted run keeps what it measured, and speedup.png at `finish`."""
+  so an interrupted run keeps what it measured, and speedup.png at `finish`.
 
-  def __init__(self, workdir: str):
+  Another table: `name` gives `<name>.csv` / `<name>.json` and `columns` the CSV's columns; only
+  the main job's table (the default columns) has a figure.
+  """
+
+  def __init__(self, workdir: str, *, name: str = 'results', columns: Sequence[str] = COLUMNS):
     os.makedirs(workdir, exist_ok=True)
-    self.paths = {
-      k: os.path.join(workdir, f)
-      for k, f in (('csv', 'results.csv'), ('json', 'results.json'), ('png', 'speedup.png'))
-    }
+    self.columns = tuple(columns)
+    files = [('csv', f'{name}.csv'), ('json', f'{name}.json')]
+    if self.columns == COLUMNS:
+      files.append(('png', 'speedup.png'))
+    self.paths = {k: os.path.join(workdir, f) for k, f in files}
     probe = os.path.join(workdir, '.writable')
     try:
       with open(probe, 'w') as f:
@@ -342,18 +359,18 @@ class ResultsWriter:
     self.rows.append(row)
     new = not os.path.exists(self.paths['csv'])
     with open(self.paths['csv'], 'a', newline='') as f:
-      writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
+      writer = csv.DictWriter(f, fieldnames=list(self.columns))
       if new:
         writer.writeheader()
-      writer.writerow({k: ('' if row.get(k) is None else row[k]) for k in COLUMNS})
+      writer.writerow({k: ('' if row.get(k) is None else row[k]) for k in self.columns})
     tmp = self.paths['json'] + '.tmp'
     with open(tmp, 'w') as f:
       json.dump(self.rows, f, indent=1, allow_nan=False)
     os.replace(tmp, self.paths['json'])
 
   def finish(self) -> dict[str, str]:
-    """Draws speedup.png from the rows so far; returns the paths."""
-    if any(r['method'] != 'autoregressive' for r in self.rows):
+    """Draws speedup.png (main job's table) from the rows so far; returns the paths."""
+    if 'png' in self.paths and any(r['method'] != 'autoregressive' for r in self.rows):
       _plot(self.rows, self.paths['png'])
     return self.paths
 

@@ -1,0 +1,755 @@
+r"""Token vs block verification, as Sun et al. 2024 ("Block Verification Accelerates Speculative
+Decoding", arXiv 2403.10444) compare them, on the shipped EN->DE pair.
+
+  python -m experiments.verification --config=experiments/configs/verification.py
+  python -m experiments.verification --config=experiments/configs/verification.py:runlocal
+  python -m experiments.verification --config=experiments/configs/verification.py:batch
+
+The config (experiments/configs/verification.py) lists the parts and what each measures: the
+exact accepted-length CCDF on Sun et al.'s two-token toy model (their Figure 3a), the sweep of
+drafter x gamma x temperature x seed (Tables 1-2, Figures 4-5; with several batch sizes, App. D.1)
+and the accepted-length CCDF on the real pair from the decode loop's trace (Figure 3b). Writes to
+--workdir (default: config.workdir), each row as soon as it is measured:
+
+  runs.csv / .json      every timed decoding run: drafter, method, temp, gamma, batch_size, seed,
+                        alpha, block_efficiency (tokens per target call), tokens, seconds,
+                        tokens_per_s, speedup (autoregressive seconds of the same temperature,
+                        batch size and seed / this run's seconds)
+  summary.csv / .json   mean and standard deviation over seeds of each (drafter, method, temp,
+                        gamma, batch_size), and the relative gain (%) over token verification in
+                        block efficiency and speedup (gain of the means; its std over seeds is
+                        that of the per-seed paired gains)
+  ccdf.csv / .json      P(accepted length >= k), k = 0..gamma: toy model (exact or Monte Carlo)
+                        and real pair (trace)
+  table.md              the summary as Sun et al.'s Tables 1-2 (token vs each other verifier)
+  improvement.png       gain of each verifier over token vs gamma, one line per temperature, one
+                        panel per drafter; block efficiency (Fig. 4) and speedup (Fig. 5) rows
+  ccdf.png              Figure 3: the toy model's CCDF (exact) and the real pair's
+  batch.png             with several batch sizes: tokens/s and block efficiency vs batch size
+
+Seeds: seed s decodes batch i with PRNG key s * 2**20 + 1 + i, so seeds never share a key and
+every verifier of one seed sees the same keys (common random numbers: the paired gains are less
+noisy than the separate means). Third-party INFO logs only with --verbosity=0.
+"""
+
+import dataclasses
+import itertools
+import math
+import numbers
+import os
+from collections.abc import Callable, Iterator, Sequence
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import app, flags, logging
+from matplotlib import figure, ticker
+from ml_collections import config_flags
+
+from experiments.configs import common
+from specdec_jax import evaluation, sharding, verify
+from specdec_jax import sampling as sampling_lib
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config (python file).')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory; overrides config.workdir.')
+
+PARTS = ('toy', 'sweep', 'ccdf')
+RUN_COLUMNS = (
+  'drafter',
+  'method',
+  'temp',
+  'gamma',
+  'batch_size',
+  'seed',
+  'alpha',
+  'block_efficiency',
+  'tokens',
+  'seconds',
+  'tokens_per_s',
+  'speedup',
+)
+SUMMARY_COLUMNS = (
+  'drafter',
+  'method',
+  'temp',
+  'gamma',
+  'batch_size',
+  'num_seeds',
+  'alpha_mean',
+  'block_efficiency_mean',
+  'block_efficiency_std',
+  'tokens_per_s_mean',
+  'tokens_per_s_std',
+  'speedup_mean',
+  'speedup_std',
+  'block_efficiency_gain_pct',
+  'block_efficiency_gain_pct_std',
+  'speedup_gain_pct',
+  'speedup_gain_pct_std',
+)
+CCDF_COLUMNS = (
+  'model',
+  'drafter',
+  'method',
+  'temp',
+  'gamma',
+  'k',
+  'p_at_least_k',
+  'exact',
+  'mean_accepted',
+  'samples',
+  'estimate',
+)
+TABLES = {'runs': RUN_COLUMNS, 'summary': SUMMARY_COLUMNS, 'ccdf': CCDF_COLUMNS}
+_SEED_STRIDE = 1 << 20  # seed s uses PRNG keys s * stride + 0 .. number of batches
+
+# Sun et al. §3: vocabulary {A, B}, both models context-free, gamma 2; token verification accepts
+# 10/9 drafts per iteration in expectation, block verification 11/9 (docs/method.md §7).
+SUN_TOY_TARGET = (Fraction(1, 3), Fraction(2, 3))  # Mb(A), Mb(B)
+SUN_TOY_DRAFTER = (Fraction(2, 3), Fraction(1, 3))  # Ms(A), Ms(B)
+EXACT_VERIFIERS = ('token', 'block')
+
+
+# ----------------------------------------------------------------------------------------------
+# The toy model: exact accepted-length distributions by enumeration.
+
+
+def toy_accepted_distribution(
+  target: Sequence, drafter: Sequence, gamma: int, method: str
+) -> list[Fraction]:
+  """P(tau = k), k = 0..gamma, of one iteration with context-free models, in exact arithmetic.
+
+  Every draft block `X_1..X_gamma` (V**gamma of them) is enumerated with its probability under
+  the drafter; given the block, tau's law follows from the verifier's acceptance probabilities:
+  token verification (Leviathan et al.) accepts the first t drafts with probability
+  `prod_{i<=t} h_i (1 - h_{t+1})`, `h_i = min(1, p(X_i) / q(X_i))`; block verification (Sun et
+  al., Alg. 2) tests each sub-block independently with `h_i = r_i / (r_i + 1 - w_i)` (i < gamma;
+  0/0 = 0) and `h_gamma = w_gamma`, where `w_0 = 1`, `w_i = min(1, w_{i-1} p(X_i) / q(X_i))`,
+  `r_i = sum_x max(0, w_i p(x) - q(x))`, and keeps the longest accepted one (tau = 0 if none).
+
+  Args:
+    target: p, the target's distribution over the vocabulary (numbers, or Fractions for exact
+      results), the same after every prefix.
+    drafter: q, the drafter's, likewise.
+    gamma: drafted tokens per iteration.
+    method: 'token' or 'block'.
+
+  Returns:
+    [P(tau = 0), ..., P(tau = gamma)] as Fractions (exact when the inputs are).
+  """
+  p = [Fraction(x) for x in target]
+  q = [Fraction(x) for x in drafter]
+  if len(p) != len(q) or sum(p) != 1 or sum(q) != 1 or min(p + q) < 0:
+    raise ValueError(f'target and drafter must be distributions over one vocabulary: {p}, {q}')
+  if method not in EXACT_VERIFIERS:
+    raise ValueError(f'No exact toy formula for verifier {method!r}; have {EXACT_VERIFIERS}.')
+  dist = [Fraction(0)] * (gamma + 1)
+  for block in itertools.product(range(len(q)), repeat=gamma):
+    block_prob = math.prod((q[x] for x in block), start=Fraction(1))
+    if not block_prob:
+      continue
+    ratios = [p[x] / q[x] for x in block]
+    if method == 'token':
+      h = [min(Fraction(1), r) for r in ratios]
+      tau_probs = [math.prod(h[:t], start=Fraction(1)) * (1 - h[t]) for t in range(gamma)]
+      tau_probs.append(math.prod(h, start=Fraction(1)))
+    else:
+      w = [Fraction(1)]
+      for r in ratios:
+        w.append(min(Fraction(1), w[-1] * r))
+      h = []  # h[i - 1] = h_i
+      for i in range(1, gamma):
+        residual = sum(max(Fraction(0), w[i] * px - qx) for px, qx in zip(p, q))
+        denominator = residual + 1 - w[i]
+        h.append(residual / denominator if denominator else Fraction(0))
+      h.append(w[gamma])
+      rejected_after = [math.prod((1 - x for x in h[t:]), start=Fraction(1)) for t in range(gamma)]
+      tau_probs = [rejected_after[0]] + [
+        h[t - 1] * (rejected_after[t] if t < gamma else 1) for t in range(1, gamma + 1)
+      ]
+    for t, prob in enumerate(tau_probs):
+      dist[t] += block_prob * prob
+  return dist
+
+
+def toy_monte_carlo_distribution(
+  verifier: Callable, target: Sequence, drafter: Sequence, gamma: int, samples: int, seed: int
+) -> np.ndarray:
+  """P(tau = k), k = 0..gamma, estimated from `samples` iterations of a jitted verifier
+  (`verify.VERIFIERS[name]`) on context-free models: float64[gamma + 1]."""
+  p = np.asarray([float(x) for x in target], np.float32)
+  q = np.asarray([float(x) for x in drafter], np.float32)
+  rng = np.random.default_rng(seed)
+  drafts = rng.choice(len(q), size=(samples, gamma), p=q / q.sum())
+  result = verifier(
+    jax.random.key(seed),
+    jnp.asarray(drafts, jnp.int32),
+    jnp.broadcast_to(q, (samples, gamma, len(q))),
+    jnp.broadcast_to(p, (samples, gamma + 1, len(p))),
+  )
+  return np.bincount(np.asarray(result.num_accepted), minlength=gamma + 1) / samples
+
+
+def ccdf_of_distribution(dist: Sequence) -> list:
+  """P(tau >= k), k = 0..gamma, from P(tau = k)."""
+  return [sum(dist[k:], start=type(dist[0])(0)) for k in range(len(dist))]
+
+
+def ccdf_of_lengths(accepted: np.ndarray, gamma: int) -> np.ndarray:
+  """P(tau >= k), k = 0..gamma, of observed accepted lengths: float64[gamma + 1]."""
+  accepted = np.asarray(accepted)
+  if accepted.size == 0:
+    return np.full(gamma + 1, np.nan)
+  return (accepted[:, None] >= np.arange(gamma + 1)).mean(axis=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Checking the config and loading the pair.
+
+
+def _ints(config, name: str, minimum: int) -> None:
+  values = tuple(config[name])
+  if not values or any(
+    isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum for v in values
+  ):
+    raise ValueError(f'config.{name} must hold ints >= {minimum}, got {values}.')
+  if len(set(values)) != len(values):
+    raise ValueError(f'config.{name} has repeated values: {values}.')
+
+
+def check(config) -> None:
+  """Checks the fields this experiment adds to the main job's (evaluation.prepare checks those).
+
+  Raises:
+    ValueError naming the bad setting.
+  """
+  unknown = set(config.parts) - set(PARTS)
+  if not config.parts or unknown:
+    raise ValueError(f'config.parts must name some of {PARTS}, got {tuple(config.parts)}.')
+  if not config.verifiers or set(config.verifiers) - set(verify.VERIFIERS):
+    raise ValueError(
+      f'Unknown verifier(s) in config.verifiers={tuple(config.verifiers)}; choose from '
+      f'{sorted(verify.VERIFIERS)}.'
+    )
+  _ints(config, 'seeds', 0)
+  _ints(config, 'batch_sizes', 1)
+  _ints(config, 'toy_gammas', 1)
+  if max(config.toy_gammas) > 12:
+    raise ValueError('config.toy_gammas must be <= 12 (V**gamma draft blocks are enumerated).')
+  if 'ccdf' in config.parts:
+    _ints(config, 'ccdf_gammas', 1)
+    for t in config.ccdf_temperatures:
+      sampling_lib.SamplingConfig(temperature=t)
+    if not config.ccdf_temperatures:
+      raise ValueError('config.ccdf_temperatures is empty.')
+  if isinstance(config.toy_samples, bool) or config.toy_samples < 1:
+    raise ValueError(f'config.toy_samples must be an int >= 1, got {config.toy_samples!r}.')
+
+
+def prepare(config) -> evaluation.Plan | None:
+  """Checks the config and loads the pair and test sources (None when only 'toy' runs), before
+  anything is decoded: `evaluation.prepare` on the settings the decoding parts use."""
+  check(config)
+  if not {'sweep', 'ccdf'} & set(config.parts):
+    return None
+  ccdf = 'ccdf' in config.parts
+  view = ml_collections.ConfigDict(
+    dict(
+      pretrained=config.pretrained,
+      drafters=tuple(config.drafters),
+      num_examples=config.num_examples,
+      batch_size=max(config.batch_sizes),
+      max_source_length=config.max_source_length,
+      max_new_tokens=config.max_new_tokens,
+      temperatures=tuple(config.temperatures) + (tuple(config.ccdf_temperatures) if ccdf else ()),
+      gammas=tuple(config.gammas) + (tuple(config.ccdf_gammas) if ccdf else ()),
+      verifiers=tuple(config.verifiers),
+      seed=config.seeds[0],
+    )
+  )
+  plan = evaluation.prepare(view)
+  if config.sort_by_length:
+    encode = plan.pair.tokenizer.encode
+    order = sorted(range(len(plan.sources)), key=lambda i: len(encode(plan.sources[i])))
+    plan = dataclasses.replace(
+      plan,
+      sources=[plan.sources[i] for i in order],
+      references=[plan.references[i] for i in order],
+    )
+  return plan
+
+
+def num_sentences(config, plan) -> int:
+  """Sentences the decoding parts translate (timed or traced), for a progress bar."""
+  if plan is None:
+    return 0
+  c, total = config, 0
+  if 'sweep' in c.parts:
+    methods = 1 + len(plan.drafters) * len(c.gammas) * len(c.verifiers)
+    total += len(c.temperatures) * len(c.batch_sizes) * len(c.seeds) * methods
+  if 'ccdf' in c.parts:
+    total += len(plan.drafters) * len(c.ccdf_gammas) * len(c.ccdf_temperatures) * len(c.verifiers)
+  return total * len(plan.sources)
+
+
+# ----------------------------------------------------------------------------------------------
+# The parts: each yields (table name, rows) as soon as the rows are measured.
+
+
+def toy_rows(config) -> Iterator[tuple[str, list[dict]]]:
+  """Sun et al.'s toy model: the accepted-length CCDF of every verifier at each toy gamma."""
+  for gamma in config.toy_gammas:
+    for method in config.verifiers:
+      if method in EXACT_VERIFIERS:
+        dist = toy_accepted_distribution(SUN_TOY_TARGET, SUN_TOY_DRAFTER, gamma, method)
+        estimate, samples = 'exact', None
+      else:
+        fn = verify.VERIFIERS[method]
+        args = (SUN_TOY_TARGET, SUN_TOY_DRAFTER, gamma, config.toy_samples, config.seeds[0])
+        dist = list(toy_monte_carlo_distribution(fn, *args))
+        estimate, samples = 'monte_carlo', config.toy_samples
+      ccdf = ccdf_of_distribution(dist)
+      mean = sum(ccdf[1:])
+      yield (
+        'ccdf',
+        [
+          dict(
+            model='toy',
+            drafter='Ms=(2/3,1/3)',
+            method=method,
+            temp=None,
+            gamma=gamma,
+            k=k,
+            p_at_least_k=float(value),
+            exact=str(value) if estimate == 'exact' else None,
+            mean_accepted=float(mean),
+            samples=samples,
+            estimate=estimate,
+          )
+          for k, value in enumerate(ccdf)
+        ],
+      )
+
+
+def _decode(config, plan, drafter, method, gamma, temperature, batch_size, seed, **kw):
+  return evaluation.translate(
+    plan.pair.target,
+    drafter,
+    plan.pair.tokenizer,
+    plan.sources,
+    method=method,
+    gamma=gamma,
+    sampling=sampling_lib.SamplingConfig(temperature=temperature),
+    batch_size=batch_size,
+    max_source_length=config.max_source_length,
+    max_new_tokens=config.max_new_tokens,
+    seed=seed * _SEED_STRIDE,
+    **kw,
+  )
+
+
+def sweep_rows(config, plan, on_batch=None) -> Iterator[tuple[str, list[dict]]]:
+  """Autoregressive baselines, then every drafter x gamma x temperature x batch size x seed x
+  verifier; the summary of a (drafter, gamma, temperature, batch size) once all its seeds ran."""
+  c = config
+  baseline = {}  # (temp, batch_size, seed) -> seconds
+
+  def row(drafter, method, temp, gamma, batch_size, seed, run):
+    speedup = 1.0 if method == 'autoregressive' else baseline[temp, batch_size, seed] / run.seconds
+    return dict(
+      drafter=drafter,
+      method=method,
+      temp=temp,
+      gamma=gamma,
+      batch_size=batch_size,
+      seed=seed,
+      alpha=None if method == 'autoregressive' else float(run.stats.alpha),
+      block_efficiency=float(run.stats.block_efficiency),
+      tokens=run.tokens,
+      seconds=run.seconds,
+      tokens_per_s=run.tokens / run.seconds,
+      speedup=speedup,
+    )
+
+  for temp, batch_size in itertools.product(c.temperatures, c.batch_sizes):
+    group = []
+    for seed in c.seeds:
+      run = _decode(c, plan, None, 'autoregressive', 1, temp, batch_size, seed, on_batch=on_batch)
+      baseline[temp, batch_size, seed] = run.seconds
+      group.append(row('-', 'autoregressive', temp, 0, batch_size, seed, run))
+      yield 'runs', group[-1:]
+    yield 'summary', summarize(group)
+  for name, drafter in plan.drafters.items():
+    for gamma, temp, batch_size in itertools.product(c.gammas, c.temperatures, c.batch_sizes):
+      group = []
+      for seed, method in itertools.product(c.seeds, c.verifiers):
+        run = _decode(c, plan, drafter, method, gamma, temp, batch_size, seed, on_batch=on_batch)
+        group.append(row(name, method, temp, gamma, batch_size, seed, run))
+        yield 'runs', group[-1:]
+      yield 'summary', summarize(group)
+
+
+def ccdf_rows(config, plan, on_batch=None) -> Iterator[tuple[str, list[dict]]]:
+  """The real pair's accepted-length CCDF from the decode loop's trace (first seed, smallest
+  batch size), over every iteration in which a row was still emitting."""
+  c = config
+  for name, drafter in plan.drafters.items():
+    for gamma, temp in itertools.product(c.ccdf_gammas, c.ccdf_temperatures):
+      for method in c.verifiers:
+        batch_size, seed = min(c.batch_sizes), c.seeds[0]
+        run = _decode(
+          c, plan, drafter, method, gamma, temp, batch_size, seed, on_batch=on_batch, trace=True
+        )
+        ccdf = ccdf_of_lengths(run.accepted_lengths, gamma)
+        yield (
+          'ccdf',
+          [
+            dict(
+              model=f'EnDe ({plan.pair.directory.name})',
+              drafter=name,
+              method=method,
+              temp=temp,
+              gamma=gamma,
+              k=k,
+              p_at_least_k=float(value),
+              exact=None,
+              mean_accepted=float(ccdf[1:].sum()),
+              samples=int(run.accepted_lengths.size),
+              estimate='trace',
+            )
+            for k, value in enumerate(ccdf)
+          ],
+        )
+
+
+def _mean_std(values) -> tuple[float | None, float | None]:
+  """Mean and sample standard deviation (ddof 1; None for one value) of the non-None values."""
+  values = [v for v in values if v is not None]
+  if not values:
+    return None, None
+  std = float(np.std(values, ddof=1)) if len(values) > 1 else None
+  return float(np.mean(values)), std
+
+
+def summarize(group: list[dict]) -> list[dict]:
+  """Summary rows (SUMMARY_COLUMNS) of the run rows of one (drafter, gamma, temp, batch size):
+  per method, mean and std over seeds, and the gain (%) over the 'token' method of the group."""
+  methods = list(dict.fromkeys(r['method'] for r in group))
+  by_method = {m: {r['seed']: r for r in group if r['method'] == m} for m in methods}
+  token = by_method.get('token')
+  out = []
+  for method in methods:
+    runs = by_method[method]
+    first = next(iter(runs.values()))
+    summary = dict(
+      drafter=first['drafter'],
+      method=method,
+      temp=first['temp'],
+      gamma=first['gamma'],
+      batch_size=first['batch_size'],
+      num_seeds=len(runs),
+      alpha_mean=_mean_std(r['alpha'] for r in runs.values())[0],
+    )
+    for key in ('block_efficiency', 'tokens_per_s', 'speedup'):
+      summary[f'{key}_mean'], summary[f'{key}_std'] = _mean_std(r[key] for r in runs.values())
+    for key in ('block_efficiency', 'speedup'):
+      gain = std = None
+      if token is not None and method != 'token':
+        gain = 100 * (summary[f'{key}_mean'] / _mean_std(r[key] for r in token.values())[0] - 1)
+        paired = [100 * (runs[s][key] / token[s][key] - 1) for s in runs if s in token]
+        std = _mean_std(paired)[1]
+      summary[f'{key}_gain_pct'], summary[f'{key}_gain_pct_std'] = gain, std
+    out.append(summary)
+  return out
+
+
+def rows(config, plan, on_batch=None) -> Iterator[tuple[str, list[dict]]]:
+  """Every part of the config, in the order of PARTS."""
+  if 'toy' in config.parts:
+    yield from toy_rows(config)
+  if 'sweep' in config.parts:
+    yield from sweep_rows(config, plan, on_batch)
+  if 'ccdf' in config.parts:
+    yield from ccdf_rows(config, plan, on_batch)
+
+
+# ----------------------------------------------------------------------------------------------
+# Text: one line per finished row, and the summary as Sun et al.'s tables.
+
+
+def _pm(mean, std, fmt='.3f', suffix='') -> str:
+  if mean is None:
+    return '-'
+  spread = fmt.lstrip('+')  # a standard deviation has no sign
+  return f'{mean:{fmt}}{suffix}' + ('' if std is None else f' ± {std:{spread}}')
+
+
+def format_rows(table: str, rows: list[dict]) -> str:
+  """One line for a finished run, summary row or CCDF curve."""
+  if table == 'ccdf':
+    r = rows[0]
+    head = f'ccdf    {r["model"]:<10s} {r["drafter"]:<12s} {r["method"]:<12s}'
+    temp = '' if r['temp'] is None else f' T={r["temp"]:g}'
+    curve = ' '.join(f'{x["p_at_least_k"]:.3f}' for x in rows[1:])
+    exact = f' = {sum(Fraction(x["exact"]) for x in rows[1:])}' if r['estimate'] == 'exact' else ''
+    return (
+      f'{head}{temp} gamma={r["gamma"]} ({r["estimate"]}): P(tau >= k), k = 1..{r["gamma"]}: '
+      f'{curve} | E[tau] {r["mean_accepted"]:.4f}{exact}'
+    )
+  lines = []
+  for r in rows:
+    head = (
+      f'{r["drafter"]:<10s} {r["method"]:<14s} T={r["temp"]:<4g} gamma={r["gamma"]:<2d} '
+      f'B={r["batch_size"]:<3d}'
+    )
+    if table == 'runs':
+      alpha = '-' if r['alpha'] is None else f'{r["alpha"]:.3f}'
+      lines.append(
+        f'run     {head} seed={r["seed"]} | alpha {alpha} | block eff. '
+        f'{r["block_efficiency"]:.3f} | {r["tokens_per_s"]:6.1f} tok/s '
+        f'{r["seconds"]:6.2f} s | speedup {r["speedup"]:.3f}x'
+      )
+    else:
+      gains = ''
+      if r['block_efficiency_gain_pct'] is not None:
+        gains = (
+          f' | vs token: block eff. '
+          f'{_pm(r["block_efficiency_gain_pct"], r["block_efficiency_gain_pct_std"], "+.1f")}%'
+          f', speedup {_pm(r["speedup_gain_pct"], r["speedup_gain_pct_std"], "+.1f")}%'
+        )
+      lines.append(
+        f'summary {head} {r["num_seeds"]} seeds | block eff. '
+        f'{_pm(r["block_efficiency_mean"], r["block_efficiency_std"])} | '
+        f'{_pm(r["tokens_per_s_mean"], r["tokens_per_s_std"], ".1f")} tok/s | speedup '
+        f'{_pm(r["speedup_mean"], r["speedup_std"])}x{gains}'
+      )
+  return '\n'.join(lines)
+
+
+def format_tables(summary: list[dict]) -> str:
+  """Markdown: one line per (drafter, batch size, temperature, gamma) with Sun et al.'s Table 1
+  (block efficiency) and Table 2 (speedup) columns, token, each other verifier and its gain over
+  token, then tokens/s of autoregressive decoding and of each verifier (App. D.1); mean ± std
+  over seeds."""
+  spec = [r for r in summary if r['method'] != 'autoregressive']
+  base = {(r['temp'], r['batch_size']): r for r in summary if r['method'] == 'autoregressive'}
+  methods = list(dict.fromkeys(r['method'] for r in spec))
+  others = [m for m in methods if m != 'token']
+  cells = {(r['drafter'], r['batch_size'], r['temp'], r['gamma'], r['method']): r for r in spec}
+  header = ['drafter', 'B', 'temp', 'gamma']
+  for key in ('block eff.', 'speedup'):
+    header += [f'{key} {m}' for m in methods] + [f'{key} gain {m} (%)' for m in others]
+  header += ['tok/s autoregressive'] + [f'tok/s {m}' for m in methods]
+  lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+  for drafter, batch, temp, gamma in dict.fromkeys(k[:4] for k in cells):
+    line = [drafter, str(batch), f'{temp:g}', str(gamma)]
+    row = {m: cells.get((drafter, batch, temp, gamma, m)) for m in methods}
+    for key in ('block_efficiency', 'speedup'):
+      line += [_pm(r[f'{key}_mean'], r[f'{key}_std'], '.2f') if r else '-' for r in row.values()]
+      line += [
+        _pm(row[m][f'{key}_gain_pct'], row[m][f'{key}_gain_pct_std'], '+.1f') if row[m] else '-'
+        for m in others
+      ]
+    for r in [base.get((temp, batch))] + list(row.values()):
+      line.append(_pm(r['tokens_per_s_mean'], r['tokens_per_s_std'], '.0f') if r else '-')
+    lines.append('| ' + ' | '.join(line) + ' |')
+  return '\n'.join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# Figures.
+
+
+def plot_improvement(summary: list[dict], path: str) -> bool:
+  """Figures 4-5: the gain (%) of each verifier over token vs gamma, one line per temperature
+  (and verifier), one panel per drafter; block efficiency above, speedup below. Smallest batch
+  size only. Returns False (nothing drawn) when no verifier has a gain."""
+  gains = [r for r in summary if r['block_efficiency_gain_pct'] is not None]
+  if not gains:
+    return False
+  gains = [r for r in gains if r['batch_size'] == min(r['batch_size'] for r in gains)]
+  drafters = list(dict.fromkeys(r['drafter'] for r in gains))
+  methods = list(dict.fromkeys(r['method'] for r in gains))
+  fig = figure.Figure(figsize=(4.6 * len(drafters), 7.0), layout='constrained')
+  axes = fig.subplots(2, len(drafters), squeeze=False, sharex=True)
+  styles = ['-o', '--s', ':^', '-.v']
+  for col, drafter in enumerate(drafters):
+    for row, (key, label) in enumerate(
+      (('block_efficiency', 'block efficiency'), ('speedup', 'walltime speedup'))
+    ):
+      ax = axes[row, col]
+      for (m, method), temp in itertools.product(
+        enumerate(methods), sorted({r['temp'] for r in gains})
+      ):
+        pts = sorted(
+          (r['gamma'], r[f'{key}_gain_pct'], r[f'{key}_gain_pct_std'] or 0.0)
+          for r in gains
+          if r['drafter'] == drafter and r['method'] == method and r['temp'] == temp
+        )
+        if pts:
+          g, y, e = zip(*pts)
+          name = f'T = {temp:g}' + (f' ({method})' if len(methods) > 1 else '')
+          ax.errorbar(g, y, yerr=e, fmt=styles[m % len(styles)], capsize=3, label=name)
+      ax.axhline(0.0, color='grey', lw=0.8)
+      ax.set(ylabel=f'{label} gain over token (%)', title=f'{drafter}: {label}')
+      ax.set_xticks(sorted({r['gamma'] for r in gains}))
+      ax.grid(alpha=0.3)
+      if row == 1:
+        ax.set_xlabel('gamma (draft length)')
+      ax.legend(fontsize=8)
+  fig.suptitle('Gain over token verification\n(mean over seeds, ± std of paired gains)')
+  fig.savefig(path, dpi=110)
+  return True
+
+
+def plot_ccdf(ccdf: list[dict], path: str) -> bool:
+  """Figure 3: P(accepted length >= k) vs k; the toy model (exact) and one panel per drafter of
+  the real pair (trace). Returns False when there is nothing to draw."""
+  curves = {}
+  for r in ccdf:
+    curves.setdefault((r['model'], r['drafter'], r['method'], r['temp'], r['gamma']), []).append(r)
+  if not curves:
+    return False
+  panels = list(dict.fromkeys(key[:2] for key in curves))
+  fig = figure.Figure(figsize=(4.4 * len(panels), 3.8), layout='constrained')
+  axes = fig.subplots(1, len(panels), squeeze=False)[0]
+  styles = {'token': '-o', 'block': '--s'}
+  for ax, (model, drafter) in zip(axes, panels):
+    keys = [key for key in curves if key[:2] == (model, drafter)]
+    colours = {}
+    for key in keys:
+      _, _, method, temp, gamma = key
+      pts = sorted((r['k'], r['p_at_least_k']) for r in curves[key] if r['k'] >= 1)
+      k, y = zip(*pts)
+      colour = colours.setdefault((temp, gamma), f'C{len(colours)}')
+      temp_text = '' if temp is None else f', T = {temp:g}'
+      estimate = curves[key][0]['estimate']
+      label = f'{method}, gamma = {gamma}{temp_text} ({estimate})'
+      ax.plot(k, y, styles.get(method, ':^'), color=colour, label=label)
+    title = (
+      'Sun et al. toy: Mb = (1/3, 2/3), Ms = (2/3, 1/3)'
+      if model == 'toy'
+      else f'{model}, drafter {drafter}'
+    )
+    ax.set(title=title, xlabel='k', ylabel='P(accepted length >= k)', ylim=(0, 1.02))
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  fig.savefig(path, dpi=110)
+  return True
+
+
+def plot_batch(summary: list[dict], path: str) -> bool:
+  """App. D.1: tokens/s and block efficiency vs batch size, one panel per temperature, one line
+  per (drafter, method). Returns False with fewer than two batch sizes."""
+  if len({r['batch_size'] for r in summary}) < 2:
+    return False
+  temps = sorted({r['temp'] for r in summary})
+  fig = figure.Figure(figsize=(4.6 * len(temps), 7.0), layout='constrained')
+  axes = fig.subplots(2, len(temps), squeeze=False, sharex=True)
+  for col, temp in enumerate(temps):
+    rows_t = [r for r in summary if r['temp'] == temp]
+    panels = (('tokens_per_s', 'tokens/s'), ('block_efficiency', 'block efficiency'))
+    for row, (key, label) in enumerate(panels):
+      ax = axes[row, col]
+      for drafter, method, gamma in dict.fromkeys(
+        (r['drafter'], r['method'], r['gamma']) for r in rows_t
+      ):
+        pts = sorted(
+          (r['batch_size'], r[f'{key}_mean'], r[f'{key}_std'] or 0.0)
+          for r in rows_t
+          if (r['drafter'], r['method'], r['gamma']) == (drafter, method, gamma)
+        )
+        b, y, e = zip(*pts)
+        name = method if drafter == '-' else f'{drafter} / {method}, gamma = {gamma}'
+        ax.errorbar(b, y, yerr=e, fmt='-o', capsize=3, label=name)
+      ax.set_xscale('log', base=2)
+      sizes = sorted({r['batch_size'] for r in summary})
+      ax.set_xticks(sizes, labels=[str(b) for b in sizes])
+      ax.xaxis.set_minor_locator(ticker.NullLocator())
+      ax.set(title=f'temperature {temp:g}: {label}', ylabel=label)
+      ax.grid(alpha=0.3)
+      if row == 1:
+        ax.set_xlabel('batch size')
+      ax.legend(fontsize=8)
+  fig.savefig(path, dpi=110)
+  return True
+
+
+# ----------------------------------------------------------------------------------------------
+# The whole experiment.
+
+
+def run(config, workdir: str, *, progress: bool = True, echo=print) -> dict[str, str]:
+  """Runs every part of `config`, writing each table row by row into `workdir` and echoing a line
+  per finished row (through tqdm.write while the progress bar shows); the figures and table.md at
+  the end, also after an interruption. Returns the paths written."""
+  from tqdm.auto import tqdm  # imported here: only a progress bar needs it
+
+  plan = prepare(config)  # fails here, before anything is decoded or written
+  writers = {
+    name: evaluation.ResultsWriter(workdir, name=name, columns=columns)
+    for name, columns in TABLES.items()
+  }
+  if plan is not None:
+    c = config
+    echo(
+      f'{len(plan.sources)} test sentences of {plan.pair.directory} ({plan.truncated} truncated '
+      f'to {c.max_source_length} tokens), drafters {list(plan.drafters)}, verifiers '
+      f'{tuple(c.verifiers)}, gammas {tuple(c.gammas)}, temperatures {tuple(c.temperatures)}, '
+      f'batch sizes {tuple(c.batch_sizes)}, seeds {tuple(c.seeds)}; parts {tuple(c.parts)}'
+    )
+  bar = tqdm(
+    total=num_sentences(config, plan),
+    unit='sentence',
+    disable=not progress or plan is None,
+    dynamic_ncols=True,
+    mininterval=2.0,
+  )
+  say = tqdm.write if progress else echo
+  try:
+    for table, table_rows in rows(config, plan, on_batch=bar.update):
+      for row in table_rows:
+        writers[table].add(row)
+      say(format_rows(table, table_rows))
+  finally:
+    bar.close()
+    paths = {f'{name}.{kind}': p for name, w in writers.items() for kind, p in w.paths.items()}
+    summary, ccdf = writers['summary'].rows, writers['ccdf'].rows
+    figures = {
+      'improvement.png': lambda p: plot_improvement(summary, p),
+      'ccdf.png': lambda p: plot_ccdf(ccdf, p),
+      'batch.png': lambda p: plot_batch(summary, p),
+    }
+    for name, draw in figures.items():
+      path = os.path.join(workdir, name)
+      if os.path.exists(path):
+        os.remove(path)
+      if draw(path):
+        paths[name] = path
+    if summary:
+      tables = format_tables(summary)
+      paths['table.md'] = os.path.join(workdir, 'table.md')
+      with open(paths['table.md'], 'w') as f:
+        f.write(tables + '\n')
+      echo(tables)
+  return paths
+
+
+def main(argv):
+  sharding.maybe_initialize_distributed()  # multi-host (pod slice) runs only
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
+  config = _CONFIG.value
+  workdir = _WORKDIR.value or config.workdir
+  paths = run(config, workdir)
+  print('Wrote', ', '.join(p for p in paths.values() if os.path.exists(p)), flush=True)
+
+
+if __name__ == '__main__':
+  flags.mark_flag_as_required('config')
+  app.run(main, flags_parser=common.flags_parser)
