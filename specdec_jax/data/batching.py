@@ -133,7 +133,11 @@ class BucketedBatches:
     """The batch of training step `step` (0-based); see `batch_arrays` for the fields."""
     epoch, i = divmod(step, self.num_batches_per_epoch)
     length, index = self._epoch_order(epoch)[i]
-    return batch_arrays(self._data, index, length, length)
+    # A bucket bounds both sides; a side whose maximum is shorter (summaries: 256 source tokens,
+    # 32 target tokens) is cut to that maximum instead of padded to the bucket.
+    source_length = min(length, self._data.inputs.shape[1])
+    target_length = min(length, self._data.targets.shape[1])
+    return batch_arrays(self._data, index, source_length, target_length)
 
 
 def eval_batches(data: EncodedPairs, batch_size: int) -> list[dict[str, np.ndarray]]:
