@@ -25,7 +25,7 @@ def test_runlocal_end_to_end(tmp_path):
     assert on_disk[-1]['method'] == row['method']
   rows = writer.rows
   methods = {(r['drafter'], r['method'], r['temp']) for r in rows}
-  assert ('-', 'autoregressive', 0.0) in methods and ('small-t5', 'block', 1.0) in methods
+  assert ('-', 'autoregressive', 0.0) in methods and ('trigram', 'block', 1.0) in methods
   assert len(rows) == plan.num_methods
   for row in rows:
     assert row['seconds'] > 0 and row['tokens_per_s'] > 0

@@ -1,0 +1,37 @@
+r"""Expected vs empirical speedup (Leviathan et al. Table 4, §3.5), experiments/exp_vs_emp.py.
+
+  python -m experiments.exp_vs_emp --config=experiments/configs/exp_vs_emp.py           # ~15 min
+  python -m experiments.exp_vs_emp --config=experiments/configs/exp_vs_emp.py:runlocal  # ~1 min
+  python -m experiments.exp_vs_emp --config=experiments/configs/exp_vs_emp.py:gammas=2,4,8
+
+Every (drafter, gamma, temperature) point of the main job's measurement (specdec_jax.evaluation:
+batch 1, compilation excluded, c and the (gamma+1)-pass cost timed in the loop), token
+verification. The fields are the main job's (experiments/configs/ende.py). Items apply in the
+order written (experiments/configs/common.py).
+"""
+
+import ml_collections
+
+from experiments.configs import common
+
+
+def _runlocal(c):
+  c.drafters, c.gammas, c.temperatures = ('bigram', 'distilled'), (1, 3), (0.0,)
+  c.num_examples, c.max_new_tokens = 4, 32
+  c.workdir = '/tmp/specdec_exp_vs_emp_runlocal'
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.pretrained = 'ende'  # a pair under pretrained/, or a directory laid out the same way
+  c.drafters = ('distilled', 'small-t5', 'bigram')
+  c.gammas = (1, 2, 3, 4, 5, 6, 7)
+  c.temperatures = (0.0, 1.0)
+  c.verifiers = ('token',)  # the paper's analysis is for token verification
+  c.num_examples = 200  # ~3.4K target tokens per point
+  c.batch_size = 1  # as the paper: speedups are per sequence
+  c.max_source_length = 64
+  c.max_new_tokens = 64
+  c.seed = 0
+  c.workdir = '/tmp/specdec_exp_vs_emp'
+  return common.parse(arg, c, {'runlocal': _runlocal})

@@ -1,0 +1,275 @@
+r"""Expected vs empirical walltime improvement (Leviathan et al. 2022, Table 4 and §3.5).
+
+  python -m experiments.exp_vs_emp --config=experiments/configs/exp_vs_emp.py
+  python -m experiments.exp_vs_emp --config=experiments/configs/exp_vs_emp.py:runlocal --workdir=/tmp/x
+
+For every (drafter, gamma, temperature) point the main job's measurement (`evaluation.rows`:
+alpha, c and the (gamma+1)-position pass cost measured in the loop, speedup over autoregressive
+decoding at batch 1) and two predictions from the same alpha and c:
+  predicted_paper     `analysis.walltime_improvement(alpha, gamma, c)` (Thm 3.8: the pass costs
+                      one target step, as on the paper's memory-bound TPU);
+  predicted_measured  `analysis.walltime_improvement_measured(alpha, gamma, c, pass_cost)`.
+Then per (drafter, temperature) the gamma each formula picks (alpha: the mean over the gammas;
+c: the median; `analysis.optimal_gamma`, and the argmax over the measured gammas with their
+measured pass costs) against the gamma that measured fastest.
+
+Writes exp_vs_emp.csv / .json (a row per point, printed as it finishes), optimal_gamma.csv /
+.json and exp_vs_emp.png (predicted vs measured with the line y = x; speedup vs gamma) to
+--workdir (default: config.workdir).
+"""
+
+import os
+import statistics
+
+import numpy as np
+from absl import app, flags, logging
+from matplotlib import figure
+from ml_collections import config_flags
+
+from experiments.configs import common
+from specdec_jax import analysis, evaluation
+
+COLUMNS = (
+  'task',
+  'drafter',
+  'method',
+  'temp',
+  'gamma',
+  'alpha',
+  'block_efficiency',
+  'expected_tokens',
+  'c',
+  'pass_cost',
+  'predicted_paper',
+  'predicted_measured',
+  'speedup',
+  'seconds',
+  'tokens_per_s',
+)
+OPTIMAL_COLUMNS = (
+  'task',
+  'drafter',
+  'method',
+  'temp',
+  'alpha',
+  'c',
+  'formula_gamma',
+  'formula_gamma_unbounded',
+  'formula_speedup',
+  'pass_cost_gamma',
+  'pass_cost_speedup',
+  'measured_gamma',
+  'measured_speedup',
+  'speedup_at_formula_gamma',
+  'speedup_at_pass_cost_gamma',
+)
+
+# Leviathan et al. (arXiv:2211.17192 v2), Table 4, EnDe rows (target T5-XXL, TPU-v4, batch 1):
+# (drafter, temperature, gamma, alpha, c, Exp, Emp). Their c comes from profiler traces.
+PAPER_TABLE4_ENDE = (
+  ('T5-small', 0, 7, 0.75, 0.02, 3.2, 3.4),
+  ('T5-base', 0, 7, 0.80, 0.04, 3.3, 2.8),
+  ('T5-large', 0, 7, 0.82, 0.11, 2.5, 1.7),
+  ('T5-small', 1, 7, 0.62, 0.02, 2.3, 2.6),
+  ('T5-base', 1, 5, 0.68, 0.04, 2.4, 2.4),
+  ('T5-large', 1, 3, 0.71, 0.11, 2.0, 1.4),
+)
+
+
+def point(row: dict) -> dict:
+  """A row of `evaluation.rows` with the paper's prediction and E[tokens] added."""
+  out = {k: row.get(k) for k in COLUMNS}
+  out['predicted_measured'] = row['predicted_speedup']
+  if row['method'] == 'autoregressive':
+    return out
+  alpha, gamma = row['alpha'], row['gamma']
+  out['expected_tokens'] = float(analysis.expected_tokens(alpha, gamma))
+  out['predicted_paper'] = float(analysis.walltime_improvement(alpha, gamma, row['c']))
+  return out
+
+
+def optimal_gammas(points: list[dict]) -> list[dict]:
+  """Per (drafter, method, temperature): the gamma each formula picks and the one measured best."""
+  spec = [p for p in points if p['method'] != 'autoregressive']
+  keys = list(dict.fromkeys((p['task'], p['drafter'], p['method'], p['temp']) for p in spec))
+  table = []
+  for key in keys:
+    group = sorted((p for p in spec if (p['task'], p['drafter'], p['method'], p['temp']) == key),
+                   key=lambda p: p['gamma'])  # fmt: skip
+    gammas = np.array([p['gamma'] for p in group])
+    measured = {p['gamma']: p['speedup'] for p in group}
+    alpha = float(np.mean([p['alpha'] for p in group]))
+    c = float(statistics.median(p['c'] for p in group))
+    formula_gamma = int(analysis.optimal_gamma(alpha, c, max_gamma=int(gammas.max())))
+    pass_cost = np.array([p['pass_cost'] for p in group])
+    with_pass = analysis.walltime_improvement_measured(alpha, gammas, c, pass_cost)
+    pass_cost_gamma = int(gammas[np.argmax(with_pass)])
+    measured_gamma = max(measured, key=measured.get)
+    table.append(
+      dict(
+        task=key[0],
+        drafter=key[1],
+        method=key[2],
+        temp=key[3],
+        alpha=alpha,
+        c=c,
+        formula_gamma=formula_gamma,
+        formula_gamma_unbounded=int(analysis.optimal_gamma(alpha, c)),
+        formula_speedup=float(analysis.walltime_improvement(alpha, formula_gamma, c)),
+        pass_cost_gamma=pass_cost_gamma,
+        pass_cost_speedup=float(with_pass.max()),
+        measured_gamma=int(measured_gamma),
+        measured_speedup=measured[measured_gamma],
+        speedup_at_formula_gamma=measured.get(formula_gamma),
+        speedup_at_pass_cost_gamma=measured[pass_cost_gamma],
+      )
+    )
+  return table
+
+
+_HEADER = (
+  f'{"drafter":<10s} {"temp":>4s} {"gamma":>5s} {"alpha":>6s} {"tok/call":>8s} {"E[tok]":>6s} '
+  f'{"c":>6s} {"pass":>5s} {"EXP":>6s} {"EXP(pass)":>9s} {"EMP":>6s}'
+)
+
+
+def _x(v, spec='.2f', suffix=''):
+  return '-' if v is None else f'{v:{spec}}{suffix}'
+
+
+def format_point(p: dict) -> str:
+  return (
+    f'{p["drafter"]:<10s} {p["temp"]:4g} {p["gamma"]:5d} {_x(p["alpha"], ".3f"):>6s} '
+    f'{_x(p["block_efficiency"]):>8s} {_x(p["expected_tokens"]):>6s} {_x(p["c"], ".3f"):>6s} '
+    f'{_x(p["pass_cost"]):>5s} {_x(p["predicted_paper"], ".2f", "x"):>6s} '
+    f'{_x(p["predicted_measured"], ".2f", "x"):>9s} {_x(p["speedup"], ".2f", "x"):>6s}'
+  )
+
+
+def format_optimal(table: list[dict]) -> str:
+  lines = [
+    'Optimal gamma per drafter and temperature (EXP: formula with c; EXP(pass): with the '
+    'measured pass cost; EMP: measured fastest; speedups measured at each):',
+    f'{"drafter":<10s} {"temp":>4s} {"alpha":>6s} {"c":>6s} {"EXP":>9s} {"EXP(pass)":>11s} '
+    f'{"EMP":>9s}  {"(unbounded EXP)":>15s}',
+  ]
+  for r in table:
+    lines.append(
+      f'{r["drafter"]:<10s} {r["temp"]:4g} {r["alpha"]:6.3f} {r["c"]:6.3f} '
+      f'{r["formula_gamma"]:3d} {_x(r["speedup_at_formula_gamma"], ".2f", "x"):>5s} '
+      f'{r["pass_cost_gamma"]:5d} {r["speedup_at_pass_cost_gamma"]:4.2f}x '
+      f'{r["measured_gamma"]:3d} {r["measured_speedup"]:4.2f}x  {r["formula_gamma_unbounded"]:15d}'
+    )
+  return '\n'.join(lines)
+
+
+def format_paper() -> str:
+  """The paper's Table 4 (EnDe), with our formula's EXP from its alpha, gamma and c."""
+  lines = [
+    'Leviathan et al. Table 4 (T5-XXL EnDe, TPU-v4); ours: analysis.walltime_improvement of '
+    'its alpha, gamma, c',
+    f'  {"drafter":<9s} {"temp":>4s} {"gamma":>5s} {"alpha":>5s} {"c":>5s} {"EXP":>5s} '
+    f'{"EMP":>5s} {"ours":>5s}',
+  ]
+  for d, t, g, a, c, exp, emp in PAPER_TABLE4_ENDE:
+    ours = float(analysis.walltime_improvement(a, g, c))
+    lines.append(f'  {d:<9s} {t:4d} {g:5d} {a:5.2f} {c:5.2f} {exp:4.1f}x {emp:4.1f}x {ours:4.2f}x')
+  return '\n'.join(lines)
+
+
+def plot(points: list[dict], path: str) -> None:
+  """Left: predicted vs measured speedup (both formulas) with y = x. Then one panel per
+  temperature: measured (solid) and predicted (dotted: paper; dashed: measured pass cost)
+  speedup vs gamma."""
+  spec = [p for p in points if p['method'] != 'autoregressive']
+  temps = sorted({p['temp'] for p in spec})
+  drafters = list(dict.fromkeys(p['drafter'] for p in spec))
+  colors = {d: f'C{i}' for i, d in enumerate(drafters)}
+  fig = figure.Figure(figsize=(5.0 * (1 + len(temps)), 4.4), layout='constrained')
+  axes = fig.subplots(1, 1 + len(temps), squeeze=False)[0]
+  ax = axes[0]
+  for p in spec:
+    face = colors[p['drafter']] if p['temp'] == 0 else 'none'
+    ax.scatter(p['predicted_paper'], p['speedup'], marker='o', edgecolors=colors[p['drafter']],
+               facecolors=face, s=28)  # fmt: skip
+    ax.scatter(p['predicted_measured'], p['speedup'], marker='^', edgecolors=colors[p['drafter']],
+               facecolors=face, s=28)  # fmt: skip
+  paper = np.array([(exp, emp) for *_, exp, emp in PAPER_TABLE4_ENDE])
+  ax.scatter(paper[:, 0], paper[:, 1], marker='x', color='0.5', label='paper Table 4 (T5-XXL, TPU)')
+  values = [v for p in spec for v in (p['predicted_paper'], p['predicted_measured'], p['speedup'])]
+  lo, hi = 0.9 * min(min(values), paper.min()), 1.1 * max(max(values), paper.max())
+  ax.plot([lo, hi], [lo, hi], 'k--', lw=0.8, label='y = x')
+  for d in drafters:
+    ax.scatter([], [], marker='s', color=colors[d], label=d)
+  ax.scatter([], [], marker='o', color='grey', label='EXP: paper formula (pass = 1 step)')
+  ax.scatter([], [], marker='^', color='grey', label='EXP: measured pass cost')
+  ax.scatter([], [], marker='o', facecolors='none', edgecolors='grey', label='hollow: temp 1')
+  ticks = [x for x in (0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, 6) if lo <= x <= hi]
+  ax.set(xscale='log', yscale='log', xticks=ticks, yticks=ticks, xticklabels=map(str, ticks),
+         yticklabels=map(str, ticks))  # fmt: skip
+  ax.minorticks_off()
+  ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel='predicted speedup (EXP)',
+         ylabel='measured speedup (EMP)', title='EXP vs EMP, every (drafter, gamma, temp)')  # fmt: skip
+  ax.legend(fontsize=7)
+  ax.grid(alpha=0.3)
+  for ax, temp in zip(axes[1:], temps):
+    for d in drafters:
+      pts = sorted((p for p in spec if p['drafter'] == d and p['temp'] == temp),
+                   key=lambda p: p['gamma'])  # fmt: skip
+      if not pts:
+        continue
+      g = [p['gamma'] for p in pts]
+      ax.plot(g, [p['speedup'] for p in pts], '-o', color=colors[d], label=f'{d} (EMP)')
+      ax.plot(g, [p['predicted_paper'] for p in pts], ':', color=colors[d])
+      ax.plot(g, [p['predicted_measured'] for p in pts], '--', color=colors[d])
+    ax.plot([], [], 'k:', label='EXP, paper formula')
+    ax.plot([], [], 'k--', label='EXP, measured pass cost')
+    ax.axhline(1.0, color='grey', lw=0.8)
+    ax.set(xlabel='gamma', ylabel='speedup vs autoregressive', title=f'temperature {temp:g}')
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+  fig.savefig(path, dpi=110)
+
+
+def run(config, workdir: str, *, echo=print, progress: bool = True) -> dict[str, str]:
+  """Measures every point of `config`, writing each as it finishes; returns the output paths."""
+  writer = evaluation.ResultsWriter(workdir, name='exp_vs_emp', columns=COLUMNS)
+  optimal_writer = evaluation.ResultsWriter(workdir, name='optimal_gamma', columns=OPTIMAL_COLUMNS)
+  plan = evaluation.prepare(config)
+  echo(plan.summary())
+  echo(_HEADER)
+  try:
+    for row in evaluation.rows(plan, progress=progress):
+      p = point(row)
+      writer.add(p)
+      echo(format_point(p))
+  finally:
+    paths = dict(writer.paths)
+    if any(p['method'] != 'autoregressive' for p in writer.rows):
+      table = optimal_gammas(writer.rows)
+      for r in table:
+        optimal_writer.add(r)
+      paths.update({f'optimal_{k}': v for k, v in optimal_writer.paths.items()})
+      paths['png'] = os.path.join(workdir, 'exp_vs_emp.png')
+      plot(writer.rows, paths['png'])
+      echo(format_optimal(table))
+    echo(format_paper())
+    echo(f'{len(writer.rows)} rows in ' + ', '.join(paths.values()))
+  return paths
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
+  config = flags.FLAGS.config
+  run(config, flags.FLAGS.workdir or config.workdir, echo=lambda s: print(s, flush=True))
+
+
+if __name__ == '__main__':
+  # Defined here, not on import: tests import several experiments into one process.
+  config_flags.DEFINE_config_file('config', None, 'Experiment config (python file).')
+  flags.DEFINE_string('workdir', None, 'Output directory; overrides config.workdir.')
+  flags.mark_flag_as_required('config')
+  app.run(main, flags_parser=common.flags_parser)
