@@ -253,7 +253,7 @@ def _draft(steps, params, cache, seq, n, rng, *, gamma, sampling, greedy):
   @jax.named_scope('sampling')
   def draw(key, logits):
     if greedy:
-      return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+      return sampling_lib.argmax(logits), None
     return _draft_token(key, logits, sampling)
 
   def body(carry, key):
@@ -345,7 +345,7 @@ def _speculative_loop(
       logits, target_cache = target_steps.step(target_params, target_in, state.target_cache)
     if greedy:
       with jax.named_scope('sampling'):
-        target_ids = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        target_ids = sampling_lib.argmax(logits)
       with jax.named_scope('verify'):
         tau, y = verify.greedy_verify(drafts, target_ids)
         beta = (drafts == target_ids[:, :gamma]).astype(jnp.float32)
@@ -414,7 +414,7 @@ def _autoregressive_loop(
     with jax.named_scope('sampling'):
       nonfinite = ~jnp.isfinite(jnp.sum(logits, axis=(1, 2)))
       if sampling.greedy and greedy_fast_path:
-        token = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+        token = sampling_lib.argmax(logits[:, 0])
       else:
         probs = sampling_lib.logits_to_probs(logits[:, 0], sampling)
         token = sampling_lib.sample(jax.random.fold_in(rng, state.iteration), probs)

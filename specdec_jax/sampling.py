@@ -76,6 +76,17 @@ def _is_real(x) -> bool:
   return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
+def argmax(x: jax.Array) -> jax.Array:
+  """`jnp.argmax(x, axis=-1)` as int32 (lowest index on ties; the first NaN if there is one),
+  computed as a max and a min over indices where x hits it. XLA:CPU runs `jnp.argmax` as a
+  two-operand (value, index) reduction that does not vectorize: over [32, 5, 8000] logits it
+  takes 7.0 ms against 1.6 ms for this form, which the greedy loops pay every iteration."""
+  top = jnp.max(x, axis=-1, keepdims=True)
+  index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+  hit = (x == top) | jnp.isnan(x)  # NaN anywhere makes `top` NaN: then the first NaN wins
+  return jnp.min(jnp.where(hit, index, x.shape[-1] - 1), axis=-1)
+
+
 @functools.partial(jax.jit, static_argnames=('config',))
 def logits_to_probs(logits: jax.Array, config: SamplingConfig) -> jax.Array:
   """Applies temperature, then top-k, then top-p, and renormalizes.
@@ -96,7 +107,7 @@ def logits_to_probs(logits: jax.Array, config: SamplingConfig) -> jax.Array:
   logits = jnp.asarray(logits, jnp.float32)
   vocab = logits.shape[-1]
   if config.greedy:
-    return jax.nn.one_hot(jnp.argmax(logits, axis=-1), vocab, dtype=jnp.float32)
+    return jax.nn.one_hot(argmax(logits), vocab, dtype=jnp.float32)
 
   # Shift before scaling: the max becomes exactly 0, so a tiny temperature sends every other
   # entry to -inf instead of overflowing to inf - inf = nan.

@@ -103,18 +103,38 @@ def step_seconds(
 
 
 def step_costs(
-  target, drafter, *, batch_size: int, source_length: int, gamma: int, cache_len: int = 64
+  target,
+  drafter,
+  *,
+  batch_size: int,
+  source_length: int,
+  gamma: int,
+  cache_len: int = 64,
+  rounds: int = 3,
 ) -> dict[str, float]:
   """In-loop seconds of a target step (T=1), a (gamma+1)-position target pass, a drafter step;
-  and their ratios `c` (drafter step / target step) and `pass_cost` (pass / target step)."""
+  and their ratios `c` (drafter step / target step) and `pass_cost` (pass / target step).
+
+  The three are measured one after another, `rounds` times; each ratio is the median of its
+  per-round ratios, so a slow spell of a shared machine shifts numerator and denominator together
+  instead of skewing one of them.
+  """
   kw = dict(batch_size=batch_size, source_length=source_length, cache_len=cache_len)
-  target_step = step_seconds(target, **kw)
-  target_pass = step_seconds(target, num_tokens=gamma + 1, **kw)
-  drafter_step = step_seconds(drafter, target=target, **kw)
+  rounds_measured = []
+  for _ in range(rounds):
+    step = step_seconds(target, **kw)
+    rounds_measured.append(
+      (
+        step,
+        step_seconds(target, num_tokens=gamma + 1, **kw),
+        step_seconds(drafter, target=target, **kw),
+      )
+    )
+  step, target_pass, drafter_step = np.asarray(rounds_measured).T
   return {
-    'target_step': target_step,
-    'target_pass': target_pass,
-    'drafter_step': drafter_step,
-    'c': drafter_step / target_step,
-    'pass_cost': target_pass / target_step,
+    'target_step': float(np.median(step)),
+    'target_pass': float(np.median(target_pass)),
+    'drafter_step': float(np.median(drafter_step)),
+    'c': float(np.median(drafter_step / step)),
+    'pass_cost': float(np.median(target_pass / step)),
   }

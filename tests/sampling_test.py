@@ -226,3 +226,22 @@ def test_sample_two_level_cdf_odd_vocab_with_zero_blocks():
   counts = np.bincount(np.asarray(sampling.sample(jax.random.key(5), rows)), minlength=103)
   assert counts[probs == 0].sum() == 0
   assert chisquare.pvalue(counts, probs) > SIGNIFICANCE
+
+
+@pytest.mark.parametrize('shape', [(7,), (3, 50), (2, 5, 8000)])
+def test_argmax_equals_jnp_argmax(shape):
+  """Random values, many ties (small integers), -inf rows, and NaNs: the same index as
+  `jnp.argmax` (lowest index on ties; the first NaN when there is one)."""
+  rng = np.random.default_rng(0)
+  cases = [
+    rng.normal(size=shape),
+    rng.integers(0, 3, size=shape).astype(np.float32),  # ties everywhere
+    np.full(shape, -np.inf),
+    np.where(rng.random(shape) < 0.01, np.nan, rng.normal(size=shape)),
+    np.where(rng.random(shape) < 0.5, -np.inf, rng.integers(0, 2, size=shape)),
+  ]
+  for x in cases:
+    x = jnp.asarray(x, jnp.float32)
+    got = jax.jit(sampling.argmax)(x)
+    assert got.dtype == jnp.int32
+    np.testing.assert_array_equal(got, jnp.argmax(x, axis=-1))
