@@ -52,9 +52,6 @@ from experiments.configs import common
 from specdec_jax import evaluation, sharding, verify
 from specdec_jax import sampling as sampling_lib
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config (python file).')
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory; overrides config.workdir.')
-
 PARTS = ('toy', 'sweep', 'ccdf')
 RUN_COLUMNS = (
   'drafter',
@@ -744,12 +741,15 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
-  config = _CONFIG.value
-  workdir = _WORKDIR.value or config.workdir
+  config = flags.FLAGS.config
+  workdir = flags.FLAGS.workdir or config.workdir
   paths = run(config, workdir)
   print('Wrote', ', '.join(p for p in paths.values() if os.path.exists(p)), flush=True)
 
 
 if __name__ == '__main__':
+  # Defined here, not at import: the tests import several experiment mains into one process.
+  config_flags.DEFINE_config_file('config', None, 'Experiment config (python file).')
+  flags.DEFINE_string('workdir', None, 'Output directory; overrides config.workdir.')
   flags.mark_flag_as_required('config')
   app.run(main, flags_parser=common.flags_parser)
