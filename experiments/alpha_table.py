@@ -18,9 +18,7 @@ import re
 
 import ml_collections
 import numpy as np
-from absl import app, flags, logging
 from matplotlib import figure
-from ml_collections import config_flags
 
 from experiments.configs import common
 from specdec_jax import evaluation
@@ -261,18 +259,7 @@ def run(config, workdir: str, *, echo=print) -> dict[str, str]:
   return paths
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if not flags.FLAGS['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
-  config = flags.FLAGS.config
-  run(config, flags.FLAGS.workdir or config.workdir, echo=lambda s: print(s, flush=True))
-
-
 if __name__ == '__main__':
-  # Defined here, not on import: tests import several experiments into one process.
-  config_flags.DEFINE_config_file('config', None, 'Experiment config (python file).')
-  flags.DEFINE_string('workdir', None, 'Output directory; overrides config.workdir.')
-  flags.mark_flag_as_required('config')
-  app.run(main, flags_parser=common.flags_parser)
+  common.run_experiment(
+    lambda config, workdir: run(config, workdir, echo=lambda s: print(s, flush=True))
+  )

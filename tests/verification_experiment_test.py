@@ -4,6 +4,9 @@ Monte Carlo with the jitted verifiers, and the config."""
 
 import csv
 import json
+import pathlib
+import subprocess
+import sys
 from fractions import Fraction
 
 import jax
@@ -11,11 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import verification
+from experiments import verification, verification_report
 from experiments.configs import verification as verification_config
 from specdec_jax import evaluation, pretrained, verify
 from specdec_jax.sampling import SamplingConfig
 from tests import verify_oracle as oracle
+
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 _SHIPPED = (pretrained.ROOT / 'ende' / 'target').exists()
 _TOY = (verification.SUN_TOY_TARGET, verification.SUN_TOY_DRAFTER)
@@ -217,7 +222,19 @@ def test_config_variants_and_checks():
   ]:
     with pytest.raises(ValueError, match=match):
       verification.check(verification_config.get_config(item))
-  assert verification.main  # the absl main imports
+
+
+def test_command_line_main_runs_the_toy_part(tmp_path):
+  """The absl main (`common.run_experiment`): --config with items and --workdir, end to end."""
+  config = 'experiments/configs/verification.py:runlocal,parts=toy'
+  command = [sys.executable, '-m', 'experiments.verification', f'--config={config}']
+  done = subprocess.run(
+    command + [f'--workdir={tmp_path}'], capture_output=True, text=True, cwd=_ROOT, timeout=300
+  )
+  assert done.returncode == 0, done.stderr
+  assert 'E[tau] 1.1111 = 10/9' in done.stdout and (tmp_path / 'ccdf.csv').exists()
+  stray = subprocess.run(command + ['extra'], capture_output=True, text=True, cwd=_ROOT)
+  assert stray.returncode != 0 and 'Unexpected arguments' in stray.stderr
 
 
 def test_batch_figure_and_tables_from_summary_rows(tmp_path):
@@ -234,10 +251,10 @@ def test_batch_figure_and_tables_from_summary_rows(tmp_path):
     summary += verification.summarize([r for r in runs if (r['drafter'], r['batch_size']) == key])
   block = [r for r in summary if r['method'] == 'block']
   assert [r['block_efficiency_gain_pct'] for r in block] == pytest.approx([100 / 9] * 2)
-  assert verification.plot_batch(summary, str(tmp_path / 'batch.png'))
+  assert verification_report.plot_batch(summary, str(tmp_path / 'batch.png'))
   assert (tmp_path / 'batch.png').stat().st_size > 0
-  table = verification.format_tables(summary)
+  table = verification_report.format_tables(summary)
   assert '+11.1' in table and table.count('\n') == 3  # header, rule, one line per batch size
   one_batch = [r for r in summary if r['batch_size'] == 1]
-  assert not verification.plot_batch(one_batch, str(tmp_path / 'none.png'))
+  assert not verification_report.plot_batch(one_batch, str(tmp_path / 'none.png'))
   assert not (tmp_path / 'none.png').exists()

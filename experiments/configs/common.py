@@ -121,3 +121,29 @@ def flags_parser(argv: list[str]) -> list[str]:
       '(unknown field or wrong type). The config file lists its fields; items after '
       '":" in --config (e.g. --config=path.py:key=value) are the documented syntax.'
     )
+
+
+def run_experiment(run: Callable[[ml_collections.ConfigDict, str], object]) -> None:
+  """The absl main of an experiment: defines --config (a config file) and --workdir (overrides
+  config.workdir), then calls `run(config, workdir)`. Call it under `if __name__ == '__main__'`:
+  the flags are defined then, not on import, so tests can import several experiments at once.
+  Third-party INFO logs show only with --verbosity=0."""
+  from absl import app, flags, logging
+  from ml_collections import config_flags
+
+  from specdec_jax import sharding
+
+  config_flags.DEFINE_config_file('config', None, 'Experiment config (python file).')
+  flags.DEFINE_string('workdir', None, 'Output directory; overrides config.workdir.')
+  flags.mark_flag_as_required('config')
+
+  def main(argv):
+    sharding.maybe_initialize_distributed()  # multi-host (pod slice) runs only
+    if len(argv) > 1:
+      raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    if not flags.FLAGS['verbosity'].present:
+      logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
+    config = flags.FLAGS.config
+    run(config, flags.FLAGS.workdir or config.workdir)
+
+  app.run(main, flags_parser=flags_parser)
