@@ -110,11 +110,7 @@ def call_cost(model, *, positions: int, cache_len: int, source_length: int, targ
   needs `target=`.
   """
   steps, params = step_models.as_step_model(model)
-  encoder_steps, encoder_params = steps, params
-  if getattr(steps, 'shares_target_encoder', False):
-    if target is None:
-      raise ValueError("This drafter reads the target's encoder output: pass target=.")
-    encoder_steps, encoder_params = step_models.as_step_model(target)
+  encoder_steps, encoder_params = step_models.encoder_of(model, target)
   ids = jnp.full((1, source_length), 3, jnp.int32)
   mask = jnp.ones_like(ids)
   encoded = jax.jit(encoder_steps.encode)(encoder_params, ids, mask)

@@ -48,6 +48,17 @@ def as_step_model(model) -> tuple[StepModel, Any]:
   )
 
 
+def encoder_of(model, target=None) -> tuple[StepModel, Any]:
+  """(steps, params) whose `encode` builds `model`'s cache input: its own, or the target's for a
+  drafter that reads the target's encoder output (`shares_target_encoder`)."""
+  steps, params = as_step_model(model)
+  if not getattr(steps, 'shares_target_encoder', False):
+    return steps, params
+  if target is None:
+    raise ValueError("This drafter reads the target's encoder output: pass target=.")
+  return as_step_model(target)
+
+
 def limit(steps: StepModel, name: str) -> int | None:
   """An optional integer limit of a step model (`max_source_length`, `max_target_length`)."""
   return getattr(steps, name, None)

@@ -82,11 +82,7 @@ def step_seconds(
       from the target's `encode`, as the decode loops build it; the encoder is not timed).
   """
   steps, params = step_models.as_step_model(model)
-  encoder_steps, encoder_params = steps, params
-  if getattr(steps, 'shares_target_encoder', False):
-    if target is None:
-      raise ValueError("This drafter reads the target's encoder output: pass target=.")
-    encoder_steps, encoder_params = step_models.as_step_model(target)
+  encoder_steps, encoder_params = step_models.encoder_of(model, target)
   ids = jnp.full((batch_size, source_length), 3, jnp.int32)
   run = lambda k: _repeated_steps(
     steps,

@@ -251,7 +251,7 @@ def test_ngram_save_load(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, loaded.params, drafter.params)
 
 
-@pytest.mark.parametrize('order', [1, 2])
+@pytest.mark.parametrize('order', [1, 2, 3])
 @pytest.mark.parametrize('verifier', ['token', 'block'])
 def test_greedy_equals_generate_with_ngram_drafter(order, verifier):
   target = fakes.random_markov(seed=31, vocab_size=12, positions=40, eos_id=1)
@@ -273,15 +273,33 @@ def test_greedy_equals_generate_with_ngram_drafter(order, verifier):
   assert int(out.stats.accepted.sum()) > 0
 
 
+def _ngram(order):
+  """A bigram or trigram (every context kept) of a few sequences over TARGET's vocabulary."""
+  seqs = [np.array([2, 3, 2, 1]), np.array([3, 3, 0, 2]), np.array([3, 2, 2, 0])]
+  return drafters.NGramDrafter.fit(seqs, vocab_size=4, order=order, add_k=0.3, min_count=1)
+
+
+@pytest.mark.parametrize('order', [2, 3])
 @pytest.mark.parametrize('verifier', ['token', 'block'])
-def test_lossless_with_bigram_drafter(verifier):
+def test_lossless_with_ngram_drafter(order, verifier):
   sampling = SAMPLINGS[2]
-  drafter = drafters.NGramDrafter.fit(
-    [np.array([2, 3, 2, 1]), np.array([3, 3, 0, 2])], vocab_size=4, order=2, add_k=0.3
-  )
-  tokens, _ = _speculative_prefixes(drafter, verifier, sampling, gamma=2, seed=9)
+  tokens, stats = _speculative_prefixes(_ngram(order), verifier, sampling, gamma=2, seed=9)
   exact = fakes.exact_prefix_distribution(TARGET, PREFIX_LENGTH, sampling)
   assert _chi_square_pvalue(tokens, exact) > SIGNIFICANCE
+  assert 0 < int(stats.accepted.sum()) < int(stats.drafted.sum())
+
+
+def test_negative_control_trigram_q_before_transform_fails(monkeypatch):
+  """The same test as above fails for the plausible bug of verifying against untransformed q."""
+  sampling = SAMPLINGS[2]
+  monkeypatch.setattr(decode, '_draft_token', _q_before_transform)
+  jax.clear_caches()
+  samples, _ = _speculative_prefixes(_ngram(3), 'token', sampling, gamma=2, seed=9)
+  monkeypatch.undo()
+  jax.clear_caches()
+  exact = fakes.exact_prefix_distribution(TARGET, PREFIX_LENGTH, sampling)
+  impossible = set(map(tuple, samples.tolist())) - set(exact)
+  assert impossible or _chi_square_pvalue(samples, exact) < SIGNIFICANCE
 
 
 # ---------------------------------------------------------------------------------------------
