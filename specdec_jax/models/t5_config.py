@@ -1,0 +1,134 @@
+"""`T5Config` (the shape and numerics of a T5 v1.0 / v1.1 model, validated) and `CONFIGS`, the
+published and test shapes by name. Re-exported by `models.t5`, where the model code lives."""
+
+import dataclasses
+
+_FEED_FORWARDS = ('relu', 'gated-gelu')
+_DTYPES = ('float32', 'bfloat16')
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+  """Shapes and numerics of a T5 model; hashable, so it is a static jit argument.
+
+  v1.0: feed_forward='relu', tie_word_embeddings=True. v1.1: 'gated-gelu', False.
+  `dtype` is the activation (and cache) dtype; params may be stored in float32 or in `dtype`.
+  """
+
+  vocab_size: int = 32128
+  d_model: int = 512
+  d_kv: int = 64
+  d_ff: int = 2048
+  num_heads: int = 8
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  relative_attention_num_buckets: int = 32
+  relative_attention_max_distance: int = 128
+  feed_forward: str = 'relu'
+  tie_word_embeddings: bool = True
+  layer_norm_epsilon: float = 1e-6
+  dtype: str = 'float32'
+  pad_token_id: int = 0
+  eos_token_id: int = 1
+  decoder_start_token_id: int = 0
+  max_source_length: int = 512
+  max_target_length: int = 512
+  # Width of the encoder output the decoder's cross-attention reads (None: d_model). A decoder
+  # without an encoder of its own (num_encoder_layers = 0) reads another model's encoder output:
+  # a drafter over the target's encoder sets encoder_dim to the target's d_model.
+  encoder_dim: int | None = None
+
+  def __post_init__(self):
+    positive = (
+      'vocab_size',
+      'd_model',
+      'd_kv',
+      'd_ff',
+      'num_heads',
+      'num_decoder_layers',
+      'max_source_length',
+      'max_target_length',
+    )
+    for name in positive:
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f'T5Config.{name} must be a positive int, got {value!r}.')
+    n = self.num_encoder_layers
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+      raise ValueError(f'T5Config.num_encoder_layers must be an int >= 0, got {n!r}.')
+    dim = self.encoder_dim
+    if dim is not None and (not isinstance(dim, int) or isinstance(dim, bool) or dim < 1):
+      raise ValueError(f'T5Config.encoder_dim must be a positive int or None, got {dim!r}.')
+    if n == 0 and dim is None:
+      raise ValueError(
+        "T5Config with num_encoder_layers=0 reads another model's encoder "
+        "output: set encoder_dim to that encoder's width (its d_model)."
+      )
+    for name in ('pad_token_id', 'eos_token_id', 'decoder_start_token_id'):
+      value = getattr(self, name)
+      if not isinstance(value, int) or not 0 <= value < self.vocab_size:
+        raise ValueError(f'T5Config.{name} must be an id in [0, {self.vocab_size}), got {value!r}.')
+    # The bidirectional bucket function needs num_buckets // 4 >= 1 exact buckets, and the
+    # logarithmic part needs max_distance beyond the causal exact range (num_buckets // 2).
+    if self.relative_attention_num_buckets < 4:
+      raise ValueError(
+        'T5Config.relative_attention_num_buckets must be >= 4, got '
+        f'{self.relative_attention_num_buckets}.'
+      )
+    if self.relative_attention_max_distance <= self.relative_attention_num_buckets // 2:
+      raise ValueError(
+        'T5Config.relative_attention_max_distance must exceed '
+        'relative_attention_num_buckets // 2, got '
+        f'{self.relative_attention_max_distance}.'
+      )
+    if self.feed_forward not in _FEED_FORWARDS:
+      raise ValueError(
+        f'T5Config.feed_forward must be one of {_FEED_FORWARDS}, got {self.feed_forward!r}.'
+      )
+    if self.dtype not in _DTYPES:
+      raise ValueError(f'T5Config.dtype must be one of {_DTYPES}, got {self.dtype!r}.')
+    if not self.layer_norm_epsilon > 0:
+      raise ValueError(f'T5Config.layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon}.')
+
+
+def _v1_0(**kwargs) -> T5Config:
+  return T5Config(feed_forward='relu', tie_word_embeddings=True, **kwargs)
+
+
+def _v1_1(**kwargs) -> T5Config:
+  return T5Config(feed_forward='gated-gelu', tie_word_embeddings=False, **kwargs)
+
+
+def _layers(n: int) -> dict[str, int]:
+  return dict(num_encoder_layers=n, num_decoder_layers=n)
+
+
+CONFIGS: dict[str, T5Config] = {
+  # Published shapes (Raffel et al. 2020; T5 v1.1 release), vocab 32128.
+  't5-small': _v1_0(d_model=512, d_kv=64, d_ff=2048, num_heads=8, **_layers(6)),
+  't5-base': _v1_0(d_model=768, d_kv=64, d_ff=3072, num_heads=12, **_layers(12)),
+  't5-large': _v1_0(d_model=1024, d_kv=64, d_ff=4096, num_heads=16, **_layers(24)),
+  't5-3b': _v1_0(d_model=1024, d_kv=128, d_ff=16384, num_heads=32, **_layers(24)),
+  't5-11b': _v1_0(d_model=1024, d_kv=128, d_ff=65536, num_heads=128, **_layers(24)),
+  't5_1_1-small': _v1_1(d_model=512, d_kv=64, d_ff=1024, num_heads=6, **_layers(8)),
+  't5_1_1-base': _v1_1(d_model=768, d_kv=64, d_ff=2048, num_heads=12, **_layers(12)),
+  't5_1_1-large': _v1_1(d_model=1024, d_kv=64, d_ff=2816, num_heads=16, **_layers(24)),
+  't5_1_1-xl': _v1_1(d_model=2048, d_kv=64, d_ff=5120, num_heads=32, **_layers(24)),
+  't5_1_1-xxl': _v1_1(d_model=4096, d_kv=64, d_ff=10240, num_heads=64, **_layers(24)),
+  # Tiny test models. The v1.0/v1.1 pair shares a vocabulary (drafter and target); tiny-v1.1 has
+  # unequal stack depths and few buckets, so short test sequences reach the logarithmic and
+  # clipped buckets; tiny-t5x is the shape of T5X's test_t5_tiny checkpoint (N * H != D).
+  'tiny-v1.0': _v1_0(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_heads=4, **_layers(2)),
+  'tiny-v1.1': _v1_1(
+    vocab_size=128,
+    d_model=32,
+    d_kv=8,
+    d_ff=48,
+    num_heads=4,
+    num_encoder_layers=2,
+    num_decoder_layers=3,
+    relative_attention_num_buckets=8,
+    relative_attention_max_distance=12,
+  ),
+  'tiny-t5x': _v1_1(vocab_size=32128, d_model=8, d_kv=3, d_ff=16, num_heads=4, **_layers(2)),
+}
