@@ -9,24 +9,13 @@ and appends it to results.csv / results.json in --workdir (default: config.workd
 keeps every finished row; speedup.png at the end. Third-party INFO logs only with --verbosity=0.
 """
 
-from absl import app, flags, logging
-from ml_collections import config_flags
-
 from experiments.configs import common
-from specdec_jax import evaluation, sharding
-
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config (python file).')
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory; overrides config.workdir.')
+from specdec_jax import evaluation
 
 
-def main(argv):
-  sharding.maybe_initialize_distributed()  # multi-host (pod slice) runs only
-  if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if not flags.FLAGS['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
-  config = _CONFIG.value
-  writer = evaluation.ResultsWriter(_WORKDIR.value or config.workdir)
+def run(config, workdir: str) -> list[dict]:
+  """Every row of `config`, printed and written to `workdir` as it finishes."""
+  writer = evaluation.ResultsWriter(workdir)
   plan = evaluation.prepare(config)
   print(plan.summary(), flush=True)
   print(evaluation.format_table([]), flush=True)
@@ -37,8 +26,8 @@ def main(argv):
   finally:
     paths = writer.finish()
     print(f'{len(writer.rows)} rows in', ', '.join(paths.values()))
+  return writer.rows
 
 
 if __name__ == '__main__':
-  flags.mark_flag_as_required('config')
-  app.run(main, flags_parser=common.flags_parser)
+  common.run_experiment(run)

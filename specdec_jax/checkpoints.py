@@ -11,7 +11,8 @@ Loaders check the arrays against the config (every parameter present with the sh
 implies, none left over, and by default none holding NaN or inf: `allow_nonfinite=True` opts
 out) and raise one ValueError naming the parameter; damaged files give one ValueError naming the
 file or directory; a missing path raises FileNotFoundError. HF and T5X arrays are read into
-host numpy, renamed, then cast to `config.dtype`; orbax restores the arrays exactly as saved.
+host numpy, renamed, then cast to `config.dtype`; orbax restores the arrays exactly as saved
+(or, stored as bfloat16 for a float32 model, cast back to float32).
 
 Axis legend: V vocab, D model dim, N heads, H head dim (d_kv), F d_ff, K relative-position buckets.
 HF `nn.Linear` weights are [out, in] where our kernels are [in, out], and HF's relative-position
@@ -462,17 +463,30 @@ def load_t5x(
 # orbax: `<path>/params/` (an orbax StandardCheckpointer directory) and `<path>/config.json`.
 
 
-def save(model: t5.T5Model, path: PathLike) -> None:
-  """Writes the model with orbax to a new directory; `restore(path)` reads it back bit for bit."""
+def save(model: t5.T5Model, path: PathLike, *, storage_dtype: str | None = None) -> None:
+  """Writes the model with orbax to a new directory; `restore(path)` reads it back bit for bit.
+
+  `storage_dtype='bfloat16'` stores the float32 params of a float32 model as bfloat16 (half the
+  bytes on disk; how the shipped pairs are stored): `restore` casts them back to float32, so the
+  model that comes back computes in float32 with its weights rounded to bfloat16 (to nearest).
+  """
   import orbax.checkpoint as ocp  # ~1 s of imports that HF / T5X users never need
 
   directory = Path(path).absolute()
   if directory.exists():
     raise FileExistsError(f'{directory} already exists; save writes a new directory.')
+  if storage_dtype not in (None, 'bfloat16'):
+    raise ValueError(f"storage_dtype must be None or 'bfloat16', got {storage_dtype!r}.")
+  if storage_dtype and model.config.dtype != 'float32':
+    raise ValueError(f'storage_dtype is for float32 models; this one is {model.config.dtype}.')
   _check_shapes(_flatten(model.params), model.config)
+  params = model.params
+  if storage_dtype:
+    params = jax.tree.map(lambda x: jnp.asarray(x, storage_dtype), params)
+    _check_finite(params, directory)  # a float32 weight beyond bfloat16's range would be inf
   directory.mkdir(parents=True)
   with ocp.StandardCheckpointer() as checkpointer:
-    checkpointer.save(directory / 'params', model.params)
+    checkpointer.save(directory / 'params', params)
   # Written last, so a directory with a config.json holds a complete checkpoint.
   (directory / 'config.json').write_text(
     json.dumps(dataclasses.asdict(model.config), indent=2) + '\n'
@@ -480,7 +494,9 @@ def save(model: t5.T5Model, path: PathLike) -> None:
 
 
 def restore(path: PathLike, *, allow_nonfinite: bool = False) -> t5.T5Model:
-  """Reads a model written by `save`; arrays come back with the dtypes they were saved with.
+  """Reads a model written by `save`; arrays come back with the dtypes they were saved with,
+  except that a float32 model's bfloat16-stored params (`save(..., storage_dtype=)`) come back
+  as float32.
 
   Args:
     path: the directory `save` wrote.
@@ -511,6 +527,8 @@ def restore(path: PathLike, *, allow_nonfinite: bool = False) -> t5.T5Model:
       f'incomplete ({type(e).__name__}: {reason}).'
     ) from e
   _check_shapes(_flatten(params), config)
+  if config.dtype == 'float32':  # params of a float32 model are float32 (or stored as bfloat16)
+    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
   if not allow_nonfinite:
     _check_finite(params, directory)
   return t5.T5Model(config=config, params=params)

@@ -1,7 +1,8 @@
 """Measured speculative decoding on a translation set: the rows of Leviathan et al.'s Table 2.
 
 For each drafter, temperature and gamma: translate the same sources autoregressively and
-speculatively (token and block verification), time both with compilation excluded, and report
+speculatively (token and block verification), time both with compilation excluded (batch by
+batch, alternating, so that the speedup compares them under the same machine load), and report
 alpha (measured, mean beta over verified positions), block efficiency, c (drafter step / target
 step, measured in the loop), the walltime speedup, the speedup the paper's formula predicts from
 the measured alpha, c and (gamma+1)-position pass cost, and BLEU. No flags here:
@@ -61,6 +62,9 @@ class Run:
   # With `translate(..., trace=True)`: tau (drafts accepted) of every iteration in which a row
   # was still emitting, over all rows (int32[iterations]); else None.
   accepted_lengths: np.ndarray | None = None
+  # With `translate(..., paired=True)`: the autoregressive decoding of the same batches, each
+  # timed just before this method's (compilation excluded); else None.
+  baseline_seconds: float | None = None
 
 
 def translate(
@@ -78,6 +82,7 @@ def translate(
   seed: int = 0,
   on_batch=None,
   trace: bool = False,
+  paired: bool = False,
 ) -> Run:
   """Translates `sources` with `method` ('autoregressive' or a verifier name), timing decoding.
 
@@ -86,12 +91,16 @@ def translate(
   batch of n sources (progress). `trace=True` (speculative methods only) decodes with
   `speculative_generate(..., trace=True)` and fills `Run.accepted_lengths`; the trace's
   bookkeeping is then part of the timed work.
+
+  `paired=True` also decodes every batch autoregressively (same rng), timed just before this
+  method's batch, into `Run.baseline_seconds`: the speedup `baseline_seconds / seconds` then
+  compares the two under the same machine load, so slow drift on a shared machine cancels out.
   """
   if trace and method == 'autoregressive':
     raise ValueError('trace=True needs a speculative method (a verifier name).')
   chunks = [sources[i : i + batch_size] for i in range(0, len(sources), batch_size)]
 
-  def run_batch(texts, rng):
+  def run_batch(texts, rng, method=method):
     texts = list(texts) + [''] * (batch_size - len(texts))
     ids, mask = tokenizer.encode_batch(texts, max_source_length, truncate=True)
     kw = dict(sampling=sampling, max_new_tokens=max_new_tokens, rng=rng)
@@ -101,12 +110,22 @@ def translate(
       target, drafter, ids, mask, gamma=gamma, verifier=method, trace=trace, **kw
     )
 
-  jax.block_until_ready(run_batch(chunks[0], jax.random.key(seed)))
-  hyps, seconds, outputs, accepted = [], 0.0, [], []
-  for i, chunk in enumerate(chunks):
+  def timed(texts, rng, method=method):
     start = time.perf_counter()
-    out = jax.block_until_ready(run_batch(chunk, jax.random.key(seed + 1 + i)))
-    seconds += time.perf_counter() - start
+    out = jax.block_until_ready(run_batch(texts, rng, method))
+    return out, time.perf_counter() - start
+
+  jax.block_until_ready(run_batch(chunks[0], jax.random.key(seed)))
+  if paired:
+    jax.block_until_ready(run_batch(chunks[0], jax.random.key(seed), 'autoregressive'))
+  hyps, seconds, outputs, accepted = [], 0.0, [], []
+  baseline_seconds = 0.0 if paired else None
+  for i, chunk in enumerate(chunks):
+    rng = jax.random.key(seed + 1 + i)
+    if paired:
+      baseline_seconds += timed(chunk, rng, 'autoregressive')[1]
+    out, dt = timed(chunk, rng)
+    seconds += dt
     n = len(chunk)
     hyps += [tokenizer.decode(row) for row in np.asarray(out.tokens[:n])]
     outputs.append(jax.tree.map(lambda x: np.asarray(x)[:n], (out.lengths, out.stats)))
@@ -118,7 +137,7 @@ def translate(
   lengths = np.concatenate([o[0] for o in outputs])
   stats = jax.tree.map(lambda *x: np.concatenate(x), *[o[1] for o in outputs])
   accepted_lengths = np.concatenate(accepted) if trace else None
-  return Run(hyps, seconds, int(lengths.sum()), stats.summed(), accepted_lengths)
+  return Run(hyps, seconds, int(lengths.sum()), stats.summed(), accepted_lengths, baseline_seconds)
 
 
 @dataclasses.dataclass
@@ -237,15 +256,15 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[dict]:
       gamma=gamma,
       sampling=sampling,
       on_batch=bar.update,
+      paired=method != 'autoregressive',
       **common,
     )
 
   def bleu(hyps):
     return sacrebleu.corpus_bleu(hyps, [plan.references]).score
 
-  baselines = {}
   for temperature in c.temperatures:
-    base = baselines[temperature] = run(None, 'autoregressive', 1, temperature)
+    base = run(None, 'autoregressive', 1, temperature)
     yield dict(
       task='EnDe',
       drafter='-',
@@ -289,7 +308,7 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[dict]:
             block_efficiency=float(r.stats.block_efficiency),
             c=costs['c'],
             pass_cost=costs['pass_cost'],
-            speedup=baselines[temperature].seconds / r.seconds,
+            speedup=r.baseline_seconds / r.seconds,
             predicted_speedup=float(predicted),
             bleu=bleu(r.hypotheses),
             seconds=r.seconds,

@@ -492,6 +492,25 @@ def test_orbax_round_trip_is_bit_exact(tmp_path, name, dtype):
   _assert_params_equal(restored.params, model.params)
 
 
+def test_orbax_bfloat16_storage_restores_float32_rounded_weights(tmp_path):
+  model = _random_model('tiny-v1.1', dtype='float32')
+  checkpoints.save(model, tmp_path / 'full')
+  checkpoints.save(model, tmp_path / 'half', storage_dtype='bfloat16')
+  size = lambda d: sum(f.stat().st_size for f in (d / 'params').rglob('*') if f.is_file())
+  assert size(tmp_path / 'half') < 0.75 * size(tmp_path / 'full')
+  restored = checkpoints.restore(tmp_path / 'half')
+  assert restored.config == model.config
+  rounded = jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), model.params)
+  _assert_params_equal(restored.params, rounded)  # float32 arrays, bfloat16 values
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(restored.params))
+  with pytest.raises(ValueError, match='storage_dtype is for float32 models'):
+    checkpoints.save(
+      _random_model('tiny-v1.1', dtype='bfloat16'), tmp_path / 'x', storage_dtype='bfloat16'
+    )
+  with pytest.raises(ValueError, match="storage_dtype must be None or 'bfloat16'"):
+    checkpoints.save(model, tmp_path / 'y', storage_dtype='int8')
+
+
 # -------------------------------------------------------------------------------------------------
 # Errors.
 
