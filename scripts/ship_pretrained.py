@@ -1,11 +1,19 @@
-r"""Assembles pretrained/ende from trained runs: the pair, tokenizer, bigram, test pairs, card.
+r"""Assembles a pair directory under pretrained/ from trained runs: the target, an optional
+independently trained drafter, the tokenizer, a bigram drafter, the test pairs, pair.json and a
+model card.
 
   python -m scripts.ship_pretrained --target=workdir/target/best --drafter=workdir/drafter/best \
       --data_dir=data/ende --output=pretrained/ende
+  python -m scripts.ship_pretrained --task=ende --target=workdir/target_small/best --drafter= \
+      --train_batch_size=64 --storage_dtype=bfloat16 --output=pretrained/ende_small
+  python -m scripts.ship_pretrained --task=debsumm --target=workdir/summ_target/best \
+      --drafter=workdir/summ_drafter/best --storage_dtype=bfloat16 --output=pretrained/debsumm
 
-Writes <output>/{target,drafter} (checkpoints.save directories), spm.model, bigram.npz (fitted on
-the train targets), test.tsv (the first --num_test pairs of the test split) and MODEL_CARD.md
-with each model's size, training steps, valid loss and greedy test BLEU on the shipped pairs.
+Writes <output>/{target,drafter} (checkpoints.save directories; --storage_dtype=bfloat16 halves
+them, and every number on the card is then measured on the stored, bfloat16-rounded weights),
+spm.model, bigram.npz (fitted on the train targets), test.tsv (the first --num_test pairs of the
+test split), pair.json (drafters 'small-t5' and 'bigram'; `scripts/add_drafter.py` adds more) and
+MODEL_CARD.md with each model's size, training steps, valid loss and greedy test BLEU.
 """
 
 import json
@@ -19,20 +27,55 @@ from specdec_jax.data import batching, pairs
 from specdec_jax.data import tokenizer as tokenizer_lib
 from specdec_jax.models import t5
 
+# Per task: data directory, tokenizer file in it, max source / target tokens, and the corpus
+# paragraph of the model card.
+TASKS = {
+  'ende': dict(
+    data_dir='data/ende',
+    tokenizer='spm_ende_8k.model',
+    lengths=(64, 64),
+    title='a T5 EN->DE target and drafter',
+    corpus='the EN->DE corpus of `scripts/build_ende.py` ({num_train:,} train pairs: LibreOffice '
+    'help + UI strings, MPL-2.0; Ding dictionary sentences, GPL-2+; see '
+    'specdec_jax/data/README.md)',
+    test_license='LibreOffice help/UI translations (c) The Document Foundation and '
+    'contributors, MPL-2.0; Ding (c) Frank Richter, TU Chemnitz, GPL-2+',
+  ),
+  'debsumm': dict(
+    data_dir='data/debsumm',
+    tokenizer='spm_debsumm_8k.model',
+    lengths=(256, 32),
+    title='a T5 summarizer (Debian package description -> synopsis) and drafter',
+    corpus='the debsumm corpus of `scripts/build_summ.py` ({num_train:,} train pairs: the '
+    'extended description of a Debian package -> its one-line synopsis, split by source '
+    'package; see specdec_jax/data/README.md)',
+    test_license="Debian package descriptions, each under its package's license (see the "
+    "package's copyright file)",
+  ),
+}
+
+_TASK = flags.DEFINE_enum('task', 'ende', list(TASKS), 'Which corpus the pair was trained on.')
 _TARGET = flags.DEFINE_string('target', 'workdir/target/best', 'Trained target (export dir).')
-_DRAFTER = flags.DEFINE_string('drafter', 'workdir/drafter/best', 'Trained drafter.')
-_DATA_DIR = flags.DEFINE_string('data_dir', 'data/ende', 'Output of scripts/build_ende.py.')
+_DRAFTER = flags.DEFINE_string('drafter', 'workdir/drafter/best', "Trained drafter ('': none).")
+_DATA_DIR = flags.DEFINE_string('data_dir', None, "Default: the task's (e.g. data/ende).")
 _OUTPUT = flags.DEFINE_string('output', 'pretrained/ende', 'Directory to (re)write.')
 _NUM_TEST = flags.DEFINE_integer('num_test', 500, 'Test pairs shipped (and scored).')
+_STORAGE = flags.DEFINE_enum('storage_dtype', None, ['bfloat16'], 'Store float32 weights as.')
+_BATCH = flags.DEFINE_integer('train_batch_size', 128, 'Batch size the runs trained with.')
 
 
-def _describe(name: str, export_dir: str, model, test, tok) -> dict:
+def _describe(name: str, export_dir: str, model, test, tok, lengths) -> dict:
   with open(os.path.join(export_dir, 'best.json')) as f:
     best = json.load(f)
-  data, _ = batching.encode_pairs(test, tok, max_source_length=64, max_target_length=64)
-  kept = [p for p in test if len(tok.encode(p[0])) <= 64 and len(tok.encode(p[1])) <= 64]
+  max_source, max_target = lengths
+  data, _ = batching.encode_pairs(
+    test, tok, max_source_length=max_source, max_target_length=max_target
+  )
+  kept = [
+    p for p in test if len(tok.encode(p[0])) <= max_source and len(tok.encode(p[1])) <= max_target
+  ]
   bleu, _ = training.evaluate_bleu(
-    model, data, [t for _, t in kept], tok, batch_size=64, max_new_tokens=64
+    model, data, [t for _, t in kept], tok, batch_size=64, max_new_tokens=max_target
   )
   return {
     'name': name,
@@ -48,20 +91,24 @@ def _describe(name: str, export_dir: str, model, test, tok) -> dict:
 
 def main(argv):
   del argv
-  out = _OUTPUT.value
-  tok_path = os.path.join(_DATA_DIR.value, 'spm_ende_8k.model')
+  task, out = TASKS[_TASK.value], _OUTPUT.value
+  data_dir = _DATA_DIR.value or task['data_dir']
+  tok_path = os.path.join(data_dir, task['tokenizer'])
   tok = tokenizer_lib.Tokenizer.load(tok_path)
-  test = pairs.load_pairs(os.path.join(_DATA_DIR.value, 'test.tsv'))[: _NUM_TEST.value]
+  test = pairs.load_pairs(os.path.join(data_dir, 'test.tsv'))[: _NUM_TEST.value]
   shutil.rmtree(out, ignore_errors=True)
   os.makedirs(out)
   rows = []
-  for name, src in (('target', _TARGET.value), ('drafter', _DRAFTER.value)):
-    model = checkpoints.restore(src)
-    checkpoints.save(model, os.path.join(out, name))
-    rows.append(_describe(name, src, model, test, tok))
+  models = [('target', _TARGET.value)] + ([('drafter', _DRAFTER.value)] if _DRAFTER.value else [])
+  for name, src in models:
+    checkpoints.save(
+      checkpoints.restore(src), os.path.join(out, name), storage_dtype=_STORAGE.value
+    )
+    model = checkpoints.restore(os.path.join(out, name))  # what is shipped: scored as stored
+    rows.append(_describe(name, src, model, test, tok, task['lengths']))
   shutil.copy(tok_path, os.path.join(out, 'spm.model'))
   pairs.write_tsv(test, os.path.join(out, 'test.tsv'))
-  train = pairs.load_pairs(os.path.join(_DATA_DIR.value, 'train.tsv'))
+  train = pairs.load_pairs(os.path.join(data_dir, 'train.tsv'))
   bigram = drafters.NGramDrafter.fit(
     [tok.encode(t) for _, t in train],
     vocab_size=tok.vocab_size,
@@ -71,22 +118,32 @@ def main(argv):
     eos_id=tok.eos_id,
   )
   bigram.save(os.path.join(out, 'bigram.npz'))
+  drafter_dirs = {'small-t5': 'drafter'} if _DRAFTER.value else {}
+  manifest = {
+    'target': 'target',
+    'drafters': {**drafter_dirs, 'bigram': 'bigram.npz'},
+    'recommended': 'small-t5' if _DRAFTER.value else 'bigram',
+    'gamma': {'0': 4, '1': 4},
+  }
+  with open(os.path.join(out, 'pair.json'), 'w') as f:
+    json.dump(manifest, f, indent=2)
+    f.write('\n')
   with open(os.path.join(out, 'MODEL_CARD.md'), 'w') as f:
-    f.write(_card(rows, len(test), len(train)))
+    f.write(_card(out, task, rows, len(test), len(train)))
   print(open(os.path.join(out, 'MODEL_CARD.md')).read())
 
 
-def _card(rows, num_test, num_train) -> str:
-  target, drafter = rows
+def _card(out: str, task: dict, rows, num_test: int, num_train: int) -> str:
+  stored = ' (stored as bfloat16; BLEU of the stored weights)' if _STORAGE.value else ''
   lines = [
-    '# pretrained/ende: a T5 EN->DE target and drafter, trained by scripts/train.py',
+    f'# {out}: {task["title"]}, trained by scripts/train.py',
     '',
-    'Trained from scratch on CPU (2 cores) on the EN->DE corpus of `scripts/build_ende.py`',
-    f'({num_train:,} train pairs: LibreOffice help + UI strings, MPL-2.0; Ding dictionary',
-    'sentences, GPL-2+; see specdec_jax/data/README.md), tokenizer `spm.model` (SentencePiece',
-    'unigram, 8,000 pieces, T5 ids). Greedy BLEU (sacrebleu) on the shipped test pairs.',
+    f'Trained from scratch on CPU on {task["corpus"].format(num_train=num_train)}, tokenizer '
+    '`spm.model` (SentencePiece unigram, T5 ids). Greedy BLEU (sacrebleu) on the shipped test '
+    f'pairs{stored}.',
     '',
-    '| model | layout | params | train steps (batch 128) | valid NLL | valid BLEU | test BLEU |',
+    f'| model | layout | params | train steps (batch {_BATCH.value}) | valid NLL | valid BLEU '
+    '| test BLEU |',
     '|---|---|---:|---:|---:|---:|---:|',
   ]
   for r in rows:
@@ -100,16 +157,15 @@ def _card(rows, num_test, num_train) -> str:
       f'| {r["name"]} | {layout} | {r["params"]:,} | {r["step"]:,} | '
       f'{r["valid_nll"]:.3f} | {r["valid_bleu"]:.1f} | {r["test_bleu"]:.1f} |'
     )
+  lines.append('')
+  if len(rows) == 2:
+    ratio = rows[0]['params'] / rows[1]['params']
+    lines.append(f'The drafter has {ratio:.1f}x fewer parameters than the target.')
   lines += [
-    '',
-    f'The drafter has {target["params"] / drafter["params"]:.1f}x fewer parameters than the '
-    'target.',
     '`bigram.npz`: a bigram drafter (previous decoder token; add-0.01 smoothing, 16',
     'continuations kept per context) fitted on the train targets.',
     '',
-    f'`test.tsv`: the first {num_test} pairs of the test split (same sources and licenses as',
-    'above: LibreOffice help/UI translations (c) The Document Foundation and contributors,',
-    'MPL-2.0; Ding (c) Frank Richter, TU Chemnitz, GPL-2+).',
+    f'`test.tsv`: the first {num_test} pairs of the test split ({task["test_license"]}).',
     '',
   ]
   return '\n'.join(lines)

@@ -1,0 +1,53 @@
+"""scripts/ship_pretrained.py end to end on a tiny random target: a loadable pair, as stored."""
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax import checkpoints, pretrained
+from specdec_jax.models import t5
+
+_ROOT = Path(__file__).resolve().parents[1]
+_SPM = pretrained.ROOT / 'ende' / 'spm.model'
+
+
+@pytest.mark.skipif(not _SPM.exists(), reason='pretrained/ende not shipped in this checkout')
+def test_ship_a_target_only_pair_in_bfloat16(tmp_path):
+  data = tmp_path / 'data'
+  data.mkdir()
+  shutil.copy(_SPM, data / 'spm_ende_8k.model')
+  rows = [('The file is saved.', 'Die Datei ist gespeichert.'), ('Click OK.', 'Klicken Sie OK.')]
+  for split in ('train', 'test'):
+    (data / f'{split}.tsv').write_text(''.join(f'{s}\t{t}\n' for s, t in rows * 3))
+  config = dataclasses.replace(t5.CONFIGS['tiny-v1.1'], vocab_size=8000)
+  model = t5.T5Model(config=config, params=t5.init_params(jax.random.key(0), config))
+  checkpoints.save(model, tmp_path / 'best')
+  (tmp_path / 'best' / 'best.json').write_text(
+    json.dumps({'step': 7, 'valid_nll': 9.0, 'valid_bleu': 0.0})
+  )
+  out = tmp_path / 'pair'
+  result = subprocess.run(
+    [sys.executable, '-m', 'scripts.ship_pretrained', f'--target={tmp_path / "best"}',
+     '--drafter=', f'--data_dir={data}', f'--output={out}', '--num_test=4',
+     '--storage_dtype=bfloat16', '--train_batch_size=64'],
+    capture_output=True, text=True, cwd=_ROOT, timeout=300,
+  )  # fmt: skip
+  assert result.returncode == 0, result.stderr[-2000:]
+  pair = pretrained.load(out)
+  assert sorted(pair.drafters) == ['bigram'] and pair.recommended == 'bigram'
+  assert len(pair.test_pairs()) == 4
+  rounded = jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), model.params)
+  for got, want in zip(jax.tree.leaves(pair.target.params), jax.tree.leaves(rounded)):
+    assert got.dtype == jnp.float32
+    np.testing.assert_array_equal(got, want)
+  card = (out / 'MODEL_CARD.md').read_text()
+  assert 'stored as bfloat16' in card and 'train steps (batch 64)' in card
+  assert '| target | gated-gelu, untied, d_model 32' in card and '| 7 |' in card
