@@ -64,13 +64,21 @@ def token_divergences(teacher_logits: jax.Array, student_logits: jax.Array) -> d
 
 
 def _logits(teacher: t5.T5Model, student_config: t5.T5Config, student_params, batch):
-  """(teacher logits, student logits) f32[B, T, V] on the batch's decoder sequences."""
+  """(teacher logits, student logits) f32[B, T, V] on the batch's decoder sequences.
+
+  With the target's states cached in the batch (`TeacherStates.fields`: 'teacher_states' and, for
+  a student over the target's encoder, 'encoded'), only the target's output layer runs.
+  """
   cfg = teacher.config
   decoder_in = t5.shift_right(batch['targets'], cfg.decoder_start_token_id)
-  encoded = t5.encode(teacher.params, batch['inputs'], batch['input_mask'], config=cfg)
-  teacher_logits = t5.decode_forward(
-    teacher.params, encoded, batch['input_mask'], decoder_in, config=cfg
-  )
+  if 'teacher_states' in batch:
+    encoded = batch.get('encoded')
+    teacher_logits = t5.output_logits(teacher.params, batch['teacher_states'], config=cfg)
+  else:
+    encoded = t5.encode(teacher.params, batch['inputs'], batch['input_mask'], config=cfg)
+    teacher_logits = t5.decode_forward(
+      teacher.params, encoded, batch['input_mask'], decoder_in, config=cfg
+    )
   if student_config.num_encoder_layers == 0:  # reads the target's encoder
     student_logits = t5.decode_forward(
       student_params, encoded, batch['input_mask'], decoder_in, config=student_config
@@ -235,6 +243,99 @@ def generate_outputs(
   )
 
 
+@functools.partial(jax.jit, static_argnames=('config', 'with_encoder'))
+def _teacher_states(params, batch, *, config: t5.T5Config, with_encoder: bool):
+  encoded = t5.encode(params, batch['inputs'], batch['input_mask'], config=config)
+  decoder_in = t5.shift_right(batch['targets'], config.decoder_start_token_id)
+  states = t5.decoder_states(params, encoded, batch['input_mask'], decoder_in, config=config)
+  return (encoded if with_encoder else None), states
+
+
+@dataclasses.dataclass
+class TeacherStates:
+  """The target's teacher-forced computation on every training pair, done once: its final decoder
+  states (and, for a student over its encoder, its encoder output), one float32 array per pair,
+  cut to the pair's real tokens. A distillation step then pays only the target's output layer
+  (`t5.output_logits`), and the loss is exactly that of the live target.
+
+  Memory: 4 bytes x d_model x (target tokens + source tokens if with the encoder).
+  """
+
+  decoder: list[np.ndarray]  # [T_i, D] per pair
+  encoder: list[np.ndarray] | None  # [S_i, D] per pair, or None
+
+  @classmethod
+  def compute(
+    cls,
+    teacher: t5.T5Model,
+    data: batching.EncodedPairs,
+    *,
+    with_encoder: bool,
+    batch_size: int,
+    buckets,
+    shard_dir: str,
+    shard_size: int = 4096,
+    progress: bool = True,
+  ) -> 'TeacherStates':
+    """Runs the target over `data` in batches of similar length (one compiled shape per bucket of
+    `buckets`), in shards saved to `shard_dir` so that an interrupted run resumes."""
+    os.makedirs(shard_dir, exist_ok=True)
+    pair_length = np.maximum(data.input_lengths, data.target_lengths)
+    order = np.argsort(pair_length, kind='stable')
+    decoder, encoder = [None] * len(data), ([None] * len(data) if with_encoder else None)
+    bar = _progress(len(data), "target's states for the training pairs", progress)
+    for shard, start in enumerate(range(0, len(data), shard_size)):
+      path = os.path.join(shard_dir, f'shard_{shard:05d}.npz')
+      index = order[start : start + shard_size]
+      if os.path.exists(path):
+        with np.load(path) as f:
+          arrays = dict(f)
+      else:
+        arrays = {}
+        for b in range(0, len(index), batch_size):
+          rows = index[b : b + batch_size]
+          pad = np.concatenate([rows, np.full(batch_size - len(rows), rows[-1])])
+          length = buckets[np.searchsorted(buckets, pair_length[rows].max())]
+          cut = (min(length, data.inputs.shape[1]), min(length, data.targets.shape[1]))
+          enc, dec = _teacher_states(
+            teacher.params,
+            batching.batch_arrays(data, pad, *cut),
+            config=teacher.config,
+            with_encoder=with_encoder,
+          )
+          dec, enc = np.asarray(dec), None if enc is None else np.asarray(enc)
+          for r, i in enumerate(rows):
+            arrays[f'd{i}'] = dec[r, : data.target_lengths[i]]
+            if enc is not None:
+              arrays[f'e{i}'] = enc[r, : data.input_lengths[i]]
+          bar.update(len(rows))
+        np.savez(path + '.tmp.npz', **arrays)
+        os.replace(path + '.tmp.npz', path)
+      for i in index:
+        decoder[i] = arrays[f'd{i}']
+        if with_encoder:
+          encoder[i] = arrays[f'e{i}']
+      if bar.n < start + len(index):
+        bar.update(start + len(index) - bar.n)
+    bar.close()
+    return cls(decoder, encoder)
+
+  def fields(self, index: np.ndarray, source_length: int, target_length: int) -> dict:
+    """The batch fields `_logits` reads for rows `index`: 'teacher_states' f32[B, T, D] and, with
+    the encoder, 'encoded' f32[B, S, D], zero past each pair's real tokens (masked anyway)."""
+
+    def stack(arrays, length):
+      out = np.zeros((len(index), length, arrays[index[0]].shape[-1]), np.float32)
+      for r, i in enumerate(index):
+        out[r, : len(arrays[i])] = arrays[i][:length]
+      return out
+
+    fields = {'teacher_states': stack(self.decoder, target_length)}
+    if self.encoder is not None:
+      fields['encoded'] = stack(self.encoder, source_length)
+    return fields
+
+
 def _progress(total: int, description: str, enabled: bool):
   from tqdm.auto import tqdm  # a dependency of transformers/orbax; imported here only
 
@@ -314,6 +415,17 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
   batches = batching.BucketedBatches(
     train, batch_size=config.batch_size, buckets=config.length_buckets, seed=config.seed
   )
+  cached = None
+  if config.cache_teacher:
+    cached = TeacherStates.compute(
+      teacher,
+      train,
+      with_encoder=student_config.num_encoder_layers == 0,
+      batch_size=config.generate_batch_size,
+      buckets=sorted(config.length_buckets),
+      shard_dir=os.path.join(workdir, 'teacher_states'),
+      progress=config.progress,
+    )
   valid_batches = batching.eval_batches(valid, config.eval_batch_size)
   print(
     f'distillation data: {len(train)} target outputs on {len(train_src)} sources '
@@ -404,11 +516,14 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
   bar.update(step)
   last_eval, pending, window = {}, [], time.perf_counter()
   while step < config.num_train_steps:
-    batch = batches.batch(step)
+    index, source_length, target_length = batches.batch_index(step)
+    batch = batching.batch_arrays(train, index, source_length, target_length)
     if config.on_policy_every and step % config.on_policy_every == 0:
-      batch = _on_policy_batch(
+      batch = _on_policy_batch(  # the student's own sequences: the target scores them live
         teacher, student_config, state.params, batch, on_policy, config.max_target_length, step
       )
+    elif cached is not None:
+      batch.update(cached.fields(index, source_length, target_length))
     state, metrics = distill_step(
       state,
       batch,

@@ -1,5 +1,6 @@
 """Distillation (specdec_jax.distill): the divergences, and the runlocal run end to end."""
 
+import dataclasses
 import json
 
 import jax
@@ -8,7 +9,9 @@ import numpy as np
 import pytest
 
 from experiments.configs import distill_drafter
-from specdec_jax import checkpoints, decode, distill, pretrained
+from specdec_jax import checkpoints, decode, distill, pretrained, training
+from specdec_jax.data import batching
+from specdec_jax.models import t5
 
 _SHIPPED = (pretrained.ROOT / 'ende' / 'target').exists()
 
@@ -119,3 +122,58 @@ def test_step_costs_of_a_drafter_over_the_target_encoder():
   assert all(np.isfinite(v) and v >= 0 for v in costs.values())
   with pytest.raises(ValueError, match='pass target='):
     timing.step_seconds(drafter, batch_size=1, source_length=16)
+
+
+@pytest.mark.parametrize('over_target_encoder', [True, False])
+def test_cached_teacher_states_give_the_live_targets_step(tmp_path, over_target_encoder):
+  """A step on the cached states equals a step that runs the whole target (same loss, metrics
+  and update), for a student over the target's encoder and one with its own."""
+  teacher_config = dataclasses.replace(t5.CONFIGS['tiny-v1.1'], vocab_size=64)
+  teacher = t5.T5Model(teacher_config, t5.init_params(jax.random.key(1), teacher_config))
+  student_config = dataclasses.replace(
+    teacher_config,
+    d_model=16,
+    num_decoder_layers=1,
+    **(dict(num_encoder_layers=0, encoder_dim=32) if over_target_encoder else {}),
+  )
+  rng = np.random.default_rng(0)
+  n, s_max, t_max = 10, 12, 9
+  in_len, tgt_len = rng.integers(1, s_max + 1, n), rng.integers(1, t_max + 1, n)
+  data = batching.EncodedPairs(
+    rng.integers(2, 64, (n, s_max)) * (np.arange(s_max) < in_len[:, None]),
+    rng.integers(2, 64, (n, t_max)) * (np.arange(t_max) < tgt_len[:, None]),
+    in_len,
+    tgt_len,
+  )
+  kw = dict(with_encoder=over_target_encoder, batch_size=4, buckets=[8, 12], progress=False)
+  cached = distill.TeacherStates.compute(teacher, data, shard_dir=str(tmp_path), **kw)
+  again = distill.TeacherStates.compute(teacher, data, shard_dir=str(tmp_path), **kw)  # shards
+  np.testing.assert_array_equal(again.decoder[3], cached.decoder[3])
+  assert len(cached.decoder[3]) == tgt_len[3]
+  optimizer_config = training.OptimizerConfig(learning_rate=1e-2, warmup_steps=1)
+  index = np.array([0, 3, 5, 9])
+  live = batching.batch_arrays(data, index, 12, 9)
+  fast = dict(live, **cached.fields(index, 12, 9))
+  assert ('encoded' in fast) == over_target_encoder
+  results = []
+  for batch in (live, fast):
+    state = training._init_state_jit(jax.random.key(0), student_config, optimizer_config)
+    results.append(
+      distill.distill_step(
+        state, batch, teacher, student_config=student_config,
+        optimizer_config=optimizer_config, divergence='fkl',
+      )
+    )  # fmt: skip
+  (s1, m1), (s2, m2) = results
+  for k in m1:
+    np.testing.assert_allclose(m2[k], m1[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+  # A wrong cache (another pair's states) changes the loss: the test can fail.
+  wrong = dict(live, **cached.fields(index[::-1], 12, 9))
+  state = training._init_state_jit(jax.random.key(0), student_config, optimizer_config)
+  _, m3 = distill.distill_step(
+    state, wrong, teacher, student_config=student_config,
+    optimizer_config=optimizer_config, divergence='fkl',
+  )  # fmt: skip
+  assert abs(float(m3['fkl']) - float(m1['fkl'])) > 1e-3

@@ -50,6 +50,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.generate_batch_size = 64
   c.divergence = 'fkl'  # 'fkl' | 'rkl' | 'tvd' (specdec_jax.distill.DIVERGENCES)
   c.on_policy_every = 0  # k > 0: every k-th batch is drafted by the student itself
+  # Run the target over the training pairs once (its encoder output and final decoder states,
+  # kept in RAM: 4 bytes x d_model per token) so that each step pays only its output layer; the
+  # loss is the same. False: the whole target runs in every step (no memory needed).
+  c.cache_teacher = True
   c.init_from = ''  # a checkpoints.save directory of the same shape
   c.eval_temperatures = (0.0, 1.0)
   c.eval_gamma = 4

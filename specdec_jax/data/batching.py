@@ -129,15 +129,17 @@ class BucketedBatches:
       self._epoch, self._order = epoch, [batches[i] for i in order]
     return self._order
 
-  def batch(self, step: int) -> dict[str, np.ndarray]:
-    """The batch of training step `step` (0-based); see `batch_arrays` for the fields."""
+  def batch_index(self, step: int) -> tuple[np.ndarray, int, int]:
+    """(rows of the data, source length, target length) of training step `step` (0-based)."""
     epoch, i = divmod(step, self.num_batches_per_epoch)
     length, index = self._epoch_order(epoch)[i]
     # A bucket bounds both sides; a side whose maximum is shorter (summaries: 256 source tokens,
     # 32 target tokens) is cut to that maximum instead of padded to the bucket.
-    source_length = min(length, self._data.inputs.shape[1])
-    target_length = min(length, self._data.targets.shape[1])
-    return batch_arrays(self._data, index, source_length, target_length)
+    return index, min(length, self._data.inputs.shape[1]), min(length, self._data.targets.shape[1])
+
+  def batch(self, step: int) -> dict[str, np.ndarray]:
+    """The batch of training step `step` (0-based); see `batch_arrays` for the fields."""
+    return batch_arrays(self._data, *self.batch_index(step))
 
 
 def eval_batches(data: EncodedPairs, batch_size: int) -> list[dict[str, np.ndarray]]:

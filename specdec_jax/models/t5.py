@@ -346,7 +346,7 @@ def _decoder(
   config: T5Config,
   self_cache: tuple[jax.Array, jax.Array, jax.Array] | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-  """The decoder stack and output layer on T new positions.
+  """The decoder stack on T new positions, up to its final norm (`_logits` is the output layer).
 
   Args:
     params: model params.
@@ -361,7 +361,7 @@ def _decoder(
       cache.
 
   Returns:
-    logits f32[B, T, V], and the updated (self_k, self_v) (None without a cache).
+    the normed final states [B, T, D], and the updated (self_k, self_v) (None without a cache).
   """
   dec = params['decoder']
   t = tokens.shape[1]
@@ -397,8 +397,8 @@ def _decoder(
     )
     x = x + _mlp(layer['mlp'], _rms_norm(x, layer['pre_mlp_layer_norm'], config), config)
     x = sharding.constrain(x, ('batch', 'length', 'embed'))
-  logits = _logits(params, _rms_norm(x, dec['decoder_norm'], config), config)
-  return logits, None if self_cache is None else (self_k, self_v)
+  states = _rms_norm(x, dec['decoder_norm'], config)
+  return states, None if self_cache is None else (self_k, self_v)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -518,7 +518,7 @@ def decode(
     raise ValueError(
       f'decode got T={tokens.shape[1]} tokens for a cache of {cache.max_decode_len} slots.'
     )
-  logits, (self_k, self_v) = _decoder(
+  states, (self_k, self_v) = _decoder(
     params,
     tokens,
     cache.cross_k,
@@ -527,7 +527,7 @@ def decode(
     config=config,
     self_cache=(cache.self_k, cache.self_v, cache.end_index),
   )
-  return logits, cache.replace(
+  return _logits(params, states, config), cache.replace(
     self_k=self_k, self_v=self_v, end_index=cache.end_index + tokens.shape[1]
   )
 
@@ -576,11 +576,33 @@ def decode_forward(
   Returns:
     f32[B, T, V] logits, as `forward`.
   """
+  states = decoder_states(params, encoded, input_mask, decoder_input_ids, config=config)
+  return output_logits(params, states, config=config)
+
+
+def decoder_states(
+  params: Params,
+  encoded: jax.Array,
+  input_mask: jax.Array,
+  decoder_input_ids: jax.Array,
+  *,
+  config: T5Config,
+) -> jax.Array:
+  """`decode_forward` up to the output layer: the normed final decoder states [B, T, D].
+
+  `output_logits(params, states, config=config)` turns them into `decode_forward`'s logits (a
+  distillation caches a big target's states once and pays only its output layer per step).
+  """
   cross_k, cross_v = _cross_kv(params, encoded, config)
-  logits, _ = _decoder(
+  states, _ = _decoder(
     params, decoder_input_ids, cross_k, cross_v, input_mask.astype(bool), config=config
   )
-  return logits
+  return states
+
+
+def output_logits(params: Params, states: jax.Array, *, config: T5Config) -> jax.Array:
+  """The output layer: `decoder_states` [B, T, D] -> f32[B, T, V] logits."""
+  return _logits(params, jnp.asarray(states, config.dtype), config)
 
 
 def shift_right(targets: jax.Array, decoder_start_token_id: int) -> jax.Array:
