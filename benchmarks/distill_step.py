@@ -1,0 +1,76 @@
+r"""Time of one distillation step with the target run live vs from its cached states.
+
+  python -m benchmarks.distill_step                      # shipped 13.5M target, d128x1 student
+  python -m benchmarks.distill_step --target_shape=t5_1_1_small   # a 52M random target
+
+Prints, per setting, the median step time of each mode over --steps steps (after a compiled
+warm-up; modes interleaved step by step) and their ratio. Batch: --batch_size pairs of
+--length source and target tokens. `distill.TeacherStates` is what the cached mode reads.
+"""
+
+import time
+
+import jax
+import numpy as np
+from absl import app, flags
+
+from experiments.configs import distill_drafter, train_target
+from specdec_jax import distill, pretrained, training
+from specdec_jax.data import batching
+from specdec_jax.models import t5
+
+_SHAPE = flags.DEFINE_enum('target_shape', 'shipped', ['shipped', 't5_1_1_small'], 'Target.')
+_STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps per mode.')
+_BATCH = flags.DEFINE_integer('batch_size', 64, 'Pairs per step.')
+_LENGTH = flags.DEFINE_integer('length', 24, 'Source and target tokens per pair.')
+
+
+def main(argv):
+  del argv
+  if _SHAPE.value == 'shipped':
+    teacher = pretrained.load('ende').target
+  else:
+    model = train_target.get_config('t5_1_1_small').model.to_dict()
+    config = t5.T5Config(**model)
+    teacher = t5.T5Model(config, t5.init_params(jax.random.key(0), config))
+  student = distill_drafter.get_config().student.to_dict()
+  student_config = t5.T5Config(
+    **dict(student, vocab_size=teacher.config.vocab_size, encoder_dim=teacher.config.d_model)
+  )
+  n, length = _BATCH.value, _LENGTH.value
+  rng = np.random.default_rng(0)
+  data = batching.EncodedPairs(
+    rng.integers(2, teacher.config.vocab_size, (n, length)),
+    rng.integers(2, teacher.config.vocab_size, (n, length)),
+    np.full(n, length),
+    np.full(n, length),
+  )
+  index = np.arange(n)
+  live = batching.batch_arrays(data, index, length, length)
+  encoded, states = distill._teacher_states(
+    teacher.params, live, config=teacher.config, with_encoder=True
+  )
+  cache = distill.TeacherStates(list(np.asarray(states)), list(np.asarray(encoded)))
+  cached = dict(live, **cache.fields(index, length, length))
+  optimizer = training.OptimizerConfig()
+  state = training._init_state_jit(jax.random.key(0), student_config, optimizer)
+  kw = dict(student_config=student_config, optimizer_config=optimizer, divergence='fkl')
+  times = {'live': [], 'cached': []}
+  for i in range(_STEPS.value + 1):
+    for mode, batch in (('live', live), ('cached', cached)):
+      start = time.perf_counter()
+      state, metrics = distill.distill_step(state, batch, teacher, **kw)
+      jax.block_until_ready(metrics)
+      if i:  # step 0 compiles
+        times[mode].append(time.perf_counter() - start)
+  live_s, cached_s = (float(np.median(times[m])) for m in ('live', 'cached'))
+  params = t5.param_count(teacher.params) / 1e6
+  print(
+    f'target {_SHAPE.value} ({params:.1f}M params), batch {n} x {length} tokens: '
+    f'live {live_s * 1e3:.0f} ms, cached {cached_s * 1e3:.0f} ms per step '
+    f'({live_s / cached_s:.1f}x)'
+  )
+
+
+if __name__ == '__main__':
+  app.run(main)
