@@ -1,6 +1,6 @@
 r"""The main job: EN->DE on the shipped pair (pretrained/ende), Table 2 of Leviathan et al.
 
-  python -m experiments.translate --config=experiments/configs/ende.py          # ~5 min, 2 cores
+  python -m experiments.translate --config=experiments/configs/ende.py          # ~9 min, 2 cores
   python -m experiments.translate --config=experiments/configs/ende.py:runlocal # ~1 min smoke
   python -m experiments.translate --config=experiments/configs/ende.py:full     # 500 sentences
   python -m experiments.translate --config=experiments/configs/ende.py:gammas=3,5,7,batch_size=8
