@@ -152,6 +152,11 @@ class Plan:
   truncated: int  # sources longer than max_source_length (cut to it)
 
   @property
+  def task(self) -> str:
+    """The task name of the rows: `config.task`, else the pair directory's name."""
+    return self.config.get('task') or self.pair.directory.name
+
+  @property
   def num_methods(self) -> int:
     c = self.config
     return len(c.temperatures) * (1 + len(self.drafters) * len(c.gammas) * len(c.verifiers))
@@ -176,7 +181,8 @@ def _positive_int(config, name: str) -> None:
 def prepare(config) -> Plan:
   """Checks every setting and loads the pair and the test set, before anything is decoded.
 
-  `config` fields: pretrained (pair name or directory), drafters (names, or ('all',)),
+  `config` fields: pretrained (pair name or directory), task (the rows' task name; optional),
+  drafters (names, or ('all',)),
   num_examples, batch_size, max_source_length, max_new_tokens, temperatures, gammas, verifiers,
   seed.
 
@@ -266,7 +272,7 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[dict]:
   for temperature in c.temperatures:
     base = run(None, 'autoregressive', 1, temperature)
     yield dict(
-      task='EnDe',
+      task=plan.task,
       drafter='-',
       method='autoregressive',
       temp=temperature,
@@ -299,7 +305,7 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[dict]:
             alpha, gamma, costs['c'], costs['pass_cost']
           )
           yield dict(
-            task='EnDe',
+            task=plan.task,
             drafter=name,
             method=verifier,
             temp=temperature,
@@ -431,7 +437,8 @@ def _plot(table: list[dict], path: str) -> None:
             label=f'{drafter} / {method} (predicted)',
           )
     ax.axhline(1.0, color='gray', lw=0.8)
-    ax.set(title=f'EnDe, temperature {temp}', xlabel='gamma', ylabel='walltime speedup vs AR')
+    task = spec[0]['task'] if spec else ''
+    ax.set(title=f'{task}, temperature {temp}', xlabel='gamma', ylabel='walltime speedup vs AR')
     ax.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=110)

@@ -28,6 +28,7 @@ def _full(c):
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.pretrained = 'ende'  # a pair under pretrained/, or a directory laid out the same way
+  c.task = 'EnDe'  # the rows' task name, as in the paper's tables
   # Names of the pair's drafters (specdec_jax.pretrained), or ('all',). The unigram and the
   # small T5 (dominated by the distilled drafter) are in the alpha table (experiments/alpha_table.py).
   c.drafters = ('distilled', 'trigram', 'bigram')

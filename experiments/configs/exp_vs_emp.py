@@ -24,6 +24,7 @@ def _runlocal(c):
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.pretrained = 'ende'  # a pair under pretrained/, or a directory laid out the same way
+  c.task = 'EnDe'  # the rows' task name, as in the paper's tables
   c.drafters = ('distilled', 'small-t5', 'bigram')
   c.gammas = (1, 2, 3, 4, 5, 6, 7)
   c.temperatures = (0.0, 1.0)
