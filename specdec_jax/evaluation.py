@@ -3,8 +3,9 @@
 For each drafter, temperature and gamma: translate the same sources autoregressively and
 speculatively (token and block verification), time both with compilation excluded (batch by
 batch, alternating, so that the speedup compares them under the same machine load), and report
-alpha (measured, mean beta over verified positions), block efficiency, c (drafter step / target
-step, measured in the loop), the walltime speedup, the speedup the paper's formula predicts from
+alpha (measured, mean beta over verified positions), block efficiency, c (drafter call / target
+step, measured inside an iteration of the loop's model calls; `c_alone`: the drafter's calls
+alone), the walltime speedup, the speedup the paper's formula predicts from
 the measured alpha, c and (gamma+1)-position pass cost, and BLEU. No flags here:
 experiments/translate.py and notebooks call `prepare` and `rows`.
 
@@ -48,6 +49,7 @@ COLUMNS = (
   'bleu',
   'seconds',
   'tokens_per_s',
+  'c_alone',
 )
 
 
@@ -280,6 +282,7 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[dict]:
       alpha=None,
       block_efficiency=1.0,
       c=None,
+      c_alone=None,
       pass_cost=None,
       speedup=1.0,
       predicted_speedup=None,
@@ -313,6 +316,7 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[dict]:
             alpha=alpha,
             block_efficiency=float(r.stats.block_efficiency),
             c=costs['c'],
+            c_alone=costs['c_alone'],
             pass_cost=costs['pass_cost'],
             speedup=r.baseline_seconds / r.seconds,
             predicted_speedup=float(predicted),

@@ -57,6 +57,90 @@ def _repeated_steps(
   return jax.lax.fori_loop(0, calls, body, (cache, logits))[1]
 
 
+@functools.partial(
+  jax.jit,
+  static_argnames=('target_steps', 'drafter_steps', 'encoder_steps', 'gamma', 'cache_len', 'calls'),
+)
+def _repeated_iterations(
+  target_steps,
+  target_params,
+  drafter_steps,
+  drafter_params,
+  encoder_steps,
+  encoder_params,
+  input_ids,
+  *,
+  gamma,
+  cache_len,
+  calls,
+):
+  """`calls` iterations of the speculative loop's model calls: the drafter's gamma calls (two
+  positions, then one at a time, as `decode._draft`) and one (gamma+1)-position target pass."""
+  mask = jnp.ones_like(input_ids)
+  target_cache = target_steps.init_cache(
+    target_params, target_steps.encode(target_params, input_ids, mask), mask, cache_len
+  )
+  drafter_cache = drafter_steps.init_cache(
+    drafter_params, encoder_steps.encode(encoder_params, input_ids, mask), mask, cache_len
+  )
+  batch = input_ids.shape[0]
+  position = jnp.full((batch,), cache_len // 4, jnp.int32)
+
+  def body(i, carry):
+    target_cache, drafter_cache, logits = carry
+    tokens = jnp.full((batch, 2), 2, jnp.int32) + (i + jnp.argmax(logits[:, -1], -1)[:, None]) % 7
+    _, drafter_cache = drafter_steps.step(
+      drafter_params, tokens, drafter_cache.replace(end_index=position)
+    )
+    for _ in range(gamma - 1):
+      draft, drafter_cache = drafter_steps.step(drafter_params, tokens[:, :1], drafter_cache)
+      tokens = tokens + (draft[:, :, 0] > 0)
+    logits, target_cache = target_steps.step(
+      target_params,
+      jnp.tile(tokens[:, :1], (1, gamma + 1)),
+      target_cache.replace(end_index=position),
+    )
+    return target_cache, drafter_cache, logits
+
+  logits = jnp.zeros((batch, gamma + 1, target_steps.vocab_size), jnp.float32)
+  return jax.lax.fori_loop(0, calls, body, (target_cache, drafter_cache, logits))[2]
+
+
+def iteration_seconds(
+  target,
+  drafter,
+  *,
+  batch_size: int,
+  source_length: int,
+  gamma: int,
+  cache_len: int = 64,
+  calls: tuple[int, int] = (4, 36),
+  repeats: int = 7,
+) -> float:
+  """Seconds of one iteration's model calls inside a jitted loop (gamma drafter calls and a
+  (gamma+1)-position target pass, each depending on the last), by the difference of two loop
+  lengths as `step_seconds`. Unlike the sum of their bare costs, it includes what the calls cost
+  each other: the target's pass evicts the drafter's weights from the CPU caches."""
+  target_steps, target_params = step_models.as_step_model(target)
+  drafter_steps, drafter_params = step_models.as_step_model(drafter)
+  encoder_steps, encoder_params = step_models.encoder_of(drafter, target)
+  ids = jnp.full((batch_size, source_length), 3, jnp.int32)
+  run = lambda k: _repeated_iterations(
+    target_steps,
+    target_params,
+    drafter_steps,
+    drafter_params,
+    encoder_steps,
+    encoder_params,
+    ids,
+    gamma=gamma,
+    cache_len=cache_len,
+    calls=k,
+  )
+  short, long = (time_call(lambda k=k: run(k), repeats)[1] for k in calls)
+  return max(long - short, 0.0) / (calls[1] - calls[0])
+
+
 def step_seconds(
   model,
   *,
@@ -108,10 +192,14 @@ def step_costs(
   cache_len: int = 64,
   rounds: int = 3,
 ) -> dict[str, float]:
-  """In-loop seconds of a target step (T=1), a (gamma+1)-position target pass, a drafter step;
-  and their ratios `c` (drafter step / target step) and `pass_cost` (pass / target step).
+  """In-loop seconds of a target step (T=1), a (gamma+1)-position target pass, a drafter step
+  alone, and a whole iteration's model calls (`iteration_seconds`); and the ratios
+  `pass_cost` (pass / target step), `c_alone` (drafter step alone / target step) and `c`, the
+  drafter's cost per call *within* an iteration: (iteration - pass) / gamma / target step. `c`
+  is what the walltime formula needs: a drafter's weights are evicted by each target pass on a
+  CPU, so its calls cost more in the loop than alone (on a TPU the two agree).
 
-  The three are measured one after another, `rounds` times; each ratio is the median of its
+  The four are measured one after another, `rounds` times; each ratio is the median of its
   per-round ratios, so a slow spell of a shared machine shifts numerator and denominator together
   instead of skewing one of them.
   """
@@ -124,13 +212,17 @@ def step_costs(
         step,
         step_seconds(target, num_tokens=gamma + 1, **kw),
         step_seconds(drafter, target=target, **kw),
+        iteration_seconds(target, drafter, gamma=gamma, **kw),
       )
     )
-  step, target_pass, drafter_step = np.asarray(rounds_measured).T
+  step, target_pass, drafter_step, iteration = np.asarray(rounds_measured).T
+  in_loop = np.maximum(iteration - target_pass, 0.0) / gamma
   return {
     'target_step': float(np.median(step)),
     'target_pass': float(np.median(target_pass)),
     'drafter_step': float(np.median(drafter_step)),
-    'c': float(np.median(drafter_step / step)),
+    'iteration': float(np.median(iteration)),
+    'c_alone': float(np.median(drafter_step / step)),
+    'c': float(np.median(in_loop / step)),
     'pass_cost': float(np.median(target_pass / step)),
   }

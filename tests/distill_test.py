@@ -118,7 +118,9 @@ def test_step_costs_of_a_drafter_over_the_target_encoder():
   costs = timing.step_costs(pair.target, drafter, batch_size=1, source_length=16, gamma=2)
   # Timed through the target's encoder output (its own `encode` would raise); the values are
   # timings, so only their form is checked here.
-  assert set(costs) == {'target_step', 'target_pass', 'drafter_step', 'c', 'pass_cost'}
+  assert set(costs) == {
+    'target_step', 'target_pass', 'drafter_step', 'iteration', 'c', 'c_alone', 'pass_cost'
+  }  # fmt: skip
   assert all(np.isfinite(v) and v >= 0 for v in costs.values())
   with pytest.raises(ValueError, match='pass target='):
     timing.step_seconds(drafter, batch_size=1, source_length=16)
