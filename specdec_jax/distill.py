@@ -373,9 +373,10 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
     raise ValueError(
       f'Tokenizer has {tok.vocab_size} pieces, the target {teacher.config.vocab_size}.'
     )
-  student_config = t5.T5Config(
-    **dict(config.student.to_dict(), vocab_size=teacher.config.vocab_size)
-  )
+  student = dict(config.student.to_dict(), vocab_size=teacher.config.vocab_size)
+  if student['num_encoder_layers'] == 0 and not student.get('encoder_dim'):
+    student['encoder_dim'] = teacher.config.d_model  # 0: whatever the target's d_model is
+  student_config = t5.T5Config(**student)
   if (
     student_config.num_encoder_layers == 0 and student_config.encoder_dim != teacher.config.d_model
   ):

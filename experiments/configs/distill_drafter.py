@@ -5,14 +5,18 @@ r"""Distil a drafter from the shipped target (DistillSpec-style; `specdec_jax.di
       --workdir=workdir/distill_independent            # a small T5 with its own encoder
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:runlocal \
       --workdir=/tmp/distill_smoke                     # a few steps on a handful of sources
+  python -m scripts.distill \
+      --config=experiments/configs/distill_drafter.py:teacher=workdir/target_small/best \
+      --workdir=workdir/distill_small                  # the 52M target in training (d_model 512)
   # your own pair: --config.teacher=/path/to/t5 (ours, HF or T5X) --config.tokenizer=spm.model
   #                --config.train_file=sources.tsv --config.valid_file=valid.tsv
 
 Default drafter: one gated-GELU decoder layer (d_model 128) over the *target's* encoder output
-(`num_encoder_layers=0`, `encoder_dim` = the target's d_model), trained on the target's greedy and
-sampled outputs for the first `num_train_sources` training sources with forward KL. Rerunning the
-same command resumes. The exported drafter (<workdir>/best) plugs into `speculative_generate` as
-it is; the loops give it the target's encoder output.
+(`num_encoder_layers=0`; `encoder_dim=0` takes the target's d_model, so any target works),
+trained on the target's greedy and sampled outputs for the first `num_train_sources` training
+sources with forward KL. Rerunning the same command resumes. The exported drafter
+(<workdir>/best) plugs into `speculative_generate` as it is; the loops give it the target's
+encoder output.
 """
 
 import pathlib
@@ -74,7 +78,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       d_ff=512,
       num_encoder_layers=0,
       num_decoder_layers=1,
-      encoder_dim=256,
+      encoder_dim=0,  # 0: the target's d_model (a decoder over the target's encoder)
       feed_forward='gated-gelu',
       tie_word_embeddings=True,
       max_source_length=512,
