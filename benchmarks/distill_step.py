@@ -5,9 +5,10 @@ r"""Time of one distillation step with the target run live vs from its cached st
 
 Prints, per setting, the median step time of each mode over --steps steps (after a compiled
 warm-up; modes interleaved step by step) and their ratio. Batch: --batch_size pairs of
---length source and target tokens. `distill.TeacherStates` is what the cached mode reads.
+--length source and target tokens. `distill_data.TeacherStates` is what the cached mode reads.
 """
 
+import tempfile
 import time
 
 import jax
@@ -15,7 +16,7 @@ import numpy as np
 from absl import app, flags
 
 from experiments.configs import distill_drafter, train_target
-from specdec_jax import distill, pretrained, training
+from specdec_jax import distill, distill_data, pretrained, training
 from specdec_jax.data import batching
 from specdec_jax.models import t5
 
@@ -47,10 +48,11 @@ def main(argv):
   )
   index = np.arange(n)
   live = batching.batch_arrays(data, index, length, length)
-  encoded, states = distill._teacher_states(
-    teacher.params, live, config=teacher.config, with_encoder=True
-  )
-  cache = distill.TeacherStates(list(np.asarray(states)), list(np.asarray(encoded)))
+  with tempfile.TemporaryDirectory() as shards:
+    cache = distill_data.TeacherStates.compute(
+      teacher, data, with_encoder=True, batch_size=n, buckets=[length], shard_dir=shards,
+      progress=False,
+    )  # fmt: skip
   cached = dict(live, **cache.fields(index, length, length))
   optimizer = training.OptimizerConfig()
   state = training._init_state_jit(jax.random.key(0), student_config, optimizer)

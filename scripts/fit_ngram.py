@@ -17,7 +17,7 @@ lookup per step (c ~ 0); load it with `drafters.NGramDrafter.load`.
 import numpy as np
 from absl import app, flags
 
-from specdec_jax import distill, drafters
+from specdec_jax import distill, distill_data, drafters
 from specdec_jax.data import batching, pairs
 from specdec_jax.data import tokenizer as tokenizer_lib
 
@@ -49,7 +49,7 @@ def target_outputs(tok) -> list[np.ndarray]:
   )
   sequences = []
   for t in _TEMPERATURES.value:
-    out = distill.generate_outputs(
+    out = distill_data.generate_outputs(
       target,
       sources,
       temperature=float(t),

@@ -106,6 +106,13 @@ def _repeated_iterations(
   return jax.lax.fori_loop(0, calls, body, (target_cache, drafter_cache, logits))[2]
 
 
+def _per_call(run: Callable[[int], object], calls: tuple[int, int], repeats: int) -> float:
+  """Seconds per call of a jitted loop `run(k)` of k calls: the difference of the median times of
+  two loop lengths over the difference of lengths, which cancels dispatch and setup."""
+  short, long = (time_call(lambda k=k: run(k), repeats)[1] for k in calls)
+  return max(long - short, 0.0) / (calls[1] - calls[0])
+
+
 def iteration_seconds(
   target,
   drafter,
@@ -137,8 +144,7 @@ def iteration_seconds(
     cache_len=cache_len,
     calls=k,
   )
-  short, long = (time_call(lambda k=k: run(k), repeats)[1] for k in calls)
-  return max(long - short, 0.0) / (calls[1] - calls[0])
+  return _per_call(run, calls, repeats)
 
 
 def step_seconds(
@@ -178,8 +184,7 @@ def step_seconds(
     cache_len=cache_len,
     calls=k,
   )
-  short, long = (time_call(lambda k=k: run(k), repeats)[1] for k in calls)
-  return max(long - short, 0.0) / (calls[1] - calls[0])
+  return _per_call(run, calls, repeats)
 
 
 def step_costs(

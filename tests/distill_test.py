@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import distill_drafter
-from specdec_jax import checkpoints, decode, distill, pretrained, training
+from specdec_jax import checkpoints, decode, distill, distill_data, pretrained, training
 from specdec_jax.data import batching
 from specdec_jax.models import t5
 
@@ -148,8 +148,8 @@ def test_cached_teacher_states_give_the_live_targets_step(tmp_path, over_target_
     tgt_len,
   )
   kw = dict(with_encoder=over_target_encoder, batch_size=4, buckets=[8, 12], progress=False)
-  cached = distill.TeacherStates.compute(teacher, data, shard_dir=str(tmp_path), **kw)
-  again = distill.TeacherStates.compute(teacher, data, shard_dir=str(tmp_path), **kw)  # shards
+  cached = distill_data.TeacherStates.compute(teacher, data, shard_dir=str(tmp_path), **kw)
+  again = distill_data.TeacherStates.compute(teacher, data, shard_dir=str(tmp_path), **kw)  # shards
   np.testing.assert_array_equal(again.decoder[3], cached.decoder[3])
   assert len(cached.decoder[3]) == tgt_len[3]
   optimizer_config = training.OptimizerConfig(learning_rate=1e-2, warmup_steps=1)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specdec_jax import cache as cache_lib
-from specdec_jax.models import t5
+from specdec_jax.models import t5, t5_relpos
 
 _decode = jax.jit(t5.decode, static_argnames=('config',))
 _forward = jax.jit(t5.forward, static_argnames=('config',))
@@ -203,7 +203,7 @@ def _reference_bucket(relative_position, bidirectional, num_buckets, max_distanc
 @pytest.mark.parametrize('bidirectional', [True, False])
 def test_relative_position_bucket_matches_reference(num_buckets, max_distance, bidirectional):
   relative = np.arange(-400, 401)
-  got = t5.relative_position_bucket(
+  got = t5_relpos.relative_position_bucket(
     relative, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
   )
   expected = [_reference_bucket(int(r), bidirectional, num_buckets, max_distance) for r in relative]
@@ -220,7 +220,7 @@ def test_relative_position_bucket_matches_reference(num_buckets, max_distance, b
 )
 def test_relative_position_bucket_known_values(bidirectional, expected):
   relative = np.array(list(expected))
-  got = t5.relative_position_bucket(
+  got = t5_relpos.relative_position_bucket(
     relative, bidirectional=bidirectional, num_buckets=32, max_distance=128
   )
   np.testing.assert_array_equal(got, list(expected.values()))

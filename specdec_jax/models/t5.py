@@ -25,7 +25,6 @@ L layers.
 """
 
 import dataclasses
-import math
 from typing import Any
 
 import flax.struct
@@ -35,6 +34,7 @@ import numpy as np
 
 from specdec_jax import cache as cache_lib
 from specdec_jax import sharding
+from specdec_jax.models import t5_relpos
 from specdec_jax.models.t5_config import CONFIGS, T5Config  # noqa: F401 (part of this API)
 
 Params = Any  # nested dicts of arrays, the layout `init_params` builds
@@ -169,55 +169,7 @@ def init_params(rng: jax.Array, config: T5Config) -> Params:
 
 
 # ---------------------------------------------------------------------------------------------
-# Relative position buckets.
-
-
-def _distance_buckets(num_buckets: int, max_distance: int) -> np.ndarray:
-  """int32[max_distance + 1]: the bucket of each distance 0..max_distance (one direction)."""
-  max_exact = num_buckets // 2
-  distance = np.arange(max_distance + 1)
-  # HF/Mesh-TF's float32 formula, tabulated in NumPy: it truncates a float32 logarithm, so a
-  # distance on a bucket boundary can land either side by one ulp, and XLA's log differs from
-  # torch's / NumPy's in that ulp for some (num_buckets, max_distance). NumPy matches torch.
-  ratio = np.maximum(distance, max_exact).astype(np.float32) / np.float32(max_exact)
-  scaled = (
-    np.log(ratio)
-    / np.float32(math.log(max_distance / max_exact))
-    * np.float32(num_buckets - max_exact)
-  )
-  large = np.minimum(max_exact + scaled.astype(np.int32), num_buckets - 1)
-  return np.where(distance < max_exact, distance, large).astype(np.int32)
-
-
-def relative_position_bucket(
-  relative_position: jax.Array, *, bidirectional: bool, num_buckets: int, max_distance: int
-) -> jax.Array:
-  """T5's relative-position bucket, exactly as HF / T5X / Mesh TF `_relative_position_bucket`.
-
-  Half the buckets (per direction) are exact distances, the rest logarithmic up to max_distance;
-  farther distances share the last bucket. Bidirectional: keys after the query (positive
-  relative positions) use the upper half of the buckets. Causal: positive relative positions
-  (future keys, masked anyway) fall in bucket 0.
-
-  Args:
-    relative_position: int[...] key position - query position.
-    bidirectional: True in the encoder, False in the decoder.
-    num_buckets: total number of buckets (>= 4).
-    max_distance: distances >= max_distance share a bucket.
-
-  Returns:
-    int32[...] buckets in [0, num_buckets).
-  """
-  relative_position = jnp.asarray(relative_position, jnp.int32)
-  if bidirectional:
-    num_buckets //= 2
-    offset = jnp.where(relative_position > 0, num_buckets, 0)
-    distance = jnp.abs(relative_position)
-  else:
-    offset = 0
-    distance = jnp.maximum(-relative_position, 0)
-  table = jnp.asarray(_distance_buckets(num_buckets, max_distance))
-  return offset + table[jnp.minimum(distance, max_distance)]
+# Relative position bias (the buckets: `t5_relpos`).
 
 
 def _relpos_bias(
@@ -229,7 +181,7 @@ def _relpos_bias(
   config: T5Config,
 ) -> jax.Array:
   """f32[B|1, N, T, S] bias from the table rel_embedding [N, buckets], q_pos [B|1, T], k_pos [S]."""
-  buckets = relative_position_bucket(
+  buckets = t5_relpos.relative_position_bucket(
     k_pos - q_pos[..., None],
     bidirectional=bidirectional,
     num_buckets=config.relative_attention_num_buckets,

@@ -1,0 +1,184 @@
+"""The distillation data (`specdec_jax.distill`): what the target says about the training sources.
+
+- `generate_outputs`: the target's own outputs (greedy or sampled) on the sources, the sequences a
+  drafter is trained on, generated once in resumable shards.
+- `TeacherStates`: the target's teacher-forced encoder output and final decoder states on those
+  sequences, computed once, so that a distillation step runs only the target's output layer.
+
+Axis legend: B batch, S source length, T target length, D model dim.
+"""
+
+import dataclasses
+import functools
+import os
+
+import jax
+import numpy as np
+
+from specdec_jax import decode
+from specdec_jax import sampling as sampling_lib
+from specdec_jax.data import batching
+from specdec_jax.models import t5
+
+
+def generate_outputs(
+  teacher: t5.T5Model,
+  data: batching.EncodedPairs,
+  *,
+  temperature: float,
+  batch_size: int,
+  max_new_tokens: int,
+  shard_dir: str,
+  seed: int = 0,
+  shard_size: int = 4096,
+  progress: bool = True,
+) -> batching.EncodedPairs:
+  """The target's outputs on `data`'s sources, as new pairs (source, output).
+
+  Generated in shards of `shard_size` sources saved to `shard_dir` (`shard_00000.npz`, ...); a
+  rerun reuses the shards already written, so an interrupted generation resumes. Sources are
+  decoded in order of length, so a batch's rows finish together.
+  """
+  os.makedirs(shard_dir, exist_ok=True)
+  sampling = sampling_lib.SamplingConfig(temperature=temperature)
+  outputs = np.zeros((len(data), max_new_tokens), np.int32)
+  lengths = np.zeros(len(data), np.int32)
+  order = np.argsort(data.input_lengths, kind='stable')
+  shards = range(0, len(data), shard_size)
+  bar = progress_bar(len(data), f'target outputs at temperature {temperature:g}', progress)
+  for shard, start in enumerate(shards):
+    path = os.path.join(shard_dir, f'shard_{shard:05d}.npz')
+    index = order[start : start + shard_size]
+    if os.path.exists(path):
+      with np.load(path) as f:
+        tokens, n = f['tokens'], f['lengths']
+    else:
+      tokens, n = [], []
+      for b in range(0, len(index), batch_size):
+        rows = index[b : b + batch_size]
+        pad = np.concatenate([rows, np.full(batch_size - len(rows), rows[0])])
+        ids = data.inputs[pad]
+        mask = np.arange(ids.shape[1]) < data.input_lengths[pad, None]
+        out = decode.generate(
+          teacher,
+          ids,
+          mask.astype(np.int32),
+          sampling=sampling,
+          max_new_tokens=max_new_tokens,
+          rng=jax.random.key(hash((seed, shard, b)) % 2**31),
+        )
+        tokens.append(np.asarray(out.tokens)[: len(rows)])
+        n.append(np.asarray(out.lengths)[: len(rows)])
+        bar.update(len(rows))
+      tokens, n = np.concatenate(tokens), np.concatenate(n)
+      np.savez(path + '.tmp.npz', tokens=tokens, lengths=n)
+      os.replace(path + '.tmp.npz', path)
+    if bar.n < start + len(index):
+      bar.update(start + len(index) - bar.n)
+    outputs[index], lengths[index] = tokens, n
+  bar.close()
+  keep = lengths > 0
+  return batching.EncodedPairs(
+    data.inputs[keep], outputs[keep], data.input_lengths[keep], lengths[keep]
+  )
+
+
+@functools.partial(jax.jit, static_argnames=('config', 'with_encoder'))
+def _teacher_states(params, batch, *, config: t5.T5Config, with_encoder: bool):
+  encoded = t5.encode(params, batch['inputs'], batch['input_mask'], config=config)
+  decoder_in = t5.shift_right(batch['targets'], config.decoder_start_token_id)
+  states = t5.decoder_states(params, encoded, batch['input_mask'], decoder_in, config=config)
+  return (encoded if with_encoder else None), states
+
+
+@dataclasses.dataclass
+class TeacherStates:
+  """The target's teacher-forced computation on every training pair, done once: its final decoder
+  states (and, for a student over its encoder, its encoder output), one float32 array per pair,
+  cut to the pair's real tokens. A distillation step then pays only the target's output layer
+  (`t5.output_logits`), and the loss is exactly that of the live target.
+
+  Memory: 4 bytes x d_model x (target tokens + source tokens if with the encoder).
+  """
+
+  decoder: list[np.ndarray]  # [T_i, D] per pair
+  encoder: list[np.ndarray] | None  # [S_i, D] per pair, or None
+
+  @classmethod
+  def compute(
+    cls,
+    teacher: t5.T5Model,
+    data: batching.EncodedPairs,
+    *,
+    with_encoder: bool,
+    batch_size: int,
+    buckets,
+    shard_dir: str,
+    shard_size: int = 4096,
+    progress: bool = True,
+  ) -> 'TeacherStates':
+    """Runs the target over `data` in batches of similar length (one compiled shape per bucket of
+    `buckets`), in shards saved to `shard_dir` so that an interrupted run resumes."""
+    os.makedirs(shard_dir, exist_ok=True)
+    pair_length = np.maximum(data.input_lengths, data.target_lengths)
+    order = np.argsort(pair_length, kind='stable')
+    decoder, encoder = [None] * len(data), ([None] * len(data) if with_encoder else None)
+    bar = progress_bar(len(data), "target's states for the training pairs", progress)
+    for shard, start in enumerate(range(0, len(data), shard_size)):
+      path = os.path.join(shard_dir, f'shard_{shard:05d}.npz')
+      index = order[start : start + shard_size]
+      if os.path.exists(path):
+        with np.load(path) as f:
+          arrays = dict(f)
+      else:
+        arrays = {}
+        for b in range(0, len(index), batch_size):
+          rows = index[b : b + batch_size]
+          pad = np.concatenate([rows, np.full(batch_size - len(rows), rows[-1])])
+          length = buckets[np.searchsorted(buckets, pair_length[rows].max())]
+          cut = (min(length, data.inputs.shape[1]), min(length, data.targets.shape[1]))
+          enc, dec = _teacher_states(
+            teacher.params,
+            batching.batch_arrays(data, pad, *cut),
+            config=teacher.config,
+            with_encoder=with_encoder,
+          )
+          dec, enc = np.asarray(dec), None if enc is None else np.asarray(enc)
+          for r, i in enumerate(rows):
+            arrays[f'd{i}'] = dec[r, : data.target_lengths[i]]
+            if enc is not None:
+              arrays[f'e{i}'] = enc[r, : data.input_lengths[i]]
+          bar.update(len(rows))
+        np.savez(path + '.tmp.npz', **arrays)
+        os.replace(path + '.tmp.npz', path)
+      for i in index:
+        decoder[i] = arrays[f'd{i}']
+        if with_encoder:
+          encoder[i] = arrays[f'e{i}']
+      if bar.n < start + len(index):
+        bar.update(start + len(index) - bar.n)
+    bar.close()
+    return cls(decoder, encoder)
+
+  def fields(self, index: np.ndarray, source_length: int, target_length: int) -> dict:
+    """The batch fields `_logits` reads for rows `index`: 'teacher_states' f32[B, T, D] and, with
+    the encoder, 'encoded' f32[B, S, D], zero past each pair's real tokens (masked anyway)."""
+
+    def stack(arrays, length):
+      out = np.zeros((len(index), length, arrays[index[0]].shape[-1]), np.float32)
+      for r, i in enumerate(index):
+        out[r, : len(arrays[i])] = arrays[i][:length]
+      return out
+
+    fields = {'teacher_states': stack(self.decoder, target_length)}
+    if self.encoder is not None:
+      fields['encoded'] = stack(self.encoder, source_length)
+    return fields
+
+
+def progress_bar(total: int, description: str, enabled: bool):
+  from tqdm.auto import tqdm  # a dependency of transformers/orbax; imported here only
+
+  return tqdm(
+    total=total, desc=description, disable=not enabled, dynamic_ncols=True, mininterval=5.0
+  )
