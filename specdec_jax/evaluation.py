@@ -299,6 +299,7 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[dict]:
         source_length=c.max_source_length,
         gamma=gamma,
         cache_len=decode.buffer_length(c.max_new_tokens, gamma),
+        rounds=c.timing_rounds,
       )
       for temperature in c.temperatures:
         for verifier in c.verifiers:

@@ -33,13 +33,12 @@ def time_call(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
   return first, float(np.median(times))
 
 
-@functools.partial(
-  jax.jit, static_argnames=('steps', 'encoder_steps', 'num_tokens', 'cache_len', 'calls')
-)
+@functools.partial(jax.jit, static_argnames=('steps', 'encoder_steps', 'num_tokens', 'cache_len'))
 def _repeated_steps(
   steps, params, encoder_steps, encoder_params, input_ids, *, num_tokens, cache_len, calls
 ):
-  """`calls` model calls of `num_tokens` positions each, from position cache_len // 4."""
+  """`calls` (traced: one program for every loop length) model calls of `num_tokens` positions
+  each, from position cache_len // 4."""
   mask = jnp.ones_like(input_ids)
   encoded = encoder_steps.encode(encoder_params, input_ids, mask)
   cache = steps.init_cache(params, encoded, mask, cache_len)
@@ -59,7 +58,7 @@ def _repeated_steps(
 
 @functools.partial(
   jax.jit,
-  static_argnames=('target_steps', 'drafter_steps', 'encoder_steps', 'gamma', 'cache_len', 'calls'),
+  static_argnames=('target_steps', 'drafter_steps', 'encoder_steps', 'gamma', 'cache_len'),
 )
 def _repeated_iterations(
   target_steps,
@@ -108,8 +107,9 @@ def _repeated_iterations(
 
 def _per_call(run: Callable[[int], object], calls: tuple[int, int], repeats: int) -> float:
   """Seconds per call of a jitted loop `run(k)` of k calls: the difference of the median times of
-  two loop lengths over the difference of lengths, which cancels dispatch and setup."""
-  short, long = (time_call(lambda k=k: run(k), repeats)[1] for k in calls)
+  two loop lengths over the difference of lengths, which cancels dispatch and setup. The loop
+  length is a traced argument, so both lengths run one compiled program."""
+  short, long = (time_call(lambda k=k: run(jnp.int32(k)), repeats)[1] for k in calls)
   return max(long - short, 0.0) / (calls[1] - calls[0])
 
 

@@ -19,6 +19,7 @@ from experiments.configs import common
 def _runlocal(c):
   c.num_examples, c.gammas, c.max_new_tokens = 8, (4,), 32
   c.workdir = '/tmp/specdec_ende_runlocal'
+  c.timing_rounds = 1
 
 
 def _full(c):
@@ -41,4 +42,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.gammas = (3, 5)
   c.verifiers = ('token', 'block')
   c.seed = 0
+  # Target step, pass and drafter costs (c, pass cost) are measured this many times; the median.
+  c.timing_rounds = 3
   return common.parse(arg, c, {'runlocal': _runlocal, 'full': _full})
