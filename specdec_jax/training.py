@@ -27,7 +27,7 @@ import sacrebleu
 from specdec_jax import checkpoints, decode, sampling
 from specdec_jax.data import batching, pairs
 from specdec_jax.data import tokenizer as tokenizer_lib
-from specdec_jax.models import t5
+from specdec_jax.models import t5, t5_growth
 
 
 @flax.struct.dataclass
@@ -233,6 +233,16 @@ def _export(model: t5.T5Model, path: str, tokenizer_path: str) -> None:
   os.rename(tmp, path)
 
 
+def _initial_params(init_from: str, model_config: t5.T5Config, seed: int):
+  """The params of the `checkpoints.save` directory `init_from`: as they are if its config is
+  `model_config`, else grown to it by `t5_growth.grow` (same function, larger shape)."""
+  init = checkpoints.restore(init_from)
+  if init.config == model_config:
+    return init.params
+  print(f'growing {init_from} ({t5.param_count(init.params):,} params) to the model shape')
+  return t5_growth.grow(init, model_config, jax.random.key(seed + 1)).params
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains `config.model` on the pairs, resuming from `workdir/checkpoints` if present.
 
@@ -279,6 +289,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   optimizer_config = OptimizerConfig.from_config(config)
   schedule = learning_rate_schedule(optimizer_config)
   state = _init_state_jit(jax.random.key(config.seed), model_config, optimizer_config)
+  if config.init_from:
+    state = state.replace(params=_initial_params(config.init_from, model_config, config.seed))
+    state = state.replace(opt_state=make_optimizer(optimizer_config).init(state.params))
   print(f'model: {t5.param_count(state.params):,} params, {model_config}', flush=True)
   os.makedirs(workdir, exist_ok=True)
   manager = ocp.CheckpointManager(

@@ -208,3 +208,25 @@ def test_learning_rate_schedule_warmup_then_decay(lr_decay):
   np.testing.assert_allclose(float(schedule(config.num_train_steps)), end, rtol=1e-5)
   with pytest.raises(ValueError, match='lr_decay'):
     dataclasses.replace(config, lr_decay='linear')
+
+
+def test_init_from_a_smaller_model_starts_at_its_loss(corpus, tmp_path):
+  data_dir, tok = corpus
+  config = _smoke_config(data_dir, tok.vocab_size, num_train_steps=0)
+  small_config = dataclasses.replace(
+    training.model_config_from(config), d_model=16, num_heads=2, d_ff=32
+  )
+  small = t5.T5Model(small_config, t5.init_params(jax.random.key(3), small_config))
+  checkpoints.save(small, tmp_path / 'small')
+  config.init_from = str(tmp_path / 'small')
+  result = training.train_and_evaluate(config, str(tmp_path / 'work'))
+  grown = checkpoints.restore(tmp_path / 'work' / 'final')
+  assert grown.config == training.model_config_from(config) != small_config
+  # Grown, not trained (0 steps): the valid loss is the small model's.
+  valid, _ = batching.encode_pairs(
+    pairs.load_pairs(data_dir / 'valid.tsv'), tok, max_source_length=32, max_target_length=32
+  )
+  want = training.evaluate_loss(
+    small.params, batching.eval_batches(valid, config.eval_batch_size), model_config=small_config
+  )
+  np.testing.assert_allclose(result['valid_nll'], want, rtol=1e-4)

@@ -15,6 +15,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.valid_file = ''  # default <data_dir>/valid.tsv
   c.tokenizer = ''  # default <data_dir>/spm_ende_8k.model
   c.seed = 0
+  # A checkpoints.save directory to start from instead of random params: of the model's shape,
+  # or a smaller T5 grown to it with the same function (specdec_jax.models.t5_growth).
+  c.init_from = ''
 
   c.max_source_length = 64
   c.max_target_length = 64

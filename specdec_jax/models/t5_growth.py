@@ -1,0 +1,152 @@
+"""Growing a trained T5 into a larger one that computes the same function (Net2Net, Chen et al.
+2016), so that a larger target starts training where a smaller one stopped.
+
+`grow(model, config, rng)` returns a `T5Model` of `config` whose outputs equal `model`'s (up to
+float rounding) for every input. Allowed changes, any combination:
+- d_model times an integer k: each residual dimension is copied k times. RMSNorm is unchanged
+  (the mean of squares of k copies is the mean of squares); a kernel that writes to the residual
+  stream has its output columns copied, a kernel that reads from it has its input rows divided
+  by k. The k copies of a read row get zero-sum noise (`noise`, relative to the kernel's RMS), so
+  the copies differ from the first gradient on while their sum, hence the function, is unchanged.
+- more heads (same d_kv) and a wider d_ff: the new heads / hidden units are randomly
+  initialised (`t5.init_params` of `config`) and their output rows are zero.
+- more encoder or decoder layers: new layers are spread between the old ones (old layer i of n
+  goes to position floor(i * m / n) of m) and start as the identity: every kernel writing to the
+  residual stream (attention `out`, mlp `wo`) is zero.
+
+Untied output layers only (T5 v1.1 layout): a tied one scales logits by d_model^-1/2.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from specdec_jax.models import t5
+from specdec_jax.models.t5_config import T5Config
+
+# Kernels that write into the residual stream (output axis d_model).
+_WRITERS = ('out', 'wo')
+
+
+def _check(old: T5Config, new: T5Config) -> int:
+  """The width factor k; raises ValueError for a change `grow` cannot make exactly."""
+  problems = []
+  if new.d_model % old.d_model:
+    problems.append(f'd_model {new.d_model} is not a multiple of {old.d_model}')
+  for name in ('num_heads', 'd_ff', 'num_encoder_layers', 'num_decoder_layers'):
+    if getattr(new, name) < getattr(old, name):
+      problems.append(f'{name} shrinks ({getattr(old, name)} -> {getattr(new, name)})')
+  same = (
+    'd_kv',
+    'vocab_size',
+    'feed_forward',
+    'tie_word_embeddings',
+    'relative_attention_num_buckets',
+    'relative_attention_max_distance',
+    'encoder_dim',
+  )
+  problems += [
+    f'{name} differs ({getattr(old, name)} -> {getattr(new, name)})'
+    for name in same
+    if getattr(old, name) != getattr(new, name)
+  ]
+  if old.tie_word_embeddings:
+    problems.append('tied word embeddings (the logits scale with d_model)')
+  if old.num_encoder_layers == 0:
+    problems.append('no encoder of its own (its encoder_dim is the target d_model)')
+  if problems:
+    raise ValueError('Cannot grow this T5 into the requested shape: ' + '; '.join(problems) + '.')
+  return new.d_model // old.d_model
+
+
+def _layer_positions(old: int, new: int) -> list[int]:
+  return [i * new // old for i in range(old)]
+
+
+def grow(model: t5.T5Model, config: T5Config, rng: jax.Array, noise: float = 1e-2) -> t5.T5Model:
+  """`model` grown to `config`, computing the same function (see the module docstring).
+
+  Raises:
+    ValueError: a change that cannot be made exactly (narrower, other d_kv or vocab, tied
+      embeddings, a width that is not a multiple), naming every problem.
+  """
+  old = model.config
+  k = _check(old, config)
+  init_key, noise_key = jax.random.split(rng)
+  fresh = t5.init_params(init_key, config)
+  keys = iter(jax.random.split(noise_key, 4096))  # one per kernel that reads the residual
+
+  def read(w):
+    """A kernel [d, n] reading the residual stream -> [k * d, n]: rows / k plus zero-sum noise."""
+    w = w / k
+    eps = jax.random.normal(next(keys), (k, *w.shape)) * noise * jnp.sqrt(jnp.mean(w**2))
+    return (w[None] + eps - eps.mean(0)).reshape(k * w.shape[0], *w.shape[1:])
+
+  def write(w):
+    """A kernel [n, d] writing to the residual stream -> [n, k * d]: columns copied."""
+    return jnp.tile(w, (1, k))
+
+  def into(old_w, new_w, *, rows_from_old: bool):
+    """Place old_w in the top-left corner of new_w (new rows/columns: new_w, or zero)."""
+    out = new_w if rows_from_old else jnp.zeros_like(new_w)
+    return out.at[: old_w.shape[0], : old_w.shape[1]].set(old_w)
+
+  def kernel(name: str, w, new_w):
+    if name in _WRITERS:  # [heads*d_kv | d_ff, d]: the new heads' / units' rows are zero
+      return into(write(w), new_w, rows_from_old=False)
+    # query/key/value/wi: [d, heads*d_kv | d_ff] (cross-attention reads the grown encoder output)
+    return into(read(w), new_w, rows_from_old=True)
+
+  def grow_layer(old_layer, new_layer):
+    out = {}
+    for name, sub in new_layer.items():
+      if name not in old_layer:
+        out[name] = sub
+      elif 'scale' in sub:  # an RMSNorm
+        out[name] = {'scale': jnp.tile(old_layer[name]['scale'], k)}
+      else:  # attention or mlp: a dict of dense layers
+        out[name] = {
+          dense: {'kernel': kernel(dense, old_layer[name][dense]['kernel'], p['kernel'])}
+          for dense, p in sub.items()
+        }
+    return out
+
+  def identity(layer):
+    """A fresh layer whose residual writes are zero."""
+    return {
+      name: {
+        dense: {'kernel': jnp.zeros_like(p['kernel'])} if dense in _WRITERS else p
+        for dense, p in sub.items()
+      }
+      if 'scale' not in sub
+      else sub
+      for name, sub in layer.items()
+    }
+
+  def stack(part: str, norm: str, n_old: int, n_new: int):
+    old_part, new_part = model.params[part], fresh[part]
+    rel = new_part['relpos_bias']['rel_embedding']
+    out = {
+      'relpos_bias': {
+        'rel_embedding': rel.at[: old.num_heads].set(old_part['relpos_bias']['rel_embedding'])
+      },
+      norm: {'scale': jnp.tile(old_part[norm]['scale'], k)},
+    }
+    placed = dict(zip(_layer_positions(n_old, n_new), range(n_old)))
+    for i in range(n_new):
+      new_layer = new_part[f'layers_{i}']
+      out[f'layers_{i}'] = (
+        grow_layer(old_part[f'layers_{placed[i]}'], new_layer)
+        if i in placed
+        else identity(new_layer)
+      )
+    return out
+
+  params = {
+    'token_embedder': {'embedding': write(model.params['token_embedder']['embedding'])},
+    'encoder': stack('encoder', 'encoder_norm', old.num_encoder_layers, config.num_encoder_layers),
+    'decoder': stack('decoder', 'decoder_norm', old.num_decoder_layers, config.num_decoder_layers),
+  }
+  params['decoder']['logits_dense'] = {
+    'kernel': read(model.params['decoder']['logits_dense']['kernel'])
+  }
+  return t5.T5Model(config=config, params=params)

@@ -1,0 +1,82 @@
+"""Growing a T5 keeps its function exactly: same logits from a wider, deeper model."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax.models import t5, t5_growth
+
+
+def _model(config, seed=0):
+  return t5.T5Model(config=config, params=t5.init_params(jax.random.key(seed), config))
+
+
+def _logits(model, ids, mask, dec):
+  return t5.forward(model.params, ids, mask, dec, config=model.config)
+
+
+SMALL = dataclasses.replace(
+  t5.CONFIGS['tiny-v1.1'], d_model=16, d_kv=8, num_heads=2, d_ff=32, num_encoder_layers=2,
+  num_decoder_layers=2,
+)  # fmt: skip
+GROWN = dataclasses.replace(
+  SMALL, d_model=32, num_heads=3, d_ff=48, num_encoder_layers=3, num_decoder_layers=5
+)
+
+
+def _batch():
+  rng = np.random.default_rng(0)
+  mask = np.arange(7)[None] < np.array([7, 4])[:, None]
+  ids = (rng.integers(2, SMALL.vocab_size, (2, 7)) * mask).astype(np.int32)
+  dec = rng.integers(2, SMALL.vocab_size, (2, 6)).astype(np.int32)
+  return ids, mask, dec
+
+
+@pytest.mark.parametrize('grown', [GROWN, dataclasses.replace(SMALL, num_decoder_layers=4)])
+def test_grown_model_computes_the_same_logits(grown):
+  small = _model(SMALL)
+  # Non-trivial weights: a trained model's norm scales and position tables are not the init's.
+  small = dataclasses.replace(
+    small,
+    params=jax.tree.map(
+      lambda x: x * (1 + 0.3 * jnp.sin(jnp.arange(x.size).reshape(x.shape))), small.params
+    ),
+  )
+  big = t5_growth.grow(small, grown, jax.random.key(1))
+  assert big.config == grown
+  shapes = jax.tree.map(jnp.shape, t5.init_params(jax.random.key(0), grown))
+  assert jax.tree.map(jnp.shape, big.params) == shapes
+  ids, mask, dec = _batch()
+  want = _logits(small, ids, mask, dec)
+  np.testing.assert_allclose(_logits(big, ids, mask, dec), want, rtol=1e-4, atol=1e-4)
+  # The copies of a read kernel differ (zero-sum noise), so training can tell them apart.
+  if grown.d_model > SMALL.d_model:
+    q = big.params['decoder']['layers_0']['self_attention']['query']['kernel']
+    assert not np.allclose(q[: SMALL.d_model], q[SMALL.d_model :])
+
+
+def test_growth_without_dividing_the_read_rows_changes_the_function():
+  # Negative control: copying read rows instead of splitting them doubles every pre-activation.
+  small = _model(SMALL)
+  big = t5_growth.grow(small, GROWN, jax.random.key(1), noise=0.0)
+  d = SMALL.d_model
+  doubled = jax.tree_util.tree_map_with_path(
+    lambda path, x: x * 2
+    if x.ndim == 2 and x.shape[0] == 2 * d and 'embedding' not in str(path)
+    else x,
+    big.params,
+  )
+  ids, mask, dec = _batch()
+  got = _logits(dataclasses.replace(big, params=doubled), ids, mask, dec)
+  assert not np.allclose(got, _logits(small, ids, mask, dec), atol=1e-2)
+
+
+def test_growth_rejects_what_it_cannot_do_exactly():
+  small = _model(SMALL)
+  with pytest.raises(ValueError, match='d_model 24 is not a multiple of 16.*d_kv differs'):
+    t5_growth.grow(small, dataclasses.replace(SMALL, d_model=24, d_kv=4), jax.random.key(0))
+  with pytest.raises(ValueError, match=r'num_decoder_layers shrinks \(2 -> 1\)'):
+    t5_growth.grow(small, dataclasses.replace(SMALL, num_decoder_layers=1), jax.random.key(0))
