@@ -3,8 +3,8 @@ r"""Drafter shapes by the cost model: in-loop c and pass cost, and the speedup t
   python -m benchmarks.drafter_shapes                  # shipped target + a t5_1_1-small-shaped one
   python -m benchmarks.drafter_shapes --gamma=4 --alphas=0.4,0.6
 
-For each target (the shipped 13.5M `pretrained/ende` target, and a 52M t5_1_1-small-shaped T5 with
-random weights: costs do not depend on the weights) and each candidate drafter (the shipped trigram;
+For each target (the shipped 13.5M `pretrained/ende` target, a 52M t5_1_1-small-shaped T5 and the
+48M shape of `train_target.py:grown`, both with random weights: costs do not depend on them) and each candidate drafter (the shipped trigram;
 decoders over the target's encoder of width 128 / 256 and depth 1 / 2, random weights), measures
 inside a jitted loop the target step, the (gamma+1)-position pass and the drafter step
 (`timing.step_costs`), and prints `analysis.walltime_improvement_measured` at each alpha of
@@ -50,6 +50,17 @@ def main(argv):
       num_heads=6,
       d_ff=1024,
       num_encoder_layers=8,
+      num_decoder_layers=8,
+      tie_word_embeddings=False,
+    ),
+    # experiments/configs/train_target.py:grown, the shipped target grown (models/t5_growth).
+    'grown 48M': _random_t5(
+      0,
+      d_model=512,
+      d_kv=64,
+      num_heads=8,
+      d_ff=1024,
+      num_encoder_layers=4,
       num_decoder_layers=8,
       tie_word_embeddings=False,
     ),

@@ -4,7 +4,7 @@ model card.
 
   python -m scripts.ship_pretrained --target=workdir/target/best --drafter=workdir/drafter/best \
       --data_dir=data/ende --output=pretrained/ende
-  python -m scripts.ship_pretrained --task=ende --target=workdir/target_small/best --drafter= \
+  python -m scripts.ship_pretrained --task=ende --target=workdir/target_grown/best --drafter= \
       --train_batch_size=64 --storage_dtype=bfloat16 --output=pretrained/ende_small
   python -m scripts.ship_pretrained --task=debsumm --target=workdir/summ_target/best \
       --drafter=workdir/summ_drafter/best --storage_dtype=bfloat16 --output=pretrained/debsumm

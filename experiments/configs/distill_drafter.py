@@ -6,7 +6,7 @@ r"""Distil a drafter from the shipped target (DistillSpec-style; `specdec_jax.di
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:runlocal \
       --workdir=/tmp/distill_smoke                     # a few steps on a handful of sources
   python -m scripts.distill \
-      --config=experiments/configs/distill_drafter.py:teacher=workdir/target_small/best \
+      --config=experiments/configs/distill_drafter.py:teacher=workdir/target_grown/best \
       --workdir=workdir/distill_small                  # the 52M target in training (d_model 512)
   # your own pair: --config.teacher=/path/to/t5 (ours, HF or T5X) --config.tokenizer=spm.model
   #                --config.train_file=sources.tsv --config.valid_file=valid.tsv

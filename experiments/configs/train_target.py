@@ -3,8 +3,10 @@
   python -m scripts.train --config=experiments/configs/train_target.py --workdir=workdir/target
   python -m scripts.train --config=experiments/configs/train_target.py:runlocal \\
       --workdir=/tmp/target_smoke    # a few steps on tiny shapes
+  python -m scripts.train --config=experiments/configs/train_target.py:grown \\
+      --workdir=workdir/target_grown  # the larger target of pretrained/ende_small
   python -m scripts.train --config=experiments/configs/train_target.py:t5_1_1_small \\
-      --workdir=workdir/target_small  # the larger target of pretrained/ende_small
+      --workdir=workdir/target_small  # the same size from scratch (too slow on 2 cores)
 
 Rerunning the same command resumes from the latest checkpoint. Params: 13,539,072
 (embedding 2.05M + logits 2.05M + 4 encoder layers 4.19M + 4 decoder layers 5.24M + bias tables).
