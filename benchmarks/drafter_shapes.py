@@ -7,8 +7,9 @@ For each target (the shipped 13.5M `pretrained/ende` target, a 52M t5_1_1-small-
 the 48M shape of `train_target.py:grown`, both with random weights: costs do not depend on them)
 and each candidate drafter (the shipped trigram; decoders over the target's encoder of width 128 /
 256 and depth 1 / 2, random weights), measures inside a jitted loop the target step, the
-(gamma+1)-position pass and the drafter step (`timing.step_costs`), and prints `analysis.walltime_improvement_measured` at each alpha of
---alphas: the speedup a drafter of that shape would give if distillation reaches that alpha.
+(gamma+1)-position pass and the drafter step (`timing.step_costs`), and prints
+`analysis.walltime_improvement_measured` at each alpha of --alphas: the speedup a drafter of that
+shape would give if distillation reaches that alpha.
 Alpha itself needs a trained drafter (scripts/distill.py); this picks which shape to train.
 
 Measured on the 2-core CPU (gamma 3; two runs, given as ranges; noise ~10-30%):
