@@ -114,10 +114,17 @@ def cross_entropy(
   return jnp.sum(loss * weights), jnp.sum(nll * weights), jnp.sum(weights)
 
 
-def _loss_terms(params, batch, *, model_config: t5.T5Config, label_smoothing: float):
+def _loss_terms(
+  params, batch, *, model_config: t5.T5Config, label_smoothing: float, dropout: t5.Dropout = None
+):
   decoder_inputs = t5.shift_right(batch['targets'], model_config.decoder_start_token_id)
   logits = t5.forward(
-    params, batch['inputs'], batch['input_mask'], decoder_inputs, config=model_config
+    params,
+    batch['inputs'],
+    batch['input_mask'],
+    decoder_inputs,
+    config=model_config,
+    dropout=dropout,
   )
   return cross_entropy(
     logits, batch['targets'], batch['target_mask'], label_smoothing=label_smoothing
@@ -131,17 +138,23 @@ def train_step(
   model_config: t5.T5Config,
   optimizer_config: OptimizerConfig,
   label_smoothing: float,
+  dropout_rate: float = 0.0,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One AdamW step on the mean token loss of a batch (fields of `batching.batch_arrays`).
+
+  With `dropout_rate` > 0 the model runs with T5's residual dropout (`t5.forward`), its mask
+  drawn from a key folded with the step number (a resumed run draws the same masks).
 
   Returns:
     The new state and float32 scalars `loss` (smoothed, per token), `nll` (per token), `tokens`
     (real target tokens), `grad_norm`.
   """
 
+  dropout = (jax.random.fold_in(jax.random.key(0), state.step), dropout_rate)
+
   def loss_fn(params):
     loss_sum, nll_sum, tokens = _loss_terms(
-      params, batch, model_config=model_config, label_smoothing=label_smoothing
+      params, batch, model_config=model_config, label_smoothing=label_smoothing, dropout=dropout
     )
     denominator = jnp.maximum(tokens, 1.0)
     return loss_sum / denominator, (nll_sum / denominator, tokens)
@@ -156,7 +169,7 @@ def train_step(
 
 _train_step_jit = jax.jit(
   train_step,
-  static_argnames=('model_config', 'optimizer_config', 'label_smoothing'),
+  static_argnames=('model_config', 'optimizer_config', 'label_smoothing', 'dropout_rate'),
   donate_argnames=('state',),
 )
 _loss_terms_jit = jax.jit(_loss_terms, static_argnames=('model_config', 'label_smoothing'))
@@ -365,6 +378,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       model_config=model_config,
       optimizer_config=optimizer_config,
       label_smoothing=config.label_smoothing,
+      dropout_rate=config.dropout_rate,
     )
     step += 1
     pending.append(metrics)

@@ -375,3 +375,25 @@ def test_decode_rejects_a_chunk_longer_than_the_cache():
 def test_shift_right():
   targets = jnp.array([[5, 6, 7], [8, 1, 0]])
   np.testing.assert_array_equal(t5.shift_right(targets, 0), [[0, 5, 6], [0, 8, 1]])
+
+
+def test_dropper_zeroes_a_fraction_and_rescales_the_rest():
+  x = jnp.ones((200, 500))
+  y = np.asarray(t5._dropper((jax.random.key(0), 0.3), stream=0)(x, 1))
+  assert abs((y == 0).mean() - 0.3) < 0.01
+  np.testing.assert_allclose(y[y != 0], 1 / 0.7, rtol=1e-6)
+  assert t5._dropper(None, stream=0)(x, 1) is x
+  with pytest.raises(ValueError, match=r'dropout rate must be in \[0, 1\), got 1.0'):
+    t5._dropper((jax.random.key(0), 1.0), stream=0)
+
+
+def test_forward_dropout_is_off_at_rate_0_and_keyed_otherwise():
+  config, params = _model('tiny-v1.1')
+  ids = jnp.array([[5, 6, 7, 1], [8, 9, 1, 0]])
+  mask, dec = ids > 0, jnp.array([[0, 3, 4], [0, 5, 6]])
+  run = lambda dropout: t5.forward(params, ids, mask, dec, config=config, dropout=dropout)
+  plain = run(None)
+  np.testing.assert_array_equal(run((jax.random.key(0), 0.0)), plain)
+  a, b = run((jax.random.key(0), 0.2)), run((jax.random.key(1), 0.2))
+  np.testing.assert_array_equal(run((jax.random.key(0), 0.2)), a)
+  assert not np.allclose(a, plain, atol=1e-3) and not np.allclose(a, b, atol=1e-3)

@@ -5,6 +5,7 @@ tokenizer written to tmp, then reruns it to check that training resumes from the
 """
 
 import dataclasses
+import functools
 import json
 import random
 import shutil
@@ -89,7 +90,8 @@ def test_runlocal_trains_resumes_and_exports(corpus, tmp_path):
   assert train[2]['nll'] < train[0]['nll']
 
 
-def test_train_step_fits_a_fixed_batch(corpus):
+@pytest.mark.parametrize('dropout_rate', [0.0, 0.1])
+def test_train_step_fits_a_fixed_batch(corpus, dropout_rate):
   _, tok = corpus
   config = _smoke_config(
     'unused',
@@ -106,18 +108,21 @@ def test_train_step_fits_a_fixed_batch(corpus):
   batch = batching.batch_arrays(data, np.arange(8), 32, 32)
   optimizer_config = training.OptimizerConfig.from_config(config)
   state = training.init_state(jax.random.key(0), model_config, optimizer_config)
+  step = functools.partial(
+    training._train_step_jit,
+    model_config=model_config,
+    optimizer_config=optimizer_config,
+    label_smoothing=0.0,
+  )
+  no_dropout_nll = float(step(jax.tree.map(jnp.copy, state), batch)[1]['nll'])  # state is donated
   losses = []
   for _ in range(40):
-    state, metrics = training._train_step_jit(
-      state,
-      batch,
-      model_config=model_config,
-      optimizer_config=optimizer_config,
-      label_smoothing=0.0,
-    )
+    state, metrics = step(state, batch, dropout_rate=dropout_rate)
     losses.append(float(metrics['nll']))
   assert int(state.step) == 40
   assert losses[-1] < 0.5 * losses[0], losses
+  # The rate reaches the model: the first step's loss is the no-dropout loss only at rate 0.
+  assert (losses[0] == pytest.approx(no_dropout_nll, rel=1e-5)) == (dropout_rate == 0.0)
 
 
 @pytest.mark.parametrize('label_smoothing', [0.0, 0.1])

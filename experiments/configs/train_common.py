@@ -34,6 +34,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.weight_decay = 0.01
   c.grad_clip_norm = 1.0
   c.label_smoothing = 0.1
+  c.dropout_rate = 0.0  # T5's residual dropout (t5.forward); T5 itself used 0.1
 
   c.log_every = 100
   c.eval_every = 1_000

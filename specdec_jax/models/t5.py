@@ -208,6 +208,25 @@ def _rms_norm(x: jax.Array, p: Params, config: T5Config) -> jax.Array:
   return (y * p['scale'].astype(jnp.float32)).astype(x.dtype)
 
 
+Dropout = tuple[jax.Array, float] | None  # (key, rate) in training, None otherwise
+
+
+def _dropper(dropout: Dropout, stream: int):
+  """drop(x, site): inverted dropout of x with a key per (stream, site), or the identity."""
+  if dropout is None or dropout[1] == 0.0:
+    return lambda x, site: x
+  key, rate = dropout
+  if not 0.0 <= rate < 1.0:
+    raise ValueError(f'dropout rate must be in [0, 1), got {rate}.')
+  key = jax.random.fold_in(key, stream)
+
+  def drop(x, site):
+    keep = jax.random.bernoulli(jax.random.fold_in(key, site), 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
+
+  return drop
+
+
 def _heads(p: Params, x: jax.Array, config: T5Config) -> jax.Array:
   """Query, key or value projection: x [B, T, D] -> [B, T, N, H]."""
   y = _dense(x, p, config)
@@ -297,6 +316,7 @@ def _decoder(
   *,
   config: T5Config,
   self_cache: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+  dropout: Dropout = None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
   """The decoder stack on T new positions, up to its final norm (`_logits` is the output layer).
 
@@ -311,6 +331,7 @@ def _decoder(
       other), or (self_k, self_v, end_index): [L, B, S_max, N, H] twice and int32[B]; the tokens
       are positions end_index[b] + t, their keys/values are written there, and they attend to the
       cache.
+    dropout: (key, rate) for training (see `forward`), or None.
 
   Returns:
     the normed final states [B, T, D], and the updated (self_k, self_v) (None without a cache).
@@ -331,7 +352,8 @@ def _decoder(
   self_mask = (k_pos <= q_pos[..., None])[:, None]
   cross_mask = encoder_mask[:, None, None, :]
 
-  x = _embed(params, tokens, config)
+  drop = _dropper(dropout, stream=1)
+  x = drop(_embed(params, tokens, config), 0)
   for i in range(config.num_decoder_layers):
     layer = dec[f'layers_{i}']
     h = _rms_norm(x, layer['pre_self_attention_layer_norm'], config)
@@ -341,15 +363,15 @@ def _decoder(
       self_k = cache_lib.write(self_k, k, end_index, layer=i)
       self_v = cache_lib.write(self_v, v, end_index, layer=i)
       k, v = self_k[i], self_v[i]
-    x = x + _attention(a, q, k, v, bias, self_mask, config)
+    x = x + drop(_attention(a, q, k, v, bias, self_mask, config), 3 * i + 1)
     h = _rms_norm(x, layer['pre_cross_attention_layer_norm'], config)
     a = layer['encoder_decoder_attention']
-    x = x + _attention(
-      a, _heads(a['query'], h, config), cross_k[i], cross_v[i], None, cross_mask, config
-    )
-    x = x + _mlp(layer['mlp'], _rms_norm(x, layer['pre_mlp_layer_norm'], config), config)
+    q = _heads(a['query'], h, config)
+    x = x + drop(_attention(a, q, cross_k[i], cross_v[i], None, cross_mask, config), 3 * i + 2)
+    mlp = _mlp(layer['mlp'], _rms_norm(x, layer['pre_mlp_layer_norm'], config), config)
+    x = x + drop(mlp, 3 * i + 3)
     x = sharding.constrain(x, ('batch', 'length', 'embed'))
-  states = _rms_norm(x, dec['decoder_norm'], config)
+  states = drop(_rms_norm(x, dec['decoder_norm'], config), 3 * config.num_decoder_layers + 1)
   return states, None if self_cache is None else (self_k, self_v)
 
 
@@ -358,7 +380,12 @@ def _decoder(
 
 
 def encode(
-  params: Params, input_ids: jax.Array, input_mask: jax.Array, *, config: T5Config
+  params: Params,
+  input_ids: jax.Array,
+  input_mask: jax.Array,
+  *,
+  config: T5Config,
+  dropout: Dropout = None,
 ) -> jax.Array:
   """Runs the encoder.
 
@@ -367,6 +394,7 @@ def encode(
     input_ids: int32[B, S] source tokens.
     input_mask: bool or int[B, S], nonzero at real (non-padding) tokens.
     config: model config.
+    dropout: (key, rate) for training (see `forward`), or None.
 
   Returns:
     [B, S, D] encoder output in the model dtype (float32 by default). Rows at padding positions
@@ -392,16 +420,18 @@ def encode(
     config=config,
   )
   mask = input_mask.astype(bool)[:, None, None, :]
-  x = _embed(params, input_ids, config)
+  drop = _dropper(dropout, stream=0)
+  x = drop(_embed(params, input_ids, config), 0)
   for i in range(config.num_encoder_layers):
     layer = enc[f'layers_{i}']
     h = _rms_norm(x, layer['pre_attention_layer_norm'], config)
     a = layer['attention']
     q, k, v = (_heads(a[name], h, config) for name in ('query', 'key', 'value'))
-    x = x + _attention(a, q, k, v, bias, mask, config)
-    x = x + _mlp(layer['mlp'], _rms_norm(x, layer['pre_mlp_layer_norm'], config), config)
+    x = x + drop(_attention(a, q, k, v, bias, mask, config), 2 * i + 1)
+    mlp = _mlp(layer['mlp'], _rms_norm(x, layer['pre_mlp_layer_norm'], config), config)
+    x = x + drop(mlp, 2 * i + 2)
     x = sharding.constrain(x, ('batch', 'length', 'embed'))
-  return _rms_norm(x, enc['encoder_norm'], config)
+  return drop(_rms_norm(x, enc['encoder_norm'], config), 2 * config.num_encoder_layers + 1)
 
 
 def init_cache(
@@ -491,6 +521,7 @@ def forward(
   decoder_input_ids: jax.Array,
   *,
   config: T5Config,
+  dropout: Dropout = None,
 ) -> jax.Array:
   """Teacher-forced logits of the whole decoder sequence.
 
@@ -500,12 +531,25 @@ def forward(
     input_mask: bool or int[B, S], nonzero at real source tokens.
     decoder_input_ids: int32[B, T] decoder inputs, e.g. `shift_right(targets, start_id)`.
     config: model config.
+    dropout: None (inference), or (key, rate) in training: T5's residual dropout, on the
+      embeddings, every sublayer's output before it is added to the residual stream, and both
+      stacks' final normed output.
 
   Returns:
     f32[B, T, V] logits; position t predicts decoder position t + 1 (causal, no cache).
   """
-  encoded = encode(params, input_ids, input_mask, config=config)
-  return decode_forward(params, encoded, input_mask, decoder_input_ids, config=config)
+  encoded = encode(params, input_ids, input_mask, config=config, dropout=dropout)
+  cross_k, cross_v = _cross_kv(params, encoded, config)
+  states, _ = _decoder(
+    params,
+    decoder_input_ids,
+    cross_k,
+    cross_v,
+    input_mask.astype(bool),
+    config=config,
+    dropout=dropout,
+  )
+  return output_logits(params, states, config=config)
 
 
 def decode_forward(
