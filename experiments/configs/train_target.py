@@ -48,7 +48,7 @@ def get_config(arg: str | None = None):
     c.model.update(d_model=512, num_heads=8, num_decoder_layers=8)
     c.init_from = str(_ROOT / 'pretrained' / 'ende' / 'target')
     c.tokenizer = str(_ROOT / 'pretrained' / 'ende' / 'spm.model')
-    c.batch_size, c.learning_rate, c.warmup_steps, c.num_train_steps = 64, 1e-4, 100, 1500
+    c.batch_size, c.learning_rate, c.warmup_steps, c.num_train_steps = 64, 1e-4, 100, 1000
     c.dropout_rate = 0.1
     c.length_buckets = (8, 12, 16, 24, 32, 48, 64)
     c.eval_every, c.checkpoint_every, c.keep_checkpoints = 250, 250, 2
