@@ -1,0 +1,71 @@
+r"""Why the (gamma+1)-position target pass is not free on a CPU: matmul cost by row count.
+
+  python -m benchmarks.matmul_rows                 # the shipped target's and the 48M's shapes
+  python -m benchmarks.matmul_rows --shapes=512x8000 --rows=1,4,5,6,8
+
+A decoder step multiplies 1 row per sequence by each weight matrix; the verification pass
+multiplies gamma + 1 rows. On a TPU/GPU both cost one read of the weights. Here XLA:CPU picks its
+kernel by the row count, so the cost is a step function of it: prints, for each weight shape
+[I, O], the time of `x[M, I] @ W[I, O]` inside a jitted loop (`timing.time_call` of a
+`lax.fori_loop`, two loop lengths differenced) for each M, and its ratio to M = 1.
+
+Measured on the 2-core CPU (AMD EPYC, AVX-512; two runs, the training paused; single points
+vary by 20-40%): the logits matmuls [256, 8000] and [512, 8000] (53 and 113 us at M = 1) cost
+1.3-1.4x their 1-row time at M = 2-4, 1.7x at M = 5, 2.0-2.1x at M = 6 and 2.8-3.0x at M = 12;
+the smaller [256, 1024] / [512, 1024] / [1024, 256] ones 0.7-1.4x up to M = 5 and 1.6-2.1x at
+M = 6-8. So up to gamma 4 the pass rides mostly on one read of the weights, and from gamma 5 on
+it pays about two: the measured pass cost (1.3 target steps at gamma 3, 1.5-1.7 at gamma 5 on
+the shipped target) follows.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from specdec_jax import timing
+
+_SHAPES = flags.DEFINE_list(
+  'shapes', ['256x8000', '256x1024', '1024x256', '512x8000', '512x1024'], 'Weight shapes IxO.'
+)
+_ROWS = flags.DEFINE_list('rows', ['1', '2', '3', '4', '5', '6', '8', '12'], 'Row counts M.')
+_REPEATS = flags.DEFINE_integer('repeats', 5, 'Timings per point (the median is printed).')
+
+
+@jax.jit
+def _loop(x: jax.Array, w: jax.Array, n: jax.Array) -> jax.Array:
+  """n dependent matmuls x @ w (each feeds a scalar of its output into the next)."""
+
+  def body(i, x):
+    y = jnp.einsum('mi,io->mo', x, w)
+    return x + 1e-9 * jnp.sum(y, axis=-1, keepdims=True)
+
+  return jax.lax.fori_loop(0, n, body, x)
+
+
+def _microseconds(m: int, w: jax.Array, repeats: int) -> float:
+  """Median over `repeats` of (time of 2n calls - time of n calls) / n, n calls taking ~50 ms."""
+  x = jax.random.normal(jax.random.key(1), (m, w.shape[0]), jnp.float32)
+
+  def seconds(calls):
+    return timing.time_call(lambda: _loop(x, w, jnp.int32(calls)), 1)[1]
+
+  n = max(100, int(0.05 / max(seconds(100) / 100, 1e-7)))  # the first call compiles
+  return 1e6 * float(np.median([(seconds(2 * n) - seconds(n)) / n for _ in range(repeats)]))
+
+
+def main(argv):
+  del argv
+  rows = [int(m) for m in _ROWS.value]
+  print('weight [I, O]: us at each M (ratio to M = 1)')
+  for shape in _SHAPES.value:
+    i, o = (int(d) for d in shape.split('x'))
+    w = 0.05 * jax.random.normal(jax.random.key(0), (i, o), jnp.float32)
+    costs = {m: _microseconds(m, w, _REPEATS.value) for m in rows}
+    base = costs[rows[0]]
+    cells = '  '.join(f'M={m}: {us:6.1f} ({us / base:.2f})' for m, us in costs.items())
+    print(f'{shape:>9}: {cells}', flush=True)
+
+
+if __name__ == '__main__':
+  app.run(main)
