@@ -38,7 +38,7 @@ from specdec_jax.data import batching
 from specdec_jax.data import pairs as pairs_lib
 from specdec_jax.data import tokenizer as tokenizer_lib
 from specdec_jax.distill_data import TeacherStates, generate_outputs, progress_bar
-from specdec_jax.models import t5
+from specdec_jax.models import t5, t5_growth
 
 DIVERGENCES = ('fkl', 'rkl', 'tvd')
 
@@ -192,6 +192,27 @@ def load_model(path: str) -> t5.T5Model:
   return checkpoints.load_t5x(path)
 
 
+def initial_student(init_from: str, student_config: t5.T5Config, rng: jax.Array) -> t5.Params:
+  """The params of the drafter saved at `init_from` (`checkpoints.save`), of the student's
+  config; or, when they differ only in encoder_dim, a drafter of a smaller target made to read
+  the encoder of the target `t5_growth.grow` made from it (`t5_growth.follow_grown_encoder`).
+
+  Raises:
+    ValueError: any other difference, naming both configs.
+  """
+  init = checkpoints.restore(init_from)
+  if init.config != student_config and init.config == dataclasses.replace(
+    student_config, encoder_dim=init.config.encoder_dim
+  ):
+    print(f'{init_from}: made to read the grown encoder (encoder_dim {student_config.encoder_dim})')
+    init = t5_growth.follow_grown_encoder(init, student_config.encoder_dim, rng)
+  if init.config != student_config:
+    raise ValueError(
+      f'init_from {init_from} has config {init.config}, the student {student_config}.'
+    )
+  return init.params
+
+
 def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Distils `config.student` from `config.teacher`, resuming from `workdir` if it holds a run.
 
@@ -277,13 +298,9 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
   optimizer_config = training.OptimizerConfig.from_config(config)
   state = training._init_state_jit(jax.random.key(config.seed), student_config, optimizer_config)
   if config.init_from:
-    init = checkpoints.restore(config.init_from)
-    if init.config != student_config:
-      raise ValueError(
-        f'init_from {config.init_from} has config {init.config}, the student {student_config}.'
-      )
+    params = initial_student(config.init_from, student_config, jax.random.key(config.seed + 1))
     state = state.replace(
-      params=init.params, opt_state=training.make_optimizer(optimizer_config).init(init.params)
+      params=params, opt_state=training.make_optimizer(optimizer_config).init(params)
     )
   print(f'student: {t5.param_count(state.params):,} params, {student_config}', flush=True)
   manager = ocp.CheckpointManager(

@@ -179,3 +179,25 @@ def test_cached_teacher_states_give_the_live_targets_step(tmp_path, over_target_
     optimizer_config=optimizer_config, divergence='fkl',
   )  # fmt: skip
   assert abs(float(m3['fkl']) - float(m1['fkl'])) > 1e-3
+
+
+def test_initial_student_from_a_drafter_of_the_target_before_growth(tmp_path):
+  config = dataclasses.replace(
+    t5.CONFIGS['tiny-v1.1'], vocab_size=64, d_model=16, num_encoder_layers=0,
+    num_decoder_layers=1, encoder_dim=32,
+  )  # fmt: skip
+  old = t5.T5Model(config, t5.init_params(jax.random.key(0), config))
+  checkpoints.save(old, tmp_path / 'drafter')
+  same = distill.initial_student(str(tmp_path / 'drafter'), config, jax.random.key(1))
+  assert jax.tree.all(jax.tree.map(np.array_equal, same, old.params))
+  # The target was grown to d_model 64: the cross-attention reads 64 dimensions, half each.
+  grown = distill.initial_student(
+    str(tmp_path / 'drafter'), dataclasses.replace(config, encoder_dim=64), jax.random.key(1)
+  )
+  key = grown['decoder']['layers_0']['encoder_decoder_attention']['key']['kernel']
+  want = old.params['decoder']['layers_0']['encoder_decoder_attention']['key']['kernel']
+  np.testing.assert_allclose(key[:32] + key[32:], want, rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match='init_from .* has config .*d_model=16.*the student'):
+    distill.initial_student(
+      str(tmp_path / 'drafter'), dataclasses.replace(config, d_model=32), jax.random.key(1)
+    )

@@ -80,3 +80,44 @@ def test_growth_rejects_what_it_cannot_do_exactly():
     t5_growth.grow(small, dataclasses.replace(SMALL, d_model=24, d_kv=4), jax.random.key(0))
   with pytest.raises(ValueError, match=r'num_decoder_layers shrinks \(2 -> 1\)'):
     t5_growth.grow(small, dataclasses.replace(SMALL, num_decoder_layers=1), jax.random.key(0))
+
+
+DRAFTER = dataclasses.replace(
+  SMALL, d_model=8, d_kv=4, num_encoder_layers=0, num_decoder_layers=1, encoder_dim=SMALL.d_model,
+  tie_word_embeddings=True,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize('follow', [True, False])
+def test_a_drafter_follows_its_grown_target_encoder(follow):
+  # A decoder over the target's encoder reads the grown target's encoder output (each dimension
+  # copied) as it read the old one; without following (rows copied, not divided: the negative
+  # control) its logits change.
+  target, drafter = _model(SMALL), _model(DRAFTER, seed=2)
+  big = t5_growth.grow(target, GROWN, jax.random.key(1))
+  ids, mask, dec = _batch()
+  old = t5.encode(target.params, ids, mask, config=target.config)
+  new = t5.encode(big.params, ids, mask, config=big.config)
+  want = t5.decode_forward(drafter.params, old, mask, dec, config=DRAFTER)
+  if follow:
+    moved = t5_growth.follow_grown_encoder(drafter, GROWN.d_model, jax.random.key(3))
+  else:
+    k = GROWN.d_model // SMALL.d_model
+    moved = dataclasses.replace(
+      drafter,
+      config=dataclasses.replace(DRAFTER, encoder_dim=GROWN.d_model),
+      params=jax.tree_util.tree_map_with_path(
+        lambda path, x: jnp.tile(x, (k, 1)) if 'encoder_decoder' in str(path) and
+        x.shape[0] == SMALL.d_model else x, drafter.params,
+      ),
+    )  # fmt: skip
+  assert moved.config.encoder_dim == GROWN.d_model
+  got = t5.decode_forward(moved.params, new, mask, dec, config=moved.config)
+  assert np.allclose(got, want, rtol=1e-4, atol=1e-4) == follow
+
+
+def test_follow_grown_encoder_rejects_a_model_with_its_own_encoder():
+  with pytest.raises(ValueError, match=r'num_encoder_layers=2, encoder_dim None -> 32'):
+    t5_growth.follow_grown_encoder(_model(SMALL), 32, jax.random.key(0))
+  with pytest.raises(ValueError, match=r'encoder_dim 16 -> 24'):
+    t5_growth.follow_grown_encoder(_model(DRAFTER), 24, jax.random.key(0))

@@ -58,7 +58,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # kept in RAM: 4 bytes x d_model per token) so that each step pays only its output layer; the
   # loss is the same. False: the whole target runs in every step (no memory needed).
   c.cache_teacher = True
-  c.init_from = ''  # a checkpoints.save directory of the same shape
+  # A checkpoints.save directory of the student's shape, or a drafter over the encoder of a
+  # smaller target that this teacher was grown from (t5_growth): it starts where that one was.
+  c.init_from = ''
   c.eval_temperatures = (0.0, 1.0)
   c.eval_gamma = 4
   c.progress = True

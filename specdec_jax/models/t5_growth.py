@@ -15,7 +15,16 @@ float rounding) for every input. Allowed changes, any combination:
   residual stream (attention `out`, mlp `wo`) is zero.
 
 Untied output layers only (T5 v1.1 layout): a tied one scales logits by d_model^-1/2.
+
+`follow_grown_encoder(drafter, encoder_dim, rng)` is the same move for a decoder over another
+model's encoder (`num_encoder_layers=0`, a distilled drafter): when that model is grown, its
+encoder output is the old one with each dimension copied k times, so the drafter's
+cross-attention key/value rows are copied and divided by k, and over the grown target's encoder
+it computes what it computed over the old one: its distillation to the grown target starts from
+there.
 """
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -58,6 +67,14 @@ def _check(old: T5Config, new: T5Config) -> int:
   return new.d_model // old.d_model
 
 
+def _read(w: jax.Array, k: int, key: jax.Array, noise: float) -> jax.Array:
+  """A kernel [d, n] reading a k-times copied stream -> [k * d, n]: rows / k plus zero-sum noise
+  (relative to the kernel's RMS), so that the copies differ while their sum is unchanged."""
+  w = w / k
+  eps = jax.random.normal(key, (k, *w.shape)) * noise * jnp.sqrt(jnp.mean(w**2))
+  return (w[None] + eps - eps.mean(0)).reshape(k * w.shape[0], *w.shape[1:])
+
+
 def _layer_positions(old: int, new: int) -> list[int]:
   return [i * new // old for i in range(old)]
 
@@ -76,10 +93,7 @@ def grow(model: t5.T5Model, config: T5Config, rng: jax.Array, noise: float = 1e-
   keys = iter(jax.random.split(noise_key, 4096))  # one per kernel that reads the residual
 
   def read(w):
-    """A kernel [d, n] reading the residual stream -> [k * d, n]: rows / k plus zero-sum noise."""
-    w = w / k
-    eps = jax.random.normal(next(keys), (k, *w.shape)) * noise * jnp.sqrt(jnp.mean(w**2))
-    return (w[None] + eps - eps.mean(0)).reshape(k * w.shape[0], *w.shape[1:])
+    return _read(w, k, next(keys), noise)
 
   def write(w):
     """A kernel [n, d] writing to the residual stream -> [n, k * d]: columns copied."""
@@ -150,3 +164,37 @@ def grow(model: t5.T5Model, config: T5Config, rng: jax.Array, noise: float = 1e-
     'kernel': read(model.params['decoder']['logits_dense']['kernel'])
   }
   return t5.T5Model(config=config, params=params)
+
+
+def follow_grown_encoder(
+  model: t5.T5Model, encoder_dim: int, rng: jax.Array, noise: float = 1e-2
+) -> t5.T5Model:
+  """A decoder over another model's encoder, made to read that encoder after `grow` widened it.
+
+  Over the grown model's encoder output the result computes what `model` computed over the old
+  one (up to float rounding and `noise`): each cross-attention key / value kernel [d, n] becomes
+  [k * d, n] with rows / k for k = encoder_dim / model.config.encoder_dim (`grow`'s copies).
+
+  Raises:
+    ValueError: `model` has an encoder of its own, or encoder_dim is not a multiple of its
+      encoder_dim.
+  """
+  old = model.config
+  if old.num_encoder_layers or not old.encoder_dim or encoder_dim % old.encoder_dim:
+    raise ValueError(
+      "follow_grown_encoder needs a decoder over another model's encoder (num_encoder_layers=0) "
+      f'and an encoder_dim that is a multiple of its own; got num_encoder_layers='
+      f'{old.num_encoder_layers}, encoder_dim {old.encoder_dim} -> {encoder_dim}.'
+    )
+  k = encoder_dim // old.encoder_dim
+  keys = iter(jax.random.split(rng, 2 * old.num_decoder_layers))
+  decoder = dict(model.params['decoder'])
+  for i in range(old.num_decoder_layers):
+    layer = dict(decoder[f'layers_{i}'])
+    cross = dict(layer['encoder_decoder_attention'])
+    for name in ('key', 'value'):
+      cross[name] = {'kernel': _read(cross[name]['kernel'], k, next(keys), noise)}
+    layer['encoder_decoder_attention'] = cross
+    decoder[f'layers_{i}'] = layer
+  config = dataclasses.replace(old, encoder_dim=encoder_dim)
+  return t5.T5Model(config=config, params={**model.params, 'decoder': decoder})
