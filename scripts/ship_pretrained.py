@@ -5,7 +5,8 @@ model card.
   python -m scripts.ship_pretrained --target=workdir/target/best --drafter=workdir/drafter/best \
       --data_dir=data/ende --output=pretrained/ende
   python -m scripts.ship_pretrained --task=ende --target=workdir/target_grown/best --drafter= \
-      --train_batch_size=64 --storage_dtype=bfloat16 --output=pretrained/ende_small
+      --train_batch_size=64 --storage_dtype=bfloat16 --grown_from=pretrained/ende/target \
+      --output=pretrained/ende48m
   python -m scripts.ship_pretrained --task=debsumm --target=workdir/summ_target/best \
       --drafter=workdir/summ_drafter/best --storage_dtype=bfloat16 --output=pretrained/debsumm
 
@@ -62,6 +63,9 @@ _OUTPUT = flags.DEFINE_string('output', 'pretrained/ende', 'Directory to (re)wri
 _NUM_TEST = flags.DEFINE_integer('num_test', 500, 'Test pairs shipped (and scored).')
 _STORAGE = flags.DEFINE_enum('storage_dtype', None, ['bfloat16'], 'Store float32 weights as.')
 _BATCH = flags.DEFINE_integer('train_batch_size', 128, 'Batch size the runs trained with.')
+_GROWN_FROM = flags.DEFINE_string(
+  'grown_from', '', 'The target started as this smaller one grown (training config init_from).'
+)
 
 
 def _describe(name: str, export_dir: str, model, test, tok, lengths) -> dict:
@@ -138,7 +142,13 @@ def _card(out: str, task: dict, rows, num_test: int, num_train: int) -> str:
   lines = [
     f'# {out}: {task["title"]}, trained by scripts/train.py',
     '',
-    f'Trained from scratch on CPU on {task["corpus"].format(num_train=num_train)}, tokenizer '
+    (
+      f'The target is `{_GROWN_FROM.value}` grown to its shape with the same function '
+      '(specdec_jax/models/t5_growth.py), then trained on; trained on CPU'
+      if _GROWN_FROM.value
+      else 'Trained from scratch on CPU'
+    )
+    + f' on {task["corpus"].format(num_train=num_train)}, tokenizer '
     '`spm.model` (SentencePiece unigram, T5 ids). Greedy BLEU (sacrebleu) on the shipped test '
     f'pairs{stored}.',
     '',

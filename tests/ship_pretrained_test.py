@@ -37,7 +37,7 @@ def test_ship_a_target_only_pair_in_bfloat16(tmp_path):
   result = subprocess.run(
     [sys.executable, '-m', 'scripts.ship_pretrained', f'--target={tmp_path / "best"}',
      '--drafter=', f'--data_dir={data}', f'--output={out}', '--num_test=4',
-     '--storage_dtype=bfloat16', '--train_batch_size=64'],
+     '--storage_dtype=bfloat16', '--train_batch_size=64', '--grown_from=pretrained/ende/target'],
     capture_output=True, text=True, cwd=_ROOT, timeout=300,
   )  # fmt: skip
   assert result.returncode == 0, result.stderr[-2000:]
@@ -50,4 +50,5 @@ def test_ship_a_target_only_pair_in_bfloat16(tmp_path):
     np.testing.assert_array_equal(got, want)
   card = (out / 'MODEL_CARD.md').read_text()
   assert 'stored as bfloat16' in card and 'train steps (batch 64)' in card
+  assert 'The target is `pretrained/ende/target` grown' in card and 'from scratch' not in card
   assert '| target | gated-gelu, untied, d_model 32' in card and '| 7 |' in card

@@ -5,9 +5,8 @@ r"""Distil a drafter from the shipped target (DistillSpec-style; `specdec_jax.di
       --workdir=workdir/distill_independent            # a small T5 with its own encoder
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:runlocal \
       --workdir=/tmp/distill_smoke                     # a few steps on a handful of sources
-  python -m scripts.distill \
-      --config=experiments/configs/distill_drafter.py:teacher=workdir/target_grown/best \
-      --workdir=workdir/distill_small                  # the 52M target in training (d_model 512)
+  python -m scripts.distill --config=experiments/configs/distill_drafter.py:grown \
+      --workdir=workdir/distill_grown                  # for the 48M target of pretrained/ende48m
   # your own pair: --config.teacher=/path/to/t5 (ours, HF or T5X) --config.tokenizer=spm.model
   #                --config.train_file=sources.tsv --config.valid_file=valid.tsv
 
@@ -30,6 +29,14 @@ _ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def _independent(c):
   c.student.update(d_model=96, d_kv=24, d_ff=256, num_encoder_layers=2, encoder_dim=None)
+
+
+def _grown(c):
+  # The 48M target of pretrained/ende48m (the shipped target grown, train_target.py:grown), its
+  # drafter started from pretrained/ende's distilled one (t5_growth.follow_grown_encoder).
+  c.teacher = str(_ROOT / 'pretrained' / 'ende48m' / 'target')
+  c.init_from = str(_ROOT / 'pretrained' / 'ende' / 'distilled')
+  c.learning_rate, c.warmup_steps, c.num_train_steps, c.eval_every = 1e-3, 100, 1500, 250
 
 
 def _runlocal(c):
@@ -87,4 +94,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       max_target_length=512,
     )
   )
-  return common.parse(arg, c, {'runlocal': _runlocal, 'independent': _independent})
+  return common.parse(arg, c, {'runlocal': _runlocal, 'independent': _independent, 'grown': _grown})
