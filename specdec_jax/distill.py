@@ -321,7 +321,7 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
     metrics_file.flush()
 
   best_path, final_path = os.path.join(workdir, 'best'), os.path.join(workdir, 'final')
-  best = -math.inf
+  best, last_eval = -math.inf, {}
   if os.path.exists(os.path.join(best_path, 'best.json')):
     with open(os.path.join(best_path, 'best.json')) as f:
       best = json.load(f)['valid_alpha']
@@ -368,10 +368,12 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
         json.dump(record, f)
     return record
 
+  if config.init_from and step == 0:  # where the started-from drafter stands; best if not beaten
+    last_eval = training.last_record(metrics_path, 'eval', 0) or run_eval(0)
   on_policy = sampling_lib.SamplingConfig(temperature=1.0)
   bar = progress_bar(config.num_train_steps, 'distillation steps', config.progress)
   bar.update(step)
-  last_eval, pending, window = {}, [], time.perf_counter()
+  pending, window = [], time.perf_counter()
   while step < config.num_train_steps:
     index, source_length, target_length = batches.batch_index(step)
     batch = batching.batch_arrays(train, index, source_length, target_length)

@@ -61,6 +61,12 @@ def test_runlocal_distillation_end_to_end_and_resume(tmp_path, variant):
   again = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
   keys = [(r['kind'], r['step']) for r in again]
   assert len(keys) == len(set(keys)) and again == records
+  # Started from that drafter, a run first evaluates it (step 0): the same alpha as at its end.
+  config.init_from = str(workdir / 'final')
+  distill.distill_and_evaluate(config, str(tmp_path / 'again'))
+  lines = (tmp_path / 'again' / 'metrics.jsonl').read_text().splitlines()
+  start = next(r for r in map(json.loads, lines) if r['kind'] == 'eval')
+  assert start['step'] == 0 and start['valid_alpha'] == records[-1]['valid_alpha']
 
 
 @pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')

@@ -36,7 +36,7 @@ def _grown(c):
   # drafter started from pretrained/ende's distilled one (t5_growth.follow_grown_encoder).
   c.teacher = str(_ROOT / 'pretrained' / 'ende48m' / 'target')
   c.init_from = str(_ROOT / 'pretrained' / 'ende' / 'distilled')
-  c.learning_rate, c.warmup_steps, c.num_train_steps, c.eval_every = 1e-3, 100, 1500, 250
+  c.learning_rate, c.warmup_steps, c.num_train_steps, c.eval_every = 5e-4, 100, 1500, 250
 
 
 def _runlocal(c):
