@@ -1,0 +1,50 @@
+"""The shipped pairs (pretrained/): each loads, and greedy speculative decoding with each of its
+drafters is greedy decoding of its target, token for token."""
+
+import jax
+import numpy as np
+import pytest
+
+from specdec_jax import decode, pretrained, sampling
+
+
+def _shipped(name):
+  return (pretrained.ROOT / name / 'pair.json').exists()
+
+
+PAIRS = [
+  pytest.param(name, marks=pytest.mark.skipif(not _shipped(name), reason=f'{name} not shipped'))
+  for name in ('ende', 'ende48m')
+]
+
+
+def _greedy_parity(pair, drafter_names, num_sentences):
+  sources = [s for s, _ in pair.test_pairs()[:num_sentences]]
+  ids, mask = pair.tokenizer.encode_batch(sources, 64, truncate=True)
+  kw = dict(
+    sampling=sampling.SamplingConfig(temperature=0.0), max_new_tokens=48, rng=jax.random.key(0)
+  )
+  ref = np.asarray(decode.generate(pair.target, ids, mask, **kw).tokens)
+  for name in drafter_names:
+    out = decode.speculative_generate(
+      pair.target, pair.drafters[name], ids, mask, gamma=pair.gamma(0.0), **kw
+    )
+    np.testing.assert_array_equal(np.asarray(out.tokens), ref, err_msg=name)
+    alpha = np.asarray(out.stats.alpha)  # per row
+    assert np.all((alpha >= 0) & (alpha <= 1)) and alpha.mean() > 0, name
+
+
+@pytest.mark.parametrize('name', PAIRS)
+def test_shipped_pair_loads_and_its_recommended_drafter_is_lossless(name):
+  pair = pretrained.load(name)
+  assert pair.recommended in pair.drafters and {'bigram', 'trigram'} <= set(pair.drafters)
+  for temperature in (0.0, 1.0):
+    assert pair.gamma(temperature) >= 1
+  _greedy_parity(pair, [pair.recommended], num_sentences=4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', PAIRS)
+def test_every_shipped_drafter_is_lossless(name):
+  pair = pretrained.load(name)
+  _greedy_parity(pair, sorted(pair.drafters), num_sentences=16)
