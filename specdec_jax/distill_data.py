@@ -5,11 +5,16 @@
 - `TeacherStates`: the target's teacher-forced encoder output and final decoder states on those
   sequences, computed once, so that a distillation step runs only the target's output layer.
 
+Each shard records a fingerprint of what it was computed from (the target's params, the shard's
+sources, the settings); a rerun reuses a shard only if it matches and raises otherwise, so a
+workdir pointed at another target or source file never serves stale data.
+
 Axis legend: B batch, S source length, T target length, D model dim.
 """
 
 import dataclasses
 import functools
+import hashlib
 import os
 
 import jax
@@ -19,6 +24,45 @@ from specdec_jax import decode
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.data import batching
 from specdec_jax.models import t5
+
+
+def _digest(*parts) -> str:
+  """sha1 of arrays (their bytes, dtype and shape) and of anything else by its repr."""
+  h = hashlib.sha1()
+  for part in parts:
+    if isinstance(part, (np.ndarray, jax.Array)):
+      part = np.ascontiguousarray(part)
+      h.update(f'{part.dtype}{part.shape}'.encode())
+      h.update(part.tobytes())
+    else:
+      h.update(repr(part).encode())
+  return h.hexdigest()
+
+
+def model_digest(model: t5.T5Model) -> str:
+  """A fingerprint of a model: its config and every parameter's bytes."""
+  return _digest(model.config, *jax.tree.leaves(model.params))
+
+
+def _load_shard(path: str, digest: str) -> dict | None:
+  """The arrays of the shard at `path` if it exists; raises if it was made from other inputs
+  (shards written before fingerprints existed are taken as they are)."""
+  if not os.path.exists(path):
+    return None
+  with np.load(path) as f:
+    arrays = dict(f)
+  found = str(arrays.pop('digest', digest))
+  if found != digest:
+    raise ValueError(
+      f'{path} was computed from other sources, another target or other settings than this '
+      "run's; point the run at a new workdir (or delete that directory) to compute it afresh."
+    )
+  return arrays
+
+
+def _save_shard(path: str, digest: str, **arrays) -> None:
+  np.savez(path + '.tmp.npz', digest=np.array(digest), **arrays)
+  os.replace(path + '.tmp.npz', path)
 
 
 def generate_outputs(
@@ -46,12 +90,15 @@ def generate_outputs(
   order = np.argsort(data.input_lengths, kind='stable')
   shards = range(0, len(data), shard_size)
   bar = progress_bar(len(data), f'target outputs at temperature {temperature:g}', progress)
+  teacher_digest = model_digest(teacher)
   for shard, start in enumerate(shards):
     path = os.path.join(shard_dir, f'shard_{shard:05d}.npz')
     index = order[start : start + shard_size]
-    if os.path.exists(path):
-      with np.load(path) as f:
-        tokens, n = f['tokens'], f['lengths']
+    digest = _digest(
+      teacher_digest, data.inputs[index], data.input_lengths[index], temperature, max_new_tokens
+    )
+    if (found := _load_shard(path, digest)) is not None:
+      tokens, n = found['tokens'], found['lengths']
     else:
       tokens, n = [], []
       for b in range(0, len(index), batch_size):
@@ -71,8 +118,7 @@ def generate_outputs(
         n.append(np.asarray(out.lengths)[: len(rows)])
         bar.update(len(rows))
       tokens, n = np.concatenate(tokens), np.concatenate(n)
-      np.savez(path + '.tmp.npz', tokens=tokens, lengths=n)
-      os.replace(path + '.tmp.npz', path)
+      _save_shard(path, digest, tokens=tokens, lengths=n)
     if bar.n < start + len(index):
       bar.update(start + len(index) - bar.n)
     outputs[index], lengths[index] = tokens, n
@@ -124,13 +170,17 @@ class TeacherStates:
     order = np.argsort(pair_length, kind='stable')
     decoder, encoder = [None] * len(data), ([None] * len(data) if with_encoder else None)
     bar = progress_bar(len(data), "target's states for the training pairs", progress)
+    teacher_digest = model_digest(teacher)
     for shard, start in enumerate(range(0, len(data), shard_size)):
       path = os.path.join(shard_dir, f'shard_{shard:05d}.npz')
       index = order[start : start + shard_size]
-      if os.path.exists(path):
-        with np.load(path) as f:
-          arrays = dict(f)
-      else:
+      digest = _digest(
+        teacher_digest,
+        with_encoder,
+        *(getattr(data, f.name)[index] for f in dataclasses.fields(data)),
+      )
+      arrays = _load_shard(path, digest)
+      if arrays is None:
         arrays = {}
         for b in range(0, len(index), batch_size):
           rows = index[b : b + batch_size]
@@ -149,8 +199,7 @@ class TeacherStates:
             if enc is not None:
               arrays[f'e{i}'] = enc[r, : data.input_lengths[i]]
           bar.update(len(rows))
-        np.savez(path + '.tmp.npz', **arrays)
-        os.replace(path + '.tmp.npz', path)
+        _save_shard(path, digest, **arrays)
       for i in index:
         decoder[i] = arrays[f'd{i}']
         if with_encoder:

@@ -158,6 +158,9 @@ def test_cached_teacher_states_give_the_live_targets_step(tmp_path, over_target_
   again = distill_data.TeacherStates.compute(teacher, data, shard_dir=str(tmp_path), **kw)  # shards
   np.testing.assert_array_equal(again.decoder[3], cached.decoder[3])
   assert len(cached.decoder[3]) == tgt_len[3]
+  other = t5.T5Model(teacher_config, t5.init_params(jax.random.key(2), teacher_config))
+  with pytest.raises(ValueError, match='computed from other sources, another target'):
+    distill_data.TeacherStates.compute(other, data, shard_dir=str(tmp_path), **kw)
   optimizer_config = training.OptimizerConfig(learning_rate=1e-2, warmup_steps=1)
   index = np.array([0, 3, 5, 9])
   live = batching.batch_arrays(data, index, 12, 9)
@@ -207,3 +210,21 @@ def test_initial_student_from_a_drafter_of_the_target_before_growth(tmp_path):
     distill.initial_student(
       str(tmp_path / 'drafter'), dataclasses.replace(config, d_model=32), jax.random.key(1)
     )
+
+
+def test_target_outputs_are_reused_only_for_the_same_target_and_sources(tmp_path):
+  config = dataclasses.replace(t5.CONFIGS['tiny-v1.1'], vocab_size=64)
+  teacher = t5.T5Model(config, t5.init_params(jax.random.key(1), config))
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(1, 9, 6)
+  inputs = rng.integers(2, 64, (6, 8)) * (np.arange(8) < lengths[:, None])
+  data = batching.EncodedPairs(inputs, np.zeros((6, 4), np.int64), lengths, np.ones(6, np.int64))
+  kw = dict(temperature=1.0, batch_size=4, max_new_tokens=5, shard_dir=str(tmp_path))
+  first = distill_data.generate_outputs(teacher, data, progress=False, **kw)
+  again = distill_data.generate_outputs(teacher, data, progress=False, **kw)  # from the shards
+  np.testing.assert_array_equal(again.targets, first.targets)
+  other_sources = dataclasses.replace(data, inputs=np.roll(inputs, 1, axis=0))
+  with pytest.raises(ValueError, match='computed from other sources'):
+    distill_data.generate_outputs(teacher, other_sources, progress=False, **kw)
+  with pytest.raises(ValueError, match='computed from other sources'):
+    distill_data.generate_outputs(teacher, data, progress=False, **dict(kw, temperature=0.0))
