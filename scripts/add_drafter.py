@@ -35,7 +35,8 @@ def main(argv):
   )
   if source.suffix == '.npz':
     rel = f'{_NAME.value}.npz'
-    shutil.copy(source, pair_dir / rel)
+    if source.resolve() != (pair_dir / rel).resolve():  # a drafter fitted into the pair: as it is
+      shutil.copy(source, pair_dir / rel)
   else:
     rel = _NAME.value
     model = checkpoints.restore(source)
