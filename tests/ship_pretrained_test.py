@@ -52,3 +52,31 @@ def test_ship_a_target_only_pair_in_bfloat16(tmp_path):
   assert 'stored as bfloat16' in card and 'train steps (batch 64)' in card
   assert 'The target is `pretrained/ende/target` grown' in card and 'from scratch' not in card
   assert '| target | gated-gelu, untied, d_model 32' in card and '| 7 |' in card
+
+
+@pytest.mark.skipif(not _SPM.exists(), reason='pretrained/ende not shipped in this checkout')
+def test_add_drafter_records_t5_and_ngram_drafters(tmp_path):
+  pair_dir = tmp_path / 'pair'
+  shutil.copytree(pretrained.ROOT / 'ende', pair_dir, ignore=shutil.ignore_patterns('target'))
+  config = dataclasses.replace(t5.CONFIGS['tiny-v1.1'], vocab_size=8000)
+  checkpoints.save(
+    t5.T5Model(config=config, params=t5.init_params(jax.random.key(0), config)), pair_dir / 'target'
+  )
+  checkpoints.save(
+    t5.T5Model(config=config, params=t5.init_params(jax.random.key(1), config)), tmp_path / 'd'
+  )
+
+  def add(*args):
+    result = subprocess.run(
+      [sys.executable, '-m', 'scripts.add_drafter', f'--pair={pair_dir}', *args],
+      capture_output=True, text=True, cwd=_ROOT, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+
+  add('--name=mine', f'--source={tmp_path / "d"}', '--recommend', '--gamma=0:2,1:5')
+  add('--name=tri', f'--source={pair_dir / "trigram.npz"}')  # already in the pair: kept as it is
+  add('--name=trigram', f'--source={pair_dir / "trigram.npz"}')  # the very same file
+  pair = pretrained.load(pair_dir)
+  assert pair.recommended == 'mine' and pair.gamma(0.0) == 2 and pair.gamma(1.0) == 5
+  assert {'mine', 'tri', 'trigram', 'bigram'} <= set(pair.drafters)
+  assert (pair_dir / 'trigram.npz').stat().st_size > 0
