@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specdec_jax import cache as cache_lib
-from specdec_jax.models import t5, t5_relpos
+from specdec_jax.models import t5, t5_dropout, t5_relpos
 
 _decode = jax.jit(t5.decode, static_argnames=('config',))
 _forward = jax.jit(t5.forward, static_argnames=('config',))
@@ -379,12 +379,12 @@ def test_shift_right():
 
 def test_dropper_zeroes_a_fraction_and_rescales_the_rest():
   x = jnp.ones((200, 500))
-  y = np.asarray(t5._dropper((jax.random.key(0), 0.3), stream=0)(x, 1))
+  y = np.asarray(t5_dropout.dropper((jax.random.key(0), 0.3), stream=0)(x, 1))
   assert abs((y == 0).mean() - 0.3) < 0.01
   np.testing.assert_allclose(y[y != 0], 1 / 0.7, rtol=1e-6)
-  assert t5._dropper(None, stream=0)(x, 1) is x
+  assert t5_dropout.dropper(None, stream=0)(x, 1) is x
   with pytest.raises(ValueError, match=r'dropout rate must be in \[0, 1\), got 1.0'):
-    t5._dropper((jax.random.key(0), 1.0), stream=0)
+    t5_dropout.dropper((jax.random.key(0), 1.0), stream=0)
 
 
 def test_forward_dropout_is_off_at_rate_0_and_keyed_otherwise():

@@ -36,6 +36,7 @@ from specdec_jax import cache as cache_lib
 from specdec_jax import sharding
 from specdec_jax.models import t5_relpos
 from specdec_jax.models.t5_config import CONFIGS, T5Config  # noqa: F401 (part of this API)
+from specdec_jax.models.t5_dropout import Dropout, dropper
 
 Params = Any  # nested dicts of arrays, the layout `init_params` builds
 
@@ -208,25 +209,6 @@ def _rms_norm(x: jax.Array, p: Params, config: T5Config) -> jax.Array:
   return (y * p['scale'].astype(jnp.float32)).astype(x.dtype)
 
 
-Dropout = tuple[jax.Array, float] | None  # (key, rate) in training, None otherwise
-
-
-def _dropper(dropout: Dropout, stream: int):
-  """drop(x, site): inverted dropout of x with a key per (stream, site), or the identity."""
-  if dropout is None or dropout[1] == 0.0:
-    return lambda x, site: x
-  key, rate = dropout
-  if not 0.0 <= rate < 1.0:
-    raise ValueError(f'dropout rate must be in [0, 1), got {rate}.')
-  key = jax.random.fold_in(key, stream)
-
-  def drop(x, site):
-    keep = jax.random.bernoulli(jax.random.fold_in(key, site), 1.0 - rate, x.shape)
-    return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
-
-  return drop
-
-
 def _heads(p: Params, x: jax.Array, config: T5Config) -> jax.Array:
   """Query, key or value projection: x [B, T, D] -> [B, T, N, H]."""
   y = _dense(x, p, config)
@@ -352,7 +334,7 @@ def _decoder(
   self_mask = (k_pos <= q_pos[..., None])[:, None]
   cross_mask = encoder_mask[:, None, None, :]
 
-  drop = _dropper(dropout, stream=1)
+  drop = dropper(dropout, stream=1)
   x = drop(_embed(params, tokens, config), 0)
   for i in range(config.num_decoder_layers):
     layer = dec[f'layers_{i}']
@@ -420,7 +402,7 @@ def encode(
     config=config,
   )
   mask = input_mask.astype(bool)[:, None, None, :]
-  drop = _dropper(dropout, stream=0)
+  drop = dropper(dropout, stream=0)
   x = drop(_embed(params, input_ids, config), 0)
   for i in range(config.num_encoder_layers):
     layer = enc[f'layers_{i}']
