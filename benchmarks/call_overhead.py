@@ -14,13 +14,10 @@ autoregressive 15.3-16.2 ms, distilled 17.1-20.4 ms, bigram 17.1-17.5 ms; 64 (al
 rejected; over the main job's 100 sentences the distilled drafter gives 1.10-1.13x).
 """
 
-import time
-
 import jax
-import numpy as np
 from absl import app, flags
 
-from specdec_jax import decode, pretrained
+from specdec_jax import decode, pretrained, timing
 from specdec_jax.sampling import SamplingConfig
 
 _DIR = flags.DEFINE_string('pretrained', 'ende48m', 'Shipped pair (name or directory).')
@@ -31,13 +28,7 @@ _REPEATS = flags.DEFINE_integer('repeats', 12, 'Timed calls per point (median).'
 
 
 def _ms(fn, repeats: int) -> float:
-  jax.block_until_ready(fn())  # compiles
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return 1e3 * float(np.median(times))
+  return 1e3 * timing.time_call(fn, repeats)[1]  # its first call compiles
 
 
 def main(argv):
