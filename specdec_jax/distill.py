@@ -194,22 +194,30 @@ def load_model(path: str) -> t5.T5Model:
 
 def initial_student(init_from: str, student_config: t5.T5Config, rng: jax.Array) -> t5.Params:
   """The params of the drafter saved at `init_from` (`checkpoints.save`), of the student's
-  config; or, when they differ only in encoder_dim, a drafter of a smaller target made to read
-  the encoder of the target `t5_growth.grow` made from it (`t5_growth.follow_grown_encoder`).
+  config, or grown into it so that it starts computing what the saved one computed:
+  - a drafter of a smaller target, made to read the encoder of the target `t5_growth.grow` made
+    from it (`t5_growth.follow_grown_encoder`), when the encoder_dim differs;
+  - deeper, more heads or a wider d_ff (`t5_growth.grow`: the new layers start as the identity).
 
   Raises:
-    ValueError: any other difference, naming both configs.
+    ValueError: any other difference, naming both configs and what cannot be grown.
   """
   init = checkpoints.restore(init_from)
-  if init.config != student_config and init.config == dataclasses.replace(
-    student_config, encoder_dim=init.config.encoder_dim
-  ):
+  follow_key, grow_key = jax.random.split(rng)
+  if init.config.encoder_dim and init.config.encoder_dim != student_config.encoder_dim:
+    try:
+      init = t5_growth.follow_grown_encoder(init, student_config.encoder_dim, follow_key)
+    except ValueError as e:
+      raise ValueError(f"init_from {init_from} cannot read the student's encoder: {e}") from e
     print(f'{init_from}: made to read the grown encoder (encoder_dim {student_config.encoder_dim})')
-    init = t5_growth.follow_grown_encoder(init, student_config.encoder_dim, rng)
   if init.config != student_config:
-    raise ValueError(
-      f'init_from {init_from} has config {init.config}, the student {student_config}.'
-    )
+    try:
+      init = t5_growth.grow(init, student_config, grow_key)
+    except ValueError as e:
+      raise ValueError(
+        f'init_from {init_from} has config {init.config}, the student {student_config}: {e}'
+      ) from e
+    print(f'{init_from}: grown into the student (t5_growth.grow)')
   return init.params
 
 

@@ -6,7 +6,14 @@ batch, alternating, so that the speedup compares them under the same machine loa
 alpha (measured, mean beta over verified positions), block efficiency, c (drafter call / target
 step, measured inside an iteration of the loop's model calls; `c_alone`: the drafter's calls
 alone), the walltime speedup, the speedup the paper's formula predicts from
-the measured alpha, c and (gamma+1)-position pass cost, and BLEU. No flags here:
+the measured alpha, c and (gamma+1)-position pass cost (the pass cost is a property of the target
+and gamma: the median over every drafter's measurement), and BLEU. Then what the loops themselves
+cost: `iteration_cost`, a speculative iteration in autoregressive steps, each fitted over the
+sentences (`loop_costs`: seconds ~ fixed + per iteration x iterations, the work around the model
+calls included), and `predicted_loop` = block efficiency / iteration_cost, the speedup before the
+per-call fixed costs (encoder, cache set-up) dilute it. Where `speedup` falls short of
+`predicted_speedup`, these two say whether the iteration (loop overhead, the pass) or the tokens
+per iteration (alpha's i.i.d. assumption, EOS) is why. No flags here:
 experiments/translate.py and notebooks call `prepare` and `rows`.
 
   plan = evaluation.prepare(config)        # validates the config, loads every model: fails early
@@ -50,6 +57,8 @@ COLUMNS = (
   'seconds',
   'tokens_per_s',
   'c_alone',
+  'iteration_cost',
+  'predicted_loop',
 )
 
 
@@ -67,6 +76,25 @@ class Run:
   # With `translate(..., paired=True)`: the autoregressive decoding of the same batches, each
   # timed just before this method's (compilation excluded); else None.
   baseline_seconds: float | None = None
+  # Per batch: decoding seconds and loop iterations (target calls of its longest row); the same
+  # for the autoregressive baseline with `paired=True` (else None). `loop_costs` fits them.
+  batch_seconds: np.ndarray | None = None
+  batch_iterations: np.ndarray | None = None
+  baseline_batch_seconds: np.ndarray | None = None
+  baseline_batch_iterations: np.ndarray | None = None
+
+
+def loop_costs(seconds, iterations) -> tuple[float, float]:
+  """(seconds per call before the first iteration, seconds per iteration) of a decode loop, by
+  least squares of `seconds ~ fixed + per_iteration * iterations` over its calls (e.g. the
+  sentences of a test set). This is what the loop really costs, the work around the model calls
+  included; NaN when the calls do not differ in iterations."""
+  seconds, iterations = np.asarray(seconds, np.float64), np.asarray(iterations, np.float64)
+  if len(iterations) < 2 or np.ptp(iterations) == 0:
+    return math.nan, math.nan
+  design = np.stack([np.ones_like(iterations), iterations], axis=1)
+  (fixed, per_iteration), *_ = np.linalg.lstsq(design, seconds, rcond=None)
+  return float(fixed), float(per_iteration)
 
 
 def translate(
@@ -120,14 +148,17 @@ def translate(
   jax.block_until_ready(run_batch(chunks[0], jax.random.key(seed)))
   if paired:
     jax.block_until_ready(run_batch(chunks[0], jax.random.key(seed), 'autoregressive'))
-  hyps, seconds, outputs, accepted = [], 0.0, [], []
-  baseline_seconds = 0.0 if paired else None
+  hyps, outputs, accepted = [], [], []
+  times, iterations, base_times, base_iterations = [], [], [], []
   for i, chunk in enumerate(chunks):
     rng = jax.random.key(seed + 1 + i)
     if paired:
-      baseline_seconds += timed(chunk, rng, 'autoregressive')[1]
+      base, dt = timed(chunk, rng, 'autoregressive')
+      base_times.append(dt)
+      base_iterations.append(int(np.max(base.stats.target_calls)))
     out, dt = timed(chunk, rng)
-    seconds += dt
+    times.append(dt)
+    iterations.append(int(np.max(out.stats.target_calls)))
     n = len(chunk)
     hyps += [tokenizer.decode(row) for row in np.asarray(out.tokens[:n])]
     outputs.append(jax.tree.map(lambda x: np.asarray(x)[:n], (out.lengths, out.stats)))
@@ -139,7 +170,18 @@ def translate(
   lengths = np.concatenate([o[0] for o in outputs])
   stats = jax.tree.map(lambda *x: np.concatenate(x), *[o[1] for o in outputs])
   accepted_lengths = np.concatenate(accepted) if trace else None
-  return Run(hyps, seconds, int(lengths.sum()), stats.summed(), accepted_lengths, baseline_seconds)
+  return Run(
+    hyps,
+    float(np.sum(times)),
+    int(lengths.sum()),
+    stats.summed(),
+    accepted_lengths,
+    float(np.sum(base_times)) if paired else None,
+    np.asarray(times),
+    np.asarray(iterations),
+    np.asarray(base_times) if paired else None,
+    np.asarray(base_iterations) if paired else None,
+  )
 
 
 @dataclasses.dataclass
@@ -289,25 +331,45 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[dict]:
       bleu=bleu(base.hypotheses),
       seconds=base.seconds,
       tokens_per_s=base.tokens / base.seconds,
+      iteration_cost=None,
+      predicted_loop=None,
     )
+  # Costs first, for every (drafter, gamma): the pass cost does not depend on the drafter, so
+  # each gamma's is the median over all of them (less noise than one drafter's rounds).
+  costs = {
+    (name, gamma): timing.step_costs(
+      pair.target,
+      drafter,
+      batch_size=c.batch_size,
+      source_length=c.max_source_length,
+      gamma=gamma,
+      cache_len=decode.buffer_length(c.max_new_tokens, gamma),
+      rounds=c.timing_rounds,
+    )
+    for name, drafter in plan.drafters.items()
+    for gamma in c.gammas
+  }
+  pass_cost = {
+    g: float(np.median([v['pass_cost'] for (_, gamma), v in costs.items() if gamma == g]))
+    for g in c.gammas
+  }
   for name, drafter in plan.drafters.items():
     for gamma in c.gammas:
-      costs = timing.step_costs(
-        pair.target,
-        drafter,
-        batch_size=c.batch_size,
-        source_length=c.max_source_length,
-        gamma=gamma,
-        cache_len=decode.buffer_length(c.max_new_tokens, gamma),
-        rounds=c.timing_rounds,
-      )
+      cost = costs[name, gamma]
       for temperature in c.temperatures:
         for verifier in c.verifiers:
           r = run(drafter, verifier, gamma, temperature)
           alpha = float(r.stats.alpha)
+          efficiency = float(r.stats.block_efficiency)
           predicted = analysis.walltime_improvement_measured(
-            alpha, gamma, costs['c'], costs['pass_cost']
+            alpha, gamma, cost['c'], pass_cost[gamma]
           )
+          # The loops' own per-iteration costs, fitted over the sentences: an iteration of this
+          # run in autoregressive steps of its paired baseline.
+          per_iteration = loop_costs(r.batch_seconds, r.batch_iterations)[1]
+          per_step = loop_costs(r.baseline_batch_seconds, r.baseline_batch_iterations)[1]
+          fitted = per_iteration > 0 and per_step > 0  # False for NaN (too few sentences)
+          iteration_cost = per_iteration / per_step if fitted else math.nan
           yield dict(
             task=plan.task,
             drafter=name,
@@ -315,15 +377,17 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[dict]:
             temp=temperature,
             gamma=gamma,
             alpha=alpha,
-            block_efficiency=float(r.stats.block_efficiency),
-            c=costs['c'],
-            c_alone=costs['c_alone'],
-            pass_cost=costs['pass_cost'],
+            block_efficiency=efficiency,
+            c=cost['c'],
+            c_alone=cost['c_alone'],
+            pass_cost=pass_cost[gamma],
             speedup=r.baseline_seconds / r.seconds,
             predicted_speedup=float(predicted),
             bleu=bleu(r.hypotheses),
             seconds=r.seconds,
             tokens_per_s=r.tokens / r.seconds,
+            iteration_cost=iteration_cost,
+            predicted_loop=efficiency / iteration_cost if fitted else math.nan,
           )
   bar.close()
 
@@ -333,10 +397,16 @@ def run(config) -> list[dict]:
   return list(rows(prepare(config), progress=False))
 
 
+# The printed table: COLUMNS up to BLEU, with the loop's own iteration cost and its prediction.
+PRINTED = COLUMNS[:11] + ('iteration_cost', 'predicted_loop', 'bleu')
+_HEADERS = {'block_efficiency': 'block_eff', 'predicted_speedup': 'predicted', 'iteration_cost':
+            'iter_cost', 'predicted_loop': 'pred_loop'}  # fmt: skip
+
+
 def format_row(row: dict) -> str:
   """One row of the plain-text table (see `format_table`)."""
   cells = []
-  for i, col in enumerate(COLUMNS[:12]):
+  for i, col in enumerate(PRINTED):
     v = row[col]
     if v is None or (isinstance(v, float) and math.isnan(v)):
       text = '-'
@@ -350,8 +420,11 @@ def format_row(row: dict) -> str:
 
 
 def format_table(table: list[dict]) -> str:
-  """A plain-text table in the form of Leviathan et al. Table 2 (+ block efficiency, c, BLEU)."""
-  header = ' '.join(f'{c[:10]:>10s}' if i > 2 else f'{c:<9s}' for i, c in enumerate(COLUMNS[:12]))
+  """A plain-text table in the form of Leviathan et al. Table 2 (+ block efficiency, c, pass
+  cost, the loop's fitted iteration cost and the speedup it predicts, BLEU)."""
+  header = ' '.join(
+    f'{_HEADERS.get(c, c)[:10]:>10s}' if i > 2 else f'{c:<9s}' for i, c in enumerate(PRINTED)
+  )
   return '\n'.join([header] + [format_row(row) for row in table])
 
 

@@ -206,7 +206,19 @@ def test_initial_student_from_a_drafter_of_the_target_before_growth(tmp_path):
   key = grown['decoder']['layers_0']['encoder_decoder_attention']['key']['kernel']
   want = old.params['decoder']['layers_0']['encoder_decoder_attention']['key']['kernel']
   np.testing.assert_allclose(key[:32] + key[32:], want, rtol=1e-5, atol=1e-6)
-  with pytest.raises(ValueError, match='init_from .* has config .*d_model=16.*the student'):
+  # And deeper at once: the old layer first, then a new one that starts as the identity.
+  deeper = distill.initial_student(
+    str(tmp_path / 'drafter'),
+    dataclasses.replace(config, encoder_dim=64, num_decoder_layers=2),
+    jax.random.key(1),
+  )
+  assert jax.tree.all(
+    jax.tree.map(np.array_equal, deeper['decoder']['layers_0'], grown['decoder']['layers_0'])
+  )
+  assert not np.any(deeper['decoder']['layers_1']['mlp']['wo']['kernel'])
+  with pytest.raises(
+    ValueError, match='init_from .* has config .*d_model=16.*the student.*wider d_model'
+  ):
     distill.initial_student(
       str(tmp_path / 'drafter'), dataclasses.replace(config, d_model=32), jax.random.key(1)
     )

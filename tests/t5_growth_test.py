@@ -121,3 +121,33 @@ def test_follow_grown_encoder_rejects_a_model_with_its_own_encoder():
     t5_growth.follow_grown_encoder(_model(SMALL), 32, jax.random.key(0))
   with pytest.raises(ValueError, match=r'encoder_dim 16 -> 24'):
     t5_growth.follow_grown_encoder(_model(DRAFTER), 24, jax.random.key(0))
+
+
+@pytest.mark.parametrize('identity', [True, False])
+def test_a_tied_drafter_over_the_target_encoder_grows_deeper(identity):
+  # A distilled drafter (tied output layer, no encoder of its own) gains decoder layers, heads
+  # and d_ff and computes the same logits. Negative control: a new layer that writes to the
+  # residual stream (its `out` / `wo` not zeroed) changes them.
+  drafter = _model(DRAFTER, seed=2)
+  deeper = dataclasses.replace(DRAFTER, num_decoder_layers=3, num_heads=3, d_ff=48)
+  big = t5_growth.grow(drafter, deeper, jax.random.key(1))
+  assert jax.tree.map(jnp.shape, big.params) == jax.tree.map(
+    jnp.shape, t5.init_params(jax.random.key(0), deeper)
+  )
+  if not identity:
+    fresh = t5.init_params(jax.random.key(5), deeper)['decoder']['layers_1']
+    big.params['decoder']['layers_1'] = fresh
+  ids, mask, dec = _batch()
+  encoded = t5.encode(_model(SMALL).params, ids, mask, config=SMALL)
+  want = t5.decode_forward(drafter.params, encoded, mask, dec, config=DRAFTER)
+  got = t5.decode_forward(big.params, encoded, mask, dec, config=deeper)
+  assert np.allclose(got, want, rtol=1e-4, atol=1e-4) == identity
+
+
+def test_a_tied_drafter_does_not_grow_wider():
+  with pytest.raises(ValueError, match='wider d_model with tied word embeddings'):
+    t5_growth.grow(_model(DRAFTER), dataclasses.replace(DRAFTER, d_model=16), jax.random.key(0))
+  with pytest.raises(ValueError, match="encoder added to a decoder over another model's encoder"):
+    t5_growth.grow(
+      _model(DRAFTER), dataclasses.replace(DRAFTER, num_encoder_layers=1), jax.random.key(0)
+    )

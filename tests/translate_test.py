@@ -4,6 +4,7 @@ import json
 import math
 import pathlib
 
+import numpy as np
 import pytest
 
 from experiments.configs import ende
@@ -35,6 +36,13 @@ def test_runlocal_end_to_end(tmp_path):
       assert row['alpha'] is None
   # Greedy speculative decoding is lossless token for token: same BLEU as greedy autoregressive.
   assert len({r['bleu'] for r in rows if r['temp'] == 0.0}) == 1
+  spec = [r for r in rows if r['method'] != 'autoregressive']
+  # The pass cost is the target's, pooled over the drafters: one value per gamma.
+  assert len({r['pass_cost'] for r in spec}) == len(config.gammas)
+  for r in spec:  # fitted over 3 sentences (None where their iteration counts coincide)
+    if r['iteration_cost'] is not None:
+      assert r['predicted_loop'] == pytest.approx(r['block_efficiency'] / r['iteration_cost'])
+  assert 'iter_cost' in evaluation.format_table(rows)
   assert 'NaN' not in pathlib.Path(writer.paths['json']).read_text()
   assert pathlib.Path(writer.finish()['png']).stat().st_size > 0
   assert 'speedup' in evaluation.format_table(rows)
@@ -53,6 +61,14 @@ def test_paired_timing_decodes_the_same_and_times_the_baseline_beside_it(monkeyp
   paired = evaluation.translate(*args, method='token', paired=True, **kw)
   assert alone.baseline_seconds is None and paired.baseline_seconds > 0
   assert paired.hypotheses == alone.hypotheses and paired.tokens == alone.tokens
+  # Per batch (2 batches): its seconds and loop iterations, the baseline's too.
+  assert len(paired.batch_seconds) == 2 and paired.batch_seconds.sum() == pytest.approx(
+    paired.seconds
+  )
+  assert paired.baseline_batch_seconds.sum() == pytest.approx(paired.baseline_seconds)
+  assert alone.baseline_batch_seconds is None
+  assert paired.batch_iterations.sum() >= paired.stats.target_calls / 2  # 2 rows per batch
+  assert np.all(paired.baseline_batch_iterations >= 1)
   # Every speculative row's speedup is its own paired baseline over its time.
   config = ende.get_config('runlocal,num_examples=2,drafters=bigram,temperatures=0,verifiers=token')
   calls, real = [], evaluation.translate
@@ -65,6 +81,16 @@ def test_paired_timing_decodes_the_same_and_times_the_baseline_beside_it(monkeyp
   rows = list(evaluation.rows(evaluation.prepare(config), progress=False))
   (spec,) = [r for r in rows if r['method'] == 'token']
   assert spec['speedup'] == calls[-1].baseline_seconds / calls[-1].seconds
+
+
+def test_loop_costs_fit_fixed_and_per_iteration_seconds():
+  iterations = [12, 30, 7, 19]
+  seconds = [0.015 + 0.004 * n for n in iterations]
+  fixed, per_iteration = evaluation.loop_costs(seconds, iterations)
+  assert fixed == pytest.approx(0.015) and per_iteration == pytest.approx(0.004)
+  # Calls of one length cannot separate the two: NaN, never a number.
+  assert all(math.isnan(x) for x in evaluation.loop_costs([0.1, 0.2], [5, 5]))
+  assert all(math.isnan(x) for x in evaluation.loop_costs([0.1], [5]))
 
 
 def test_config_items_apply_in_order_and_lists_hold_any_number():

@@ -14,7 +14,8 @@ float rounding) for every input. Allowed changes, any combination:
   goes to position floor(i * m / n) of m) and start as the identity: every kernel writing to the
   residual stream (attention `out`, mlp `wo`) is zero.
 
-Untied output layers only (T5 v1.1 layout): a tied one scales logits by d_model^-1/2.
+A tied output layer (T5 v1.0 layout) scales logits by d_model^-1/2, so such a model grows in
+depth, heads and d_ff only; so does a decoder over another model's encoder (a distilled drafter).
 
 `follow_grown_encoder(drafter, encoder_dim, rng)` is the same move for a decoder over another
 model's encoder (`num_encoder_layers=0`, a distilled drafter): when that model is grown, its
@@ -58,10 +59,13 @@ def _check(old: T5Config, new: T5Config) -> int:
     for name in same
     if getattr(old, name) != getattr(new, name)
   ]
-  if old.tie_word_embeddings:
-    problems.append('tied word embeddings (the logits scale with d_model)')
-  if old.num_encoder_layers == 0:
-    problems.append('no encoder of its own (its encoder_dim is the target d_model)')
+  if old.tie_word_embeddings and new.d_model != old.d_model:
+    problems.append('a wider d_model with tied word embeddings (the logits scale with d_model)')
+  if old.num_encoder_layers == 0 and new.num_encoder_layers:
+    problems.append("an encoder added to a decoder over another model's encoder")
+  if old.num_encoder_layers == 0 and new.d_model != old.d_model:
+    # Its cross-attention reads the other model's encoder output, which is not widened.
+    problems.append("a wider d_model for a decoder over another model's encoder")
   if problems:
     raise ValueError('Cannot grow this T5 into the requested shape: ' + '; '.join(problems) + '.')
   return new.d_model // old.d_model
@@ -69,7 +73,10 @@ def _check(old: T5Config, new: T5Config) -> int:
 
 def _read(w: jax.Array, k: int, key: jax.Array, noise: float) -> jax.Array:
   """A kernel [d, n] reading a k-times copied stream -> [k * d, n]: rows / k plus zero-sum noise
-  (relative to the kernel's RMS), so that the copies differ while their sum is unchanged."""
+  (relative to the kernel's RMS), so that the copies differ while their sum is unchanged; k = 1
+  returns w as it is."""
+  if k == 1:
+    return w
   w = w / k
   eps = jax.random.normal(key, (k, *w.shape)) * noise * jnp.sqrt(jnp.mean(w**2))
   return (w[None] + eps - eps.mean(0)).reshape(k * w.shape[0], *w.shape[1:])
@@ -157,12 +164,16 @@ def grow(model: t5.T5Model, config: T5Config, rng: jax.Array, noise: float = 1e-
 
   params = {
     'token_embedder': {'embedding': write(model.params['token_embedder']['embedding'])},
-    'encoder': stack('encoder', 'encoder_norm', old.num_encoder_layers, config.num_encoder_layers),
     'decoder': stack('decoder', 'decoder_norm', old.num_decoder_layers, config.num_decoder_layers),
   }
-  params['decoder']['logits_dense'] = {
-    'kernel': read(model.params['decoder']['logits_dense']['kernel'])
-  }
+  if old.num_encoder_layers:
+    params['encoder'] = stack(
+      'encoder', 'encoder_norm', old.num_encoder_layers, config.num_encoder_layers
+    )
+  if not old.tie_word_embeddings:
+    params['decoder']['logits_dense'] = {
+      'kernel': read(model.params['decoder']['logits_dense']['kernel'])
+    }
   return t5.T5Model(config=config, params=params)
 
 
