@@ -87,16 +87,23 @@ def _repeated_iterations(
 
   def body(i, carry):
     target_cache, drafter_cache, logits = carry
-    tokens = jnp.full((batch, 2), 2, jnp.int32) + (i + jnp.argmax(logits[:, -1], -1)[:, None]) % 7
-    _, drafter_cache = drafter_steps.step(
+    # Each draft is the argmax of the drafter's logits, as in the loop: every logit is needed,
+    # so XLA cannot drop the output layer (a loop that read one logit per call let it compute
+    # that one column only, and c came out 3-4x too low).
+    pending = (jnp.argmax(logits[:, -1], -1) + i) % 7 + 2
+    tokens = jnp.stack([pending, pending], axis=1)
+    draft_logits, drafter_cache = drafter_steps.step(
       drafter_params, tokens, drafter_cache.replace(end_index=position)
     )
+    drafts = [jnp.argmax(draft_logits[:, -1], -1)]
     for _ in range(gamma - 1):
-      draft, drafter_cache = drafter_steps.step(drafter_params, tokens[:, :1], drafter_cache)
-      tokens = tokens + (draft[:, :, 0] > 0)
+      draft_logits, drafter_cache = drafter_steps.step(
+        drafter_params, drafts[-1][:, None], drafter_cache
+      )
+      drafts.append(jnp.argmax(draft_logits[:, 0], -1))
     logits, target_cache = target_steps.step(
       target_params,
-      jnp.tile(tokens[:, :1], (1, gamma + 1)),
+      jnp.stack([pending, *drafts], axis=1),
       target_cache.replace(end_index=position),
     )
     return target_cache, drafter_cache, logits
