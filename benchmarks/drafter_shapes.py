@@ -12,13 +12,18 @@ and each candidate drafter (the shipped trigram; decoders over the target's enco
 shape would give if distillation reaches that alpha.
 Alpha itself needs a trained drafter (scripts/distill.py); this picks which shape to train.
 
-Measured on the 2-core CPU (gamma 3; two runs, given as ranges; noise ~10-30%):
-  13.5M target (step 1.3-1.8 ms, pass 1.4-1.8 steps): trigram c 0.006 -> 1.10-1.13x at alpha
-    0.45; decoder d128 x1 c 0.08-0.09 -> 0.94-0.99x; d256 x1 c 0.16-0.24 -> 0.70-0.91x.
-  52M target (step 6.6-8.2 ms, pass 1.2-1.45 steps): trigram c 0.001-0.002 -> 1.40-1.49x at
-    alpha 0.45; d128 x1 c 0.012-0.018 -> 1.34-1.41x at 0.45 and 1.55-1.63x at 0.55; d256 x1
-    c 0.036-0.045 -> 1.12-1.30x at 0.45. So the paper's regime (a drafter at 1-2% of a step)
-    needs the larger target; on it a one-layer d128 decoder is the shape to distil.
+Measured on the 2-core CPU (gamma 3, one run of 2026-11-23, 4 minutes; c is a difference of two
+timings, noisy by ~0.02-0.05; this run is after the fix of the timing loop, which used to let XLA
+skip most of the drafter's output layer and gave c 3-4x too low):
+  13.5M target (step 0.6 ms, pass 1.5-1.6 steps): trigram c 0.11 -> 0.95x at alpha 0.45;
+    decoder d128 x1 c 0.32 -> 0.69x; d256 x1 c 0.72 -> 0.46x.
+  52M t5_1_1-small shape (step 3.1-3.3 ms, pass 1.4-1.5): d128 x1 c 0.06 -> 1.05x at 0.45 and
+    1.21x at 0.55; d128 x2 c 0.09; d256 x1 c 0.17 -> 0.90x at 0.45.
+  48M grown target (step 3.6-3.9 ms, pass 1.3-1.35): trigram c 0.005 -> 1.28x at 0.45, 1.48x at
+    0.55; d128 x1 c 0.04 -> 1.22x / 1.41x; d128 x2 c 0.06 -> 1.13x / 1.31x; d256 x1 c 0.09 ->
+    1.08x / 1.25x; d256 x2 c 0.15.
+  Beside the 48M target one d128 layer is the shape to distil: a second layer must buy ~0.04
+  alpha to pay for itself (distilled, it bought 0.02: pretrained/ende48m/MODEL_CARD.md).
 """
 
 import jax
