@@ -14,7 +14,7 @@ Alpha itself needs a trained drafter (scripts/distill.py); this picks which shap
 
 Measured on the 2-core CPU (gamma 3, one run of 2026-11-23, 4 minutes; c is a difference of two
 timings, noisy by ~0.02-0.05; this run is after the fix of the timing loop, which used to let XLA
-skip most of the drafter's output layer and gave c 3-4x too low):
+drop the output layer of one drafter call per iteration and gave c 2-4x too low):
   13.5M target (step 0.6 ms, pass 1.5-1.6 steps): trigram c 0.11 -> 0.95x at alpha 0.45;
     decoder d128 x1 c 0.32 -> 0.69x; d256 x1 c 0.72 -> 0.46x.
   52M t5_1_1-small shape (step 3.1-3.3 ms, pass 1.4-1.5): d128 x1 c 0.06 -> 1.05x at 0.45 and
