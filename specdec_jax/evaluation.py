@@ -67,21 +67,31 @@ class Run:
   """One decoding method over the whole test set."""
 
   hypotheses: list[str]
-  seconds: float  # decoding wall time, compilation excluded
   tokens: int  # tokens emitted
   stats: decode.DecodeStats  # pooled over all rows (`DecodeStats.summed`)
+  # Per batch: decoding wall time (compilation excluded) and loop iterations (target calls of
+  # its longest row). `loop_costs` fits them.
+  batch_seconds: np.ndarray
+  batch_iterations: np.ndarray
   # With `translate(..., trace=True)`: tau (drafts accepted) of every iteration in which a row
   # was still emitting, over all rows (int32[iterations]); else None.
   accepted_lengths: np.ndarray | None = None
-  # With `translate(..., paired=True)`: the autoregressive decoding of the same batches, each
-  # timed just before this method's (compilation excluded); else None.
-  baseline_seconds: float | None = None
-  # Per batch: decoding seconds and loop iterations (target calls of its longest row); the same
-  # for the autoregressive baseline with `paired=True` (else None). `loop_costs` fits them.
-  batch_seconds: np.ndarray | None = None
-  batch_iterations: np.ndarray | None = None
+  # With `translate(..., paired=True)`: the same for the autoregressive decoding of the same
+  # batches, each timed just before this method's; else None.
   baseline_batch_seconds: np.ndarray | None = None
   baseline_batch_iterations: np.ndarray | None = None
+
+  @property
+  def seconds(self) -> float:
+    """Decoding wall time over all batches."""
+    return float(np.sum(self.batch_seconds))
+
+  @property
+  def baseline_seconds(self) -> float | None:
+    """The paired autoregressive decoding's wall time, or None."""
+    if self.baseline_batch_seconds is None:
+      return None
+    return float(np.sum(self.baseline_batch_seconds))
 
 
 def loop_costs(seconds, iterations) -> tuple[float, float]:
@@ -172,13 +182,11 @@ def translate(
   accepted_lengths = np.concatenate(accepted) if trace else None
   return Run(
     hyps,
-    float(np.sum(times)),
     int(lengths.sum()),
     stats.summed(),
-    accepted_lengths,
-    float(np.sum(base_times)) if paired else None,
     np.asarray(times),
     np.asarray(iterations),
+    accepted_lengths,
     np.asarray(base_times) if paired else None,
     np.asarray(base_iterations) if paired else None,
   )

