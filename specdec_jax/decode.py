@@ -13,6 +13,12 @@ n - 1. After an iteration that accepted all gamma drafts, the drafter never saw 
 otherwise re-writing position n - 1 recomputes what its cache holds. One branch-free program
 either way: no `lax.cond` (whose branches copy the cache) and no host round trip.
 
+A drafter that reads the target's states (EAGLE-style, `reads_target_states`) instead re-feeds all
+gamma + 1 positions of the last target pass, each with the target's state at the position before:
+the accepted ones overwrite what it wrote while drafting from its own predicted states, and the
+pending token seq[n] gets the true state it follows. While drafting, its predicted state at each
+position stands in for the target's at the next.
+
 At temperature 0 (`sampling.greedy`) the loops take a fast path that never forms a probability
 vector: p and q are one-hot, so sampling is an argmax and both verifiers reduce to comparing ids
 (`verify.greedy_verify`); the tokens are identical to the general path's, with no [B, G+1, V]
@@ -164,10 +170,13 @@ class _State(NamedTuple):
   stats: DecodeStats
   iteration: jax.Array  # int32[]
   trace: Any  # SpeculativeTrace being filled, or None
+  # For a drafter reading the target's states: (f32[B, G + 1, F] the last target pass's states,
+  # int32[B] the position of the first); else None.
+  target_states: Any = None
 
 
 def _init_state(
-  batch, gamma, max_new_tokens, start_id, target_cache, draft_cache, trace=None
+  batch, gamma, max_new_tokens, start_id, target_cache, draft_cache, trace=None, state_dim=None
 ) -> _State:
   seq = jnp.zeros((batch, buffer_length(max_new_tokens, gamma)), jnp.int32)
   zeros = jnp.zeros((batch,), jnp.int32)
@@ -180,6 +189,10 @@ def _init_state(
     DecodeStats.zeros(batch, gamma),
     jnp.zeros((), jnp.int32),
     trace,
+    # Before the first pass: zero states "at position -1", so seq[0] is fed with zeros.
+    None
+    if state_dim is None
+    else (jnp.zeros((batch, gamma + 1, state_dim), jnp.float32), jnp.full((batch,), -1)),
   )
 
 
@@ -236,18 +249,41 @@ def _draft_token(rng, logits, sampling: sampling_lib.SamplingConfig):
   return sampling_lib.sample(rng, q), q
 
 
-def _draft(steps, params, cache, seq, n, rng, *, gamma, sampling, greedy):
+def _drafter_call(steps, params, tokens, features, cache):
+  """(logits, predicted target states or None, cache): `step`, or `step_features` for a drafter
+  that reads the target's states (features not None)."""
+  with jax.named_scope('drafter'):
+    if features is None:
+      logits, cache = steps.step(params, tokens, cache)
+      return logits, None, cache
+    return steps.step_features(params, tokens, features, cache)
+
+
+def _draft(steps, params, cache, seq, n, rng, *, gamma, sampling, greedy, target_states=None):
   """Drafts gamma tokens: (tokens int32[B, G], q float32[B, G, V] or None when greedy, cache).
 
-  On entry the cache holds at least positions 0..n-2; on exit it ends at n + gamma - 1 (X_gamma is
-  drafted but not fed).
+  On entry the cache holds at least positions 0..n-2 (0..start for `target_states`); on exit it
+  ends at n + gamma - 1 (X_gamma is drafted but not fed). `target_states`: (states, start) of
+  `_State`, for a drafter that reads them.
   """
-  # Feed seq[n-1], seq[n] from position n - 1 (position 0 at the start, where the second token
-  # is a placeholder written to a slot that stays stale) and keep the logits after seq[n].
-  start = jnp.maximum(n - 1, 0)
-  with jax.named_scope('drafter'):
-    logits, cache = steps.step(params, _row_slice(seq, start, 2), cache.replace(end_index=start))
-  logits = jnp.take_along_axis(logits, (n - start)[:, None, None], axis=1)[:, 0]
+  if target_states is None:
+    # Feed seq[n-1], seq[n] from position n - 1 (position 0 at the start, where the second token
+    # is a placeholder written to a slot that stays stale) and keep the logits after seq[n].
+    start, features = jnp.maximum(n - 1, 0), None
+    tokens = _row_slice(seq, start, 2)
+  else:
+    # Feed seq[start+1 .. start+G+1], each with the target's state before it: the positions of
+    # the last pass, of which start+1 .. n are accepted (n - start - 1 <= G). Rows that stopped
+    # read a clipped index.
+    features, state_start = target_states
+    start = state_start + 1
+    tokens = _row_slice(seq, start, gamma + 1)
+  logits, predicted, cache = _drafter_call(
+    steps, params, tokens, features, cache.replace(end_index=start)
+  )
+  index = jnp.clip(n - start, 0, tokens.shape[1] - 1)[:, None, None]
+  pick = lambda x: None if x is None else jnp.take_along_axis(x, index, axis=1)[:, 0]
+  logits, predicted = pick(logits), pick(predicted)
   cache = cache.replace(end_index=n + 1)
 
   @jax.named_scope('sampling')
@@ -257,20 +293,30 @@ def _draft(steps, params, cache, seq, n, rng, *, gamma, sampling, greedy):
     return _draft_token(key, logits, sampling)
 
   def body(carry, key):
-    logits, cache = carry
+    logits, predicted, cache = carry
     token, q = draw(key, logits)
-    with jax.named_scope('drafter'):
-      logits, cache = steps.step(params, token[:, None], cache)
-    return (logits[:, 0], cache), (token, q)
+    features = None if predicted is None else predicted[:, None]
+    logits, predicted, cache = _drafter_call(steps, params, token[:, None], features, cache)
+    return (logits[:, 0], None if predicted is None else predicted[:, 0], cache), (token, q)
 
   keys = jax.random.split(rng, gamma)
-  (logits, cache), (tokens, probs) = jax.lax.scan(body, (logits, cache), keys[:-1])
+  (logits, _, cache), (tokens, probs) = jax.lax.scan(body, (logits, predicted, cache), keys[:-1])
   last_token, last_q = draw(keys[-1], logits)
   tokens = jnp.concatenate([tokens.T, last_token[:, None]], axis=1)
   if greedy:
     return tokens, None, cache
   probs = jnp.concatenate([jnp.moveaxis(probs, 0, 1), last_q[:, None]], axis=1)
   return tokens, probs, cache
+
+
+def _target_pass(steps, params, tokens, cache, *, with_states: bool):
+  """The target's (gamma+1)-position call: (logits, f32 states or None, cache)."""
+  with jax.named_scope('target'):
+    if not with_states:
+      logits, cache = steps.step(params, tokens, cache)
+      return logits, None, cache
+    logits, states, cache = steps.step_states(params, tokens, cache)
+    return logits, states.astype(jnp.float32), cache
 
 
 @jax.named_scope('encode')
@@ -320,8 +366,16 @@ def _speculative_loop(
     record = SpeculativeTrace(
       per_iteration(gamma), per_iteration(), per_iteration(), per_iteration()
     )
+  reads_states = getattr(draft_steps, 'reads_target_states', False)
   state = _init_state(
-    batch, gamma, max_new_tokens, target_steps.start_id, target_cache, draft_cache, record
+    batch,
+    gamma,
+    max_new_tokens,
+    target_steps.start_id,
+    target_cache,
+    draft_cache,
+    record,
+    state_dim=draft_steps.feature_dim if reads_states else None,
   )
   verify_fn = verify.VERIFIERS[verifier]
 
@@ -338,11 +392,13 @@ def _speculative_loop(
       gamma=gamma,
       sampling=sampling,
       greedy=greedy,
+      target_states=state.target_states,
     )
-    with jax.named_scope('target'):
-      # One pass scores the pending token and all gamma drafts: p_1 .. p_{gamma+1}.
-      target_in = jnp.concatenate([_row_slice(state.seq, n, 1), drafts], axis=1)
-      logits, target_cache = target_steps.step(target_params, target_in, state.target_cache)
+    # One pass scores the pending token and all gamma drafts: p_1 .. p_{gamma+1}.
+    target_in = jnp.concatenate([_row_slice(state.seq, n, 1), drafts], axis=1)
+    logits, states, target_cache = _target_pass(
+      target_steps, target_params, target_in, state.target_cache, with_states=reads_states
+    )
     if greedy:
       with jax.named_scope('sampling'):
         target_ids = sampling_lib.argmax(logits)
@@ -384,7 +440,17 @@ def _speculative_loop(
           at(record.next_token, y),
           at(record.emitted, new_n - n),
         )
-    return _State(seq, new_n, done, target_cache, draft_cache, stats, state.iteration + 1, record)
+    return _State(
+      seq,
+      new_n,
+      done,
+      target_cache,
+      draft_cache,
+      stats,
+      state.iteration + 1,
+      record,
+      None if states is None else (states, n),
+    )
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   return _finish(state, max_new_tokens)
@@ -543,6 +609,7 @@ def speculative_generate(
       f'Drafter and target vocabularies differ: drafter vocab_size='
       f'{draft_steps.vocab_size}, target vocab_size={target_steps.vocab_size}.'
     )
+  step_models.check_state_reader(draft_steps, target_steps)
   ids, mask, max_new_tokens = validation.check_inputs(
     target_steps, input_ids, input_mask, max_new_tokens, drafter=draft_steps
   )

@@ -66,30 +66,72 @@ def token_divergences(teacher_logits: jax.Array, student_logits: jax.Array) -> d
 
 
 def _logits(teacher: t5.T5Model, student_config: t5.T5Config, student_params, batch):
-  """(teacher logits, student logits) f32[B, T, V] on the batch's decoder sequences.
+  """(teacher logits, student logits) f32[B, T, V] on the batch's decoder sequences; an
+  EAGLE-style student reads the target's true states (its first pass, `_student_passes`).
 
   With the target's states cached in the batch (`TeacherStates.fields`: 'teacher_states' and, for
   a student over the target's encoder, 'encoded'), only the target's output layer runs.
   """
+  teacher_states, teacher_logits, encoded = _teacher_outputs(teacher, batch)
+  ((student_logits, _),) = _student_passes(
+    student_config, student_params, batch, teacher_states, encoded, passes=1, rng=None
+  )
+  return teacher_logits, student_logits
+
+
+def _teacher_outputs(teacher: t5.T5Model, batch):
+  """The target on the batch's decoder sequences, without gradient: (final decoder states
+  [B, T, D], logits f32[B, T, V], its encoder output or None when cached without it)."""
   cfg = teacher.config
-  decoder_in = t5.shift_right(batch['targets'], cfg.decoder_start_token_id)
   if 'teacher_states' in batch:
-    encoded = batch.get('encoded')
-    teacher_logits = t5.output_logits(teacher.params, batch['teacher_states'], config=cfg)
+    states, encoded = batch['teacher_states'], batch.get('encoded')
   else:
     encoded = t5.encode(teacher.params, batch['inputs'], batch['input_mask'], config=cfg)
-    teacher_logits = t5.decode_forward(
-      teacher.params, encoded, batch['input_mask'], decoder_in, config=cfg
-    )
-  if student_config.num_encoder_layers == 0:  # reads the target's encoder
-    student_logits = t5.decode_forward(
-      student_params, encoded, batch['input_mask'], decoder_in, config=student_config
-    )
-  else:
-    student_logits = t5.forward(
-      student_params, batch['inputs'], batch['input_mask'], decoder_in, config=student_config
-    )
-  return jax.lax.stop_gradient(teacher_logits), student_logits
+    decoder_in = t5.shift_right(batch['targets'], cfg.decoder_start_token_id)
+    states = t5.decoder_states(teacher.params, encoded, batch['input_mask'], decoder_in, config=cfg)
+  logits = t5.output_logits(teacher.params, states, config=cfg)
+  return jax.tree.map(jax.lax.stop_gradient, (states, logits, encoded))
+
+
+def _student_passes(student_config, params, batch, teacher_states, encoded, *, passes, rng):
+  """[(logits f32[B, T, V], predicted target states or None)] of `passes` teacher-forced passes.
+
+  An ordinary student makes one pass. An EAGLE-style student (`feature_dim`) reads at each
+  position the target's state at the position before; while drafting it reads its own prediction
+  of that state instead at every position after the first draft. So its first pass reads the
+  target's true states, and each further pass reads, at a random half of the positions (a fair
+  coin each), the previous pass's predictions (EAGLE-3's training-time test, in its cheap form):
+  the loss then covers drafting from its own predicted states.
+  """
+  cfg = student_config
+  decoder_in = t5.shift_right(batch['targets'], cfg.decoder_start_token_id)
+  mask = batch['input_mask']
+
+  def run(features):
+    if cfg.num_encoder_layers == 0:  # reads the target's encoder
+      states = t5.decoder_states(params, encoded, mask, decoder_in, config=cfg, features=features)
+    else:
+      own = t5.encode(params, batch['inputs'], mask, config=cfg)
+      states = t5.decoder_states(params, own, mask, decoder_in, config=cfg, features=features)
+    logits = t5.output_logits(params, states, config=cfg)
+    predicted = None if features is None else t5.predicted_features(params, states, config=cfg)
+    return logits, predicted
+
+  if cfg.feature_dim is None:
+    return [run(None)]
+  true = t5.shift_states(jnp.asarray(teacher_states, jnp.float32))
+  results = [run(true)]
+  for i in range(1, passes):
+    own = t5.shift_states(jax.lax.stop_gradient(results[-1][1]))
+    coin = jax.random.bernoulli(jax.random.fold_in(rng, i), 0.5, true.shape[:2] + (1,))
+    results.append(run(jnp.where(coin, own, true)))
+  return results
+
+
+def feature_error(predicted: jax.Array, states: jax.Array) -> jax.Array:
+  """f32[B, T]: squared error of predicted target states relative to their squared norm."""
+  states = jnp.asarray(states, jnp.float32)
+  return jnp.sum(jnp.square(predicted - states), -1) / (jnp.sum(jnp.square(states), -1) + 1e-6)
 
 
 def _masked_means(terms: dict, mask: jax.Array) -> dict:
@@ -100,7 +142,13 @@ def _masked_means(terms: dict, mask: jax.Array) -> dict:
 
 @functools.partial(
   jax.jit,
-  static_argnames=('student_config', 'optimizer_config', 'divergence'),
+  static_argnames=(
+    'student_config',
+    'optimizer_config',
+    'divergence',
+    'feature_passes',
+    'feature_weight',
+  ),
   donate_argnames=('state',),
 )
 def distill_step(
@@ -111,17 +159,45 @@ def distill_step(
   student_config: t5.T5Config,
   optimizer_config: training.OptimizerConfig,
   divergence: str,
+  feature_passes: int = 2,
+  feature_weight: float = 0.5,
 ):
   """One AdamW step on the mean token `divergence` between target and drafter.
 
+  An EAGLE-style student (`feature_dim`) makes `feature_passes` passes (`_student_passes`); its
+  loss is the divergence averaged over them plus `feature_weight` times the mean `feature_error`
+  of its predicted target states.
+
   Returns:
-    The new state and float32 scalars: the mean of each of `token_divergences`, 'grad_norm'.
+    The new state and float32 scalars: the mean of each of `token_divergences` (the first pass),
+    'grad_norm'; for an EAGLE-style student also 'feature_error' and, of its last pass, the
+    divergences suffixed '_own' (drafting partly from its own predicted states).
   """
 
   def loss_fn(params):
-    teacher_logits, student_logits = _logits(teacher, student_config, params, batch)
-    means = _masked_means(token_divergences(teacher_logits, student_logits), batch['target_mask'])
-    return means[divergence], means
+    teacher_states, teacher_logits, encoded = _teacher_outputs(teacher, batch)
+    rng = jax.random.fold_in(jax.random.key(0), state.step)
+    passes = _student_passes(
+      student_config,
+      params,
+      batch,
+      teacher_states,
+      encoded,
+      passes=feature_passes,
+      rng=rng,
+    )
+    mask = batch['target_mask']
+    per_pass = [_masked_means(token_divergences(teacher_logits, q), mask) for q, _ in passes]
+    means = dict(per_pass[0])
+    loss = sum(m[divergence] for m in per_pass) / len(per_pass)
+    if student_config.feature_dim is not None:
+      errors = [
+        _masked_means({'e': feature_error(f, teacher_states)}, mask)['e'] for _, f in passes
+      ]
+      means['feature_error'] = sum(errors) / len(errors)
+      loss = loss + feature_weight * means['feature_error']
+      means.update({f'{k}_own': v for k, v in per_pass[-1].items()})
+    return loss, means
 
   (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
   updates, opt_state = training.make_optimizer(optimizer_config).update(
@@ -197,13 +273,17 @@ def initial_student(init_from: str, student_config: t5.T5Config, rng: jax.Array)
   config, or grown into it so that it starts computing what the saved one computed:
   - a drafter of a smaller target, made to read the encoder of the target `t5_growth.grow` made
     from it (`t5_growth.follow_grown_encoder`), when the encoder_dim differs;
-  - deeper, more heads or a wider d_ff (`t5_growth.grow`: the new layers start as the identity).
+  - deeper, more heads or a wider d_ff (`t5_growth.grow`: the new layers start as the identity);
+  - an ordinary drafter made EAGLE-style (`t5_growth.add_feature_input`), as it was.
 
   Raises:
     ValueError: any other difference, naming both configs and what cannot be grown.
   """
   init = checkpoints.restore(init_from)
-  follow_key, grow_key = jax.random.split(rng)
+  follow_key, grow_key, feature_key = jax.random.split(rng, 3)
+  if student_config.feature_dim is not None and init.config.feature_dim is None:
+    init = t5_growth.add_feature_input(init, student_config.feature_dim, feature_key)
+    print(f'{init_from}: made EAGLE-style (feature input starts at zero)')
   if init.config.encoder_dim and init.config.encoder_dim != student_config.encoder_dim:
     try:
       init = t5_growth.follow_grown_encoder(init, student_config.encoder_dim, follow_key)
@@ -244,7 +324,20 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
   student = dict(config.student.to_dict(), vocab_size=teacher.config.vocab_size)
   if student['num_encoder_layers'] == 0 and not student.get('encoder_dim'):
     student['encoder_dim'] = teacher.config.d_model  # 0: whatever the target's d_model is
+  if student.get('feature_dim') == 0:
+    student['feature_dim'] = teacher.config.d_model  # 0: an EAGLE-style drafter of this target
   student_config = t5.T5Config(**student)
+  if student_config.feature_dim is not None:
+    if student_config.feature_dim != teacher.config.d_model:
+      raise ValueError(
+        f"An EAGLE-style drafter reads the target's states: feature_dim must be the target's "
+        f'd_model ({teacher.config.d_model}), got {student_config.feature_dim}.'
+      )
+    if config.on_policy_every:
+      raise ValueError(
+        'on_policy_every needs a drafter that can draft alone; an EAGLE-style one (feature_dim) '
+        "reads the target's states while drafting."
+      )
   if (
     student_config.num_encoder_layers == 0 and student_config.encoder_dim != teacher.config.d_model
   ):
@@ -398,6 +491,8 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
       student_config=student_config,
       optimizer_config=optimizer_config,
       divergence=config.divergence,
+      feature_passes=config.get('feature_passes', 2),
+      feature_weight=config.get('feature_weight', 0.5),
     )
     step += 1
     bar.update(1)

@@ -39,9 +39,27 @@ def _digest(*parts) -> str:
   return h.hexdigest()
 
 
+# T5Config fields added after fingerprints were first written, with their defaults: left out of a
+# config's fingerprint while at the default, so that adding a field keeps every cache valid.
+_NEWER_CONFIG_FIELDS = {'feature_dim': None}
+
+
+class _Verbatim(str):
+  """A string hashed as it is (`_digest` hashes other objects by their repr)."""
+
+  __repr__ = str.__str__
+
+
 def model_digest(model: t5.T5Model) -> str:
   """A fingerprint of a model: its config and every parameter's bytes."""
-  return _digest(model.config, *jax.tree.leaves(model.params))
+  config = model.config
+  fields = [
+    f'{f.name}={getattr(config, f.name)!r}'
+    for f in dataclasses.fields(config)
+    if _NEWER_CONFIG_FIELDS.get(f.name, object()) != getattr(config, f.name)
+  ]
+  config_repr = _Verbatim(f'{type(config).__name__}({", ".join(fields)})')
+  return _digest(config_repr, *jax.tree.leaves(model.params))
 
 
 def _load_shard(path: str, digest: str) -> dict | None:

@@ -22,6 +22,13 @@ class StepModel(Protocol):
     max_source_length / max_target_length: int limits checked before decoding (None: no limit).
     shares_target_encoder: True for a drafter whose `init_cache` takes the *target's* `encode`
       output (a small decoder over the target's encoder); the loop then encodes once.
+    reads_target_states: True for an EAGLE-style drafter (Li et al. 2024) that reads the target's
+      final decoder states: it has `feature_dim` and
+      `step_features(params, tokens, features f32[B, T, feature_dim], cache)
+        -> (logits, predicted features f32[B, T, feature_dim], cache)`,
+      where features[:, t] is the target's state at the position before tokens[:, t]. Its target
+      then needs `state_dim` (= feature_dim) and
+      `step_states(params, tokens, cache) -> (logits, states [B, T, state_dim], cache)`.
   """
 
   vocab_size: int
@@ -57,6 +64,23 @@ def encoder_of(model, target=None) -> tuple[StepModel, Any]:
   if target is None:
     raise ValueError("This drafter reads the target's encoder output: pass target=.")
   return as_step_model(target)
+
+
+def check_state_reader(drafter_steps, target_steps) -> None:
+  """Raises ValueError if `drafter_steps` reads target states that `target_steps` cannot give."""
+  if not getattr(drafter_steps, 'reads_target_states', False):
+    return
+  width = getattr(target_steps, 'state_dim', None)
+  if not hasattr(target_steps, 'step_states') or width is None:
+    raise ValueError(
+      "This drafter reads the target's decoder states (feature_dim is set), but the target "
+      f'{type(target_steps).__name__} does not return them (no step_states / state_dim).'
+    )
+  if width != drafter_steps.feature_dim:
+    raise ValueError(
+      f'The drafter reads target states of width feature_dim={drafter_steps.feature_dim}, but '
+      f"the target's states have width {width} (its d_model): it was trained for another target."
+    )
 
 
 def limit(steps: StepModel, name: str) -> int | None:

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import step_models
+from specdec_jax import decode, step_models
 
 
 def time_call(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
@@ -45,10 +45,17 @@ def _repeated_steps(
   batch = input_ids.shape[0]
   position = jnp.full((batch,), cache_len // 4, jnp.int32)
 
+  # A drafter that reads the target's states gets zeros of their width.
+  features = None
+  if getattr(steps, 'reads_target_states', False):
+    features = jnp.zeros((batch, num_tokens, steps.feature_dim), jnp.float32)
+
   def body(i, carry):
     cache, logits = carry
     tokens = jnp.full((batch, num_tokens), 2, jnp.int32) + i % 7  # not loop-invariant
-    logits, cache = steps.step(params, tokens, cache.replace(end_index=position))
+    logits, _, cache = decode._drafter_call(
+      steps, params, tokens, features, cache.replace(end_index=position)
+    )
     return cache, logits
 
   vocab = steps.vocab_size
@@ -73,8 +80,8 @@ def _repeated_iterations(
   cache_len,
   calls,
 ):
-  """`calls` iterations of the speculative loop's model calls: the drafter's gamma calls (two
-  positions, then one at a time, as `decode._draft`) and one (gamma+1)-position target pass."""
+  """`calls` iterations of the speculative loop's model calls, by the loop's own functions: the
+  drafter's gamma calls (`decode._draft`, greedy) and one (gamma+1)-position target pass."""
   mask = jnp.ones_like(input_ids)
   target_cache = target_steps.init_cache(
     target_params, target_steps.encode(target_params, input_ids, mask), mask, cache_len
@@ -84,32 +91,43 @@ def _repeated_iterations(
   )
   batch = input_ids.shape[0]
   position = jnp.full((batch,), cache_len // 4, jnp.int32)
+  reads_states = getattr(drafter_steps, 'reads_target_states', False)
+  states = None
+  if reads_states:
+    states = jnp.zeros((batch, gamma + 1, drafter_steps.feature_dim), jnp.float32)
 
   def body(i, carry):
-    target_cache, drafter_cache, logits = carry
-    # Each draft is the argmax of the drafter's logits, as in the loop: every logit is needed,
-    # so XLA cannot drop the output layer (a loop that discarded the first call's logits let it
-    # drop that call's output layer, and c came out 2-4x too low).
+    target_cache, drafter_cache, logits, states = carry
+    # Each iteration's tokens depend on the last pass's logits and every draft is the argmax of
+    # the drafter's logits, as in the loop: every logit is needed, so XLA cannot drop an output
+    # layer (a loop that discarded the first drafter call's logits let it drop that call's output
+    # layer, and c came out 2-4x too low).
     pending = (jnp.argmax(logits[:, -1], -1) + i) % 7 + 2
-    tokens = jnp.stack([pending, pending], axis=1)
-    draft_logits, drafter_cache = drafter_steps.step(
-      drafter_params, tokens, drafter_cache.replace(end_index=position)
+    seq = jnp.broadcast_to(pending[:, None], (batch, cache_len))
+    drafts, _, drafter_cache = decode._draft(
+      drafter_steps,
+      drafter_params,
+      drafter_cache,
+      seq,
+      position,
+      jax.random.key(0),  # unused when greedy, as in the loop
+      gamma=gamma,
+      sampling=None,
+      greedy=True,
+      target_states=None if states is None else (states, position - 1),
     )
-    drafts = [jnp.argmax(draft_logits[:, -1], -1)]
-    for _ in range(gamma - 1):
-      draft_logits, drafter_cache = drafter_steps.step(
-        drafter_params, drafts[-1][:, None], drafter_cache
-      )
-      drafts.append(jnp.argmax(draft_logits[:, 0], -1))
-    logits, target_cache = target_steps.step(
+    logits, states, target_cache = decode._target_pass(
+      target_steps,
       target_params,
-      jnp.stack([pending, *drafts], axis=1),
+      jnp.concatenate([pending[:, None], drafts], axis=1),
       target_cache.replace(end_index=position),
+      with_states=reads_states,
     )
-    return target_cache, drafter_cache, logits
+    return target_cache, drafter_cache, logits, states
 
   logits = jnp.zeros((batch, gamma + 1, target_steps.vocab_size), jnp.float32)
-  return jax.lax.fori_loop(0, calls, body, (target_cache, drafter_cache, logits))[2]
+  carry = (target_cache, drafter_cache, logits, states)
+  return jax.lax.fori_loop(0, calls, body, carry)[2]
 
 
 def _per_call(run: Callable[[int], object], calls: tuple[int, int], repeats: int) -> float:

@@ -646,3 +646,156 @@ def test_negative_control_shared_encoder_q_before_transform_fails(monkeypatch):
   jax.clear_caches()
   impossible = set(map(tuple, samples.tolist())) - set(exact)
   assert impossible or _chi_square_pvalue(samples, exact) < SIGNIFICANCE
+
+
+# ---------------------------------------------------------------------------------------------
+# An EAGLE-style drafter: reads the target's final decoder states (feature_dim).
+
+
+def _eagle_drafter(target, seed=4):
+  config = dataclasses.replace(
+    t5.CONFIGS['tiny-v1.0'],
+    num_encoder_layers=0,
+    encoder_dim=target.config.d_model,
+    feature_dim=target.config.d_model,
+    d_model=16,
+    d_kv=4,
+    d_ff=32,
+    num_decoder_layers=1,
+  )
+  return t5.T5Model(config=config, params=t5.init_params(jax.random.key(seed), config))
+
+
+@pytest.mark.parametrize('verifier', ['token', 'block'])
+@pytest.mark.parametrize('gamma', [1, 3])
+def test_greedy_equals_generate_with_eagle_drafter(verifier, gamma):
+  target, _ = _t5_pair()
+  drafter = _eagle_drafter(target)
+  assert drafter.steps.reads_target_states
+  ids, mask = _source(vocab=target.config.vocab_size)
+  kwargs = dict(sampling=GREEDY, max_new_tokens=16, rng=jax.random.key(0))
+  ref = decode.generate(target, ids, mask, **kwargs)
+  out = decode.speculative_generate(
+    target, drafter, ids, mask, gamma=gamma, verifier=verifier, **kwargs
+  )
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  np.testing.assert_array_equal(out.lengths, ref.lengths)
+
+
+def test_eagle_drafter_errors():
+  target, _ = _t5_pair()
+  drafter = _eagle_drafter(target)
+  ids, mask = _source(vocab=target.config.vocab_size)
+  kwargs = dict(sampling=GREEDY, max_new_tokens=4, rng=jax.random.key(0))
+  with pytest.raises(ValueError, match='has no encoder'):
+    decode.generate(drafter, ids, mask, **kwargs)  # it cannot decode alone
+  cache = drafter.steps.init_cache(drafter.params, jnp.zeros((1, 3, 32)), jnp.ones((1, 3)), 8)
+  with pytest.raises(ValueError, match='drafts only inside speculative_generate'):
+    drafter.steps.step(drafter.params, jnp.zeros((1, 1), jnp.int32), cache)  # no states to read
+  other = dataclasses.replace(drafter.config, feature_dim=8)
+  other = t5.T5Model(config=other, params=t5.init_params(jax.random.key(0), other))
+  with pytest.raises(ValueError, match='feature_dim=8.*width 32'):
+    decode.speculative_generate(target, other, ids, mask, gamma=2, **kwargs)
+
+
+def test_eagle_drafts_read_the_targets_states_then_their_own():
+  """Every iteration's first two drafts are what the drafter computes teacher-forced on the
+  emitted prefix with the target's true state before each position, then (second draft) its own
+  predicted state: the loop re-feeds the accepted positions with true states and threads the
+  predicted ones. Negative control: the same check with states misaligned by one position
+  disagrees, so the check can see a bookkeeping slip."""
+  target, _ = _t5_pair()
+  drafter = _eagle_drafter(target)
+  tc, dc = target.config, drafter.config
+  ids, mask = _source(batch=3, vocab=tc.vocab_size)
+  out = decode.speculative_generate(
+    target,
+    drafter,
+    ids,
+    mask,
+    gamma=3,
+    sampling=GREEDY,
+    max_new_tokens=16,
+    rng=jax.random.key(0),
+    trace=True,
+  )
+  tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+  drafts = np.asarray(out.trace.drafts)
+  emitted = np.asarray(out.trace.emitted)
+  encoded = t5.encode(target.params, ids, mask, config=tc)
+
+  def first_two_drafts(row, n, x1, shift):
+    """Drafts 1 and 2 the drafter computes after emitted prefix tokens[row, :n]."""
+    seq = np.concatenate([[tc.decoder_start_token_id], tokens[row, :n]])[None]
+    states = t5.decoder_states(
+      target.params, encoded[row : row + 1], mask[row : row + 1], seq, config=tc
+    )
+    true = np.asarray(t5.shift_states(states))
+    if shift:  # the bug a check must catch: each position reads its own state, not the one before
+      true = np.asarray(states)
+    own = t5.decoder_states(
+      drafter.params, encoded[row : row + 1], mask[row : row + 1], seq, config=dc, features=true
+    )
+    first = int(np.argmax(t5.output_logits(drafter.params, own, config=dc)[0, -1]))
+    predicted = t5.predicted_features(drafter.params, own[:, -1:], config=dc)
+    seq2 = np.concatenate([seq, [[x1]]], axis=1)
+    feats2 = np.concatenate([true, np.asarray(predicted)], axis=1)
+    own2 = t5.decoder_states(
+      drafter.params, encoded[row : row + 1], mask[row : row + 1], seq2, config=dc, features=feats2
+    )
+    second = int(np.argmax(t5.output_logits(drafter.params, own2, config=dc)[0, -1]))
+    return first, second
+
+  checked, misaligned_agree = 0, 0
+  for row in range(tokens.shape[0]):
+    n = 0
+    for it in range(emitted.shape[1]):
+      if emitted[row, it] == 0 or n >= lengths[row]:
+        break
+      x1 = int(drafts[row, it, 0])
+      assert first_two_drafts(row, n, x1, shift=False) == tuple(drafts[row, it, :2]), (row, it)
+      misaligned_agree += first_two_drafts(row, n, x1, shift=True) == tuple(drafts[row, it, :2])
+      checked += 1
+      n += int(emitted[row, it])
+  assert checked >= 10
+  assert misaligned_agree < checked
+
+
+def _eagle_prefixes(verifier):
+  """(100k sampled first-3-token rows, stats, exact distribution) with an EAGLE-style drafter."""
+  target, _ = _t5_pair()
+  drafter = _eagle_drafter(target)
+  ids = jnp.tile(_SHARED_SOURCE, (PREFIX_ROWS, 1))
+  out = decode.speculative_generate(
+    target,
+    drafter,
+    ids,
+    jnp.ones_like(ids),
+    gamma=2,
+    verifier=verifier,
+    sampling=_SHARED_SAMPLING,
+    max_new_tokens=PREFIX_LENGTH,
+    rng=jax.random.key(6),
+  )
+  exact = _exact_t5_prefixes(
+    target, _SHARED_SOURCE, jnp.ones_like(_SHARED_SOURCE), _SHARED_SAMPLING, PREFIX_LENGTH
+  )
+  return np.asarray(out.tokens), out.stats, exact
+
+
+@pytest.mark.parametrize('verifier', ['token', 'block'])
+def test_eagle_drafter_is_lossless(verifier):
+  """100k rows through the jitted loop: the first 3 tokens match the target's exact joint."""
+  samples, stats, exact = _eagle_prefixes(verifier)
+  assert _chi_square_pvalue(samples, exact) > SIGNIFICANCE
+  assert 0 < int(stats.accepted.sum()) < int(stats.drafted.sum())
+
+
+def test_negative_control_eagle_q_before_transform_fails(monkeypatch):
+  monkeypatch.setattr(decode, '_draft_token', _q_before_transform)
+  jax.clear_caches()
+  samples, _, exact = _eagle_prefixes('token')
+  monkeypatch.undo()
+  jax.clear_caches()
+  impossible = set(map(tuple, samples.tolist())) - set(exact)
+  assert impossible or _chi_square_pvalue(samples, exact) < SIGNIFICANCE

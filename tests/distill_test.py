@@ -100,6 +100,9 @@ def test_configs_share_one_parser():
   c = distill_drafter.get_config('independent,student.num_decoder_layers=2,divergence=tvd')
   assert c.student.num_encoder_layers == 2 and c.student.num_decoder_layers == 2
   assert c.divergence == 'tvd'
+  # A field that is off by default (None) takes a number as a number, 'none' as None.
+  c = distill_drafter.get_config('student.feature_dim=512,independent,student.encoder_dim=none')
+  assert c.student.feature_dim == 512 and c.student.encoder_dim is None
   with pytest.raises(ValueError, match='Unknown config item'):
     train_target.get_config('runlokal')
 
@@ -240,3 +243,48 @@ def test_target_outputs_are_reused_only_for_the_same_target_and_sources(tmp_path
     distill_data.generate_outputs(teacher, other_sources, progress=False, **kw)
   with pytest.raises(ValueError, match='computed from other sources'):
     distill_data.generate_outputs(teacher, data, progress=False, **dict(kw, temperature=0.0))
+
+
+def test_model_fingerprint_is_unchanged_by_a_newer_config_field_at_its_default():
+  """Caches written before T5Config gained `feature_dim` stay valid: at its default the field is
+  left out of the fingerprint (the repr the old fingerprints hashed); set, it changes it."""
+  config = t5.CONFIGS['tiny-v1.0']
+  model = t5.T5Model(config, t5.init_params(jax.random.key(0), config))
+  old_repr = repr(config).replace(', feature_dim=None', '')
+  assert 'feature_dim' not in old_repr
+  old = distill_data._digest(distill_data._Verbatim(old_repr), *jax.tree.leaves(model.params))
+  assert distill_data.model_digest(model) == old
+  eagle = dataclasses.replace(model, config=dataclasses.replace(config, feature_dim=8))
+  assert distill_data.model_digest(eagle) != old
+
+
+@pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
+def test_runlocal_distillation_of_an_eagle_style_drafter(tmp_path):
+  """student.feature_dim=0: a drafter reading the target's states trains (two passes, the state
+  prediction loss) and plugs into the loop; greedy output is still the target's."""
+  sources = tmp_path / 'sources.tsv'
+  test = pretrained.load('ende').test_pairs()
+  sources.write_text(''.join(f'{s}\t{t}\n' for s, t in test[:40]))
+  config = distill_drafter.get_config(
+    f'student.feature_dim=0,runlocal,train_file={sources},valid_file={sources}'
+  )
+  assert config.on_policy_every == 0  # it cannot draft alone
+  distill.distill_and_evaluate(config, str(tmp_path / 'run'))
+  records = (tmp_path / 'run' / 'metrics.jsonl').read_text().splitlines()
+  train = [r for r in map(json.loads, records) if r['kind'] == 'train']
+  assert train and all(np.isfinite(r['feature_error']) and 'agree_own' in r for r in train)
+  drafter = checkpoints.restore(tmp_path / 'run' / 'final')
+  pair = pretrained.load('ende')
+  assert drafter.config.feature_dim == pair.target.config.d_model
+  ids, mask = pair.tokenizer.encode_batch([s for s, _ in test[:3]], 32, truncate=True)
+  kw = dict(
+    sampling=distill.sampling_lib.SamplingConfig(temperature=0.0),
+    max_new_tokens=16,
+    rng=jax.random.key(0),
+  )
+  ref = decode.generate(pair.target, ids, mask, **kw)
+  out = decode.speculative_generate(pair.target, drafter, ids, mask, gamma=3, **kw)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  config.on_policy_every = 2
+  with pytest.raises(ValueError, match='on_policy_every needs a drafter that can draft alone'):
+    distill.distill_and_evaluate(config, str(tmp_path / 'again'))

@@ -151,3 +151,21 @@ def test_a_tied_drafter_does_not_grow_wider():
     t5_growth.grow(
       _model(DRAFTER), dataclasses.replace(DRAFTER, num_encoder_layers=1), jax.random.key(0)
     )
+
+
+def test_add_feature_input_keeps_the_function():
+  """Made EAGLE-style, a decoder computes what it computed, whatever the features it reads."""
+  small = _model(SMALL)
+  eagle = t5_growth.add_feature_input(small, 10, jax.random.key(2))
+  assert eagle.config == dataclasses.replace(SMALL, feature_dim=10)
+  ids, mask, dec = _batch()
+  encoded = t5.encode(small.params, ids, mask, config=SMALL)
+  features = jax.random.normal(jax.random.key(3), dec.shape + (10,))
+  states = t5.decoder_states(
+    eagle.params, encoded, mask, dec, config=eagle.config, features=features
+  )
+  want = _logits(small, ids, mask, dec)
+  got = t5.output_logits(eagle.params, states, config=eagle.config)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match='already reads features'):
+    t5_growth.add_feature_input(eagle, 10, jax.random.key(2))

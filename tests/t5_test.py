@@ -397,3 +397,40 @@ def test_forward_dropout_is_off_at_rate_0_and_keyed_otherwise():
   a, b = run((jax.random.key(0), 0.2)), run((jax.random.key(1), 0.2))
   np.testing.assert_array_equal(run((jax.random.key(0), 0.2)), a)
   assert not np.allclose(a, plain, atol=1e-3) and not np.allclose(a, b, atol=1e-3)
+
+
+def test_feature_reading_decoder_chunks_match_teacher_forcing():
+  """An EAGLE-style decoder (feature_dim): chunked incremental decoding with per-position
+  features gives the teacher-forced states, logits and predicted features; different features
+  give different logits (they are read); it refuses to run without them."""
+  config = dataclasses.replace(t5.CONFIGS['tiny-v1.1'], feature_dim=12)
+  params = t5.init_params(jax.random.key(3), config)
+  ids, mask = _source(config)
+  dec = _targets(config)
+  features = jax.random.normal(jax.random.key(4), dec.shape + (12,))
+  encoded = t5.encode(params, ids, mask, config=config)
+  states = t5.decoder_states(params, encoded, mask, dec, config=config, features=features)
+  cache = t5.init_cache(params, encoded, mask, config=config, max_decode_len=_MAX_DECODE_LEN)
+  got_logits, got_states = [], []
+  for start, stop in [(0, 5), (5, 6), (6, 16)]:
+    logits, chunk_states, cache = t5.decode(
+      params,
+      dec[:, start:stop],
+      cache,
+      config=config,
+      features=features[:, start:stop],
+      return_states=True,
+    )
+    got_logits.append(logits)
+    got_states.append(chunk_states)
+  np.testing.assert_allclose(jnp.concatenate(got_states, 1), states, atol=1e-5)
+  np.testing.assert_allclose(
+    jnp.concatenate(got_logits, 1), t5.output_logits(params, states, config=config), atol=1e-5
+  )
+  assert t5.predicted_features(params, states, config=config).shape == features.shape
+  other = t5.decoder_states(params, encoded, mask, dec, config=config, features=features * 0)
+  assert not np.allclose(other, states, atol=1e-3)
+  with pytest.raises(ValueError, match='features must be given exactly when'):
+    t5.decoder_states(params, encoded, mask, dec, config=config)
+  np.testing.assert_array_equal(t5.shift_states(features)[:, 1:], features[:, :-1])
+  np.testing.assert_array_equal(t5.shift_states(features)[:, 0], 0)

@@ -67,3 +67,19 @@ def test_iteration_timer_keeps_every_drafter_output_layer():
 
   control = discarding.lower(params, encoded).compile().as_text()
   assert not _computes_two_position_logits(control, vocab)
+
+
+def test_timers_run_a_drafter_that_reads_the_target_states():
+  """An EAGLE-style drafter is timed as the loop runs it (`decode._draft` with the last pass's
+  states; its bare step reads zero states), and such a drafter cannot be timed by `step` alone."""
+  target = _tiny('tiny-v1.1')
+  config = dataclasses.replace(
+    t5.CONFIGS['tiny-v1.0'], num_encoder_layers=0, encoder_dim=32, feature_dim=32,
+    num_decoder_layers=1,
+  )  # fmt: skip
+  drafter = t5.T5Model(config, t5.init_params(jax.random.key(1), config))
+  kw = dict(batch_size=1, source_length=8, cache_len=32, repeats=1, calls=(1, 3))
+  assert timing.step_seconds(drafter, target=target, **kw) >= 0
+  assert timing.iteration_seconds(target, drafter, gamma=3, **kw) >= 0
+  costs = timing.step_costs(target, drafter, batch_size=1, source_length=8, gamma=2, rounds=1)
+  assert costs['c'] >= 0 and costs['pass_cost'] > 0

@@ -97,8 +97,15 @@ def _scalar(kind, text: str):
     if text.lower() not in ('true', 'false'):
       raise ValueError(f'expected true or false, got {text!r}')
     return text.lower() == 'true'
-  if kind is type(None):
-    return None if text.lower() == 'none' else text
+  if kind is type(None):  # a field that is off by default: None, or a number, or text
+    if text.lower() == 'none':
+      return None
+    for number in (int, float):
+      try:
+        return number(text)
+      except ValueError:
+        pass
+    return text
   return kind(text)
 
 

@@ -9,6 +9,8 @@ r"""Distil a drafter from the shipped target (DistillSpec-style; `specdec_jax.di
       --workdir=workdir/distill_grown                  # for the 48M target of pretrained/ende48m
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:deeper \
       --workdir=workdir/distill_deeper                 # its drafter, 2 layers deep
+  python -m scripts.distill --config=experiments/configs/distill_drafter.py:eagle \
+      --workdir=workdir/distill_eagle                  # its drafter reading the target's states
   # your own pair: --config.teacher=/path/to/t5 (ours, HF or T5X) --config.tokenizer=spm.model
   #                --config.train_file=sources.tsv --config.valid_file=valid.tsv
 
@@ -55,13 +57,25 @@ def _deeper(c):
   c.data_temperatures = (0.0, 1.0)  # greedy and sampled outputs: both alphas count
 
 
+def _eagle(c):
+  # pretrained/ende48m's distilled drafter made EAGLE-style (Li et al. 2024): it also reads the
+  # target's final decoder state at the previous position (feature_dim; t5_growth.
+  # add_feature_input starts it computing what it computed) and learns to predict that state to
+  # feed itself while drafting.
+  _deeper(c)
+  c.student.num_decoder_layers = 1
+  c.student.feature_dim = 0  # 0: the target's d_model
+  c.learning_rate, c.num_train_steps, c.eval_every = 1e-3, 2000, 500
+  c.on_policy_every = 0  # it cannot draft without the target
+
+
 def _runlocal(c):
   train_common.shrink(c)
   c.num_train_sources, c.num_valid_sources = 64, 16
   c.generate_batch_size = 16
   c.batch_size, c.num_train_steps, c.eval_every, c.checkpoint_every = 8, 4, 2, 2
   c.log_every, c.eval_batch_size, c.warmup_steps = 2, 8, 1
-  c.on_policy_every = 2
+  c.on_policy_every = 2 if c.student.feature_dim is None else 0
   c.progress = False
 
 
@@ -77,6 +91,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.generate_batch_size = 64
   c.divergence = 'fkl'  # 'fkl' | 'rkl' | 'tvd' (specdec_jax.distill.DIVERGENCES)
   c.on_policy_every = 0  # k > 0: every k-th batch is drafted by the student itself
+  # An EAGLE-style student (student.feature_dim set): teacher-forced passes per step (the 2nd on
+  # reads its own predicted states at a random half of the positions; distill._student_passes)
+  # and the weight of its state-prediction error in the loss.
+  c.feature_passes = 2
+  c.feature_weight = 0.5
   # Run the target over the training pairs once (its encoder output and final decoder states,
   # kept in RAM: 4 bytes x d_model per token) so that each step pays only its output layer; the
   # loss is the same. False: the whole target runs in every step (no memory needed).
@@ -104,6 +123,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       num_encoder_layers=0,
       num_decoder_layers=1,
       encoder_dim=0,  # 0: the target's d_model (a decoder over the target's encoder)
+      # None: an ordinary decoder; 0 (the target's d_model): EAGLE-style, it also reads the
+      # target's final decoder states (T5Config.feature_dim).
+      feature_dim=None,
       feed_forward='gated-gelu',
       tie_word_embeddings=True,
       max_source_length=512,
@@ -118,5 +140,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       'independent': _independent,
       'grown': _grown,
       'deeper': _deeper,
+      'eagle': _eagle,
     },
   )

@@ -75,6 +75,10 @@ class T5Steps:
   max_target_length = property(lambda self: self.config.max_target_length)
   # No encoder of its own: the decode loops hand it the target's `encode` output.
   shares_target_encoder = property(lambda self: self.config.num_encoder_layers == 0)
+  # An EAGLE-style drafter: reads the target's final decoder states (`step_features`).
+  reads_target_states = property(lambda self: self.config.feature_dim is not None)
+  feature_dim = property(lambda self: self.config.feature_dim)
+  state_dim = property(lambda self: self.config.d_model)  # width of `step_states`' states
 
   def encode(self, params, input_ids, input_mask):
     return encode(params, input_ids, input_mask, config=self.config)
@@ -85,7 +89,25 @@ class T5Steps:
     )
 
   def step(self, params, tokens, cache):
+    if self.reads_target_states:
+      raise ValueError(
+        "This T5 reads the target's decoder states (feature_dim is set): it drafts only inside "
+        'speculative_generate, which feeds them (step_features).'
+      )
     return decode(params, tokens, cache, config=self.config)
+
+  def step_states(self, params, tokens, cache):
+    """`step` that also returns the normed final decoder states [B, T, D] (what an EAGLE-style
+    drafter of this target reads)."""
+    return decode(params, tokens, cache, config=self.config, return_states=True)
+
+  def step_features(self, params, tokens, features, cache):
+    """An EAGLE-style drafter's step: features [B, T, feature_dim] hold the target's state at the
+    position before each token -> (logits, the predicted target state at each position, cache)."""
+    logits, states, cache = decode(
+      params, tokens, cache, config=self.config, features=features, return_states=True
+    )
+    return logits, predicted_features(params, states, config=self.config), cache
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,6 +175,9 @@ def init_params(rng: jax.Array, config: T5Config) -> Params:
     }
   if not config.tie_word_embeddings:
     decoder['logits_dense'] = {'kernel': ((d, config.vocab_size), kernel)}
+  if config.feature_dim:
+    decoder['feature_in'] = {'kernel': ((config.feature_dim, d), kernel)}
+    decoder['feature_out'] = {'kernel': ((d, config.feature_dim), kernel)}
   specs = {
     'token_embedder': {'embedding': ((config.vocab_size, d), init.normal(1.0))},
     'encoder': encoder,
@@ -299,6 +324,7 @@ def _decoder(
   config: T5Config,
   self_cache: tuple[jax.Array, jax.Array, jax.Array] | None = None,
   dropout: Dropout = None,
+  features: jax.Array | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
   """The decoder stack on T new positions, up to its final norm (`_logits` is the output layer).
 
@@ -314,10 +340,17 @@ def _decoder(
       are positions end_index[b] + t, their keys/values are written there, and they attend to the
       cache.
     dropout: (key, rate) for training (see `forward`), or None.
+    features: [B, T, feature_dim] for a model with `config.feature_dim` (and only then): the
+      target's final decoder state at the position before each token (zeros before position 0).
 
   Returns:
     the normed final states [B, T, D], and the updated (self_k, self_v) (None without a cache).
   """
+  if (features is None) != (config.feature_dim is None):
+    raise ValueError(
+      f'features must be given exactly when config.feature_dim is set: feature_dim '
+      f'{config.feature_dim}, features {None if features is None else features.shape}.'
+    )
   dec = params['decoder']
   t = tokens.shape[1]
   if self_cache is None:
@@ -335,7 +368,10 @@ def _decoder(
   cross_mask = encoder_mask[:, None, None, :]
 
   drop = dropper(dropout, stream=1)
-  x = drop(_embed(params, tokens, config), 0)
+  x = _embed(params, tokens, config)
+  if features is not None:
+    x = x + _dense(features, dec['feature_in'], config)
+  x = drop(x, 0)
   for i in range(config.num_decoder_layers):
     layer = dec[f'layers_{i}']
     h = _rms_norm(x, layer['pre_self_attention_layer_norm'], config)
@@ -458,8 +494,14 @@ def init_cache(
 
 
 def decode(
-  params: Params, tokens: jax.Array, cache: cache_lib.DecoderCache, *, config: T5Config
-) -> tuple[jax.Array, cache_lib.DecoderCache]:
+  params: Params,
+  tokens: jax.Array,
+  cache: cache_lib.DecoderCache,
+  *,
+  config: T5Config,
+  features: jax.Array | None = None,
+  return_states: bool = False,
+):
   """Scores T new decoder positions per row and appends them to the cache.
 
   tokens[b, t] is decoder position end_index[b] + t (the decoder input is
@@ -472,9 +514,13 @@ def decode(
     tokens: int32[B, T] decoder inputs, any T >= 1 with end_index + T <= S_max.
     cache: `DecoderCache` from `init_cache` or an earlier `decode`.
     config: model config.
+    features: [B, T, feature_dim], for (only) a model with `config.feature_dim`: the target's
+      state at the position before each token.
+    return_states: also return the normed final decoder states [B, T, D].
 
   Returns:
-    (logits f32[B, T, V] predicting position end_index[b] + t + 1, cache with end_index += T).
+    (logits f32[B, T, V] predicting position end_index[b] + t + 1, cache with end_index += T);
+    (logits, states, cache) with `return_states`.
   """
   if tokens.ndim != 2 or tokens.shape[0] != cache.end_index.shape[0]:
     raise ValueError(f'decode needs tokens [B={cache.end_index.shape[0]}, T], got {tokens.shape}.')
@@ -490,10 +536,11 @@ def decode(
     cache.encoder_mask,
     config=config,
     self_cache=(cache.self_k, cache.self_v, cache.end_index),
+    features=features,
   )
-  return _logits(params, states, config), cache.replace(
-    self_k=self_k, self_v=self_v, end_index=cache.end_index + tokens.shape[1]
-  )
+  cache = cache.replace(self_k=self_k, self_v=self_v, end_index=cache.end_index + tokens.shape[1])
+  logits = _logits(params, states, config)
+  return (logits, states, cache) if return_states else (logits, cache)
 
 
 def forward(
@@ -565,15 +612,24 @@ def decoder_states(
   decoder_input_ids: jax.Array,
   *,
   config: T5Config,
+  features: jax.Array | None = None,
 ) -> jax.Array:
   """`decode_forward` up to the output layer: the normed final decoder states [B, T, D].
 
   `output_logits(params, states, config=config)` turns them into `decode_forward`'s logits (a
   distillation caches a big target's states once and pays only its output layer per step).
+  `features` [B, T, feature_dim]: for (only) an EAGLE-style model, the target's state at the
+  position before each token (`shift_states` of the target's `decoder_states`).
   """
   cross_k, cross_v = _cross_kv(params, encoded, config)
   states, _ = _decoder(
-    params, decoder_input_ids, cross_k, cross_v, input_mask.astype(bool), config=config
+    params,
+    decoder_input_ids,
+    cross_k,
+    cross_v,
+    input_mask.astype(bool),
+    config=config,
+    features=features,
   )
   return states
 
@@ -581,6 +637,18 @@ def decoder_states(
 def output_logits(params: Params, states: jax.Array, *, config: T5Config) -> jax.Array:
   """The output layer: `decoder_states` [B, T, D] -> f32[B, T, V] logits."""
   return _logits(params, jnp.asarray(states, config.dtype), config)
+
+
+def predicted_features(params: Params, states: jax.Array, *, config: T5Config) -> jax.Array:
+  """An EAGLE-style model's prediction of the target's state at each position: its own normed
+  states [B, T, D] -> [B, T, feature_dim]. While drafting, it is the next position's features."""
+  return _dense(states, params['decoder']['feature_out'], config).astype(jnp.float32)
+
+
+def shift_states(states: jax.Array) -> jax.Array:
+  """The features an EAGLE-style model reads at each decoder position: [B, T, F] -> the state at
+  the position before (zeros at position 0), as `shift_right` does for tokens."""
+  return jnp.pad(states, ((0, 0), (1, 0), (0, 0)))[:, :-1]
 
 
 def shift_right(targets: jax.Array, decoder_start_token_id: int) -> jax.Array:

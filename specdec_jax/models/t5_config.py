@@ -37,6 +37,11 @@ class T5Config:
   # without an encoder of its own (num_encoder_layers = 0) reads another model's encoder output:
   # a drafter over the target's encoder sets encoder_dim to the target's d_model.
   encoder_dim: int | None = None
+  # Width of the *target's* final decoder states this decoder reads (an EAGLE-style drafter, Li et
+  # al. 2024; None: an ordinary decoder). Position t's input adds a projection of the target's
+  # state at position t - 1 to the token embedding, and the decoder predicts the target's state at
+  # t, which stands in for it at position t + 1 while drafting (`t5.predicted_features`).
+  feature_dim: int | None = None
 
   def __post_init__(self):
     positive = (
@@ -56,10 +61,11 @@ class T5Config:
     n = self.num_encoder_layers
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
       raise ValueError(f'T5Config.num_encoder_layers must be an int >= 0, got {n!r}.')
-    dim = self.encoder_dim
-    if dim is not None and (not isinstance(dim, int) or isinstance(dim, bool) or dim < 1):
-      raise ValueError(f'T5Config.encoder_dim must be a positive int or None, got {dim!r}.')
-    if n == 0 and dim is None:
+    for name in ('encoder_dim', 'feature_dim'):
+      dim = getattr(self, name)
+      if dim is not None and (not isinstance(dim, int) or isinstance(dim, bool) or dim < 1):
+        raise ValueError(f'T5Config.{name} must be a positive int or None, got {dim!r}.')
+    if n == 0 and self.encoder_dim is None:
       raise ValueError(
         "T5Config with num_encoder_layers=0 reads another model's encoder "
         "output: set encoder_dim to that encoder's width (its d_model)."

@@ -23,6 +23,9 @@ encoder output is the old one with each dimension copied k times, so the drafter
 cross-attention key/value rows are copied and divided by k, and over the grown target's encoder
 it computes what it computed over the old one: its distillation to the grown target starts from
 there.
+
+`add_feature_input(model, feature_dim, rng)` makes a decoder an EAGLE-style one (it reads the
+target's decoder states, `T5Config.feature_dim`) that starts computing what it computed.
 """
 
 import dataclasses
@@ -208,4 +211,24 @@ def follow_grown_encoder(
     layer['encoder_decoder_attention'] = cross
     decoder[f'layers_{i}'] = layer
   config = dataclasses.replace(old, encoder_dim=encoder_dim)
+  return t5.T5Model(config=config, params={**model.params, 'decoder': decoder})
+
+
+def add_feature_input(model: t5.T5Model, feature_dim: int, rng: jax.Array) -> t5.T5Model:
+  """`model` as an EAGLE-style decoder reading target states of width `feature_dim`
+  (`T5Config.feature_dim`) that computes exactly what `model` computed: the feature input
+  projection starts at zero; the state predictor (`feature_out`) is randomly initialised.
+
+  Raises:
+    ValueError: `model` already reads target states.
+  """
+  if model.config.feature_dim is not None:
+    raise ValueError(f'The model already reads features (feature_dim {model.config.feature_dim}).')
+  config = dataclasses.replace(model.config, feature_dim=feature_dim)
+  fresh = t5.init_params(rng, config)['decoder']
+  decoder = dict(
+    model.params['decoder'],
+    feature_in={'kernel': jnp.zeros_like(fresh['feature_in']['kernel'])},
+    feature_out=fresh['feature_out'],
+  )
   return t5.T5Model(config=config, params={**model.params, 'decoder': decoder})
