@@ -217,7 +217,8 @@ def plot(table: list[dict], path: str) -> None:
       for xi, d in zip(x, [d for d in drafters if d in by_drafter]):
         if by_drafter[d]['paper_alpha'] is not None:
           ax.plot([xi - width / 2, xi + width / 2], [by_drafter[d]['paper_alpha']] * 2, 'k-', lw=2)
-    ax.plot([], [], 'k-', lw=2, label='paper (T5-XXL, Table 3)')
+    if any(r['paper_alpha'] is not None for r in sub):
+      ax.plot([], [], 'k-', lw=2, label='paper (T5-XXL, Table 3)')
     ax.set_xticks(range(len(drafters)), drafters)
     ax.set(ylim=(0, 1), ylabel='alpha', title=f'{task}: alpha by drafter and sampling')
     ax.grid(axis='y', alpha=0.3)
