@@ -666,8 +666,7 @@ def _eagle_drafter(target, seed=4):
   return t5.T5Model(config=config, params=t5.init_params(jax.random.key(seed), config))
 
 
-@pytest.mark.parametrize('verifier', ['token', 'block'])
-@pytest.mark.parametrize('gamma', [1, 3])
+@pytest.mark.parametrize('verifier,gamma', [('token', 1), ('block', 3)])
 def test_greedy_equals_generate_with_eagle_drafter(verifier, gamma):
   target, _ = _t5_pair()
   drafter = _eagle_drafter(target)
@@ -784,7 +783,7 @@ def _eagle_prefixes(verifier):
   return np.asarray(out.tokens), out.stats, exact
 
 
-@pytest.mark.parametrize('verifier', ['token', 'block'])
+@pytest.mark.parametrize('verifier', ['token', pytest.param('block', marks=pytest.mark.slow)])
 def test_eagle_drafter_is_lossless(verifier):
   """100k rows through the jitted loop: the first 3 tokens match the target's exact joint."""
   samples, stats, exact = _eagle_prefixes(verifier)

@@ -258,6 +258,7 @@ def test_model_fingerprint_is_unchanged_by_a_newer_config_field_at_its_default()
   assert distill_data.model_digest(eagle) != old
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
 def test_runlocal_distillation_of_an_eagle_style_drafter(tmp_path):
   """student.feature_dim=0: a drafter reading the target's states trains (two passes, the state
