@@ -27,12 +27,12 @@ arrays, no cumulative sums over V and no random numbers.
 
 from typing import Any, NamedTuple
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import step_models, validation, verify
+from specdec_jax.decode_stats import DecodeOutput, DecodeStats, SpeculativeTrace  # noqa: F401 (API)
 from specdec_jax.validation import NonFiniteError  # noqa: F401  (raised by the public functions)
 
 PAD_ID = 0
@@ -46,119 +46,6 @@ def buffer_length(max_new_tokens: int, gamma: int) -> int:
   past their end where nothing is read, so the last slot touched is M + G + 1.
   """
   return max_new_tokens + gamma + 2
-
-
-@flax.struct.dataclass
-class DecodeStats:
-  """Per-row counters of one decoding call (all shaped [B] unless stated).
-
-  Built by `DecodeStats.zeros`, advanced by `accumulate` once per loop iteration, read through the
-  properties; `summed()` pools the rows (e.g. over a whole test set) before reading them.
-
-  Attributes:
-    target_calls: int32[B] target forward passes while the row was still emitting.
-    drafted: int32[B] draft tokens proposed (gamma per target call).
-    accepted: int32[B] draft tokens accepted by the verifier.
-    accepted_per_position: int32[B, G] times the draft at position i (0-based) was accepted.
-    beta_sum: float32[B] sum of beta = sum_x min(p, q) over verified positions (i <= tau + 1).
-    beta_count: int32[B] number of verified positions.
-    nonfinite: int32[B] target calls whose logits or probabilities held a NaN or inf (never a
-      silent answer: `generate` / `speculative_generate` raise when it is nonzero, unless asked
-      not to).
-  """
-
-  target_calls: jax.Array
-  drafted: jax.Array
-  accepted: jax.Array
-  accepted_per_position: jax.Array
-  beta_sum: jax.Array
-  beta_count: jax.Array
-  nonfinite: jax.Array
-
-  @classmethod
-  def zeros(cls, batch: int, gamma: int) -> 'DecodeStats':
-    zero = jnp.zeros((batch,), jnp.int32)
-    return cls(
-      target_calls=zero,
-      drafted=zero,
-      accepted=zero,
-      accepted_per_position=jnp.zeros((batch, gamma), jnp.int32),
-      beta_sum=jnp.zeros((batch,), jnp.float32),
-      beta_count=zero,
-      nonfinite=zero,
-    )
-
-  def accumulate(
-    self, active: jax.Array, num_accepted: jax.Array, beta: jax.Array, nonfinite: jax.Array
-  ) -> 'DecodeStats':
-    """Adds one target call for the `active` rows.
-
-    Args:
-      active: bool[B] rows still emitting before this call.
-      num_accepted: int32[B] tau, drafts accepted (0 for autoregressive decoding).
-      beta: float32[B, G] beta of each draft position; positions after tau + 1 were never
-        verified and are not counted. [B, 0] for autoregressive decoding.
-      nonfinite: bool[B] rows whose logits or probabilities held a NaN or inf in this call.
-    """
-    gamma = beta.shape[1]
-    a = active.astype(jnp.int32)
-    position = jnp.arange(gamma)
-    verified = (position <= num_accepted[:, None]) & active[:, None]
-    return DecodeStats(
-      target_calls=self.target_calls + a,
-      drafted=self.drafted + gamma * a,
-      accepted=self.accepted + num_accepted * a,
-      accepted_per_position=self.accepted_per_position
-      + (position < num_accepted[:, None]) * a[:, None],
-      beta_sum=self.beta_sum + jnp.where(verified, beta, 0.0).sum(-1),
-      beta_count=self.beta_count + verified.sum(-1),
-      nonfinite=self.nonfinite + (nonfinite & active),
-    )
-
-  def summed(self) -> 'DecodeStats':
-    """The counters summed over rows (scalars; [G] per position): pooled alpha and efficiency."""
-    return jax.tree.map(lambda x: jnp.sum(x, axis=0), self)
-
-  @property
-  def block_efficiency(self) -> jax.Array:
-    """float32[B]: mean tokens emitted per target call, (accepted + calls) / calls."""
-    calls = jnp.maximum(self.target_calls, 1)
-    return (self.accepted + self.target_calls) / calls
-
-  @property
-  def alpha(self) -> jax.Array:
-    """float32[B]: measured acceptance rate, the mean of beta over verified positions."""
-    return self.beta_sum / jnp.maximum(self.beta_count, 1)
-
-
-@flax.struct.dataclass
-class DecodeOutput:
-  """tokens int32[B, M] (PAD after the end), lengths int32[B] (EOS included), stats, and the
-  per-iteration `SpeculativeTrace` when `speculative_generate(..., trace=True)` (else None)."""
-
-  tokens: jax.Array
-  lengths: jax.Array
-  stats: DecodeStats
-  trace: Any = None
-
-
-@flax.struct.dataclass
-class SpeculativeTrace:
-  """What each iteration of a speculative run did, per row (I = max_new_tokens iterations at most;
-  an iteration emits at least one token for every row still emitting).
-
-  Attributes:
-    drafts: int32[B, I, G] the drafted tokens X_1..X_G.
-    num_accepted: int32[B, I] tau, the drafts kept.
-    next_token: int32[B, I] Y, the corrected (tau < G) or extra (tau = G) token.
-    emitted: int32[B, I] tokens the iteration appended to the row (0 once it had stopped; fewer
-      than tau + 1 when EOS or the token limit cut the block).
-  """
-
-  drafts: jax.Array
-  num_accepted: jax.Array
-  next_token: jax.Array
-  emitted: jax.Array
 
 
 class _State(NamedTuple):

@@ -608,10 +608,11 @@ _SHARED_SAMPLING = sampling_lib.SamplingConfig(temperature=1.5, top_k=3)
 _SHARED_SOURCE = jnp.asarray([[5, 17, 42, 9]], jnp.int32)
 
 
-def _shared_encoder_prefixes(verifier):
-  """(100k sampled first-3-token rows, stats, exact distribution) with a shared-encoder drafter."""
+def _t5_drafter_prefixes(make_drafter, verifier, seed):
+  """(100k sampled first-3-token rows, stats, exact distribution) of the tiny T5 target with the
+  drafter `make_drafter(target)` builds."""
   target, _ = _t5_pair()
-  drafter = _shared_encoder_drafter(target)
+  drafter = make_drafter(target)
   ids = jnp.tile(_SHARED_SOURCE, (PREFIX_ROWS, 1))
   out = decode.speculative_generate(
     target,
@@ -622,12 +623,16 @@ def _shared_encoder_prefixes(verifier):
     verifier=verifier,
     sampling=_SHARED_SAMPLING,
     max_new_tokens=PREFIX_LENGTH,
-    rng=jax.random.key(4),
+    rng=jax.random.key(seed),
   )
   exact = _exact_t5_prefixes(
     target, _SHARED_SOURCE, jnp.ones_like(_SHARED_SOURCE), _SHARED_SAMPLING, PREFIX_LENGTH
   )
   return np.asarray(out.tokens), out.stats, exact
+
+
+def _shared_encoder_prefixes(verifier):
+  return _t5_drafter_prefixes(_shared_encoder_drafter, verifier, seed=4)
 
 
 @pytest.mark.parametrize('verifier', ['token', 'block'])
@@ -762,25 +767,7 @@ def test_eagle_drafts_read_the_targets_states_then_their_own():
 
 
 def _eagle_prefixes(verifier):
-  """(100k sampled first-3-token rows, stats, exact distribution) with an EAGLE-style drafter."""
-  target, _ = _t5_pair()
-  drafter = _eagle_drafter(target)
-  ids = jnp.tile(_SHARED_SOURCE, (PREFIX_ROWS, 1))
-  out = decode.speculative_generate(
-    target,
-    drafter,
-    ids,
-    jnp.ones_like(ids),
-    gamma=2,
-    verifier=verifier,
-    sampling=_SHARED_SAMPLING,
-    max_new_tokens=PREFIX_LENGTH,
-    rng=jax.random.key(6),
-  )
-  exact = _exact_t5_prefixes(
-    target, _SHARED_SOURCE, jnp.ones_like(_SHARED_SOURCE), _SHARED_SAMPLING, PREFIX_LENGTH
-  )
-  return np.asarray(out.tokens), out.stats, exact
+  return _t5_drafter_prefixes(_eagle_drafter, verifier, seed=6)
 
 
 @pytest.mark.parametrize('verifier', ['token', pytest.param('block', marks=pytest.mark.slow)])

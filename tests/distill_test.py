@@ -30,6 +30,19 @@ def test_token_divergences_match_numpy():
   np.testing.assert_allclose(same['tvd'], 0.0, atol=1e-6)
 
 
+def _assert_greedy_parity(pair, drafter, sources):
+  """The drafter plugs into the loop with the pair's target; greedy output is the target's."""
+  ids, mask = pair.tokenizer.encode_batch(sources, 32, truncate=True)
+  kw = dict(
+    sampling=distill.sampling_lib.SamplingConfig(temperature=0.0),
+    max_new_tokens=16,
+    rng=jax.random.key(0),
+  )
+  ref = decode.generate(pair.target, ids, mask, **kw)
+  out = decode.speculative_generate(pair.target, drafter, ids, mask, gamma=3, **kw)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+
+
 @pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
 @pytest.mark.parametrize(
   'variant', ['runlocal', pytest.param('runlocal,independent', marks=pytest.mark.slow)]
@@ -46,15 +59,7 @@ def test_runlocal_distillation_end_to_end_and_resume(tmp_path, variant):
   assert drafter.steps.shares_target_encoder == ('independent' not in variant)
   # The distilled drafter plugs into the loop; greedy output is still the target's.
   pair = pretrained.load('ende')
-  ids, mask = pair.tokenizer.encode_batch([s for s, _ in test[:3]], 32, truncate=True)
-  kw = dict(
-    sampling=distill.sampling_lib.SamplingConfig(temperature=0.0),
-    max_new_tokens=16,
-    rng=jax.random.key(0),
-  )
-  ref = decode.generate(pair.target, ids, mask, **kw)
-  out = decode.speculative_generate(pair.target, drafter, ids, mask, gamma=3, **kw)
-  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  _assert_greedy_parity(pair, drafter, [source for source, _ in test[:3]])
   # Rerunning resumes at the last step: no step is trained twice, no record written twice.
   records = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
   distill.distill_and_evaluate(config, str(workdir))
@@ -277,15 +282,7 @@ def test_runlocal_distillation_of_an_eagle_style_drafter(tmp_path):
   drafter = checkpoints.restore(tmp_path / 'run' / 'final')
   pair = pretrained.load('ende')
   assert drafter.config.feature_dim == pair.target.config.d_model
-  ids, mask = pair.tokenizer.encode_batch([s for s, _ in test[:3]], 32, truncate=True)
-  kw = dict(
-    sampling=distill.sampling_lib.SamplingConfig(temperature=0.0),
-    max_new_tokens=16,
-    rng=jax.random.key(0),
-  )
-  ref = decode.generate(pair.target, ids, mask, **kw)
-  out = decode.speculative_generate(pair.target, drafter, ids, mask, gamma=3, **kw)
-  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  _assert_greedy_parity(pair, drafter, [source for source, _ in test[:3]])
   config.on_policy_every = 2
   with pytest.raises(ValueError, match='on_policy_every needs a drafter that can draft alone'):
     distill.distill_and_evaluate(config, str(tmp_path / 'again'))

@@ -25,20 +25,17 @@ L layers.
 """
 
 import dataclasses
-from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specdec_jax import cache as cache_lib
 from specdec_jax import sharding
 from specdec_jax.models import t5_relpos
 from specdec_jax.models.t5_config import CONFIGS, T5Config  # noqa: F401 (part of this API)
 from specdec_jax.models.t5_dropout import Dropout, dropper
-
-Params = Any  # nested dicts of arrays, the layout `init_params` builds
+from specdec_jax.models.t5_params import Params, init_params, param_count  # noqa: F401 (API)
 
 # Masked attention logits. Finite, so a row with every key masked (an all-padding source) gives a
 # uniform softmax rather than NaN; scores are float32 whatever the model dtype.
@@ -108,90 +105,6 @@ class T5Steps:
       params, tokens, cache, config=self.config, features=features, return_states=True
     )
     return logits, predicted_features(params, states, config=self.config), cache
-
-
-# ---------------------------------------------------------------------------------------------
-# Params.
-
-
-def param_count(params: Params) -> int:
-  """Number of parameters in a params pytree (of arrays or shape structs)."""
-  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
-
-
-def init_params(rng: jax.Array, config: T5Config) -> Params:
-  """Random float32 params with T5X's initialisers.
-
-  Embedding ~ N(0, 1); kernels truncated-normal with variance 1 / fan_in, the query kernels with
-  1 / (D * H) (the attention's 1/sqrt(H) folded in); relative-position tables uniform with
-  variance 1 / fan_avg; norm scales 1. Logits of a random model are then O(1).
-  """
-  d, f, nh = config.d_model, config.d_ff, config.num_heads * config.d_kv
-  d_enc = config.encoder_dim or d
-  init = jax.nn.initializers
-  kernel = init.variance_scaling(1.0, 'fan_in', 'truncated_normal')
-  query = init.variance_scaling(1.0 / config.d_kv, 'fan_in', 'truncated_normal')
-  relpos = init.variance_scaling(1.0, 'fan_avg', 'uniform')
-  scale = init.ones
-
-  def attention(kv_dim=d):
-    return {
-      'query': {'kernel': ((d, nh), query)},
-      'key': {'kernel': ((kv_dim, nh), kernel)},
-      'value': {'kernel': ((kv_dim, nh), kernel)},
-      'out': {'kernel': ((nh, d), kernel)},
-    }
-
-  def mlp():
-    names = ('wi_0', 'wi_1') if config.feed_forward == 'gated-gelu' else ('wi',)
-    return {
-      **{name: {'kernel': ((d, f), kernel)} for name in names},
-      'wo': {'kernel': ((f, d), kernel)},
-    }
-
-  def norm():
-    return {'scale': ((d,), scale)}
-
-  relpos_bias = {
-    'rel_embedding': ((config.num_heads, config.relative_attention_num_buckets), relpos)
-  }
-  encoder = {'relpos_bias': relpos_bias, 'encoder_norm': norm()}
-  for i in range(config.num_encoder_layers):
-    encoder[f'layers_{i}'] = {
-      'pre_attention_layer_norm': norm(),
-      'attention': attention(),
-      'pre_mlp_layer_norm': norm(),
-      'mlp': mlp(),
-    }
-  decoder = {'relpos_bias': relpos_bias, 'decoder_norm': norm()}
-  for i in range(config.num_decoder_layers):
-    decoder[f'layers_{i}'] = {
-      'pre_self_attention_layer_norm': norm(),
-      'self_attention': attention(),
-      'pre_cross_attention_layer_norm': norm(),
-      'encoder_decoder_attention': attention(d_enc),
-      'pre_mlp_layer_norm': norm(),
-      'mlp': mlp(),
-    }
-  if not config.tie_word_embeddings:
-    decoder['logits_dense'] = {'kernel': ((d, config.vocab_size), kernel)}
-  if config.feature_dim:
-    decoder['feature_in'] = {'kernel': ((config.feature_dim, d), kernel)}
-    decoder['feature_out'] = {'kernel': ((d, config.feature_dim), kernel)}
-  specs = {
-    'token_embedder': {'embedding': ((config.vocab_size, d), init.normal(1.0))},
-    'encoder': encoder,
-    'decoder': decoder,
-  }
-  if config.num_encoder_layers == 0:
-    del specs['encoder']
-
-  is_spec = lambda x: isinstance(x, tuple) and len(x) == 2 and callable(x[1])
-  leaves, treedef = jax.tree.flatten(specs, is_leaf=is_spec)
-  keys = jax.random.split(rng, len(leaves))
-  return treedef.unflatten(
-    [initializer(key, shape, jnp.float32) for key, (shape, initializer) in zip(keys, leaves)]
-  )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -568,15 +481,8 @@ def forward(
     f32[B, T, V] logits; position t predicts decoder position t + 1 (causal, no cache).
   """
   encoded = encode(params, input_ids, input_mask, config=config, dropout=dropout)
-  cross_k, cross_v = _cross_kv(params, encoded, config)
-  states, _ = _decoder(
-    params,
-    decoder_input_ids,
-    cross_k,
-    cross_v,
-    input_mask.astype(bool),
-    config=config,
-    dropout=dropout,
+  states = decoder_states(
+    params, encoded, input_mask, decoder_input_ids, config=config, dropout=dropout
   )
   return output_logits(params, states, config=config)
 
@@ -613,13 +519,15 @@ def decoder_states(
   *,
   config: T5Config,
   features: jax.Array | None = None,
+  dropout: Dropout = None,
 ) -> jax.Array:
   """`decode_forward` up to the output layer: the normed final decoder states [B, T, D].
 
   `output_logits(params, states, config=config)` turns them into `decode_forward`'s logits (a
   distillation caches a big target's states once and pays only its output layer per step).
   `features` [B, T, feature_dim]: for (only) an EAGLE-style model, the target's state at the
-  position before each token (`shift_states` of the target's `decoder_states`).
+  position before each token (`shift_states` of the target's `decoder_states`). `dropout`: as
+  `forward`'s.
   """
   cross_k, cross_v = _cross_kv(params, encoded, config)
   states, _ = _decoder(
@@ -630,6 +538,7 @@ def decoder_states(
     input_mask.astype(bool),
     config=config,
     features=features,
+    dropout=dropout,
   )
   return states
 
