@@ -35,7 +35,8 @@ _TEMPERATURES = flags.DEFINE_list('temperatures', ['0', '1'], 'With --target: on
 _NUM_SOURCES = flags.DEFINE_integer('num_sources', 20_000, 'With --target: first N sources; 0 all.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'With --target: where its outputs are cached.')
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 64, 'With --target: decoding batch size.')
-_MAX_LENGTH = flags.DEFINE_integer('max_length', 64, 'With --target: source / output tokens.')
+_MAX_LENGTH = flags.DEFINE_integer('max_length', 64, 'With --target: output (and source) tokens.')
+_MAX_SOURCE = flags.DEFINE_integer('max_source_length', 0, 'With --target: 0 = --max_length.')
 
 
 def target_outputs(tok) -> list[np.ndarray]:
@@ -45,7 +46,10 @@ def target_outputs(tok) -> list[np.ndarray]:
   target = distill.load_model(_TARGET.value)
   data = pairs.load_pairs(_PAIRS.value)[: _NUM_SOURCES.value or None]
   sources, _ = batching.encode_pairs(
-    data, tok, max_source_length=_MAX_LENGTH.value, max_target_length=_MAX_LENGTH.value
+    data,
+    tok,
+    max_source_length=_MAX_SOURCE.value or _MAX_LENGTH.value,
+    max_target_length=_MAX_LENGTH.value,
   )
   sequences = []
   for t in _TEMPERATURES.value:

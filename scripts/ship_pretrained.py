@@ -7,8 +7,9 @@ model card.
   python -m scripts.ship_pretrained --task=ende --target=workdir/target_grown/best --drafter= \
       --train_batch_size=64 --storage_dtype=bfloat16 --grown_from=pretrained/ende/target \
       --output=pretrained/ende48m
-  python -m scripts.ship_pretrained --task=debsumm --target=workdir/summ_target/best \
-      --drafter=workdir/summ_drafter/best --storage_dtype=bfloat16 --output=pretrained/debsumm
+  python -m scripts.ship_pretrained --task=debsumm --target=workdir/summ_ende/best --drafter= \
+      --tokenizer=pretrained/ende/spm.model --finetuned_from=pretrained/ende/target \
+      --train_batch_size=64 --storage_dtype=bfloat16 --output=pretrained/debsumm
 
 Writes <output>/{target,drafter} (checkpoints.save directories; --storage_dtype=bfloat16 halves
 them, and every number on the card is then measured on the stored, bfloat16-rounded weights),
@@ -45,7 +46,7 @@ TASKS = {
   'debsumm': dict(
     data_dir='data/debsumm',
     tokenizer='spm_debsumm_8k.model',
-    lengths=(256, 32),
+    lengths=(256, 40),
     title='a T5 summarizer (Debian package description -> synopsis) and drafter',
     corpus='the debsumm corpus of `scripts/build_summ.py` ({num_train:,} train pairs: the '
     'extended description of a Debian package -> its one-line synopsis, split by source '
@@ -63,6 +64,12 @@ _OUTPUT = flags.DEFINE_string('output', 'pretrained/ende', 'Directory to (re)wri
 _NUM_TEST = flags.DEFINE_integer('num_test', 500, 'Test pairs shipped (and scored).')
 _STORAGE = flags.DEFINE_enum('storage_dtype', None, ['bfloat16'], 'Store float32 weights as.')
 _BATCH = flags.DEFINE_integer('train_batch_size', 128, 'Batch size the runs trained with.')
+_TOKENIZER = flags.DEFINE_string(
+  'tokenizer', '', "SentencePiece model the pair uses. Default: the task's, in --data_dir."
+)
+_FINETUNED_FROM = flags.DEFINE_string(
+  'finetuned_from', '', 'The target started as this trained model (training config init_from).'
+)
 _GROWN_FROM = flags.DEFINE_string(
   'grown_from', '', 'The target started as this smaller one grown (training config init_from).'
 )
@@ -97,7 +104,7 @@ def main(argv):
   del argv
   task, out = TASKS[_TASK.value], _OUTPUT.value
   data_dir = _DATA_DIR.value or task['data_dir']
-  tok_path = os.path.join(data_dir, task['tokenizer'])
+  tok_path = _TOKENIZER.value or os.path.join(data_dir, task['tokenizer'])
   tok = tokenizer_lib.Tokenizer.load(tok_path)
   test = pairs.load_pairs(os.path.join(data_dir, 'test.tsv'))[: _NUM_TEST.value]
   shutil.rmtree(out, ignore_errors=True)
@@ -137,18 +144,23 @@ def main(argv):
   print(open(os.path.join(out, 'MODEL_CARD.md')).read())
 
 
+def _origin() -> str:
+  if _GROWN_FROM.value:
+    return (
+      f'The target is `{_GROWN_FROM.value}` grown to its shape with the same function '
+      '(specdec_jax/models/t5_growth.py), then trained on; trained on CPU'
+    )
+  if _FINETUNED_FROM.value:
+    return f'The target is `{_FINETUNED_FROM.value}` fine-tuned (same shape and tokenizer) on CPU'
+  return 'Trained from scratch on CPU'
+
+
 def _card(out: str, task: dict, rows, num_test: int, num_train: int) -> str:
   stored = ' (stored as bfloat16; BLEU of the stored weights)' if _STORAGE.value else ''
   lines = [
     f'# {out}: {task["title"]}, trained by scripts/train.py',
     '',
-    (
-      f'The target is `{_GROWN_FROM.value}` grown to its shape with the same function '
-      '(specdec_jax/models/t5_growth.py), then trained on; trained on CPU'
-      if _GROWN_FROM.value
-      else 'Trained from scratch on CPU'
-    )
-    + f' on {task["corpus"].format(num_train=num_train)}, tokenizer '
+    _origin() + f' on {task["corpus"].format(num_train=num_train)}, tokenizer '
     '`spm.model` (SentencePiece unigram, T5 ids). Greedy BLEU (sacrebleu) on the shipped test '
     f'pairs{stored}.',
     '',

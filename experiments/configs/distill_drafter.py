@@ -11,6 +11,8 @@ r"""Distil a drafter from the shipped target (DistillSpec-style; `specdec_jax.di
       --workdir=workdir/distill_deeper                 # its drafter, 2 layers deep
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:eagle \
       --workdir=workdir/distill_eagle                  # its drafter reading the target's states
+  python -m scripts.distill --config=experiments/configs/distill_drafter.py:debsumm \
+      --workdir=workdir/distill_debsumm                # for pretrained/debsumm's target
   # your own pair: --config.teacher=/path/to/t5 (ours, HF or T5X) --config.tokenizer=spm.model
   #                --config.train_file=sources.tsv --config.valid_file=valid.tsv
 
@@ -70,6 +72,19 @@ def _eagle(c):
   c.student.feature_dim = 0  # 0: the target's d_model
   c.learning_rate, c.num_train_steps, c.eval_every = 5e-4, 2000, 1000
   c.on_policy_every = 0  # it cannot draft without the target
+
+
+def _debsumm(c):
+  # The debsumm target (pretrained/debsumm: pretrained/ende's target fine-tuned on Debian
+  # description -> synopsis, same shape and tokenizer); its drafter starts from pretrained/ende's
+  # distilled one, a decoder over an encoder of the same shape.
+  c.teacher = str(_ROOT / 'pretrained' / 'debsumm' / 'target')
+  c.init_from = str(_ROOT / 'pretrained' / 'ende' / 'distilled')
+  c.train_file = str(_ROOT / 'data' / 'debsumm' / 'train.tsv')
+  c.valid_file = str(_ROOT / 'data' / 'debsumm' / 'valid.tsv')
+  c.max_source_length, c.max_target_length = 256, 40
+  c.length_buckets = (48, 64, 96, 128, 160, 192, 256)
+  c.learning_rate, c.warmup_steps, c.num_train_steps, c.eval_every = 5e-4, 100, 1000, 250
 
 
 def _runlocal(c):
@@ -144,5 +159,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       'grown': _grown,
       'deeper': _deeper,
       'eagle': _eagle,
+      'debsumm': _debsumm,
     },
   )
