@@ -14,7 +14,7 @@ def _shipped(name):
 
 PAIRS = [
   pytest.param(name, marks=pytest.mark.skipif(not _shipped(name), reason=f'{name} not shipped'))
-  for name in ('ende', 'ende48m')
+  for name in ('ende', 'ende48m', 'debsumm')
 ]
 
 

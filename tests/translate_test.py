@@ -7,11 +7,12 @@ import pathlib
 import numpy as np
 import pytest
 
-from experiments.configs import ende
+from experiments.configs import debsumm, ende
 from specdec_jax import evaluation, pretrained
 from specdec_jax.sampling import SamplingConfig
 
 _SHIPPED = (pretrained.ROOT / 'ende' / 'target').exists()
+_DEBSUMM = (pretrained.ROOT / 'debsumm' / 'pair.json').exists()
 
 
 @pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
@@ -46,6 +47,16 @@ def test_runlocal_end_to_end(tmp_path):
   assert 'NaN' not in pathlib.Path(writer.paths['json']).read_text()
   assert pathlib.Path(writer.finish()['png']).stat().st_size > 0
   assert 'speedup' in evaluation.format_table(rows)
+
+
+@pytest.mark.skipif(not _DEBSUMM, reason='pretrained/debsumm not shipped in this checkout')
+def test_debsumm_runlocal_gives_its_rows():
+  config = debsumm.get_config('runlocal,num_examples=2')
+  plan = evaluation.prepare(config)
+  assert plan.truncated == 0  # its long sources fit max_source_length
+  rows = list(evaluation.rows(plan, progress=False))
+  assert len(rows) == plan.num_methods and {r['task'] for r in rows} == {'DebSumm'}
+  assert len({r['bleu'] for r in rows if r['temp'] == 0.0}) == 1  # greedy: lossless
 
 
 @pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
