@@ -250,6 +250,26 @@ def test_target_outputs_are_reused_only_for_the_same_target_and_sources(tmp_path
     distill_data.generate_outputs(teacher, data, progress=False, **dict(kw, temperature=0.0))
 
 
+def test_target_outputs_cut_to_each_batchs_longest_source_are_unchanged(tmp_path):
+  """Greedy outputs decoded with each batch's columns cut to its longest source equal those
+  decoded at the full width (the padding columns are masked out)."""
+  config = dataclasses.replace(t5.CONFIGS['tiny-v1.1'], vocab_size=64)
+  teacher = t5.T5Model(config, t5.init_params(jax.random.key(1), config))
+  rng = np.random.default_rng(1)
+  lengths = rng.integers(1, 17, 12)
+  inputs = rng.integers(2, 64, (12, 16)) * (np.arange(16) < lengths[:, None])
+  data = batching.EncodedPairs(inputs, np.zeros((12, 4), np.int64), lengths, np.ones(12, np.int64))
+  kw = dict(temperature=0.0, batch_size=3, max_new_tokens=6, progress=False)
+  cut = distill_data.generate_outputs(
+    teacher, data, shard_dir=str(tmp_path / 'a'), width_step=2, **kw
+  )
+  full = distill_data.generate_outputs(
+    teacher, data, shard_dir=str(tmp_path / 'b'), width_step=16, **kw
+  )
+  np.testing.assert_array_equal(cut.targets, full.targets)
+  np.testing.assert_array_equal(cut.target_lengths, full.target_lengths)
+
+
 def test_model_fingerprint_is_unchanged_by_a_newer_config_field_at_its_default():
   """Caches written before T5Config gained `feature_dim` stay valid: at its default the field is
   left out of the fingerprint (the repr the old fingerprints hashed); set, it changes it."""
