@@ -85,7 +85,7 @@ def _debsumm(c):
   c.max_source_length, c.max_target_length = 256, 40
   c.length_buckets = (48, 64, 96, 128, 160, 192, 256)
   c.learning_rate, c.warmup_steps, c.num_train_steps, c.eval_every = 5e-4, 100, 1000, 250
-  # Its outputs on 6,000 sources per temperature: ~1 s per 64 sources on 2 cores (long sources).
+  # Its outputs on 6,000 sources per temperature: ~5 min each on 2 cores (long sources).
   c.num_train_sources = 6_000
 
 
