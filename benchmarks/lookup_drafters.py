@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from specdec_jax import decode, pretrained
+from specdec_jax import analysis, decode, pretrained
 from specdec_jax.data import pairs
 from specdec_jax.sampling import SamplingConfig
 
@@ -114,10 +114,11 @@ def tokens_per_call(draft, sources, outputs, gamma: int) -> float:
 
 
 def equivalent_alpha(tokens: float, gamma: int) -> float:
-  lo, hi = 0.0, 1.0 - 1e-9
+  """The alpha whose `analysis.expected_tokens` at `gamma` is `tokens` (bisection)."""
+  lo, hi = 0.0, 1.0
   for _ in range(60):
     mid = (lo + hi) / 2
-    lo, hi = (mid, hi) if (1 - mid ** (gamma + 1)) / (1 - mid) < tokens else (lo, mid)
+    lo, hi = (mid, hi) if analysis.expected_tokens(mid, gamma) < tokens else (lo, mid)
   return lo
 
 

@@ -232,18 +232,24 @@ def test_initial_student_from_a_drafter_of_the_target_before_growth(tmp_path):
     )
 
 
-def test_target_outputs_are_reused_only_for_the_same_target_and_sources(tmp_path):
+def _tiny_teacher_and_sources(num: int, width: int, seed: int):
+  """A random tiny T5 (vocabulary 64) and `num` random sources of 1..width tokens, padded."""
   config = dataclasses.replace(t5.CONFIGS['tiny-v1.1'], vocab_size=64)
   teacher = t5.T5Model(config, t5.init_params(jax.random.key(1), config))
-  rng = np.random.default_rng(0)
-  lengths = rng.integers(1, 9, 6)
-  inputs = rng.integers(2, 64, (6, 8)) * (np.arange(8) < lengths[:, None])
-  data = batching.EncodedPairs(inputs, np.zeros((6, 4), np.int64), lengths, np.ones(6, np.int64))
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(1, width + 1, num)
+  inputs = rng.integers(2, 64, (num, width)) * (np.arange(width) < lengths[:, None])
+  targets = np.zeros((num, 4), np.int64)  # unused: generate_outputs reads the sources
+  return teacher, batching.EncodedPairs(inputs, targets, lengths, np.ones(num, np.int64))
+
+
+def test_target_outputs_are_reused_only_for_the_same_target_and_sources(tmp_path):
+  teacher, data = _tiny_teacher_and_sources(6, 8, seed=0)
   kw = dict(temperature=1.0, batch_size=4, max_new_tokens=5, shard_dir=str(tmp_path))
   first = distill_data.generate_outputs(teacher, data, progress=False, **kw)
   again = distill_data.generate_outputs(teacher, data, progress=False, **kw)  # from the shards
   np.testing.assert_array_equal(again.targets, first.targets)
-  other_sources = dataclasses.replace(data, inputs=np.roll(inputs, 1, axis=0))
+  other_sources = dataclasses.replace(data, inputs=np.roll(data.inputs, 1, axis=0))
   with pytest.raises(ValueError, match='computed from other sources'):
     distill_data.generate_outputs(teacher, other_sources, progress=False, **kw)
   with pytest.raises(ValueError, match='computed from other sources'):
@@ -253,12 +259,7 @@ def test_target_outputs_are_reused_only_for_the_same_target_and_sources(tmp_path
 def test_target_outputs_cut_to_each_batchs_longest_source_are_unchanged(tmp_path):
   """Greedy outputs decoded with each batch's columns cut to its longest source equal those
   decoded at the full width (the padding columns are masked out)."""
-  config = dataclasses.replace(t5.CONFIGS['tiny-v1.1'], vocab_size=64)
-  teacher = t5.T5Model(config, t5.init_params(jax.random.key(1), config))
-  rng = np.random.default_rng(1)
-  lengths = rng.integers(1, 17, 12)
-  inputs = rng.integers(2, 64, (12, 16)) * (np.arange(16) < lengths[:, None])
-  data = batching.EncodedPairs(inputs, np.zeros((12, 4), np.int64), lengths, np.ones(12, np.int64))
+  teacher, data = _tiny_teacher_and_sources(12, 16, seed=1)
   kw = dict(temperature=0.0, batch_size=3, max_new_tokens=6, progress=False)
   cut = distill_data.generate_outputs(
     teacher, data, shard_dir=str(tmp_path / 'a'), width_step=2, **kw
