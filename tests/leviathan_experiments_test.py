@@ -68,6 +68,12 @@ def test_alpha_table_config_and_sampling_labels():
     alpha_table.prepare(alpha_table_config.get_config('samplings=t0,x'))
   assert alpha_table_config.get_config('runlocal').samplings == ('t0', 't1')
   assert alpha_table_config.get_config().pairs == ('ende',)
+  debsumm = alpha_table_config.get_config('debsumm')
+  assert (debsumm.pairs, debsumm.max_source_length, debsumm.max_new_tokens) == (
+    ('debsumm',),
+    256,
+    40,
+  )
   # The unigram is shipped and listed for the alpha table, not run by the main job.
   manifest = json.loads((pretrained.ROOT / 'ende' / 'pair.json').read_text())
   assert manifest['drafters']['unigram'] == 'unigram.npz'

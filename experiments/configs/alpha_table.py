@@ -3,6 +3,7 @@ r"""Table 3 of Leviathan et al.: alpha by drafter and sampling setting (experime
   python -m experiments.alpha_table --config=experiments/configs/alpha_table.py           # ~8 min
   python -m experiments.alpha_table --config=experiments/configs/alpha_table.py:runlocal  # < 1 min
   python -m experiments.alpha_table --config=experiments/configs/alpha_table.py:samplings=t0,t0.5
+  python -m experiments.alpha_table --config=experiments/configs/alpha_table.py:debsumm  # ~15 min
 
 Alpha is `DecodeStats.alpha` of a speculative run (token verification, one gamma): the mean of
 beta = sum_x min(p, q) over the positions the run verified. Nothing is timed, so the sentences are
@@ -14,7 +15,7 @@ not ship is skipped for that pair. Items apply in the order written (experiments
 
 import ml_collections
 
-from experiments.configs import common
+from experiments.configs import common, debsumm
 
 
 def _runlocal(c):
@@ -22,6 +23,14 @@ def _runlocal(c):
   c.samplings = ('t0', 't1')
   c.num_examples, c.batch_size, c.max_new_tokens = 8, 8, 32
   c.workdir = '/tmp/specdec_alpha_table_runlocal'
+
+
+def _debsumm(c):
+  # The second task (pretrained/debsumm, the paper's CNNDM): its long sources and short outputs.
+  c.pairs, c.drafters = ('debsumm',), ('bigram', 'trigram', 'distilled')
+  main = debsumm.get_config()  # the lengths of its Table-2 rows
+  c.max_source_length, c.max_new_tokens = main.max_source_length, main.max_new_tokens
+  c.workdir = '/tmp/specdec_alpha_table_debsumm'
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -38,4 +47,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.max_new_tokens = 64
   c.seed = 0
   c.workdir = '/tmp/specdec_alpha_table'
-  return common.parse(arg, c, {'runlocal': _runlocal})
+  return common.parse(arg, c, {'runlocal': _runlocal, 'debsumm': _debsumm})
