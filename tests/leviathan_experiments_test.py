@@ -15,7 +15,7 @@ from experiments.configs import alpha_table as alpha_table_config
 from experiments.configs import ende
 from experiments.configs import exp_vs_emp as exp_vs_emp_config
 from experiments.configs import ops_memory as ops_memory_config
-from specdec_jax import analysis, pretrained
+from specdec_jax import analysis, evaluation, pretrained
 
 _SHIPPED = (pretrained.ROOT / 'ende' / 'target').exists()
 needs_pair = pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
@@ -121,6 +121,14 @@ def test_exp_vs_emp_runlocal(tmp_path):
     assert r['measured_speedup'] == max(p['speedup'] for p in mine)
     assert r['measured_gamma'] in config.gammas and r['pass_cost_gamma'] in config.gammas
     assert np.isclose(r['alpha'], np.mean([p['alpha'] for p in mine]))
+
+
+@pytest.mark.skipif(
+  not (pretrained.ROOT / 'ende48m' / 'target').exists(), reason='pretrained/ende48m not shipped'
+)
+def test_exp_vs_emp_ende48m_variant_names_the_pairs_drafters():
+  plan = evaluation.prepare(exp_vs_emp_config.get_config('ende48m'))  # raises on a missing one
+  assert list(plan.drafters) == ['distilled', 'trigram', 'bigram'] and len(plan.sources) == 100
 
 
 @needs_pair

@@ -3,6 +3,7 @@ r"""Expected vs empirical speedup (Leviathan et al. Table 4, §3.5), experiments
   python -m experiments.exp_vs_emp --config=experiments/configs/exp_vs_emp.py           # ~15 min
   python -m experiments.exp_vs_emp --config=experiments/configs/exp_vs_emp.py:runlocal  # ~1 min
   python -m experiments.exp_vs_emp --config=experiments/configs/exp_vs_emp.py:gammas=2,4,8
+  python -m experiments.exp_vs_emp --config=experiments/configs/exp_vs_emp.py:ende48m   # ~35 min
 
 Every (drafter, gamma, temperature) point of the main job's measurement (specdec_jax.evaluation:
 batch 1, compilation excluded, c and the (gamma+1)-pass cost timed in the loop), token
@@ -22,6 +23,12 @@ def _runlocal(c):
   c.timing_rounds = 1
 
 
+def _ende48m(c):
+  # The main job's 48M pair and its drafters (it ships no small T5); 100 sentences, as the main job.
+  c.pretrained, c.drafters, c.num_examples = 'ende48m', ('distilled', 'trigram', 'bigram'), 100
+  c.workdir = '/tmp/specdec_exp_vs_emp_ende48m'
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.pretrained = 'ende'  # a pair under pretrained/, or a directory laid out the same way
@@ -38,4 +45,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Target step, pass and drafter costs (c, pass cost) are measured this many times; the median.
   c.timing_rounds = 3
   c.workdir = '/tmp/specdec_exp_vs_emp'
-  return common.parse(arg, c, {'runlocal': _runlocal})
+  return common.parse(arg, c, {'runlocal': _runlocal, 'ende48m': _ende48m})
