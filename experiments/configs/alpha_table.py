@@ -27,7 +27,7 @@ def _runlocal(c):
 
 def _debsumm(c):
   # The second task (pretrained/debsumm, the paper's CNNDM): its long sources and short outputs.
-  c.pairs, c.drafters = ('debsumm',), ('bigram', 'trigram', 'distilled')
+  c.pairs, c.drafters = ('debsumm',), ('unigram', 'bigram', 'trigram', 'distilled')
   main = debsumm.get_config()  # the lengths of its Table-2 rows
   c.max_source_length, c.max_new_tokens = main.max_source_length, main.max_new_tokens
   c.workdir = '/tmp/specdec_alpha_table_debsumm'
