@@ -407,6 +407,47 @@ _autoregressive_jit = jax.jit(
 )
 
 
+def _autoregressive_call(model, input_ids, input_mask, *, sampling, max_new_tokens):
+  """Validates `generate`'s arguments: (steps, params, ids, mask, static kwargs) of the jit."""
+  steps, params = step_models.as_step_model(model)
+  validation.check_sampling(sampling)
+  ids, mask, max_new_tokens = validation.check_inputs(steps, input_ids, input_mask, max_new_tokens)
+  return (steps, params, ids, mask), dict(sampling=sampling, max_new_tokens=max_new_tokens)
+
+
+def _speculative_call(
+  target, drafter, input_ids, input_mask, *, gamma, verifier, sampling, max_new_tokens, trace
+):
+  """Validates `speculative_generate`'s arguments: (positional args before rng, static kwargs)."""
+  gamma = validation.as_int('gamma', gamma, 1)
+  if not isinstance(verifier, str) or verifier not in verify.VERIFIERS:
+    raise ValueError(f'Unknown verifier {verifier!r}; choose one of {sorted(verify.VERIFIERS)}.')
+  validation.check_sampling(sampling)
+  target_steps, target_params = step_models.as_step_model(target)
+  draft_steps, draft_params = step_models.as_step_model(drafter)
+  if draft_steps.vocab_size != target_steps.vocab_size:
+    raise ValueError(
+      f'Drafter and target vocabularies differ: drafter vocab_size='
+      f'{draft_steps.vocab_size}, target vocab_size={target_steps.vocab_size}.'
+    )
+  step_models.check_state_reader(draft_steps, target_steps)
+  ids, mask, max_new_tokens = validation.check_inputs(
+    target_steps, input_ids, input_mask, max_new_tokens, drafter=draft_steps
+  )
+  args = (target_steps, target_params, draft_steps, draft_params, ids, mask)
+  static = dict(
+    gamma=gamma,
+    verifier=verifier,
+    sampling=sampling,
+    max_new_tokens=max_new_tokens,
+    trace=bool(trace),
+  )
+  return args, static
+
+
+_ABSTRACT_KEY = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+
+
 def generate(
   model,
   input_ids,
@@ -432,12 +473,10 @@ def generate(
   Returns:
     DecodeOutput with tokens int32[B, M], lengths int32[B], stats.target_calls.
   """
-  steps, params = step_models.as_step_model(model)
-  validation.check_sampling(sampling)
-  ids, mask, max_new_tokens = validation.check_inputs(steps, input_ids, input_mask, max_new_tokens)
-  out = _autoregressive_jit(
-    steps, params, ids, mask, rng, sampling=sampling, max_new_tokens=max_new_tokens
+  args, static = _autoregressive_call(
+    model, input_ids, input_mask, sampling=sampling, max_new_tokens=max_new_tokens
   )
+  out = _autoregressive_jit(*args, rng, **static)
   return validation.raise_if_nonfinite(out, 'The model') if check_finite else out
 
 
@@ -485,33 +524,61 @@ def speculative_generate(
   Returns:
     DecodeOutput: tokens int32[B, M], lengths int32[B], per-row `DecodeStats`, and the trace.
   """
-  gamma = validation.as_int('gamma', gamma, 1)
-  if not isinstance(verifier, str) or verifier not in verify.VERIFIERS:
-    raise ValueError(f'Unknown verifier {verifier!r}; choose one of {sorted(verify.VERIFIERS)}.')
-  validation.check_sampling(sampling)
-  target_steps, target_params = step_models.as_step_model(target)
-  draft_steps, draft_params = step_models.as_step_model(drafter)
-  if draft_steps.vocab_size != target_steps.vocab_size:
-    raise ValueError(
-      f'Drafter and target vocabularies differ: drafter vocab_size='
-      f'{draft_steps.vocab_size}, target vocab_size={target_steps.vocab_size}.'
-    )
-  step_models.check_state_reader(draft_steps, target_steps)
-  ids, mask, max_new_tokens = validation.check_inputs(
-    target_steps, input_ids, input_mask, max_new_tokens, drafter=draft_steps
-  )
-  out = _speculative_jit(
-    target_steps,
-    target_params,
-    draft_steps,
-    draft_params,
-    ids,
-    mask,
-    rng,
+  args, static = _speculative_call(
+    target,
+    drafter,
+    input_ids,
+    input_mask,
     gamma=gamma,
     verifier=verifier,
     sampling=sampling,
     max_new_tokens=max_new_tokens,
-    trace=bool(trace),
+    trace=trace,
   )
+  out = _speculative_jit(*args, rng, **static)
   return validation.raise_if_nonfinite(out, 'The target or the drafter') if check_finite else out
+
+
+def lower_generate(
+  model, input_ids, input_mask, *, sampling: sampling_lib.SamplingConfig, max_new_tokens: int
+) -> jax.stages.Lowered:
+  """`generate`'s program lowered for these shapes, without running (or allocating) anything.
+
+  `input_ids` / `input_mask` and the leaves of `model.params` may be `jax.ShapeDtypeStruct`s (with
+  or without `sharding=`), e.g. `jax.eval_shape` of `t5.init_params` with shardings attached, so
+  `.compile()` then `memory_analysis()` / `cost_analysis()` plan a model too large to build here.
+  Arguments are validated as `generate` validates them, except the values of abstract inputs.
+  """
+  args, static = _autoregressive_call(
+    model, input_ids, input_mask, sampling=sampling, max_new_tokens=max_new_tokens
+  )
+  return _autoregressive_jit.lower(*args, _ABSTRACT_KEY, **static)
+
+
+def lower_speculative(
+  target,
+  drafter,
+  input_ids,
+  input_mask,
+  *,
+  gamma: int,
+  verifier: str = 'token',
+  sampling: sampling_lib.SamplingConfig,
+  max_new_tokens: int,
+) -> jax.stages.Lowered:
+  """`speculative_generate`'s program lowered for these shapes (trace off), without running it.
+
+  Takes abstract inputs and params as `lower_generate` does; validates as `speculative_generate`.
+  """
+  args, static = _speculative_call(
+    target,
+    drafter,
+    input_ids,
+    input_mask,
+    gamma=gamma,
+    verifier=verifier,
+    sampling=sampling,
+    max_new_tokens=max_new_tokens,
+    trace=False,
+  )
+  return _speculative_jit.lower(*args, _ABSTRACT_KEY, **static)

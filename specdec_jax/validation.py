@@ -33,14 +33,11 @@ def as_int(name: str, value, minimum: int) -> int:
 def check_inputs(steps, input_ids, input_mask, max_new_tokens, *, drafter=None):
   """Validates the arguments every loop takes; returns (ids int32, mask int32, max_new_tokens)."""
   max_new_tokens = as_int('max_new_tokens', max_new_tokens, 1)
-  # A batch sharded over several hosts cannot be read here: check its shape and dtype only.
-  local = not any(
-    isinstance(x, jax.Array) and not x.is_fully_addressable for x in (input_ids, input_mask)
-  )
-  ids = np.asarray(input_ids) if local else jax.ShapeDtypeStruct(input_ids.shape, input_ids.dtype)
-  mask = (
-    np.asarray(input_mask) if local else jax.ShapeDtypeStruct(input_mask.shape, input_mask.dtype)
-  )
+  # Abstract inputs (`jax.ShapeDtypeStruct`, for lowering) and a batch sharded over several hosts
+  # cannot be read here: check their shapes and dtypes only.
+  local = not any(map(_is_abstract, (input_ids, input_mask)))
+  ids = np.asarray(input_ids) if local else _shape_dtype(input_ids)
+  mask = np.asarray(input_mask) if local else _shape_dtype(input_mask)
   if ids.dtype == object or not np.issubdtype(ids.dtype, np.integer):
     raise TypeError(f'input_ids must hold integer token ids, got dtype {ids.dtype}.')
   if ids.ndim != 2 or ids.shape != mask.shape:
@@ -76,13 +73,28 @@ def check_inputs(steps, input_ids, input_mask, max_new_tokens, *, drafter=None):
     raise ValueError(
       f"max_new_tokens={max_new_tokens} exceeds the model's max_target_length={max_target}."
     )
-  # The caller's arrays, not the host copies: a sharded batch keeps its placement.
-  as_int32 = (
-    lambda x: x.astype(jnp.int32)
-    if isinstance(x, jax.Array)
-    else jnp.asarray(np.asarray(x), jnp.int32)
-  )
-  return as_int32(input_ids), as_int32(input_mask), max_new_tokens
+  return _as_int32(input_ids), _as_int32(input_mask), max_new_tokens
+
+
+def _is_abstract(x) -> bool:
+  """True for a `jax.ShapeDtypeStruct` or an array spanning devices of other processes."""
+  if isinstance(x, jax.ShapeDtypeStruct):
+    return True
+  return isinstance(x, jax.Array) and not x.is_fully_addressable
+
+
+def _shape_dtype(x) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
+def _as_int32(x):
+  """The caller's array as int32, not the host copy: a sharded batch keeps its placement, and an
+  abstract one stays abstract (with its sharding)."""
+  if isinstance(x, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct(x.shape, jnp.int32, sharding=x.sharding)
+  if isinstance(x, jax.Array):
+    return x.astype(jnp.int32)
+  return jnp.asarray(np.asarray(x), jnp.int32)
 
 
 def check_sampling(sampling):
