@@ -32,7 +32,12 @@ import jax.numpy as jnp
 
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import step_models, validation, verify
-from specdec_jax.decode_stats import DecodeOutput, DecodeStats, SpeculativeTrace  # noqa: F401 (API)
+from specdec_jax.decode_stats import (  # noqa: F401 (API)
+  DecodeOutput,
+  DecodeStats,
+  SpeculativeTrace,
+  to_host,
+)
 from specdec_jax.validation import NonFiniteError  # noqa: F401  (raised by the public functions)
 
 PAD_ID = 0

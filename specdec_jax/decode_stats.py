@@ -1,5 +1,6 @@
 """What the decode loops return: `DecodeStats` (per-row counters: alpha, block efficiency),
-`DecodeOutput` and the per-iteration `SpeculativeTrace`. Re-exported by `decode`.
+`DecodeOutput` and the per-iteration `SpeculativeTrace`, and `to_host`, which reads any of them
+on every process of a multi-host run. Re-exported by `decode`.
 
 Axis legend: B batch, G gamma, I iterations, M max_new_tokens.
 """
@@ -9,6 +10,8 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
 
 
 @flax.struct.dataclass
@@ -122,3 +125,23 @@ class SpeculativeTrace:
   num_accepted: jax.Array
   next_token: jax.Array
   emitted: jax.Array
+
+
+def spans_processes(x) -> bool:
+  """True for a `jax.Array` with shards on devices of other processes (np.asarray would fail)."""
+  return isinstance(x, jax.Array) and not x.is_fully_addressable
+
+
+def to_host(tree):
+  """`tree` (a `DecodeOutput`, `DecodeStats` or any pytree of arrays) with every array as host
+  numpy, the same full value on every process.
+
+  An array spanning devices of several processes is gathered (`process_allgather`, a collective:
+  every process must call this, in the same order); any other array is read with `np.asarray`.
+  """
+  return jax.tree.map(
+    lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    if spans_processes(x)
+    else np.asarray(x),
+    tree,
+  )

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import decode_stats, step_models
 from specdec_jax import sampling as sampling_lib
-from specdec_jax import step_models
 
 
 class NonFiniteError(ValueError):
@@ -78,9 +78,7 @@ def check_inputs(steps, input_ids, input_mask, max_new_tokens, *, drafter=None):
 
 def _is_abstract(x) -> bool:
   """True for a `jax.ShapeDtypeStruct` or an array spanning devices of other processes."""
-  if isinstance(x, jax.ShapeDtypeStruct):
-    return True
-  return isinstance(x, jax.Array) and not x.is_fully_addressable
+  return isinstance(x, jax.ShapeDtypeStruct) or decode_stats.spans_processes(x)
 
 
 def _shape_dtype(x) -> jax.ShapeDtypeStruct:
@@ -106,8 +104,12 @@ def check_sampling(sampling):
 
 
 def raise_if_nonfinite(out, what: str):
-  """Raises NonFiniteError if `out.stats.nonfinite` counts any row (waits for the result)."""
-  rows = np.flatnonzero(np.asarray(out.stats.nonfinite))
+  """Raises NonFiniteError if `out.stats.nonfinite` counts any row (waits for the result).
+
+  Counts spanning several processes are gathered first, so every process raises the same error
+  (or none): call it on every process.
+  """
+  rows = np.flatnonzero(decode_stats.to_host(out.stats.nonfinite))
   if rows.size:
     raise NonFiniteError(
       f'{what} produced NaN or inf in {rows.size} row(s) (first: {rows[:8].tolist()}): the '

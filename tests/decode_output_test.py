@@ -1,0 +1,106 @@
+"""Tests of reading decode outputs: `decode.to_host` and `check_finite` on sharded outputs.
+
+One process here; the 2-process test (arrays spanning processes) calls the same helpers.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import decode, decode_stats
+from specdec_jax import sampling as sampling_lib
+from tests import fakes
+
+_REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_to_host_returns_numpy_leaves_of_the_same_values():
+  target = fakes.random_markov(seed=1)
+  ids, mask = jnp.zeros((3, 1), jnp.int32), jnp.ones((3, 1), jnp.int32)
+  out = decode.speculative_generate(
+    target,
+    fakes.random_markov(seed=2),
+    ids,
+    mask,
+    gamma=2,
+    sampling=sampling_lib.SamplingConfig(temperature=1.0),
+    max_new_tokens=5,
+    rng=jax.random.key(0),
+    trace=True,
+  )
+  host = decode.to_host(out)
+  assert isinstance(host, decode.DecodeOutput)
+  leaves, want = jax.tree.leaves(host), jax.tree.leaves(out)
+  assert len(leaves) == len(want) == 2 + 7 + 4  # tokens, lengths, stats and trace
+  for got, expected in zip(leaves, want):
+    assert type(got) is np.ndarray
+    np.testing.assert_array_equal(got, expected)
+  assert not decode_stats.spans_processes(out.tokens)  # one process: every array is addressable
+
+
+# A (data=2, model=4) mesh of 8 CPU devices: an output whose rows are split over 'data'. `to_host`
+# reads it both ways: np.asarray (addressable here) and, forced, the gather a multi-host run takes
+# (process_allgather of a global array); `check_finite` raises on an output over the 8 devices
+# through the same gather.
+_SHARDED_SCRIPT = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from specdec_jax import decode, decode_stats, sharding
+from specdec_jax.sampling import SamplingConfig
+from tests import fakes
+
+assert jax.device_count() == 8, jax.devices()
+mesh = sharding.make_mesh(data=2, model=4)
+rows = NamedSharding(mesh, P('data', None))
+target, drafter = fakes.random_markov(seed=1), fakes.random_markov(seed=2)
+ids = jnp.zeros((8, 1), jnp.int32)
+kw = dict(gamma=2, sampling=SamplingConfig(temperature=1.0), max_new_tokens=6,
+          rng=jax.random.key(0))
+want = decode.speculative_generate(target, drafter, ids, ids + 1, **kw)
+replicate = lambda m: fakes.MarkovModel(m.steps, jax.device_put(m.params, NamedSharding(mesh, P())))
+target, drafter = replicate(target), replicate(drafter)
+sharded_ids = jax.device_put(ids, rows)
+with jax.set_mesh(mesh):
+  got = decode.speculative_generate(target, drafter, sharded_ids, sharded_ids + 1, **kw)
+# Every array with its rows split over 'data' (whatever sharding the loop chose).
+by_rows = lambda x: NamedSharding(mesh, P('data', *[None] * (x.ndim - 1)))
+got = jax.tree.map(lambda x: jax.device_put(x, by_rows(x)), got)
+assert got.stats.accepted.sharding.spec == P('data'), got.stats.accepted.sharding
+read = decode.to_host(got)
+decode_stats.spans_processes = lambda x: isinstance(x, jax.Array)  # force the gather path
+gathered = decode.to_host(got)
+for host in (read, gathered):
+  for a, b in zip(jax.tree.leaves(host), jax.tree.leaves(want), strict=True):
+    assert type(a) is np.ndarray
+    np.testing.assert_array_equal(a, np.asarray(b))
+table = np.array(target.params['table'])
+table[0] = np.nan
+bad = fakes.MarkovModel(target.steps, {'table': jnp.asarray(table)})
+try:
+  with jax.set_mesh(mesh):
+    out = decode.speculative_generate(bad, drafter, sharded_ids, sharded_ids + 1, **kw)
+  raise AssertionError('no NonFiniteError')
+except decode.NonFiniteError as e:
+  assert 'NaN or inf in 8 row(s)' in str(e), e
+print('OUTPUT_SHARDED_OK')
+"""
+
+
+def test_to_host_and_check_finite_on_a_sharded_output():
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=8')
+  result = subprocess.run(
+    [sys.executable, '-c', _SHARDED_SCRIPT],
+    cwd=_REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert result.returncode == 0 and 'OUTPUT_SHARDED_OK' in result.stdout, (
+    result.stdout + result.stderr[-4000:]
+  )
