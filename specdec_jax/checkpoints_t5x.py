@@ -1,8 +1,13 @@
 """T5X checkpoints: msgpack (inline or tensorstore/zarr arrays) and orbax OCDBT, read into our
-params layout (ours are T5X's names). `checkpoints.load_t5x` calls `load_t5x` here, so only T5X
-users import tensorstore. The checks (shapes, finiteness) are `checkpoints`'s, shared with HF.
+params layout (ours are T5X's names). `checkpoints.load_t5x` is `load_t5x` here.
+
+Paths are local paths or tensorstore kvstore URLs (`gs://bucket/.../checkpoint_1000000`,
+`file:///...`), passed to tensorstore as they are. Partitioned arrays are read a slice at a time
+(`ts_array[index].read()`), so a loader given a mesh reads only the slices its devices hold;
+arrays inline in a msgpack file are in memory once the file is parsed.
 """
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -11,15 +16,10 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 from flax import serialization
+from jax.sharding import Mesh
 
-from specdec_jax.checkpoints import (
-  NameTable,
-  PathLike,
-  _check_finite,
-  _flatten,
-  _mapped_params,
-  param_shapes,
-)
+from specdec_jax import checkpoint_utils as utils
+from specdec_jax import sharding
 from specdec_jax.models import t5
 
 # T5X. A `checkpoint_<step>/` directory in one of two layouts, every array read by tensorstore:
@@ -35,40 +35,53 @@ from specdec_jax.models import t5
 #            e.g. key 'target.encoder.layers_0.attention.key.kernel/.zarray'.
 
 
-def t5x_names(config: t5.T5Config) -> NameTable:
+def t5x_names(config: t5.T5Config) -> utils.NameTable:
   """The T5X name of each of our parameters: the same name, never transposed."""
-  return {name: (name, False) for name in param_shapes(config)}
+  return {name: (name, False) for name in utils.param_shapes(config)}
 
 
 def load_t5x(
-  path: PathLike, *, config: t5.T5Config | None = None, allow_nonfinite: bool = False
+  path: utils.PathLike,
+  *,
+  config: t5.T5Config | None = None,
+  allow_nonfinite: bool = False,
+  mesh: Mesh | None = None,
+  rules: sharding.Rules = sharding.DEFAULT_RULES,
+  dtype: str | None = None,
+  param_dtype: str | None = None,
 ) -> t5.T5Model:
   """Loads the params of a T5X checkpoint (msgpack, tensorstore/zarr, or orbax OCDBT).
 
   Args:
     path: a checkpoint directory (`checkpoint_<step>/`, holding a `checkpoint` file or an OCDBT
-      `state/` directory), the msgpack checkpoint file itself, or the OCDBT directory itself.
+      `state/` directory), the msgpack checkpoint file itself, or the OCDBT directory itself; a
+      local path or a tensorstore kvstore URL (`gs://...`, `file://...`).
     config: the model config; by default inferred from the parameter shapes (see
       `infer_t5x_config`: T5X checkpoints carry no config).
     allow_nonfinite: load weights holding NaN or inf instead of raising ValueError.
+    mesh: build every param sharded over this mesh (`sharding.param_shardings` with `rules`),
+      each process reading only the slices its devices hold; None: whole, on the default device.
+    rules: the logical-axis rules for `mesh`.
+    dtype: the compute dtype (`T5Config.dtype`), replacing the config's (or the inferred
+      float32); None keeps it.
+    param_dtype: the dtype the params are stored in on device; None: the compute dtype.
 
   Returns:
-    The model; params are jax arrays of `config.dtype`.
+    The model; params are jax arrays of `param_dtype`.
   """
-  where = _t5x_checkpoint(Path(path))
-  if where.is_dir():
-    specs = _t5x_ocdbt_specs(where)
-  else:
-    specs = {
-      name: _t5x_leaf_spec(leaf, where.parent, name)
-      for name, leaf in _read_t5x_target(where).items()
-    }
-  arrays = _read_arrays(specs)
+  utils.check_dtype('dtype', dtype)
+  utils.check_dtype('param_dtype', param_dtype)
+  checkpoint = _t5x_checkpoint(path)
+  arrays = _open_arrays(checkpoint.specs())
   if config is None:
     config = infer_t5x_config({name: array.shape for name, array in arrays.items()})
-  params = _mapped_params(arrays, t5x_names(config), config)
+  if dtype is not None:
+    config = dataclasses.replace(config, dtype=dtype)
+  names = t5x_names(config)
+  flat = utils.rename(arrays, names)
+  params = utils.place_params(flat, config, names=names, dtype=param_dtype, mesh=mesh, rules=rules)
   if not allow_nonfinite:
-    _check_finite(params, where)
+    utils.check_finite(params, checkpoint.where)
   return t5.T5Model(config=config, params=params)
 
 
@@ -113,22 +126,76 @@ def _count_layers(shapes: Mapping[str, Any], stack: str) -> int:
   return max(layers) + 1
 
 
-def _t5x_checkpoint(path: Path) -> Path:
+@dataclasses.dataclass(frozen=True)
+class _Checkpoint:
+  """Where a T5X checkpoint's arrays are.
+
+  Attributes:
+    where: the msgpack file or the OCDBT directory, as messages name it (a Path, or a URL).
+    kvstore: the tensorstore kvstore of the directory holding them: a spec, or a URL ending '/'.
+    contents: the msgpack file's bytes; None for OCDBT.
+  """
+
+  where: Path | str
+  kvstore: dict[str, Any] | str
+  contents: bytes | None
+
+  def specs(self) -> dict[str, np.ndarray | dict[str, Any]]:
+    """Every `target` array, by our name: inline numpy, or the tensorstore spec that opens it."""
+    if self.contents is None:
+      return _t5x_ocdbt_specs(self.kvstore, self.where)
+    return {
+      name: _t5x_leaf_spec(leaf, self.kvstore, name)
+      for name, leaf in _read_t5x_target(self.contents, self.where).items()
+    }
+
+
+def _t5x_checkpoint(path: utils.PathLike) -> _Checkpoint:
   """The msgpack `checkpoint` file, or the OCDBT directory, of a T5X checkpoint at `path`."""
+  if utils.is_url(path):
+    return _t5x_checkpoint_at_url(str(path))
+  path = Path(path)
   if path.is_file():
-    return path
+    return _Checkpoint(path, _file_kvstore(path.parent), path.read_bytes())
   if not path.is_dir():
     raise FileNotFoundError(f'No T5X checkpoint at {path}.')
-  for candidate in (
-    path / 'checkpoint',
-    path / 'manifest.ocdbt',
-    path / 'state' / 'manifest.ocdbt',
-  ):
-    if candidate.is_file():
-      return candidate if candidate.name == 'checkpoint' else candidate.parent
+  if (path / 'checkpoint').is_file():
+    return _Checkpoint(path / 'checkpoint', _file_kvstore(path), (path / 'checkpoint').read_bytes())
+  for directory in (path, path / 'state'):
+    if (directory / 'manifest.ocdbt').is_file():
+      return _Checkpoint(directory, directory.absolute().as_uri(), None)
   raise FileNotFoundError(
     f'{path} has no `checkpoint` file and no `state/manifest.ocdbt` (a T5X checkpoint_<step> '
     'directory holds one of them).'
+  )
+
+
+def _file_kvstore(directory: Path) -> dict[str, Any]:
+  return {'driver': 'file', 'path': str(directory.absolute()) + '/'}
+
+
+def _t5x_checkpoint_at_url(url: str) -> _Checkpoint:
+  """`_t5x_checkpoint` for a tensorstore kvstore URL: the same layouts, read through tensorstore."""
+  url = url.rstrip('/')
+
+  def read(directory: str, key: str) -> bytes | None:
+    found = ts.KvStore.open(directory).result().read(key).result()
+    return found.value if found.state == 'value' else None
+
+  try:
+    if (contents := read(url + '/', 'checkpoint')) is not None:
+      return _Checkpoint(url + '/checkpoint', url + '/', contents)
+    for directory in (url, url + '/state'):
+      if read(directory + '/', 'manifest.ocdbt') is not None:
+        return _Checkpoint(directory, directory + '/', None)
+    parent, _, name = url.rpartition('/')
+    if '/' in url.split('://', 1)[1] and (contents := read(parent + '/', name)) is not None:
+      return _Checkpoint(url, parent + '/', contents)  # the msgpack file itself
+  except Exception as e:  # tensorstore reports every failure as one ValueError-like status
+    raise ValueError(f'Cannot read the T5X checkpoint at {url} ({_ts_reason(e)}).') from e
+  raise FileNotFoundError(
+    f'No T5X checkpoint at {url}: no `checkpoint` file, `manifest.ocdbt` or '
+    '`state/manifest.ocdbt` under it.'
   )
 
 
@@ -136,9 +203,8 @@ def _is_tensorstore_spec(value: Any) -> bool:
   return isinstance(value, Mapping) and 'driver' in value
 
 
-def _read_t5x_target(file: Path) -> dict[str, Any]:
+def _read_t5x_target(raw: bytes, file: Path | str) -> dict[str, Any]:
   """The flat `optimizer/target` of a T5X checkpoint file: arrays or tensorstore specs."""
-  raw = file.read_bytes()
   if raw.startswith(b'model_checkpoint_path'):
     raise ValueError(f'{file} is a TensorFlow (Mesh TF) checkpoint index, not a T5X checkpoint.')
   try:
@@ -150,11 +216,19 @@ def _read_t5x_target(file: Path) -> dict[str, Any]:
   if not isinstance(target, Mapping):
     keys = sorted(contents) if isinstance(contents, Mapping) else type(contents).__name__
     raise ValueError(f'{file}: no optimizer/target params in the checkpoint (found {keys}).')
-  return _flatten(target, is_leaf=_is_tensorstore_spec)
+  return utils.flatten(target, is_leaf=_is_tensorstore_spec)
 
 
-def _t5x_leaf_spec(leaf: Any, directory: Path, name: str) -> np.ndarray | dict[str, Any]:
-  """An inline array as is, or the tensorstore spec that opens a partitioned one."""
+def _t5x_leaf_spec(
+  leaf: Any, kvstore: dict[str, Any] | str, name: str
+) -> np.ndarray | dict[str, Any]:
+  """An inline array as is, or the tensorstore spec that opens a partitioned one.
+
+  Args:
+    leaf: the msgpack file's value for the parameter.
+    kvstore: the checkpoint directory's kvstore (a spec whose path ends '/', or a URL ending '/').
+    name: the parameter, for messages.
+  """
   if isinstance(leaf, np.ndarray):
     return leaf
   if not _is_tensorstore_spec(leaf):
@@ -163,16 +237,18 @@ def _t5x_leaf_spec(leaf: Any, directory: Path, name: str) -> np.ndarray | dict[s
     )
   if leaf['driver'] != 'zarr':
     raise ValueError(f'T5X parameter {name!r}: unsupported tensorstore driver {leaf["driver"]!r}.')
-  kvstore = leaf.get('kvstore')
+  spec_kvstore = leaf.get('kvstore')
   # tensorstore < 0.1.14 kept the path at the top level of the spec.
-  relative = kvstore.get('path') if isinstance(kvstore, Mapping) else leaf.get('path')
+  relative = spec_kvstore.get('path') if isinstance(spec_kvstore, Mapping) else leaf.get('path')
   if not relative:
     raise ValueError(f'T5X parameter {name!r}: tensorstore spec without a path: {leaf}.')
   # T5X writes paths relative to the checkpoint directory (gcs ones under a dummy bucket); the
   # last component alone also finds arrays of a checkpoint moved after an absolute-path write.
   # Only the location is kept: the array's own metadata says its shape, dtype and chunks.
-  local = directory.absolute() / Path(relative.rstrip('/')).name
-  return {'driver': 'zarr', 'kvstore': {'driver': 'file', 'path': str(local)}}
+  array = relative.rstrip('/').rsplit('/', 1)[-1]
+  if isinstance(kvstore, str):
+    return {'driver': 'zarr', 'kvstore': kvstore + array + '/'}
+  return {'driver': 'zarr', 'kvstore': {**kvstore, 'path': kvstore['path'] + array}}
 
 
 # The OCDBT key of a target array's metadata: (array path 'target.<dotted name>', the dotted name,
@@ -180,15 +256,15 @@ def _t5x_leaf_spec(leaf: Any, directory: Path, name: str) -> np.ndarray | dict[s
 _OCDBT_TARGET_KEY = re.compile(r'(target\.([^/]+))/(\.zarray|zarr\.json)')
 
 
-def _t5x_ocdbt_specs(directory: Path) -> dict[str, dict[str, Any]]:
-  """The tensorstore spec of every `target` array of an orbax OCDBT checkpoint, by our name."""
-  kvstore = {'driver': 'ocdbt', 'base': directory.absolute().as_uri()}
+def _t5x_ocdbt_specs(base: str, where: Path | str) -> dict[str, dict[str, Any]]:
+  """The tensorstore spec of every `target` array of the orbax OCDBT checkpoint at `base`."""
+  kvstore = {'driver': 'ocdbt', 'base': base}
   try:
     # 'target.' up to 'target/' ('/' follows '.'): exactly the keys under the params.
     params = ts.KvStore.KeyRange(inclusive_min='target.', exclusive_max='target/')
     keys = ts.KvStore.open(kvstore).result().list(params).result()
   except Exception as e:  # tensorstore reports every failure as one ValueError-like status
-    raise ValueError(f'{directory} is not a readable OCDBT checkpoint ({_ts_reason(e)}).') from e
+    raise ValueError(f'{where} is not a readable OCDBT checkpoint ({_ts_reason(e)}).') from e
   specs = {}
   for key in keys:
     match = _OCDBT_TARGET_KEY.fullmatch(key.decode())
@@ -201,21 +277,20 @@ def _t5x_ocdbt_specs(directory: Path) -> dict[str, dict[str, Any]]:
       }
   if not specs:
     raise ValueError(
-      f'{directory}: no `target` params in the OCDBT checkpoint (T5X keeps them under keys '
+      f'{where}: no `target` params in the OCDBT checkpoint (T5X keeps them under keys '
       "'target.<dotted name>/'); is it a T5X train state?"
     )
   return specs
 
 
-def _read_arrays(sources: Mapping[str, Any]) -> dict[str, np.ndarray]:
-  """Host numpy arrays (native byte order) from inline arrays or tensorstore specs, by name.
+def _open_arrays(sources: Mapping[str, Any]) -> dict[str, utils.LazyArray]:
+  """Lazy arrays (read by slice) from inline arrays or tensorstore specs, by name.
 
-  Every array is opened at once (tensorstore futures), then read in turn; tensorstore reads the
-  chunks of one array concurrently.
+  Every array is opened at once (tensorstore futures); opening reads only the metadata.
 
   Raises:
     FileNotFoundError: a spec's array does not exist (the message names its location).
-    ValueError: tensorstore cannot read an array (damaged metadata or chunks).
+    ValueError: tensorstore cannot open an array (damaged metadata).
   """
   opened = {
     name: ts.open(source, open=True, read=True)
@@ -225,18 +300,41 @@ def _read_arrays(sources: Mapping[str, Any]) -> dict[str, np.ndarray]:
   arrays = {}
   for name, source in sources.items():
     if isinstance(source, np.ndarray):
-      arrays[name] = source
+      arrays[name] = utils.LazyArray.of(source)
       continue
     try:
-      arrays[name] = opened[name].result().read().result()
+      store = opened[name].result()
     except Exception as e:  # tensorstore reports every failure as a ValueError-like status
-      kvstore = source['kvstore']
-      location = ' in '.join(filter(None, (kvstore.get('path'), kvstore.get('base'))))
-      message = f'T5X parameter {name!r}: cannot read the array at {location} ({_ts_reason(e)}).'
-      if str(e).startswith('NOT_FOUND'):
-        raise FileNotFoundError(message) from e
-      raise ValueError(message) from e
+      raise _read_error(name, source, e) from e
+    arrays[name] = utils.LazyArray(
+      tuple(store.shape),
+      lambda index, name=name, store=store, source=source: _read(name, store, source, index),
+    )
   return arrays
+
+
+def _read(name: str, store: ts.TensorStore, source: dict[str, Any], index: utils.Index):
+  try:
+    return read_tensorstore_slice(store, index)
+  except Exception as e:  # damaged chunks surface only when read
+    raise _read_error(name, source, e) from e
+
+
+def read_tensorstore_slice(store: ts.TensorStore, index: utils.Index) -> np.ndarray:
+  """store[index] as host numpy: tensorstore reads only the chunks that the slice touches."""
+  return store[index].read().result()
+
+
+def _read_error(name: str, source: dict[str, Any], error: Exception) -> Exception:
+  kvstore = source['kvstore']
+  if isinstance(kvstore, Mapping):
+    location = ' in '.join(filter(None, (kvstore.get('path'), kvstore.get('base'))))
+  else:
+    location = kvstore
+  message = f'T5X parameter {name!r}: cannot read the array at {location} ({_ts_reason(error)}).'
+  if str(error).startswith('NOT_FOUND'):
+    return FileNotFoundError(message)
+  return ValueError(message)
 
 
 def _ts_reason(error: Exception) -> str:
