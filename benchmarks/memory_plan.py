@@ -1,0 +1,595 @@
+r"""A memory and cost plan for a T5 pair on a device mesh, without the hardware.
+
+  python -m benchmarks.memory_plan --target=t5_1_1-xxl --drafter=t5_1_1-small --mesh=1x4 \
+    --batch=1,8,32 --source_length=512 --max_new_tokens=128 --gamma=5 --param_dtype=bfloat16
+
+Run as a script it simulates DATA x MODEL CPU devices (it sets
+`XLA_FLAGS=--xla_force_host_platform_device_count=N` before JAX starts), builds the pair as
+abstract params (`jax.eval_shape` of `t5.init_params`, each leaf a `jax.ShapeDtypeStruct` carrying
+its `NamedSharding` from `sharding.param_shardings`; the drafter replicated or sharded per
+--drafter_sharding) and abstract sharded inputs, and lowers and compiles the autoregressive and
+speculative decode loops (`decode.lower_generate`, `decode.lower_speculative`) with no weight ever
+allocated. Per device and batch size it prints:
+
+  params    bytes of each model's params on one device (its shard of every leaf);
+  caches    bytes of the decoder caches the loop builds, from their shapes: self-attention
+            L x 2 x B x buffer_len x N x H and cross-attention L x 2 x B x S x N x H, times the
+            dtype's bytes, sharded as `sharding.DEFAULT_RULES` shard the cache (batch over
+            'data', heads over 'model' where they divide);
+  compiled  the compiled loop's `memory_analysis()`: argument, output and temporary bytes, and
+            their total (argument + output + temp - alias);
+  fits      whether that total fits one chip of TPU v4 (32 GiB HBM), TPU v5e (16 GiB) and H100
+            (80 GiB): 'yes' if the compiled total fits, 'no' if even params + caches do not,
+            'maybe' in between.
+
+XLA:CPU computes in float32: it upcasts bf16 weights and activations before every dot, and the
+upcast copies are temporaries of the compiled loop. The temporaries reported are therefore those
+of an f32-computing program, an upper bound for the bf16 program a TPU or GPU compiles (for a
+bf16 pair they hold roughly one float32 copy of the weights); params + caches is the lower bound.
+
+Then a roofline prediction of one speculative iteration on a chip (--chip, TPU v4 by default),
+from each model call's FLOPs and HBM bytes per chip, counted from the config and the shard shapes:
+bytes = the decoder params a call reads (all but the cross-attention key / value kernels, which
+only build the cache) + the whole decoder cache (attention reads every slot, masked);
+FLOPs = 2 x matmul params x tokens + attention (4 x B x T x N x H x (buffer_len + S) per layer).
+A call takes max(FLOPs / peak, bytes / bandwidth); collectives over the chip interconnect are not
+modelled. From the target step (1 position), the (gamma+1)-position pass and the drafter step it
+gives c, the pass cost, and the speedup `analysis.walltime_improvement` predicts (the paper's
+assumption: the pass costs one step) and `analysis.walltime_improvement_measured` (the roofline
+pass cost), with the paper's alpha (Leviathan et al. 2022, T5-XXL / T5-small on EnDe: 0.75
+greedy, 0.62 at temperature 1) and ours (docs/results.md section 2: debsumm distilled 0.66 /
+0.54, ende48m distilled 0.49 / 0.48). The FLOPs are cross-checked against XLA's
+`cost_analysis()` of one lowered target call (whose FLOPs also count the elementwise work).
+
+Results, with the exact commands and the CPU: docs/results/memory_plan.md.
+"""
+
+import dataclasses
+import os
+import sys
+
+_MESH_FLAG = '--mesh='
+
+
+def parse_mesh(text: str) -> tuple[int, int]:
+  """'DATAxMODEL' (e.g. '1x4') -> (data, model)."""
+  parts = text.lower().split('x')
+  if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+    raise ValueError(f'--mesh must be DATAxMODEL with positive sizes (e.g. 1x4), got {text!r}.')
+  return int(parts[0]), int(parts[1])
+
+
+def _simulate_devices(argv) -> None:
+  """Asks XLA:CPU for as many devices as the --mesh flag needs; must run before JAX starts."""
+  mesh = next((a[len(_MESH_FLAG) :] for a in argv if a.startswith(_MESH_FLAG)), '1x4')
+  data, model = parse_mesh(mesh)
+  flags = os.environ.get('XLA_FLAGS', '')
+  os.environ['XLA_FLAGS'] = f'{flags} --xla_force_host_platform_device_count={data * model}'
+  os.environ['JAX_PLATFORMS'] = 'cpu'
+
+
+if __name__ == '__main__':
+  _simulate_devices(sys.argv)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from specdec_jax import analysis, decode, sharding  # noqa: E402
+from specdec_jax import sampling as sampling_lib  # noqa: E402
+from specdec_jax.models import t5  # noqa: E402
+
+GiB = 2**30
+# HBM per chip. TPU v4: "HBM2 capacity and bandwidth 32 GiB, 1200 GBps"
+# (https://cloud.google.com/tpu/docs/v4); TPU v5e: "16 GB, 819 GBps"
+# (https://cloud.google.com/tpu/docs/v5e); H100 SXM: 80 GB HBM3.
+HBM_BYTES = {'TPU v4': 32 * GiB, 'TPU v5e': 16 * GiB, 'H100': 80 * GiB}
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """Roofline constants of one chip: peak dense bf16 FLOP/s and HBM bandwidth in bytes/s."""
+
+  name: str
+  peak_flops: float
+  hbm_bandwidth: float
+
+
+# TPU v4: "Peak compute per chip 275 teraflops (bf16 or int8)", "32 GiB, 1200 GBps"
+# (https://cloud.google.com/tpu/docs/v4). TPU v5e: "197 TFLOPS" (bf16), "16 GB, 819 GBps"
+# (https://cloud.google.com/tpu/docs/v5e).
+TPU_V4 = Chip('TPU v4', peak_flops=275e12, hbm_bandwidth=1.2e12)
+TPU_V5E = Chip('TPU v5e', peak_flops=197e12, hbm_bandwidth=819e9)
+CHIPS = {'v4': TPU_V4, 'v5e': TPU_V5E}
+
+# (label, alpha at temperature 0, alpha at temperature 1).
+ALPHAS = (
+  ('paper T5-small (EnDe)', 0.75, 0.62),  # Leviathan et al. 2022, Table 3.
+  ('ours debsumm distilled', 0.66, 0.54),  # docs/results.md section 2.
+  ('ours ende48m distilled', 0.49, 0.48),  # docs/results.md section 2.
+)
+
+_KV_AXES = ('layers', 'batch', 'length', 'heads', 'kv')
+
+
+def abstract_model(
+  config: t5.T5Config, mesh, *, param_dtype: str, shard: bool, rules=sharding.DEFAULT_RULES
+) -> t5.T5Model:
+  """A `T5Model` whose params are `jax.ShapeDtypeStruct`s in `param_dtype`, each carrying its
+  `NamedSharding` on `mesh`: by `rules` (`shard=True`) or replicated. Nothing is allocated."""
+  shapes = jax.eval_shape(lambda key: t5.init_params(key, config), jax.random.key(0))
+  shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, param_dtype), shapes)
+  if shard:
+    shardings = sharding.param_shardings(shapes, mesh, rules)
+  else:
+    shardings = jax.tree.map(lambda _: NamedSharding(mesh, P()), shapes)
+  params = jax.tree.map(
+    lambda s, h: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=h), shapes, shardings
+  )
+  return t5.T5Model(config=config, params=params)
+
+
+def unsharded(model: t5.T5Model) -> t5.T5Model:
+  """`model` with its params' shardings dropped: the whole of every leaf, as on one device."""
+  params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), model.params)
+  return t5.T5Model(config=model.config, params=params)
+
+
+def local_shape(x) -> tuple[int, ...]:
+  """The shape of one device's shard of `x` (a `ShapeDtypeStruct` with a sharding, or not)."""
+  sharding_ = getattr(x, 'sharding', None)
+  return tuple(x.shape) if sharding_ is None else tuple(sharding_.shard_shape(x.shape))
+
+
+def bytes_per_device(tree) -> int:
+  """Bytes of the largest shard of every leaf, summed: what one device holds of `tree`."""
+  return sum(
+    int(np.prod(local_shape(x))) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)
+  )
+
+
+def cache_shapes(
+  config: t5.T5Config, *, batch: int, buffer_len: int, source_length: int
+) -> dict[str, tuple[int, ...]]:
+  """Shapes of one decoder cache's keys (values alike): self [L, B, buffer_len, N, H] and
+  cross [L, B, S, N, H] (`t5.init_cache`)."""
+  heads = (config.num_heads, config.d_kv)
+  return {
+    'self': (config.num_decoder_layers, batch, buffer_len) + heads,
+    'cross': (config.num_decoder_layers, batch, source_length) + heads,
+  }
+
+
+def cache_bytes_per_device(
+  config: t5.T5Config,
+  mesh,
+  *,
+  batch: int,
+  buffer_len: int,
+  source_length: int,
+  rules=sharding.DEFAULT_RULES,
+) -> dict[str, int]:
+  """Bytes of one device's shard of a decoder cache: {'self': keys + values, 'cross': ...}.
+
+  L x 2 x B x length x N x H x dtype bytes, with B and N divided as `rules` shard the cache axes
+  ('layers', 'batch', 'length', 'heads', 'kv') on `mesh` (an axis stays whole where the mesh axis
+  does not divide it).
+  """
+  itemsize = jnp.dtype(config.dtype).itemsize
+  out = {}
+  for name, shape in cache_shapes(
+    config, batch=batch, buffer_len=buffer_len, source_length=source_length
+  ).items():
+    spec = sharding.logical_to_mesh(_KV_AXES, shape, mesh, rules)
+    out[name] = 2 * int(np.prod(NamedSharding(mesh, spec).shard_shape(shape))) * itemsize
+  return out
+
+
+def fits(lower_bound: int, upper_bound: int) -> dict[str, str]:
+  """Per chip of `HBM_BYTES`: 'yes' if `upper_bound` bytes fit, 'no' if even `lower_bound`
+  bytes do not, else 'maybe'."""
+  if lower_bound > upper_bound:
+    raise ValueError(f'lower_bound {lower_bound} exceeds upper_bound {upper_bound}.')
+  return {
+    chip: 'yes' if upper_bound <= hbm else ('no' if lower_bound > hbm else 'maybe')
+    for chip, hbm in HBM_BYTES.items()
+  }
+
+
+@dataclasses.dataclass(frozen=True)
+class CallCost:
+  """One model call on one chip: FLOPs and HBM bytes read."""
+
+  flops: float
+  bytes: float
+
+  def seconds(self, chip: Chip) -> float:
+    """Roofline time: the call is bound by compute or by HBM bandwidth, whichever is slower."""
+    return max(self.flops / chip.peak_flops, self.bytes / chip.hbm_bandwidth)
+
+  def bound(self, chip: Chip) -> str:
+    return 'compute' if self.flops / chip.peak_flops > self.bytes / chip.hbm_bandwidth else 'memory'
+
+
+def call_cost(
+  model: t5.T5Model,
+  mesh,
+  *,
+  batch: int,
+  positions: int,
+  buffer_len: int,
+  source_length: int,
+  rules=sharding.DEFAULT_RULES,
+) -> CallCost:
+  """FLOPs and HBM bytes per chip of one decoder call scoring `positions` tokens per row.
+
+  Bytes: the chip's shard of every decoder param except the cross-attention key / value kernels
+  (they only build the cache), the embedding rows gathered (the whole table when the output layer
+  is tied to it), and the chip's shard of the decoder cache, read in full (masked slots too).
+  FLOPs: 2 x matmul params x tokens over the chip's shards (every kernel, and the tied
+  embedding as the output layer) + attention, 2 matmuls of 2 x T x N x H x keys per row and
+  layer, over buffer_len self-attention and source_length cross-attention keys.
+
+  Args:
+    model: a `T5Model` whose params carry shardings (`abstract_model`).
+    mesh: the mesh the cache is sharded on.
+    batch: B, rows of the call (global).
+    positions: T, tokens per row.
+    buffer_len: decoder cache slots per row.
+    source_length: S, encoder positions.
+  """
+  config = model.config
+  kv = cache_shapes(config, batch=batch, buffer_len=buffer_len, source_length=source_length)
+  kv_local = {
+    name: NamedSharding(mesh, sharding.logical_to_mesh(_KV_AXES, shape, mesh, rules)).shard_shape(
+      shape
+    )
+    for name, shape in kv.items()
+  }
+  _, local_batch, _, local_heads, _ = kv_local['self']
+  tokens = local_batch * positions
+  weight_bytes = matmul_params = 0
+  for path, leaf in jax.tree_util.tree_leaves_with_path(model.params['decoder']):
+    names = [str(getattr(k, 'key', k)) for k in path]
+    if 'encoder_decoder_attention' in names and names[-2] in ('key', 'value'):
+      continue
+    size = int(np.prod(local_shape(leaf)))
+    weight_bytes += size * jnp.dtype(leaf.dtype).itemsize
+    if names[-1] == 'kernel':
+      matmul_params += size
+  table = model.params['token_embedder']['embedding']
+  itemsize = jnp.dtype(table.dtype).itemsize
+  if config.tie_word_embeddings:
+    table_size = int(np.prod(local_shape(table)))
+    weight_bytes += table_size * itemsize
+    matmul_params += table_size
+  else:
+    weight_bytes += tokens * table.shape[1] * itemsize
+  cache_bytes = sum(
+    cache_bytes_per_device(
+      config, mesh, batch=batch, buffer_len=buffer_len, source_length=source_length, rules=rules
+    ).values()
+  )
+  keys = buffer_len + source_length
+  attention = config.num_decoder_layers * 4 * tokens * local_heads * config.d_kv * keys
+  return CallCost(flops=2.0 * matmul_params * tokens + attention, bytes=weight_bytes + cache_bytes)
+
+
+def xla_step_cost(model: t5.T5Model, *, batch: int, positions: int, buffer_len: int, source_length):
+  """XLA's `cost_analysis()` of one lowered, unsharded decoder call: {'flops', 'bytes accessed'}.
+
+  Global (one device), for checking `call_cost` on a 1x1 mesh; XLA also counts elementwise work,
+  and its bytes count every operand of every op (activations included).
+  """
+  config, params = model.config, unsharded(model).params
+  encoded = jax.ShapeDtypeStruct(
+    (batch, source_length, config.encoder_dim or config.d_model), config.dtype
+  )
+  mask = jax.ShapeDtypeStruct((batch, source_length), jnp.int32)
+  cache = jax.eval_shape(
+    lambda p, e, m: t5.init_cache(p, e, m, config=config, max_decode_len=buffer_len),
+    params,
+    encoded,
+    mask,
+  )
+  tokens = jax.ShapeDtypeStruct((batch, positions), jnp.int32)
+  step = jax.jit(lambda p, t, c: t5.decode(p, t, c, config=config))
+  cost = step.lower(params, tokens, cache).cost_analysis()
+  return {k: float(cost[k]) for k in ('flops', 'bytes accessed')}
+
+
+def predict(
+  target: t5.T5Model,
+  drafter: t5.T5Model,
+  mesh,
+  chip: Chip,
+  *,
+  batch: int,
+  gamma: int,
+  max_new_tokens: int,
+  source_length: int,
+) -> dict:
+  """Roofline times of the three calls of the loops on `chip`, c, the pass cost, and the speedup
+  of `analysis` at each alpha of `ALPHAS`.
+
+  The target step is autoregressive decoding's call (its cache holds M + 2 slots); the pass and
+  the drafter step are the speculative loop's (M + G + 2 slots, `decode.buffer_length`).
+  """
+  ar_len = decode.buffer_length(max_new_tokens, 0)
+  spec_len = decode.buffer_length(max_new_tokens, gamma)
+  common = dict(batch=batch, source_length=source_length)
+  costs = {
+    'target_step': call_cost(target, mesh, positions=1, buffer_len=ar_len, **common),
+    'target_pass': call_cost(target, mesh, positions=gamma + 1, buffer_len=spec_len, **common),
+    'drafter_step': call_cost(drafter, mesh, positions=1, buffer_len=spec_len, **common),
+  }
+  seconds = {name: cost.seconds(chip) for name, cost in costs.items()}
+  c = seconds['drafter_step'] / seconds['target_step']
+  pass_cost = seconds['target_pass'] / seconds['target_step']
+  speedups = []
+  for label, *alphas in ALPHAS:
+    for temperature, alpha in zip((0, 1), alphas):
+      speedups.append(
+        dict(
+          alpha_source=label,
+          temperature=temperature,
+          alpha=alpha,
+          paper=float(analysis.walltime_improvement(alpha, gamma, c)),
+          roofline=float(analysis.walltime_improvement_measured(alpha, gamma, c, pass_cost)),
+          best_gamma=int(analysis.optimal_gamma(alpha, c)),
+        )
+      )
+  return dict(
+    costs=costs,
+    seconds=seconds,
+    bounds={name: cost.bound(chip) for name, cost in costs.items()},
+    c=c,
+    pass_cost=pass_cost,
+    iteration=gamma * seconds['drafter_step'] + seconds['target_pass'],
+    speedups=speedups,
+  )
+
+
+def abstract_batch(mesh, batch: int, source_length: int, rules=sharding.DEFAULT_RULES):
+  """int32[B, S] input ids / mask as a `ShapeDtypeStruct` split over 'data' as `shard_batch`
+  would place them."""
+  shape = (batch, source_length)
+  spec = sharding.logical_to_mesh(('batch', None), shape, mesh, rules)
+  return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=NamedSharding(mesh, spec))
+
+
+def compile_loops(
+  target: t5.T5Model,
+  drafter: t5.T5Model,
+  mesh,
+  *,
+  batch: int,
+  source_length: int,
+  max_new_tokens: int,
+  gamma: int,
+  sampling: sampling_lib.SamplingConfig,
+) -> dict:
+  """`memory_analysis()` of both decode loops compiled for `mesh` from abstract inputs.
+
+  Returns:
+    {'autoregressive': stats, 'speculative': stats}, each a dict of argument, output, alias,
+    temp and total bytes per device.
+  """
+  ids = abstract_batch(mesh, batch, source_length)
+  with jax.set_mesh(mesh):
+    lowered = {
+      'autoregressive': decode.lower_generate(
+        target, ids, ids, sampling=sampling, max_new_tokens=max_new_tokens
+      ),
+      'speculative': decode.lower_speculative(
+        target,
+        drafter,
+        ids,
+        ids,
+        gamma=gamma,
+        verifier='token',
+        sampling=sampling,
+        max_new_tokens=max_new_tokens,
+      ),
+    }
+    out = {}
+    for name, low in lowered.items():
+      stats = low.compile().memory_analysis()
+      row = dict(
+        argument=stats.argument_size_in_bytes,
+        output=stats.output_size_in_bytes,
+        alias=stats.alias_size_in_bytes,
+        temp=stats.temp_size_in_bytes,
+      )
+      row['total'] = row['argument'] + row['output'] + row['temp'] - row['alias']
+      out[name] = row
+  return out
+
+
+def memory_rows(target, drafter, mesh, compiled: dict | None, **shape) -> list[dict]:
+  """A row per loop: params, caches, compiled bytes per device and the fits verdicts.
+
+  Args:
+    target, drafter: `abstract_model`s.
+    compiled: `compile_loops` output, or None (params + caches only).
+    shape: batch, source_length, max_new_tokens, gamma.
+  """
+  batch, source_length = shape['batch'], shape['source_length']
+  rows = []
+  for loop, models, gamma in (
+    ('autoregressive', (target,), 0),
+    ('speculative', (target, drafter), shape['gamma']),
+  ):
+    buffer_len = decode.buffer_length(shape['max_new_tokens'], gamma)
+    params = sum(bytes_per_device(m.params) for m in models)
+    caches = sum(
+      sum(
+        cache_bytes_per_device(
+          m.config, mesh, batch=batch, buffer_len=buffer_len, source_length=source_length
+        ).values()
+      )
+      for m in models
+    )
+    row = dict(loop=loop, batch=batch, params=params, caches=caches)
+    if compiled is not None:
+      row.update(compiled[loop])
+      row['fits'] = fits(params + caches, max(row['total'], params + caches))
+    else:
+      row['fits'] = fits(params + caches, params + caches)
+    rows.append(row)
+  return rows
+
+
+_TARGET = flags.DEFINE_string('target', 't5_1_1-xxl', 'Target: a key of t5.CONFIGS.')
+_DRAFTER = flags.DEFINE_string('drafter', 't5_1_1-small', 'Drafter: a key of t5.CONFIGS.')
+_MESH = flags.DEFINE_string('mesh', '1x4', 'DATAxMODEL device mesh (simulated on CPU).')
+_BATCH = flags.DEFINE_list('batch', ['1', '8', '32'], 'Batch sizes (global).')
+_SOURCE_LENGTH = flags.DEFINE_integer('source_length', 512, 'Source tokens per row.')
+_MAX_NEW_TOKENS = flags.DEFINE_integer('max_new_tokens', 128, 'Tokens decoded per row.')
+_GAMMA = flags.DEFINE_integer('gamma', 5, 'Drafted tokens per iteration.')
+_PARAM_DTYPE = flags.DEFINE_enum('param_dtype', 'bfloat16', ['float32', 'bfloat16'], 'Params.')
+_DTYPE = flags.DEFINE_enum(
+  'dtype', 'bfloat16', ['float32', 'bfloat16'], 'Activation and cache dtype (T5Config.dtype).'
+)
+_DRAFTER_SHARDING = flags.DEFINE_enum(
+  'drafter_sharding', 'replicated', ['replicated', 'model'], 'Drafter params on the mesh.'
+)
+_TEMPERATURE = flags.DEFINE_float(
+  'temperature', 1.0, 'Sampling of the compiled loops (> 0 forms probabilities: more temporaries).'
+)
+_CHIP = flags.DEFINE_enum('chip', 'v4', sorted(CHIPS), 'Chip of the roofline prediction.')
+_COMPILE = flags.DEFINE_bool('compile', True, 'Compile the loops (off: params + caches only).')
+
+
+def _gib(n: float) -> str:
+  return f'{n / GiB:.2f}'
+
+
+def _config(name: str, dtype: str) -> t5.T5Config:
+  if name not in t5.CONFIGS:
+    raise app.UsageError(f'Unknown config {name!r}; choose one of {sorted(t5.CONFIGS)}.')
+  return dataclasses.replace(t5.CONFIGS[name], dtype=dtype)
+
+
+def main(argv):
+  del argv
+  data, model = parse_mesh(_MESH.value)
+  if jax.device_count() < data * model:
+    raise app.UsageError(
+      f'--mesh={_MESH.value} needs {data * model} devices, JAX has {jax.device_count()}: run '
+      'as `python -m benchmarks.memory_plan`, which simulates them.'
+    )
+  mesh = sharding.make_mesh(data, model)
+  batches = [int(b) for b in _BATCH.value]
+  shape = dict(
+    source_length=_SOURCE_LENGTH.value, max_new_tokens=_MAX_NEW_TOKENS.value, gamma=_GAMMA.value
+  )
+  target = abstract_model(
+    _config(_TARGET.value, _DTYPE.value), mesh, param_dtype=_PARAM_DTYPE.value, shard=True
+  )
+  drafter = abstract_model(
+    _config(_DRAFTER.value, _DTYPE.value),
+    mesh,
+    param_dtype=_PARAM_DTYPE.value,
+    shard=_DRAFTER_SHARDING.value == 'model',
+  )
+  chip = CHIPS[_CHIP.value]
+  sampling = sampling_lib.SamplingConfig(temperature=_TEMPERATURE.value)
+  print(
+    f'{_TARGET.value} + {_DRAFTER.value} (drafter {_DRAFTER_SHARDING.value}), mesh '
+    f'{data}x{model} ({jax.device_count()} simulated {jax.devices()[0].platform} devices), '
+    f'params {_PARAM_DTYPE.value}, activations/caches {_DTYPE.value}, source '
+    f'{shape["source_length"]}, {shape["max_new_tokens"]} new tokens, gamma {shape["gamma"]}, '
+    f'temperature {_TEMPERATURE.value}'
+  )
+  print(
+    f'params {t5.param_count(target.params) / 1e9:.2f}B + {t5.param_count(drafter.params) / 1e6:.0f}M'
+    '; GiB per device. temp: XLA:CPU upcasts bf16 to f32, so its temporaries (and total) are '
+    'those of an f32-computing program, an upper bound for a TPU/GPU compile.'
+  )
+  chips = ' | '.join(HBM_BYTES)
+  print(
+    f'\n| batch | loop | params | caches | params+caches | argument | output | temp | total | {chips} |'
+  )
+  print('|' + '---:|' * (9 + len(HBM_BYTES)))
+  for batch in batches:
+    compiled = None
+    if _COMPILE.value:
+      compiled = compile_loops(target, drafter, mesh, batch=batch, sampling=sampling, **shape)
+    for row in memory_rows(target, drafter, mesh, compiled, batch=batch, **shape):
+      measured = (
+        [_gib(row[k]) for k in ('argument', 'output', 'temp', 'total')] if compiled else ['-'] * 4
+      )
+      cells = [str(batch), row['loop'], _gib(row['params']), _gib(row['caches'])]
+      cells += [_gib(row['params'] + row['caches'])] + measured + list(row['fits'].values())
+      print('| ' + ' | '.join(cells) + ' |', flush=True)
+
+  print(
+    f'\nRoofline on one {chip.name} chip ({chip.peak_flops / 1e12:.0f} TFLOP/s bf16, '
+    f'{chip.hbm_bandwidth / 1e9:.0f} GB/s HBM) per chip of the {data}x{model} mesh; ms per call:'
+  )
+  print(
+    '\n| batch | target step | pass (gamma+1) | pass cost | drafter step | c | iteration | '
+    'bound (step/pass/drafter) |'
+  )
+  print('|' + '---:|' * 8)
+  predictions = {}
+  for batch in batches:
+    p = predictions[batch] = predict(target, drafter, mesh, chip, batch=batch, **shape)
+    s = p['seconds']
+    bounds = '/'.join(p['bounds'][k] for k in ('target_step', 'target_pass', 'drafter_step'))
+    print(
+      f'| {batch} | {s["target_step"] * 1e3:.3f} | {s["target_pass"] * 1e3:.3f} | '
+      f'{p["pass_cost"]:.2f} | {s["drafter_step"] * 1e3:.3f} | {p["c"]:.3f} | '
+      f'{p["iteration"] * 1e3:.3f} | {bounds} |'
+    )
+  print(
+    f'\nPredicted speedup at gamma {shape["gamma"]}: paper = analysis.walltime_improvement '
+    '(pass cost 1), roofline = analysis.walltime_improvement_measured (roofline pass cost); '
+    'best gamma by the paper formula.'
+  )
+  print(
+    '\n| alpha from | temp | alpha | '
+    + ' | '.join(f'B={b} paper / roofline' for b in batches)
+    + ' |'
+  )
+  print('|---|---:|---:|' + '---|' * len(batches))
+  for i, row in enumerate(predictions[batches[0]]['speedups']):
+    cells = [
+      f'{predictions[b]["speedups"][i]["paper"]:.2f}x / '
+      f'{predictions[b]["speedups"][i]["roofline"]:.2f}x (best gamma '
+      f'{predictions[b]["speedups"][i]["best_gamma"]})'
+      for b in batches
+    ]
+    print(
+      f'| {row["alpha_source"]} | {row["temperature"]} | {row["alpha"]} | '
+      + ' | '.join(cells)
+      + ' |'
+    )
+
+  one = jax.sharding.AbstractMesh((1, 1), ('data', 'model'))
+  print('\nCross-check (global, unsharded target call): analytic FLOPs vs XLA cost_analysis')
+  for batch in batches:
+    for positions in (1, shape['gamma'] + 1):
+      buffer_len = decode.buffer_length(shape['max_new_tokens'], shape['gamma'])
+      common = dict(
+        batch=batch,
+        positions=positions,
+        buffer_len=buffer_len,
+        source_length=shape['source_length'],
+      )
+      ours = call_cost(unsharded(target), one, **common)
+      xla = xla_step_cost(target, **common)
+      print(
+        f'  B={batch} T={positions}: analytic {ours.flops:.4g} FLOPs, XLA {xla["flops"]:.4g} '
+        f'({xla["flops"] / ours.flops:.3f}x); analytic bytes {ours.bytes:.4g}, XLA bytes '
+        f'accessed {xla["bytes accessed"]:.4g} ({xla["bytes accessed"] / ours.bytes:.2f}x)',
+        flush=True,
+      )
+
+
+if __name__ == '__main__':
+  app.run(main)
