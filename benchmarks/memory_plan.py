@@ -17,15 +17,17 @@ allocated. Per device and batch size it prints:
             dtype's bytes, sharded as `sharding.DEFAULT_RULES` shard the cache (batch over
             'data', heads over 'model' where they divide);
   compiled  the compiled loop's `memory_analysis()`: argument, output and temporary bytes, and
-            their total (argument + output + temp - alias);
+            the bound total = params + inputs (ids, mask, key) + output + temp - alias;
   fits      whether that total fits one chip of TPU v4 (32 GiB HBM), TPU v5e (16 GiB) and H100
             (80 GiB): 'yes' if the compiled total fits, 'no' if even params + caches do not,
             'maybe' in between.
 
-XLA:CPU computes in float32: it upcasts bf16 weights and activations before every dot, and the
-upcast copies are temporaries of the compiled loop. The temporaries reported are therefore those
-of an f32-computing program, an upper bound for the bf16 program a TPU or GPU compiles (for a
-bf16 pair they hold roughly one float32 copy of the weights); params + caches is the lower bound.
+XLA:CPU computes in float32: compiled as planned (--compile_dtype=params), it upcasts bf16 weights
+before every dot and the upcast copies are temporaries (for XXL, about one f32 copy of the
+weights). So by default (--compile_dtype=float32) the loops are compiled with float32 params and
+activations, and the temporaries of that f32-compiled program (caches, activations, all twice
+their bf16 size) are reported as the bound on the bf16 program's; params are counted in
+--param_dtype. params + caches is the lower bound.
 
 Then a roofline prediction of one speculative iteration on a chip (--chip, TPU v4 by default),
 from each model call's FLOPs and HBM bytes per chip, counted from the config and the shard shapes:
@@ -103,7 +105,10 @@ class Chip:
 # (https://cloud.google.com/tpu/docs/v5e).
 TPU_V4 = Chip('TPU v4', peak_flops=275e12, hbm_bandwidth=1.2e12)
 TPU_V5E = Chip('TPU v5e', peak_flops=197e12, hbm_bandwidth=819e9)
-CHIPS = {'v4': TPU_V4, 'v5e': TPU_V5E}
+# H100 SXM (NVIDIA's H100 datasheet): BF16 Tensor Core 1,979 TFLOPS with 2:4 sparsity, so 989
+# dense; 3.35 TB/s HBM3.
+H100 = Chip('H100 SXM', peak_flops=989e12, hbm_bandwidth=3.35e12)
+CHIPS = {'v4': TPU_V4, 'v5e': TPU_V5E, 'h100': H100}
 
 # (label, alpha at temperature 0, alpha at temperature 1).
 ALPHAS = (
@@ -361,6 +366,15 @@ def abstract_batch(mesh, batch: int, source_length: int, rules=sharding.DEFAULT_
   return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=NamedSharding(mesh, spec))
 
 
+def with_dtype(model: t5.T5Model, dtype: str) -> t5.T5Model:
+  """`model` with params and activations in `dtype`, its params' shardings kept."""
+  params = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, dtype, sharding=getattr(x, 'sharding', None)),
+    model.params,
+  )
+  return t5.T5Model(config=dataclasses.replace(model.config, dtype=dtype), params=params)
+
+
 def compile_loops(
   target: t5.T5Model,
   drafter: t5.T5Model,
@@ -375,8 +389,8 @@ def compile_loops(
   """`memory_analysis()` of both decode loops compiled for `mesh` from abstract inputs.
 
   Returns:
-    {'autoregressive': stats, 'speculative': stats}, each a dict of argument, output, alias,
-    temp and total bytes per device.
+    {'autoregressive': stats, 'speculative': stats}, each a dict of bytes per device: argument,
+    output, alias, temp, and inputs (the arguments that are not params: ids, mask, PRNG key).
   """
   ids = abstract_batch(mesh, batch, source_length)
   with jax.set_mesh(mesh):
@@ -396,7 +410,7 @@ def compile_loops(
       ),
     }
     out = {}
-    for name, low in lowered.items():
+    for (name, low), models in zip(lowered.items(), ([target], [target, drafter])):
       stats = low.compile().memory_analysis()
       row = dict(
         argument=stats.argument_size_in_bytes,
@@ -404,7 +418,7 @@ def compile_loops(
         alias=stats.alias_size_in_bytes,
         temp=stats.temp_size_in_bytes,
       )
-      row['total'] = row['argument'] + row['output'] + row['temp'] - row['alias']
+      row['inputs'] = row['argument'] - sum(bytes_per_device(m.params) for m in models)
       out[name] = row
   return out
 
@@ -414,8 +428,14 @@ def memory_rows(target, drafter, mesh, compiled: dict | None, **shape) -> list[d
 
   Args:
     target, drafter: `abstract_model`s.
-    compiled: `compile_loops` output, or None (params + caches only).
+    compiled: `compile_loops` output (of these models, or of them in float32: its temporaries
+      then bound this pair's), or None (params + caches only).
     shape: batch, source_length, max_new_tokens, gamma.
+
+  Returns:
+    Dicts of bytes per device: params, caches, the compiled stats, and total = params + inputs
+    + output + temp - alias (the compiled program's own total when it compiled these params);
+    and fits, `fits(params + caches, total)`.
   """
   batch, source_length = shape['batch'], shape['source_length']
   rows = []
@@ -436,6 +456,7 @@ def memory_rows(target, drafter, mesh, compiled: dict | None, **shape) -> list[d
     row = dict(loop=loop, batch=batch, params=params, caches=caches)
     if compiled is not None:
       row.update(compiled[loop])
+      row['total'] = params + row['inputs'] + row['output'] + row['temp'] - row['alias']
       row['fits'] = fits(params + caches, max(row['total'], params + caches))
     else:
       row['fits'] = fits(params + caches, params + caches)
@@ -462,6 +483,13 @@ _TEMPERATURE = flags.DEFINE_float(
 )
 _CHIP = flags.DEFINE_enum('chip', 'v4', sorted(CHIPS), 'Chip of the roofline prediction.')
 _COMPILE = flags.DEFINE_bool('compile', True, 'Compile the loops (off: params + caches only).')
+_COMPILE_DTYPE = flags.DEFINE_enum(
+  'compile_dtype',
+  'float32',
+  ['float32', 'params'],
+  "Compile the loops in float32 (whose temporaries bound the planned dtype's) or as planned "
+  '(--param_dtype / --dtype; XLA:CPU then adds f32 copies of bf16 weights to the temporaries).',
+)
 
 
 def _gib(n: float) -> str:
@@ -497,6 +525,9 @@ def main(argv):
     shard=_DRAFTER_SHARDING.value == 'model',
   )
   chip = CHIPS[_CHIP.value]
+  compiled_pair = (target, drafter)
+  if _COMPILE_DTYPE.value == 'float32':
+    compiled_pair = (with_dtype(target, 'float32'), with_dtype(drafter, 'float32'))
   sampling = sampling_lib.SamplingConfig(temperature=_TEMPERATURE.value)
   print(
     f'{_TARGET.value} + {_DRAFTER.value} (drafter {_DRAFTER_SHARDING.value}), mesh '
@@ -507,8 +538,13 @@ def main(argv):
   )
   print(
     f'params {t5.param_count(target.params) / 1e9:.2f}B + {t5.param_count(drafter.params) / 1e6:.0f}M'
-    '; GiB per device. temp: XLA:CPU upcasts bf16 to f32, so its temporaries (and total) are '
-    'those of an f32-computing program, an upper bound for a TPU/GPU compile.'
+    '; GiB per device. argument / output / temp: the loops compiled '
+    + (
+      "in float32 (XLA:CPU computes in f32): the f32 temporaries bound the planned dtype's; "
+      if _COMPILE_DTYPE.value == 'float32'
+      else 'as planned; XLA:CPU upcasts bf16 to f32, so temp holds f32 copies of the weights; '
+    )
+    + 'total = params + inputs + output + temp - alias, the upper bound.'
   )
   chips = ' | '.join(HBM_BYTES)
   print(
@@ -518,7 +554,7 @@ def main(argv):
   for batch in batches:
     compiled = None
     if _COMPILE.value:
-      compiled = compile_loops(target, drafter, mesh, batch=batch, sampling=sampling, **shape)
+      compiled = compile_loops(*compiled_pair, mesh, batch=batch, sampling=sampling, **shape)
     for row in memory_rows(target, drafter, mesh, compiled, batch=batch, **shape):
       measured = (
         [_gib(row[k]) for k in ('argument', 'output', 'temp', 'total')] if compiled else ['-'] * 4

@@ -174,16 +174,23 @@ def test_predict_combines_the_call_times_as_the_loop_does():
   assert len(p['speedups']) == 2 * len(memory_plan.ALPHAS)
 
 
-def _check_compiled_plan(mesh, *, batch, rows_per_device):
-  """Compiles both loops of a tiny bf16 pair on `mesh` and checks the rows' bytes add up."""
+def _check_compiled_plan(mesh, *, batch, rows_per_device, in_float32):
+  """Compiles both loops of a tiny bf16 pair on `mesh` (as planned, or `in_float32`) and checks
+  that the rows' bytes add up."""
   config = lambda name: dataclasses.replace(t5.CONFIGS[name], dtype='bfloat16')
   target = memory_plan.abstract_model(config('tiny-v1.1'), mesh, param_dtype='bfloat16', shard=True)
   drafter = memory_plan.abstract_model(
     config('tiny-v1.0'), mesh, param_dtype='bfloat16', shard=False
   )
+  pair = (target, drafter)
+  if in_float32:
+    pair = tuple(memory_plan.with_dtype(m, 'float32') for m in pair)
+    assert memory_plan.bytes_per_device(pair[0].params) == 2 * memory_plan.bytes_per_device(
+      target.params
+    )
   shape = dict(batch=batch, source_length=16, max_new_tokens=8, gamma=3)
   compiled = memory_plan.compile_loops(
-    target, drafter, mesh, sampling=SamplingConfig(temperature=1.0), **shape
+    *pair, mesh, sampling=SamplingConfig(temperature=1.0), **shape
   )
   rows = memory_plan.memory_rows(target, drafter, mesh, compiled, **shape)
   assert [r['loop'] for r in rows] == ['autoregressive', 'speculative']
@@ -192,15 +199,17 @@ def _check_compiled_plan(mesh, *, batch, rows_per_device):
     params = sum(memory_plan.bytes_per_device(m.params) for m in models)
     assert row['params'] == params, (row, params)
     # The loop's arguments are the params and the batch, each device holding its shard.
-    assert params <= row['argument'] <= params + inputs, row
-    # The caches are built inside the loop: temporaries.
-    assert row['temp'] >= row['caches'] > 0, row
-    assert row['total'] == row['argument'] + row['output'] + row['temp'] - row['alias']
+    assert 0 <= row['inputs'] <= inputs, row
+    # The caches are built inside the loop: temporaries (twice the bf16 bytes in float32).
+    assert row['temp'] >= (2 if in_float32 else 1) * row['caches'] > 0, row
+    assert row['total'] == params + row['inputs'] + row['output'] + row['temp'] - row['alias']
+    if not in_float32:
+      assert row['total'] == row['argument'] + row['output'] + row['temp'] - row['alias']
     assert set(row['fits'].values()) == {'yes'}, row
 
 
 def test_compiled_plan_on_one_device():
-  _check_compiled_plan(sharding.make_mesh(1, 1), batch=2, rows_per_device=2)
+  _check_compiled_plan(sharding.make_mesh(1, 1), batch=2, rows_per_device=2, in_float32=True)
 
 
 _COMPILED_PLAN_SCRIPT = """
@@ -209,7 +218,8 @@ from specdec_jax import sharding
 from tests import memory_plan_test
 
 assert jax.device_count() == 4, jax.devices()
-memory_plan_test._check_compiled_plan(sharding.make_mesh(2, 2), batch=4, rows_per_device=2)
+memory_plan_test._check_compiled_plan(
+  sharding.make_mesh(2, 2), batch=4, rows_per_device=2, in_float32=False)
 print('PLAN_OK')
 """
 
