@@ -356,6 +356,22 @@ def test_summ_shapes_match_the_ende_configs():
   assert train_summ_drafter.get_config().model == train_drafter.get_config().model
 
 
+def test_from_ende48m_starts_from_the_48m_target_and_checkpoints_often():
+  config = train_summ_target.get_config('from_ende48m')
+  with open(os.path.join(config.init_from, 'config.json')) as f:
+    shipped = json.load(f)
+  model = training.model_config_from(config)
+  # The shipped target's own shape, so init_from restores it as it is (no growing).
+  assert {k: getattr(model, k) for k in config.model} == {k: shipped[k] for k in config.model}
+  assert model.d_model == 512 and model.num_decoder_layers == 8
+  assert os.path.exists(config.tokenizer) and config.tokenizer.endswith('ende48m/spm.model')
+  assert max(config.length_buckets) == config.max_source_length <= 256
+  assert config.max_target_length == 40
+  # A session cut off loses at most one checkpoint interval; evaluations land on checkpoints.
+  assert config.checkpoint_every <= 100 and config.eval_every % config.checkpoint_every == 0
+  assert config.num_train_steps % config.eval_every == 0
+
+
 def test_train_step_with_targets_shorter_than_sources():
   config = train_summ_target.get_config('runlocal')
   config.model.vocab_size = 300

@@ -13,6 +13,8 @@ r"""Distil a drafter from the shipped target (DistillSpec-style; `specdec_jax.di
       --workdir=workdir/distill_eagle                  # its drafter reading the target's states
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:debsumm \
       --workdir=workdir/distill_debsumm                # for pretrained/debsumm's target
+  python -m scripts.distill --config=experiments/configs/distill_drafter.py:debsumm48m \
+      --workdir=workdir/distill_debsumm48m             # for pretrained/debsumm48m's (issue 27)
   # your own pair: --config.teacher=/path/to/t5 (ours, HF or T5X) --config.tokenizer=spm.model
   #                --config.train_file=sources.tsv --config.valid_file=valid.tsv
 
@@ -89,6 +91,17 @@ def _debsumm(c):
   c.num_train_sources = 6_000
 
 
+def _debsumm48m(c):
+  # The 48M debsumm target (pretrained/debsumm48m: pretrained/ende48m's target fine-tuned on
+  # debsumm, train_summ_target.py:from_ende48m); its drafter starts from pretrained/debsumm's
+  # distilled one made to read the 48M encoder (t5_growth.follow_grown_encoder, as `grown` does for
+  # ende48m). Same sources and lengths as `debsumm` (the main job's); the 48M target generates
+  # ~3-4x slower than the 13.5M one (~20 min per temperature on 2 cores, estimated).
+  _debsumm(c)
+  c.teacher = str(_ROOT / 'pretrained' / 'debsumm48m' / 'target')
+  c.init_from = str(_ROOT / 'pretrained' / 'debsumm' / 'distilled')
+
+
 def _runlocal(c):
   train_common.shrink(c)
   c.num_train_sources, c.num_valid_sources = 64, 16
@@ -162,5 +175,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       'deeper': _deeper,
       'eagle': _eagle,
       'debsumm': _debsumm,
+      'debsumm48m': _debsumm48m,
     },
   )
