@@ -24,6 +24,7 @@ experiments/translate.py and notebooks call `prepare` and `rows`.
 Axis legend: B batch, S source length, M max_new_tokens.
 """
 
+import contextlib
 import csv
 import dataclasses
 import json
@@ -36,8 +37,9 @@ from collections.abc import Iterator, Sequence
 import jax
 import numpy as np
 import sacrebleu
+from jax.experimental import multihost_utils
 
-from specdec_jax import analysis, decode, pretrained, timing, verify
+from specdec_jax import analysis, decode, pretrained, sharding, timing, verify
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.data import tokenizer as tokenizer_lib
 
@@ -123,6 +125,7 @@ def translate(
   on_batch=None,
   trace: bool = False,
   paired: bool = False,
+  mesh=None,
 ) -> Run:
   """Translates `sources` with `method` ('autoregressive' or a verifier name), timing decoding.
 
@@ -135,6 +138,10 @@ def translate(
   `paired=True` also decodes every batch autoregressively (same rng), timed just before this
   method's batch, into `Run.baseline_seconds`: the speedup `baseline_seconds / seconds` then
   compares the two under the same machine load, so slow drift on a shared machine cancels out.
+
+  With a `mesh` (the models placed on it, see `pretrained.load`), each batch is split over its
+  'data' axis and every process tokenizes only the rows its devices hold; outputs are gathered to
+  every process, and each timed call starts after a barrier of all processes.
   """
   if trace and method == 'autoregressive':
     raise ValueError('trace=True needs a speculative method (a verifier name).')
@@ -142,19 +149,30 @@ def translate(
 
   def run_batch(texts, rng, method=method):
     texts = list(texts) + [''] * (batch_size - len(texts))
-    ids, mask = tokenizer.encode_batch(texts, max_source_length, truncate=True)
-    kw = dict(sampling=sampling, max_new_tokens=max_new_tokens, rng=rng)
-    if method == 'autoregressive':
-      return decode.generate(target, ids, mask, **kw)
-    return decode.speculative_generate(
-      target, drafter, ids, mask, gamma=gamma, verifier=method, trace=trace, **kw
+    encode = lambda rows: tokenizer.encode_batch(
+      [texts[i] for i in rows], max_source_length, truncate=True
     )
+    if mesh is None:
+      ids, mask = encode(range(batch_size))
+    else:
+      ids, mask = sharding.global_batch(encode, batch_size, mesh)
+    kw = dict(sampling=sampling, max_new_tokens=max_new_tokens, rng=rng)
+    with on_mesh(mesh):
+      if method == 'autoregressive':
+        return decode.generate(target, ids, mask, **kw)
+      return decode.speculative_generate(
+        target, drafter, ids, mask, gamma=gamma, verifier=method, trace=trace, **kw
+      )
 
   def timed(texts, rng, method=method):
+    sharding.barrier('translate.timed')
     start = time.perf_counter()
     out = jax.block_until_ready(run_batch(texts, rng, method))
-    return out, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    return to_host(out), seconds
 
+  if mesh is not None:
+    sharding.check_batch(batch_size, mesh)
   jax.block_until_ready(run_batch(chunks[0], jax.random.key(seed)))
   if paired:
     jax.block_until_ready(run_batch(chunks[0], jax.random.key(seed), 'autoregressive'))
@@ -170,11 +188,11 @@ def translate(
     times.append(dt)
     iterations.append(int(np.max(out.stats.target_calls)))
     n = len(chunk)
-    hyps += [tokenizer.decode(row) for row in np.asarray(out.tokens[:n])]
-    outputs.append(jax.tree.map(lambda x: np.asarray(x)[:n], (out.lengths, out.stats)))
+    hyps += [tokenizer.decode(row) for row in out.tokens[:n]]
+    outputs.append(jax.tree.map(lambda x: x[:n], (out.lengths, out.stats)))
     if trace:  # live iterations: a row still emitting appends at least one token
-      live = np.asarray(out.trace.emitted[:n]) > 0
-      accepted.append(np.asarray(out.trace.num_accepted[:n])[live])
+      live = out.trace.emitted[:n] > 0
+      accepted.append(out.trace.num_accepted[:n][live])
     if on_batch:
       on_batch(n)
   lengths = np.concatenate([o[0] for o in outputs])
@@ -192,6 +210,23 @@ def translate(
   )
 
 
+def on_mesh(mesh):
+  """`jax.set_mesh(mesh)` (turns on the models' activation constraints), or nothing for None."""
+  return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
+
+
+def to_host(tree):
+  """Every array of `tree` as host numpy, on every process: arrays spanning other processes'
+  devices are gathered (a collective: every process must call it)."""
+
+  def get(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+  return jax.tree.map(get, tree)
+
+
 @dataclasses.dataclass
 class Plan:
   """A validated run: the pair, the drafters to compare, the test set, the settings."""
@@ -202,6 +237,7 @@ class Plan:
   sources: list[str]
   references: list[str]
   truncated: int  # sources longer than max_source_length (cut to it)
+  mesh: object = None  # the device mesh the models are placed on; None: one device
 
   @property
   def task(self) -> str:
@@ -215,8 +251,10 @@ class Plan:
 
   def summary(self) -> str:
     c = self.config
+    where = 'one device' if self.mesh is None else f'mesh {dict(self.mesh.shape)}'
     return (
-      f'{len(self.sources)} test sentences of {self.pair.directory}, batch {c.batch_size}; '
+      f'{len(self.sources)} test sentences of {self.pair.directory}, batch {c.batch_size}, on '
+      f'{where} ({jax.process_count()} process(es), {jax.devices()[0].platform}); '
       f'{self.truncated} source(s) longer than {c.max_source_length} tokens truncated; '
       f'{self.num_methods} methods: autoregressive and drafters {sorted(self.drafters)} x '
       f'gammas {tuple(c.gammas)} x verifiers {tuple(c.verifiers)}, at temperatures '
@@ -257,7 +295,8 @@ def prepare(config) -> Plan:
       f'Unknown verifier(s) {sorted(unknown)} in config.verifiers; choose from '
       f'{sorted(verify.VERIFIERS)}.'
     )
-  pair = pretrained.load(config.pretrained)
+  mesh = make_mesh(config)
+  pair = load_pair(config, mesh)
   names = list(pair.drafters) if tuple(config.drafters) == ('all',) else list(config.drafters)
   missing = [n for n in names if n not in pair.drafters]
   if missing:
@@ -279,7 +318,50 @@ def prepare(config) -> Plan:
   sources = [s for s, _ in test]
   truncated = sum(len(pair.tokenizer.encode(s)) > config.max_source_length for s in sources)
   return Plan(
-    config, pair, {n: pair.drafters[n] for n in names}, sources, [t for _, t in test], truncated
+    config,
+    pair,
+    {n: pair.drafters[n] for n in names},
+    sources,
+    [t for _, t in test],
+    truncated,
+    mesh,
+  )
+
+
+def make_mesh(config):
+  """The device mesh of `config.mesh` ('DATAxMODEL' or 'auto'), or None for one device (the
+  default on CPU: no sharding at all). Raises ValueError if the batch does not split over
+  'data' or the mesh needs more devices than there are."""
+  data, model = sharding.parse_mesh(config.get('mesh', 'auto'))
+  if data * model == 1:
+    return None
+  mesh = sharding.make_mesh(data, model)
+  sharding.check_batch(config.batch_size, mesh)
+  return mesh
+
+
+def load_pair(config, mesh) -> pretrained.Pair:
+  """The pair of `config`: `config.target` (+ `drafter`, `tokenizer`, `test_file`) checkpoints of
+  any format, or else the pair directory `config.pretrained`; placed on `mesh` as it loads (the
+  target sharded, drafters per `config.drafter_sharding`)."""
+  how = config.get('drafter_sharding', 'auto')
+  if not config.get('target'):
+    extra = [k for k in ('drafter', 'tokenizer', 'test_file') if config.get(k)]
+    if extra:
+      raise ValueError(f'config.{extra[0]} needs config.target (a pair given by checkpoints).')
+    pair = pretrained.load(config.pretrained, mesh=mesh, drafter_sharding=how)
+    return dataclasses.replace(pair, source_prefix=config.get('source_prefix', ''))
+  missing = [k for k in ('drafter', 'tokenizer', 'test_file') if not config.get(k)]
+  if missing:
+    raise ValueError(f'config.target is set: also set config.{", config.".join(missing)}.')
+  return pretrained.from_checkpoints(
+    config.target,
+    {'drafter': config.drafter},
+    tokenizer=config.tokenizer,
+    test_file=config.test_file,
+    source_prefix=config.get('source_prefix', ''),
+    mesh=mesh,
+    drafter_sharding=how,
   )
 
 
@@ -298,7 +380,7 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[dict]:
   bar = tqdm(
     total=plan.num_methods * len(plan.sources),
     unit='sentence',
-    disable=not progress,
+    disable=not progress or not sharding.is_main_process(),
     dynamic_ncols=True,
     mininterval=2.0,
   )
@@ -315,6 +397,7 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[dict]:
       sampling=sampling,
       on_batch=bar.update,
       paired=method != 'autoregressive',
+      mesh=plan.mesh,
       **common,
     )
 
@@ -344,19 +427,20 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[dict]:
     )
   # Costs first, for every (drafter, gamma): the pass cost does not depend on the drafter, so
   # each gamma's is the median over all of them (less noise than one drafter's rounds).
-  costs = {
-    (name, gamma): timing.step_costs(
-      pair.target,
-      drafter,
-      batch_size=c.batch_size,
-      source_length=c.max_source_length,
-      gamma=gamma,
-      cache_len=decode.buffer_length(c.max_new_tokens, gamma),
-      rounds=c.timing_rounds,
-    )
-    for name, drafter in plan.drafters.items()
-    for gamma in c.gammas
-  }
+  with on_mesh(plan.mesh):
+    costs = {
+      (name, gamma): timing.step_costs(
+        pair.target,
+        drafter,
+        batch_size=c.batch_size,
+        source_length=c.max_source_length,
+        gamma=gamma,
+        cache_len=decode.buffer_length(c.max_new_tokens, gamma),
+        rounds=c.timing_rounds,
+      )
+      for name, drafter in plan.drafters.items()
+      for gamma in c.gammas
+    }
   pass_cost = {
     g: float(np.median([v['pass_cost'] for (_, gamma), v in costs.items() if gamma == g]))
     for g in c.gammas

@@ -9,6 +9,11 @@ A pair directory holds `target/` (a `checkpoints.save` directory), the drafters,
 `test.tsv` and `pair.json`, which names the drafters (directory -> T5 drafter, `.npz` -> n-gram
 drafter), the recommended one, and the recommended gamma per temperature (chosen by measured
 speedup; see the directory's MODEL_CARD.md).
+
+A pair can also be put together from checkpoints of any supported format (`from_checkpoints`:
+e.g. a T5X T5-XXL target and an HF T5-small drafter, as in Leviathan et al.), and either kind can
+be placed on a device mesh as it loads (`mesh=`: the target sharded by `sharding.DEFAULT_RULES`,
+each drafter replicated or sharded per `drafter_sharding`).
 """
 
 import dataclasses
@@ -16,7 +21,7 @@ import json
 import pathlib
 from typing import Any
 
-from specdec_jax import checkpoints
+from specdec_jax import checkpoints, sharding
 from specdec_jax import drafters as drafters_lib
 from specdec_jax.data import pairs as pairs_lib
 from specdec_jax.data import tokenizer as tokenizer_lib
@@ -42,6 +47,9 @@ class Pair:
     recommended: the name of the recommended drafter.
     tokenizer: the SentencePiece tokenizer both models use.
     gammas: recommended gamma by temperature.
+    test_file: the held-out pairs (TSV or JSONL); `directory / 'test.tsv'` when None.
+    source_prefix: prepended to every source before tokenizing (e.g. T5's
+      'translate English to German: '); '' for models trained without one.
   """
 
   directory: pathlib.Path
@@ -50,6 +58,8 @@ class Pair:
   recommended: str
   tokenizer: tokenizer_lib.Tokenizer
   gammas: dict[float, int]
+  test_file: pathlib.Path | None = None
+  source_prefix: str = ''
 
   @property
   def drafter(self):
@@ -62,19 +72,113 @@ class Pair:
     return self.gammas[nearest]
 
   def test_pairs(self) -> list[tuple[str, str]]:
-    """The shipped held-out (source, reference) pairs."""
-    return pairs_lib.load_pairs(str(self.directory / 'test.tsv'))
+    """The held-out (source, reference) pairs, sources with `source_prefix` prepended."""
+    test_file = self.test_file or self.directory / 'test.tsv'
+    return [(self.source_prefix + s, t) for s, t in pairs_lib.load_pairs(str(test_file))]
 
 
-def load_drafter(path: str | pathlib.Path):
-  """A T5 drafter (a `checkpoints.save` directory) or an n-gram drafter (`.npz`)."""
+def checkpoint_format(path: str | pathlib.Path) -> str:
+  """'ngram' (`.npz`), 'ours' (a `checkpoints.save` directory), 'hf' (config.json with weights) or
+  't5x' (anything else, including `gs://` and other tensorstore URLs)."""
+  text = str(path)
+  if text.endswith('.npz'):
+    return 'ngram'
+  if '://' in text:
+    return 't5x'
   path = pathlib.Path(path)
-  if path.suffix == '.npz':
-    return drafters_lib.NGramDrafter.load(str(path))
-  return checkpoints.restore(path)
+  if (path / 'params').is_dir() and (path / 'config.json').is_file():
+    return 'ours'
+  if (path / 'config.json').is_file():
+    return 'hf'
+  return 't5x'
 
 
-def load(name_or_path: str | pathlib.Path = 'ende') -> Pair:
+def load_model(path: str | pathlib.Path, *, mesh=None, how: str = 'model'):
+  """A target or drafter from a checkpoint of any supported format (see `checkpoint_format`).
+
+  Args:
+    path: a `checkpoints.save` directory, an HF `save_pretrained` directory, a T5X checkpoint
+      (directory, msgpack file, OCDBT, or a tensorstore URL such as `gs://...`), or an n-gram `.npz`.
+    mesh: place the params on this mesh (`sharding.place_model`); None leaves them on the default
+      device.
+    how: with a mesh, 'model' (shard by the default rules), 'replicated', or 'auto'.
+  """
+  kind = checkpoint_format(path)
+  if kind == 'ngram':
+    model = drafters_lib.NGramDrafter.load(str(path))
+  elif kind == 'ours':
+    model = checkpoints.restore(path)
+  elif kind == 'hf':
+    model = checkpoints.load_hf_t5(path)
+  else:
+    model = checkpoints.load_t5x(path)
+  return model if mesh is None else sharding.place_model(model, mesh, how)
+
+
+def load_drafter(path: str | pathlib.Path, *, mesh=None, how: str = 'auto'):
+  """A drafter checkpoint (`load_model`; a small one is replicated on a mesh by default)."""
+  return load_model(path, mesh=mesh, how=how)
+
+
+def _check_vocab(target, found: dict) -> None:
+  for name, drafter in found.items():
+    if drafter.steps.vocab_size != target.config.vocab_size:
+      raise ValueError(
+        f'Drafter {name!r} has vocab_size {drafter.steps.vocab_size}, the target '
+        f'{target.config.vocab_size}.'
+      )
+
+
+def from_checkpoints(
+  target: str | pathlib.Path,
+  drafters: dict[str, str | pathlib.Path],
+  *,
+  tokenizer: str | pathlib.Path,
+  test_file: str | pathlib.Path,
+  source_prefix: str = '',
+  gamma: int = 5,
+  mesh=None,
+  drafter_sharding: str = 'auto',
+) -> Pair:
+  """A pair of any checkpoints: e.g. a T5X T5-XXL target with an HF T5-small drafter.
+
+  Args:
+    target: the target's checkpoint (see `load_model`).
+    drafters: drafter name -> checkpoint; the first is the recommended one.
+    tokenizer: the SentencePiece model both use.
+    test_file: (source, reference) pairs, TSV or JSONL (`data.pairs.load_pairs`).
+    source_prefix: prepended to each source (T5's task prefix).
+    gamma: the recommended gamma at every temperature.
+    mesh, drafter_sharding: where the params go (`load_model`); the target is sharded by the
+      default rules.
+
+  Raises:
+    FileNotFoundError naming a missing tokenizer or test file; ValueError if a drafter's
+    vocabulary differs from the target's.
+  """
+  for what, path in (('tokenizer', tokenizer), ('test file', test_file)):
+    if not pathlib.Path(path).is_file():
+      raise FileNotFoundError(f'No {what} at {path}.')
+  if not drafters:
+    raise ValueError('from_checkpoints needs at least one drafter.')
+  model = load_model(target, mesh=mesh, how='model')
+  found = {n: load_drafter(p, mesh=mesh, how=drafter_sharding) for n, p in drafters.items()}
+  _check_vocab(model, found)
+  return Pair(
+    directory=pathlib.Path(str(target)),
+    target=model,
+    drafters=found,
+    recommended=next(iter(drafters)),
+    tokenizer=tokenizer_lib.Tokenizer.load(str(tokenizer)),
+    gammas={0.0: gamma, 1.0: gamma},
+    test_file=pathlib.Path(test_file),
+    source_prefix=source_prefix,
+  )
+
+
+def load(
+  name_or_path: str | pathlib.Path = 'ende', *, mesh=None, drafter_sharding: str = 'auto'
+) -> Pair:
   """Loads a shipped pair by name (a directory of `pretrained/`) or any pair directory.
 
   Raises:
@@ -97,14 +201,12 @@ def load(name_or_path: str | pathlib.Path = 'ende') -> Pair:
       f'{manifest_file}: recommended drafter {manifest["recommended"]!r} is not '
       f'among its drafters {sorted(manifest["drafters"])}.'
     )
-  target = checkpoints.restore(directory / manifest['target'])
-  found = {name: load_drafter(directory / rel) for name, rel in manifest['drafters'].items()}
-  for name, drafter in found.items():
-    if drafter.steps.vocab_size != target.config.vocab_size:
-      raise ValueError(
-        f'Drafter {name!r} has vocab_size {drafter.steps.vocab_size}, the target '
-        f'{target.config.vocab_size}.'
-      )
+  target = load_model(directory / manifest['target'], mesh=mesh, how='model')
+  found = {
+    name: load_drafter(directory / rel, mesh=mesh, how=drafter_sharding)
+    for name, rel in manifest['drafters'].items()
+  }
+  _check_vocab(target, found)
   return Pair(
     directory=directory,
     target=target,

@@ -19,10 +19,13 @@ Logical axes: batch (B), length (T, S), embed (D), mlp (F), heads (N), kv (H), j
 the flattened heads of the attention kernels), vocab (V), layers (L), relpos_buckets.
 """
 
+import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
+import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -173,20 +176,156 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None], rules: Rules = D
   return jax.lax.with_sharding_constraint(x, logical_to_mesh(logical_axes, x.shape, mesh, rules))
 
 
+def parse_mesh(spec: str, *, platform: str | None = None) -> tuple[int, int]:
+  """(data, model) of a `DATAxMODEL` mesh spec such as '1x4' or '2x4'.
+
+  'auto' (or '') is 1x1 on CPU and 1xN over all N devices on an accelerator: the paper's setting,
+  batch 1 with the model split over every chip (`platform` defaults to jax's default backend).
+  """
+  spec = spec.strip().lower()
+  if spec in ('', 'auto'):
+    platform = platform or jax.default_backend()
+    return (1, 1) if platform == 'cpu' else (1, jax.device_count())
+  parts = spec.split('x')
+  if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+    raise ValueError(
+      f"A mesh is 'DATAxMODEL' with sizes >= 1 (e.g. '1x4'), or 'auto'; got {spec!r}."
+    )
+  return int(parts[0]), int(parts[1])
+
+
+def replicated(tree, mesh: Mesh):
+  """Every array of `tree` copied whole onto every device of `mesh`."""
+  return jax.device_put(tree, NamedSharding(mesh, P()))
+
+
+# A drafter below this many params is replicated by `place_drafter`'s 'auto': each device then runs
+# it without collectives (t5_1_1-small's 6 heads do not even split over model=4).
+REPLICATE_BELOW = 1_000_000_000
+
+
+def place_model(model, mesh: Mesh, how: str = 'model', rules: Rules = DEFAULT_RULES):
+  """`model` (a `T5Model`, an n-gram drafter, anything with `.params`) with its params on `mesh`.
+
+  Args:
+    how: 'model' shards T5 params by `rules` (`shard_params`); 'replicated' copies them whole to
+      every device; 'auto' replicates a model under `REPLICATE_BELOW` params, else shards it.
+      Models that are not T5 (n-gram tables) are always replicated.
+  """
+  if how not in ('model', 'replicated', 'auto'):
+    raise ValueError(
+      f"Drafter/target sharding must be 'model', 'replicated' or 'auto', got {how!r}."
+    )
+  from specdec_jax.models import t5  # sharding is imported by the model: no import at the top
+
+  if how == 'auto':
+    size = sum(x.size for x in jax.tree.leaves(model.params))
+    how = 'replicated' if size < REPLICATE_BELOW else 'model'
+  if how == 'model' and isinstance(model, t5.T5Model):
+    return dataclasses.replace(model, params=shard_params(model.params, mesh, rules))
+  return dataclasses.replace(model, params=replicated(model.params, mesh))
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2, rules: Rules = DEFAULT_RULES) -> NamedSharding:
+  """The sharding of a [B, ...] batch: rows over the mesh axis of 'batch' ('data'), rest whole."""
+  axis = dict(rules).get('batch')
+  return NamedSharding(mesh, P(axis if axis in mesh.shape else None, *([None] * (ndim - 1))))
+
+
+def check_batch(batch_size: int, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> None:
+  """Raises ValueError unless the batch splits evenly over the mesh axis that holds rows."""
+  axis = dict(rules).get('batch')
+  size = mesh.shape.get(axis, 1) if axis else 1
+  if batch_size % size:
+    raise ValueError(
+      f'Batch size {batch_size} does not divide over the mesh axis {axis!r} of size {size}: '
+      f'use a multiple of {size}.'
+    )
+
+
+def local_rows(batch_size: int, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> range:
+  """The rows of a global [batch_size, ...] batch that this process's devices hold (one
+  contiguous range: a process's devices hold adjacent 'data' shards)."""
+  check_batch(batch_size, mesh, rules)
+  indices = batch_sharding(mesh, 1, rules).addressable_devices_indices_map((batch_size,))
+  starts = [idx[0].start or 0 for idx in indices.values()]
+  stops = [batch_size if idx[0].stop is None else idx[0].stop for idx in indices.values()]
+  rows = range(min(starts), max(stops))
+  if sum(len(range(a, b)) for a, b in sorted(set(zip(starts, stops)))) != len(rows):
+    raise ValueError(f'The rows this process holds on {mesh} are not contiguous: {indices}.')
+  return rows
+
+
+def global_batch(
+  make_rows: Callable[[range], tuple[np.ndarray, ...]],
+  batch_size: int,
+  mesh: Mesh,
+  rules: Rules = DEFAULT_RULES,
+) -> tuple[jax.Array, ...]:
+  """A batch split over `mesh` whose rows each process makes for itself.
+
+  `make_rows(rows)` returns this process's rows (e.g. tokenizes only its share of the sentences):
+  a tuple of arrays of shape [len(rows), ...]. Every process calls this with the same arguments;
+  the result is global `jax.Array`s of shape [batch_size, ...], rows over the 'batch' axis.
+  """
+  rows = local_rows(batch_size, mesh, rules)
+  local = make_rows(rows)
+
+  def build(x):
+    x = np.asarray(x)
+    if x.shape[0] != len(rows):
+      raise ValueError(f'make_rows({rows}) gave {x.shape[0]} rows, expected {len(rows)}.')
+    shape = (batch_size,) + x.shape[1:]
+    sharding = batch_sharding(mesh, x.ndim, rules)
+
+    def piece(index):
+      first = index[0].start or 0
+      stop = batch_size if index[0].stop is None else index[0].stop
+      return x[(slice(first - rows.start, stop - rows.start),) + tuple(index[1:])]
+
+    return jax.make_array_from_callback(shape, sharding, piece)
+
+  return tuple(build(x) for x in local)
+
+
+def is_main_process() -> bool:
+  """True on the process that prints and writes files (process 0; the only one on one host)."""
+  return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+  """Waits until every process reaches the barrier `name` (a no-op on one process)."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
 # Set to 1 (or 0) to say this process is (or is not) one of several hosts, overriding detection.
 MULTIHOST_ENV = 'SPECDEC_MULTIHOST'
 
 
-def is_multihost(environ: Mapping[str, str] | None = None) -> bool:
-  """Whether this process is one of several hosts of one JAX program, from the environment.
+def _on_cloud_tpu_vm() -> bool:
+  """Whether this machine has TPU chips (a Cloud TPU VM), by PCI ids, before any backend starts."""
+  try:
+    from jax._src import hardware_utils  # private: how JAX itself decides, without a backend
+
+    return hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
+  except Exception:  # a JAX without it: fall back to the TPU runtime's environment
+    return bool(os.environ.get('TPU_ACCELERATOR_TYPE') or os.environ.get('TPU_WORKER_HOSTNAMES'))
+
+
+def wants_distributed(
+  environ: Mapping[str, str] | None = None, *, on_tpu_vm=_on_cloud_tpu_vm
+) -> bool:
+  """Whether a main should call `jax.distributed.initialize()` (and let JAX find the cluster).
 
   `SPECDEC_MULTIHOST=1` / `0` decides when set (e.g. 1 in a multi-process SLURM, Open MPI or
-  Kubernetes job). Otherwise a Cloud TPU VM is multi-host when `TPU_WORKER_HOSTNAMES` lists more
-  than one host (a pod slice); a single TPU VM, a GPU box or a laptop is not. Environment-only:
-  the question must be answered before JAX starts its backends.
+  Kubernetes job, which JAX detects). Otherwise: on a Cloud TPU VM, yes, and JAX's own cluster
+  detection (the VM's metadata, or GKE's `TPU_WORKER_HOSTNAMES`) finds the slice's hosts; a single
+  TPU VM is a slice of one. Anywhere else (a GPU box, a laptop), no.
 
   Args:
     environ: the environment to read; `os.environ` by default.
+    on_tpu_vm: detects a Cloud TPU VM (for tests).
   """
   environ = os.environ if environ is None else environ
   flag = environ.get(MULTIHOST_ENV, '').strip().lower()
@@ -195,24 +334,34 @@ def is_multihost(environ: Mapping[str, str] | None = None) -> bool:
       raise ValueError(f'{MULTIHOST_ENV} must be 1 or 0 (true / false), got {flag!r}.')
     return flag in ('1', 'true')
   hosts = [h for h in environ.get('TPU_WORKER_HOSTNAMES', '').split(',') if h.strip()]
-  return len(hosts) > 1
+  return len(hosts) > 1 or on_tpu_vm()
 
 
-def maybe_initialize_distributed(environ: Mapping[str, str] | None = None) -> bool:
-  """Calls `jax.distributed.initialize()` when `is_multihost(environ)`; a no-op otherwise.
+def maybe_initialize_distributed(
+  coordinator_address: str | None = None,
+  num_processes: int | None = None,
+  process_id: int | None = None,
+  *,
+  environ: Mapping[str, str] | None = None,
+  on_tpu_vm=_on_cloud_tpu_vm,
+) -> bool:
+  """Starts JAX's distributed runtime when this process is one of several; call it first thing in
+  a main, before anything touches a device: every host then sees the global device list, and
+  `make_mesh` spans all of them.
 
-  Call it at the top of a main, before anything touches a device: every host then sees the global
-  device list, and `make_mesh` spans all of them. Called without arguments, `initialize` finds the
-  coordinator, the process count and this process's id itself on Cloud TPU, SLURM, Open MPI and
-  Kubernetes clusters.
-
-  Args:
-    environ: the environment to read; `os.environ` by default.
+  With `coordinator_address` (e.g. 'localhost:12355', with `num_processes` and `process_id`): a
+  cluster set up by hand, as the 2-process tests do on one machine. Without: see
+  `wants_distributed`; `jax.distributed.initialize()` then finds the coordinator, the process count
+  and this process's id itself (Cloud TPU, SLURM, Open MPI, Kubernetes). On CPU the collectives
+  between processes run over gloo.
 
   Returns:
-    True when it initialized the distributed runtime (False when single-host or done already).
+    True when it initialized the distributed runtime (False when not wanted or done already).
   """
-  if not is_multihost(environ) or jax.distributed.is_initialized():
+  if jax.distributed.is_initialized():
     return False
-  jax.distributed.initialize()
+  if coordinator_address is None and not wants_distributed(environ, on_tpu_vm=on_tpu_vm):
+    return False
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  jax.distributed.initialize(coordinator_address, num_processes, process_id)
   return True

@@ -54,37 +54,66 @@ def test_param_logical_axes_of_a_drafter_over_the_target_encoder():
 
 
 @pytest.mark.parametrize(
-  'environ,expected',
+  'environ,tpu_vm,expected',
   [
-    ({}, False),
-    ({'TPU_WORKER_HOSTNAMES': 'localhost'}, False),  # one TPU VM
-    ({'TPU_WORKER_HOSTNAMES': 't1k-w-0,t1k-w-1,t1k-w-2,t1k-w-3'}, True),  # a pod slice
-    ({'SPECDEC_MULTIHOST': '1'}, True),
-    ({'SPECDEC_MULTIHOST': 'true'}, True),
-    ({'SPECDEC_MULTIHOST': '0', 'TPU_WORKER_HOSTNAMES': 'w-0,w-1'}, False),  # the flag wins
-    ({'SPECDEC_MULTIHOST': ''}, False),
+    ({}, False, False),  # a laptop, a GPU box
+    ({}, True, True),  # a Cloud TPU VM: JAX's own detection finds the slice (maybe of one host)
+    ({'TPU_WORKER_HOSTNAMES': 'localhost'}, False, False),  # one host named
+    ({'TPU_WORKER_HOSTNAMES': 't1k-w-0,t1k-w-1,t1k-w-2,t1k-w-3'}, False, True),  # GKE pod slice
+    ({'SPECDEC_MULTIHOST': '1'}, False, True),
+    ({'SPECDEC_MULTIHOST': 'true'}, False, True),
+    ({'SPECDEC_MULTIHOST': '0', 'TPU_WORKER_HOSTNAMES': 'w-0,w-1'}, True, False),  # the flag wins
+    ({'SPECDEC_MULTIHOST': ''}, False, False),
   ],
 )
-def test_maybe_initialize_distributed_only_when_multihost(monkeypatch, environ, expected):
-  for name in ('SPECDEC_MULTIHOST', 'TPU_WORKER_HOSTNAMES'):
-    monkeypatch.delenv(name, raising=False)
-  for name, value in environ.items():
-    monkeypatch.setenv(name, value)
+def test_maybe_initialize_distributed_only_when_wanted(monkeypatch, environ, tpu_vm, expected):
   calls = []
-  monkeypatch.setattr(jax.distributed, 'initialize', lambda *a, **k: calls.append((a, k)))
+  monkeypatch.setattr(jax.distributed, 'initialize', lambda *a, **k: calls.append(a))
   monkeypatch.setattr(jax.distributed, 'is_initialized', lambda: False)
-  assert sharding.is_multihost() == expected
-  assert sharding.maybe_initialize_distributed() == expected
-  assert calls == ([((), {})] if expected else [])
+  monkeypatch.setattr(jax.config, 'update', lambda *a: None)
+  on_tpu_vm = lambda: tpu_vm
+  assert sharding.wants_distributed(environ, on_tpu_vm=on_tpu_vm) == expected
+  got = sharding.maybe_initialize_distributed(environ=environ, on_tpu_vm=on_tpu_vm)
+  assert got == expected
+  # No arguments: JAX's cluster detection decides the coordinator, count and id.
+  assert calls == ([(None, None, None)] if expected else [])
   # Once initialized, never again.
   monkeypatch.setattr(jax.distributed, 'is_initialized', lambda: True)
-  assert not sharding.maybe_initialize_distributed()
+  assert not sharding.maybe_initialize_distributed(environ=environ, on_tpu_vm=on_tpu_vm)
   assert len(calls) == int(expected)
 
 
-def test_is_multihost_rejects_a_malformed_flag():
+def test_maybe_initialize_distributed_takes_an_explicit_coordinator(monkeypatch):
+  calls = []
+  monkeypatch.setattr(jax.distributed, 'initialize', lambda *a, **k: calls.append(a))
+  monkeypatch.setattr(jax.distributed, 'is_initialized', lambda: False)
+  monkeypatch.setattr(jax.config, 'update', lambda *a: None)
+  env = {'SPECDEC_MULTIHOST': '0'}  # explicit arguments are a decision already
+  assert sharding.maybe_initialize_distributed('localhost:1234', 2, 1, environ=env)
+  assert calls == [('localhost:1234', 2, 1)]
+
+
+def test_wants_distributed_rejects_a_malformed_flag():
   with pytest.raises(ValueError, match='SPECDEC_MULTIHOST must be 1 or 0'):
-    sharding.is_multihost({'SPECDEC_MULTIHOST': 'yes please'})
+    sharding.wants_distributed({'SPECDEC_MULTIHOST': 'yes please'})
+
+
+@pytest.mark.parametrize(
+  'spec,platform,expected',
+  [('1x4', 'cpu', (1, 4)), ('2X4', 'tpu', (2, 4)), ('auto', 'cpu', (1, 1)), ('', 'cpu', (1, 1))],
+)
+def test_parse_mesh(spec, platform, expected):
+  assert sharding.parse_mesh(spec, platform=platform) == expected
+
+
+def test_parse_mesh_on_an_accelerator_takes_every_device():
+  assert sharding.parse_mesh('auto', platform='tpu') == (1, jax.device_count())
+
+
+@pytest.mark.parametrize('spec', ['4', '0x4', '2x', 'axb', '1x2x2'])
+def test_parse_mesh_rejects_malformed_specs(spec):
+  with pytest.raises(ValueError, match='DATAxMODEL'):
+    sharding.parse_mesh(spec)
 
 
 @pytest.mark.parametrize(

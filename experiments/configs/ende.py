@@ -44,6 +44,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.gammas = (3, 5)
   c.verifiers = ('token', 'block')
   c.seed = 0
+  # Where it runs: a 'DATAxMODEL' device mesh ('auto': one device on CPU, 1xN over every device of
+  # an accelerator); drafters 'replicated' on every device, sharded by the 'model' rules, or 'auto'
+  # (replicated under 1B params). A multi-host slice runs the same command on every host.
+  c.mesh = 'auto'
+  c.drafter_sharding = 'auto'
+  # A pair given by checkpoints instead of `pretrained` (T5X, HF or our own directories; gs://
+  # URLs for T5X): all four are needed together; the drafter's rows are named 'drafter'.
+  c.target = ''
+  c.drafter = ''
+  c.tokenizer = ''  # SentencePiece model
+  c.test_file = ''  # (source, reference) pairs: TSV, or JSONL with source/target keys
+  c.source_prefix = ''  # e.g. 'translate English to German: ' for the public T5 checkpoints
   # Target step, pass and drafter costs (c, pass cost) are measured this many times; the median.
   c.timing_rounds = 3
   return common.parse(arg, c, {'runlocal': _runlocal, 'full': _full})
