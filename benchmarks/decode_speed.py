@@ -141,14 +141,15 @@ def _calls(
   max_new_tokens=None,
 ):
   """(jitted loop, [(args, kwargs)] over the batches of ids) of generate (drafter None) or
-  speculative_generate; the private jits, so the general path can be run at temperature 0."""
-  kw = dict(
+  speculative_generate; the loops themselves, so the general path can be run at temperature 0."""
+  spec = decode.LoopSpec(
     sampling=sampling_lib.SamplingConfig(temperature=temperature),
     max_new_tokens=max_new_tokens or _MAX_NEW.value,
+    gamma=0 if drafter is None else gamma,
+    verifier=verifier,  # at temperature 0 (fast path) 'token' and 'block' are one program
     greedy_fast_path=fast,
   )
-  if drafter is not None:
-    kw.update(gamma=gamma, verifier=verifier)
+  kw = dict(spec=spec)
   calls = []
   for i in range(0, ids.shape[0], batch):
     rng = jax.random.key(i)
@@ -165,7 +166,7 @@ def _calls(
         rng,
       )
     calls.append((args, kw))
-  return (decode._autoregressive_jit if drafter is None else decode._speculative_jit), calls
+  return (decode.autoregressive_loop if drafter is None else decode.speculative_loop), calls
 
 
 def _timed(jitted, calls):
@@ -274,7 +275,7 @@ def main(argv):
         batch,
         0.0,
         gamma=gamma,
-        verifier=None if drafter is None else method,
+        verifier='token' if drafter is None else method,
       )
       outs = [jitted(*a, **k) for a, k in calls]
       sec, tokens = _timed(jitted, calls), sum(int(o.lengths.sum()) for o in outs)

@@ -3,7 +3,11 @@
 Axis legend: B batch, S source length, G gamma, T query length, V vocab, M max_new_tokens.
 
 Both loops are written against step models (`step_models.StepModel`), never against a model, so
-fake closures test them and any drafter drives them.
+fake closures test them and any drafter drives them. Everything static about a loop is one frozen,
+hashable `LoopSpec`, the jit's single static argument beside the models' static halves;
+`speculative_loop` / `autoregressive_loop` are the jitted loops, `lower_speculative` /
+`lower_generate` lower them from abstract inputs, and `draft` / `target_pass` are the model calls
+of one iteration, for measuring them as the loop runs them (`timing`).
 
 Loop state, per row b:
   seq[b]   the decoder input sequence [start, y_1, ..., y_n, ...]; `n[b]` tokens emitted so far.
@@ -12,6 +16,26 @@ The drafter's first call of an iteration always feeds the two tokens seq[n-1:n+1
 n - 1. After an iteration that accepted all gamma drafts, the drafter never saw X_gamma = seq[n-1];
 otherwise re-writing position n - 1 recomputes what its cache holds. One branch-free program
 either way: no `lax.cond` (whose branches copy the cache) and no host round trip.
+
+A worked example, one row, gamma = 3, start token s (`.` a slot not yet written):
+
+  before     seq = [s . . . . . . .]  n = 0   target end_index 0, drafter end_index 0
+  iteration 1, pending token seq[0] = s:
+    draft    the drafter is fed [s, seq[1]] at positions 0, 1 (the second a placeholder whose
+             slot stays stale: end_index is set back to n + 1 = 1), drafts X = a, b, c, feeding
+             a, b at positions 1, 2: drafter end_index 3 (c drafted, not fed)
+    score    the target is fed [s, a, b, c] at positions 0..3: p_1..p_4 (end_index 4)
+    verify   a, b accepted, c rejected (tau = 2), corrected token d drawn from p_3
+    emit     [a, b, d] written at seq[1..3]: seq = [s a b d . . . .], n = 3
+    rewind   target end_index 3 (s, a, b kept; c dropped; d pending); the drafter's stays 3
+  iteration 2, pending token seq[3] = d:
+    draft    the drafter is fed [b, d] at positions 2, 3 (rewriting b, as its cache held),
+             drafts e, f, g, feeding e, f at 4, 5: drafter end_index 6
+    score    the target is fed [d, e, f, g] at positions 3..6 (end_index 7)
+    verify   all three accepted (tau = 3), bonus token h drawn from p_4
+    emit     [e, f, g, h] written at seq[4..7]: seq = [s a b d e f g h], n = 7
+    rewind   target end_index 7 (h pending); the drafter never saw g at position 6, which its
+             next first call feeds: [g, h] at positions 6, 7
 
 A drafter that reads the target's states (EAGLE-style, `reads_target_states`) instead re-feeds all
 gamma + 1 positions of the last target pass, each with the target's state at the position before:
@@ -22,9 +46,12 @@ position stands in for the target's at the next.
 At temperature 0 (`sampling.greedy`) the loops take a fast path that never forms a probability
 vector: p and q are one-hot, so sampling is an argmax and both verifiers reduce to comparing ids
 (`verify.greedy_verify`); the tokens are identical to the general path's, with no [B, G+1, V]
-arrays, no cumulative sums over V and no random numbers.
+arrays, no cumulative sums over V and no random numbers. 'token' and 'block' are then one program
+(`LoopSpec` normalizes the verifier to 'token').
 """
 
+import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -32,6 +59,7 @@ import jax.numpy as jnp
 
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import step_models, validation, verify
+from specdec_jax.data.tokenizer import PAD_ID
 from specdec_jax.decode_stats import (  # noqa: F401 (API)
   DecodeOutput,
   DecodeStats,
@@ -39,8 +67,6 @@ from specdec_jax.decode_stats import (  # noqa: F401 (API)
   to_host,
 )
 from specdec_jax.validation import NonFiniteError  # noqa: F401  (raised by the public functions)
-
-PAD_ID = 0
 
 
 def buffer_length(max_new_tokens: int, gamma: int) -> int:
@@ -51,6 +77,55 @@ def buffer_length(max_new_tokens: int, gamma: int) -> int:
   past their end where nothing is read, so the last slot touched is M + G + 1.
   """
   return max_new_tokens + gamma + 2
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSpec:
+  """Everything static about a decode loop: the one hashable static argument of its jit.
+
+  Attributes:
+    sampling: the transform applied identically to target and drafter logits.
+    max_new_tokens: M >= 1, the most tokens per row.
+    gamma: G draft tokens per iteration (>= 1 for `speculative_loop`; 0 for
+      `autoregressive_loop`, which reads no other field below).
+    verifier: a key of `verify.VERIFIERS`; 'token' whenever `greedy` (both verifiers are then
+      the same program).
+    greedy_fast_path: at temperature 0, compare argmax ids instead of forming probabilities (the
+      tokens are the same; False runs the general path, for tests and benchmarks).
+    trace: record a `SpeculativeTrace` of every iteration.
+
+  Room for more: a multi-draft loop (`num_drafts` candidate blocks per iteration, verified
+  together) or a drafter that stops early (`draft_stop`, a confidence rule ending the draft scan)
+  adds its field here with a default that keeps today's program (1, None); `draft` and
+  `_verify` are the two steps of `speculative_loop`'s body it changes.
+  """
+
+  sampling: sampling_lib.SamplingConfig
+  max_new_tokens: int
+  gamma: int = 0
+  verifier: str = 'token'
+  greedy_fast_path: bool = True
+  trace: bool = False
+
+  def __post_init__(self):
+    validation.check_sampling(self.sampling)
+    validation.as_int('max_new_tokens', self.max_new_tokens, 1)
+    validation.as_int('gamma', self.gamma, 0)
+    if not isinstance(self.verifier, str) or self.verifier not in verify.VERIFIERS:
+      raise ValueError(
+        f'Unknown verifier {self.verifier!r}; choose one of {sorted(verify.VERIFIERS)}.'
+      )
+    if self.greedy:  # one program for both verifiers: they keep the same tokens
+      object.__setattr__(self, 'verifier', 'token')
+
+  @property
+  def greedy(self) -> bool:
+    """True when the loop runs the temperature-0 fast path."""
+    return self.sampling.greedy and self.greedy_fast_path
+
+  @property
+  def buffer_length(self) -> int:
+    return buffer_length(self.max_new_tokens, self.gamma)
 
 
 class _State(NamedTuple):
@@ -64,27 +139,36 @@ class _State(NamedTuple):
   trace: Any  # SpeculativeTrace being filled, or None
   # For a drafter reading the target's states: (f32[B, G + 1, F] the last target pass's states,
   # int32[B] the position of the first); else None.
-  target_states: Any = None
+  target_states: Any
 
 
-def _init_state(
-  batch, gamma, max_new_tokens, start_id, target_cache, draft_cache, trace=None, state_dim=None
-) -> _State:
-  seq = jnp.zeros((batch, buffer_length(max_new_tokens, gamma)), jnp.int32)
-  zeros = jnp.zeros((batch,), jnp.int32)
-  return _State(
-    seq.at[:, 0].set(start_id),
-    zeros,
-    jnp.zeros((batch,), bool),
-    target_cache,
-    draft_cache,
-    DecodeStats.zeros(batch, gamma),
-    jnp.zeros((), jnp.int32),
-    trace,
+def _init_state(batch, spec: LoopSpec, start_id, target_cache, draft_cache, state_dim) -> _State:
+  """The state before the first iteration; `state_dim` None unless the drafter reads states."""
+  seq = jnp.zeros((batch, spec.buffer_length), jnp.int32)
+  trace = None
+  if spec.trace:
+    per_iteration = lambda *shape: jnp.zeros((batch, spec.max_new_tokens) + shape, jnp.int32)
+    trace = SpeculativeTrace(
+      drafts=per_iteration(spec.gamma),
+      num_accepted=per_iteration(),
+      next_token=per_iteration(),
+      emitted=per_iteration(),
+    )
+  target_states = None
+  if state_dim is not None:
     # Before the first pass: zero states "at position -1", so seq[0] is fed with zeros.
-    None
-    if state_dim is None
-    else (jnp.zeros((batch, gamma + 1, state_dim), jnp.float32), jnp.full((batch,), -1)),
+    states = jnp.zeros((batch, spec.gamma + 1, state_dim), jnp.float32)
+    target_states = (states, jnp.full((batch,), -1, jnp.int32))
+  return _State(
+    seq=seq.at[:, 0].set(start_id),
+    n=jnp.zeros((batch,), jnp.int32),
+    done=jnp.zeros((batch,), bool),
+    target_cache=target_cache,
+    draft_cache=draft_cache,
+    stats=DecodeStats.zeros(batch, spec.gamma),
+    iteration=jnp.zeros((), jnp.int32),
+    trace=trace,
+    target_states=target_states,
   )
 
 
@@ -129,21 +213,17 @@ def _emit(seq, n, done, block, num_valid, *, eos_id: int, max_new_tokens: int):
   return seq, new_n, done
 
 
-def _finish(state: _State, max_new_tokens: int) -> DecodeOutput:
-  tokens = state.seq[:, 1 : max_new_tokens + 1]
-  tokens = jnp.where(jnp.arange(max_new_tokens) < state.n[:, None], tokens, PAD_ID)
-  return DecodeOutput(tokens=tokens, lengths=state.n, stats=state.stats, trace=state.trace)
-
-
 def _draft_token(rng, logits, sampling: sampling_lib.SamplingConfig):
   """Samples one draft token per row: (int32[B], q float32[B, V]) with q the SAME transform p gets."""
   q = sampling_lib.logits_to_probs(logits, sampling)
   return sampling_lib.sample(rng, q), q
 
 
-def _drafter_call(steps, params, tokens, features, cache):
-  """(logits, predicted target states or None, cache): `step`, or `step_features` for a drafter
-  that reads the target's states (features not None)."""
+def drafter_call(steps, params, tokens, features, cache):
+  """One drafter call as the loop makes it: (logits, predicted target states or None, cache).
+
+  `step`, or `step_features` for a drafter that reads the target's states (`features` not None).
+  """
   with jax.named_scope('drafter'):
     if features is None:
       logits, cache = steps.step(params, tokens, cache)
@@ -151,12 +231,24 @@ def _drafter_call(steps, params, tokens, features, cache):
     return steps.step_features(params, tokens, features, cache)
 
 
-def _draft(steps, params, cache, seq, n, rng, *, gamma, sampling, greedy, target_states=None):
-  """Drafts gamma tokens: (tokens int32[B, G], q float32[B, G, V] or None when greedy, cache).
+def draft(steps, params, cache, seq, n, rng, *, gamma, sampling, greedy, target_states=None):
+  """Step 1 of an iteration: the drafter proposes gamma tokens after seq[:, :n + 1].
 
-  On entry the cache holds at least positions 0..n-2 (0..start for `target_states`); on exit it
-  ends at n + gamma - 1 (X_gamma is drafted but not fed). `target_states`: (states, start) of
-  `_State`, for a drafter that reads them.
+  Args:
+    steps, params: the drafter as a step model.
+    cache: its cache, holding at least positions 0..n-2 (0..start for `target_states`).
+    seq: int32[B, L] the loop's decoder inputs; seq[b, n[b]] is the pending token.
+    n: int32[B] tokens emitted so far.
+    rng: PRNG key for the draws (unused when greedy).
+    gamma: G, tokens to draft.
+    sampling: the transform of the drafter's logits (unused when greedy).
+    greedy: draft argmax ids and return no probabilities.
+    target_states: (f32[B, G + 1, F] states, int32[B] position of the first) of the last target
+      pass, for a drafter that reads them (`reads_target_states`); else None.
+
+  Returns:
+    (tokens int32[B, G], q float32[B, G, V] or None when greedy, cache). The cache's end_index is
+    n + G on exit: X_G is drafted but not fed.
   """
   if target_states is None:
     # Feed seq[n-1], seq[n] from position n - 1 (position 0 at the start, where the second token
@@ -170,7 +262,7 @@ def _draft(steps, params, cache, seq, n, rng, *, gamma, sampling, greedy, target
     features, state_start = target_states
     start = state_start + 1
     tokens = _row_slice(seq, start, gamma + 1)
-  logits, predicted, cache = _drafter_call(
+  logits, predicted, cache = drafter_call(
     steps, params, tokens, features, cache.replace(end_index=start)
   )
   index = jnp.clip(n - start, 0, tokens.shape[1] - 1)[:, None, None]
@@ -188,7 +280,7 @@ def _draft(steps, params, cache, seq, n, rng, *, gamma, sampling, greedy, target
     logits, predicted, cache = carry
     token, q = draw(key, logits)
     features = None if predicted is None else predicted[:, None]
-    logits, predicted, cache = _drafter_call(steps, params, token[:, None], features, cache)
+    logits, predicted, cache = drafter_call(steps, params, token[:, None], features, cache)
     return (logits[:, 0], None if predicted is None else predicted[:, 0], cache), (token, q)
 
   keys = jax.random.split(rng, gamma)
@@ -201,8 +293,12 @@ def _draft(steps, params, cache, seq, n, rng, *, gamma, sampling, greedy, target
   return tokens, probs, cache
 
 
-def _target_pass(steps, params, tokens, cache, *, with_states: bool):
-  """The target's (gamma+1)-position call: (logits, f32 states or None, cache)."""
+def target_pass(steps, params, tokens, cache, *, with_states: bool):
+  """Step 2 of an iteration: the target scores the pending token and the drafts in one call.
+
+  tokens int32[B, G + 1] fed from the cache's end_index -> (logits f32[B, G + 1, V], its final
+  decoder states f32[B, G + 1, state_dim] when `with_states` else None, cache).
+  """
   with jax.named_scope('target'):
     if not with_states:
       logits, cache = steps.step(params, tokens, cache)
@@ -225,24 +321,87 @@ def _init_caches(
   return target_cache, draft_steps.init_cache(draft_params, encoded, input_mask, cache_len)
 
 
-def _speculative_loop(
-  target_steps,
-  target_params,
-  draft_steps,
-  draft_params,
-  input_ids,
-  input_mask,
-  rng,
-  *,
-  gamma: int,
-  verifier: str,
-  sampling: sampling_lib.SamplingConfig,
-  max_new_tokens: int,
-  greedy_fast_path: bool = True,
-  trace: bool = False,
+def _finish(state: _State, max_new_tokens: int) -> DecodeOutput:
+  tokens = state.seq[:, 1 : max_new_tokens + 1]
+  tokens = jnp.where(jnp.arange(max_new_tokens) < state.n[:, None], tokens, PAD_ID)
+  return DecodeOutput(tokens=tokens, lengths=state.n, stats=state.stats, trace=state.trace)
+
+
+def _verify(rng, drafts, q, logits, spec: LoopSpec):
+  """Step 3 of an iteration: how many drafts the target keeps, and the token after them.
+
+  Args:
+    drafts: int32[B, G]; q: float32[B, G, V] their probabilities (None when greedy).
+    logits: float32[B, G + 1, V] the target pass's.
+
+  Returns:
+    (tau int32[B] drafts accepted, y int32[B] the corrected or bonus token, beta float32[B, G]
+    sum_x min(p, q) per position, nonfinite bool[B]).
+  """
+  if spec.greedy:
+    with jax.named_scope('sampling'):
+      target_ids = sampling_lib.argmax(logits)
+    with jax.named_scope('verify'):
+      tau, y = verify.greedy_verify(drafts, target_ids)
+      beta = (drafts == target_ids[:, : spec.gamma]).astype(jnp.float32)
+      # Only the target's values matter at temperature 0: drafts are compared as ids.
+      return tau, y, beta, ~jnp.isfinite(jnp.sum(logits, axis=(1, 2)))
+  with jax.named_scope('sampling'):
+    p = sampling_lib.logits_to_probs(logits, spec.sampling)
+  with jax.named_scope('verify'):
+    tau, y = verify.VERIFIERS[spec.verifier](rng, drafts, q, p)
+    beta = jnp.minimum(p[:, : spec.gamma], q).sum(-1)
+    return tau, y, beta, verify.nonfinite_rows(q, p)
+
+
+@jax.named_scope('emit')
+def _emit_and_rewind(state: _State, drafts, tau, y, *, eos_id: int, max_new_tokens: int):
+  """Step 4 of an iteration: appends X_1..X_tau, y to each row; rewinds the target's cache.
+
+  Returns (seq, n, done, target_cache) updated: the target keeps [.., seq[n], X_1..X_tau]
+  (positions < the new n); the drafter rewinds itself at its next call.
+  """
+  gamma = drafts.shape[1]
+  block = jnp.where(
+    jnp.arange(gamma + 1) < tau[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), y[:, None]
+  )
+  seq, n, done = _emit(
+    state.seq, state.n, state.done, block, tau + 1, eos_id=eos_id, max_new_tokens=max_new_tokens
+  )
+  return seq, n, done, state.target_cache.replace(end_index=n)
+
+
+def _record(state: _State, drafts, tau, y, new_n):
+  """The trace with this iteration's column filled (None when not tracing)."""
+  if state.trace is None:
+    return None
+  at = lambda field, value: field.at[:, state.iteration].set(value)
+  return SpeculativeTrace(
+    drafts=at(state.trace.drafts, drafts),
+    num_accepted=at(state.trace.num_accepted, tau),
+    next_token=at(state.trace.next_token, y),
+    emitted=at(state.trace.emitted, new_n - state.n),
+  )
+
+
+@functools.partial(jax.jit, static_argnames=('target_steps', 'draft_steps', 'spec'))
+def speculative_loop(
+  target_steps, target_params, draft_steps, draft_params, input_ids, input_mask, rng, *, spec
 ) -> DecodeOutput:
-  batch = input_ids.shape[0]
-  greedy = sampling.greedy and greedy_fast_path
+  """The jitted speculative loop (Leviathan et al. 2023, Algorithm 1, batched), unvalidated.
+
+  Args:
+    target_steps, target_params / draft_steps, draft_params: the two step models.
+    input_ids, input_mask: int32[B, S].
+    rng: PRNG key.
+    spec: a `LoopSpec` with gamma >= 1.
+
+  `speculative_generate` validates its arguments and calls this; call it directly to run a spec
+  that the public function does not expose (e.g. `greedy_fast_path=False`).
+  """
+  if spec.gamma < 1:
+    raise ValueError(f'speculative_loop needs spec.gamma >= 1, got {spec.gamma}.')
+  reads_states = getattr(draft_steps, 'reads_target_states', False)
   target_cache, draft_cache = _init_caches(
     target_steps,
     target_params,
@@ -250,120 +409,70 @@ def _speculative_loop(
     draft_params,
     input_ids,
     input_mask,
-    buffer_length(max_new_tokens, gamma),
+    spec.buffer_length,
   )
-  record = None
-  if trace:
-    per_iteration = lambda *shape: jnp.zeros((batch, max_new_tokens) + shape, jnp.int32)
-    record = SpeculativeTrace(
-      per_iteration(gamma), per_iteration(), per_iteration(), per_iteration()
-    )
-  reads_states = getattr(draft_steps, 'reads_target_states', False)
   state = _init_state(
-    batch,
-    gamma,
-    max_new_tokens,
+    input_ids.shape[0],
+    spec,
     target_steps.start_id,
     target_cache,
     draft_cache,
-    record,
     state_dim=draft_steps.feature_dim if reads_states else None,
   )
-  verify_fn = verify.VERIFIERS[verifier]
+
+  drafter = functools.partial(
+    draft, draft_steps, draft_params, gamma=spec.gamma, sampling=spec.sampling, greedy=spec.greedy
+  )
+  score = functools.partial(target_pass, target_steps, target_params, with_states=reads_states)
 
   def body(state: _State) -> _State:
-    n, active = state.n, ~state.done
     draft_rng, verify_rng = jax.random.split(jax.random.fold_in(rng, state.iteration))
-    drafts, q, draft_cache = _draft(
-      draft_steps,
-      draft_params,
-      state.draft_cache,
-      state.seq,
-      n,
-      draft_rng,
-      gamma=gamma,
-      sampling=sampling,
-      greedy=greedy,
-      target_states=state.target_states,
+    # 1. The drafter proposes X_1..X_gamma, with q_1..q_gamma.
+    drafts, q, draft_cache = drafter(
+      state.draft_cache, state.seq, state.n, draft_rng, target_states=state.target_states
     )
-    # One pass scores the pending token and all gamma drafts: p_1 .. p_{gamma+1}.
-    target_in = jnp.concatenate([_row_slice(state.seq, n, 1), drafts], axis=1)
-    logits, states, target_cache = _target_pass(
-      target_steps, target_params, target_in, state.target_cache, with_states=reads_states
+    # 2. One target pass scores the pending token and every draft: p_1..p_{gamma+1}.
+    pending = _row_slice(state.seq, state.n, 1)
+    logits, states, target_cache = score(
+      jnp.concatenate([pending, drafts], axis=1), state.target_cache
     )
-    if greedy:
-      with jax.named_scope('sampling'):
-        target_ids = sampling_lib.argmax(logits)
-      with jax.named_scope('verify'):
-        tau, y = verify.greedy_verify(drafts, target_ids)
-        beta = (drafts == target_ids[:, :gamma]).astype(jnp.float32)
-        # Only the target's values matter at temperature 0: drafts are compared as ids.
-        nonfinite = ~jnp.isfinite(jnp.sum(logits, axis=(1, 2)))
-    else:
-      with jax.named_scope('sampling'):
-        p = sampling_lib.logits_to_probs(logits, sampling)
-      with jax.named_scope('verify'):
-        tau, y = verify_fn(verify_rng, drafts, q, p)
-        beta = jnp.minimum(p[:, :gamma], q).sum(-1)
-        nonfinite = verify.nonfinite_rows(q, p)
+    # 3. Keep tau drafts, then y from the residual (or from p_{gamma+1} when all were kept).
+    tau, y, beta, nonfinite = _verify(verify_rng, drafts, q, logits, spec)
+    # 4. Emit X_1..X_tau, y; rewind the target to what it keeps.
+    seq, n, done, target_cache = _emit_and_rewind(
+      state._replace(target_cache=target_cache),
+      drafts,
+      tau,
+      y,
+      eos_id=target_steps.eos_id,
+      max_new_tokens=spec.max_new_tokens,
+    )
     with jax.named_scope('emit'):
-      block = jnp.where(
-        jnp.arange(gamma + 1) < tau[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), y[:, None]
+      return state._replace(
+        seq=seq,
+        n=n,
+        done=done,
+        target_cache=target_cache,
+        draft_cache=draft_cache,
+        stats=state.stats.accumulate(~state.done, tau, beta, nonfinite),
+        iteration=state.iteration + 1,
+        trace=_record(state, drafts, tau, y, n),
+        target_states=None if states is None else (states, state.n),
       )
-      seq, new_n, done = _emit(
-        state.seq,
-        n,
-        state.done,
-        block,
-        tau + 1,
-        eos_id=target_steps.eos_id,
-        max_new_tokens=max_new_tokens,
-      )
-      # Rewind: the target keeps [.., seq[n], X_1..X_tau] (positions < new_n); the drafter
-      # rewinds itself at its next call.
-      target_cache = target_cache.replace(end_index=new_n)
-      stats = state.stats.accumulate(active, tau, beta, nonfinite)
-      record = state.trace
-      if record is not None:
-        at = lambda field, value: field.at[:, state.iteration].set(value)
-        record = SpeculativeTrace(
-          at(record.drafts, drafts),
-          at(record.num_accepted, tau),
-          at(record.next_token, y),
-          at(record.emitted, new_n - n),
-        )
-    return _State(
-      seq,
-      new_n,
-      done,
-      target_cache,
-      draft_cache,
-      stats,
-      state.iteration + 1,
-      record,
-      None if states is None else (states, n),
-    )
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-  return _finish(state, max_new_tokens)
+  return _finish(state, spec.max_new_tokens)
 
 
-def _autoregressive_loop(
-  steps,
-  params,
-  input_ids,
-  input_mask,
-  rng,
-  *,
-  sampling: sampling_lib.SamplingConfig,
-  max_new_tokens: int,
-  greedy_fast_path: bool = True,
-) -> DecodeOutput:
+@functools.partial(jax.jit, static_argnames=('steps', 'spec'))
+def autoregressive_loop(steps, params, input_ids, input_mask, rng, *, spec) -> DecodeOutput:
+  """The jitted autoregressive loop (one target call per token), unvalidated: `generate`'s
+  program. `spec.gamma` must be 0; verifier and trace are not read."""
+  if spec.gamma != 0:
+    raise ValueError(f'autoregressive_loop drafts nothing: spec.gamma must be 0, got {spec.gamma}.')
   batch = input_ids.shape[0]
-  cache, _ = _init_caches(
-    steps, params, None, None, input_ids, input_mask, buffer_length(max_new_tokens, 0)
-  )
-  state = _init_state(batch, 0, max_new_tokens, steps.start_id, cache, None)
+  cache, _ = _init_caches(steps, params, None, None, input_ids, input_mask, spec.buffer_length)
+  state = _init_state(batch, spec, steps.start_id, cache, None, state_dim=None)
   no_drafts = jnp.zeros((batch, 0), jnp.float32)
 
   def body(state: _State) -> _State:
@@ -371,10 +480,10 @@ def _autoregressive_loop(
       logits, cache = steps.step(params, _row_slice(state.seq, state.n, 1), state.target_cache)
     with jax.named_scope('sampling'):
       nonfinite = ~jnp.isfinite(jnp.sum(logits, axis=(1, 2)))
-      if sampling.greedy and greedy_fast_path:
+      if spec.greedy:
         token = sampling_lib.argmax(logits[:, 0])
       else:
-        probs = sampling_lib.logits_to_probs(logits[:, 0], sampling)
+        probs = sampling_lib.logits_to_probs(logits[:, 0], spec.sampling)
         token = sampling_lib.sample(jax.random.fold_in(rng, state.iteration), probs)
     with jax.named_scope('emit'):
       seq, n, done = _emit(
@@ -384,46 +493,29 @@ def _autoregressive_loop(
         token[:, None],
         jnp.ones_like(state.n),
         eos_id=steps.eos_id,
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=spec.max_new_tokens,
       )
       stats = state.stats.accumulate(~state.done, jnp.zeros_like(n), no_drafts, nonfinite)
-    return _State(seq, n, done, cache, None, stats, state.iteration + 1, None)
+    return state._replace(
+      seq=seq, n=n, done=done, target_cache=cache, stats=stats, iteration=state.iteration + 1
+    )
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-  return _finish(state, max_new_tokens)
-
-
-_speculative_jit = jax.jit(
-  _speculative_loop,
-  static_argnames=(
-    'target_steps',
-    'draft_steps',
-    'gamma',
-    'verifier',
-    'sampling',
-    'max_new_tokens',
-    'greedy_fast_path',
-    'trace',
-  ),
-)
-_autoregressive_jit = jax.jit(
-  _autoregressive_loop,
-  static_argnames=('steps', 'sampling', 'max_new_tokens', 'greedy_fast_path'),
-)
+  return _finish(state, spec.max_new_tokens)
 
 
 def _autoregressive_call(model, input_ids, input_mask, *, sampling, max_new_tokens):
-  """Validates `generate`'s arguments: (steps, params, ids, mask, static kwargs) of the jit."""
+  """Validates `generate`'s arguments: ((steps, params, ids, mask), LoopSpec)."""
   steps, params = step_models.as_step_model(model)
   validation.check_sampling(sampling)
   ids, mask, max_new_tokens = validation.check_inputs(steps, input_ids, input_mask, max_new_tokens)
-  return (steps, params, ids, mask), dict(sampling=sampling, max_new_tokens=max_new_tokens)
+  return (steps, params, ids, mask), LoopSpec(sampling=sampling, max_new_tokens=max_new_tokens)
 
 
 def _speculative_call(
   target, drafter, input_ids, input_mask, *, gamma, verifier, sampling, max_new_tokens, trace
 ):
-  """Validates `speculative_generate`'s arguments: (positional args before rng, static kwargs)."""
+  """Validates `speculative_generate`'s arguments: (the loop's arguments before rng, LoopSpec)."""
   gamma = validation.as_int('gamma', gamma, 1)
   if not isinstance(verifier, str) or verifier not in verify.VERIFIERS:
     raise ValueError(f'Unknown verifier {verifier!r}; choose one of {sorted(verify.VERIFIERS)}.')
@@ -439,18 +531,18 @@ def _speculative_call(
   ids, mask, max_new_tokens = validation.check_inputs(
     target_steps, input_ids, input_mask, max_new_tokens, drafter=draft_steps
   )
-  args = (target_steps, target_params, draft_steps, draft_params, ids, mask)
-  static = dict(
-    gamma=gamma,
-    verifier=verifier,
+  spec = LoopSpec(
     sampling=sampling,
     max_new_tokens=max_new_tokens,
+    gamma=gamma,
+    verifier=verifier,
     trace=bool(trace),
   )
-  return args, static
+  return (target_steps, target_params, draft_steps, draft_params, ids, mask), spec
 
 
-_ABSTRACT_KEY = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+# eval_shape: no backend starts at import (jax.distributed.initialize must come first).
+_ABSTRACT_KEY = jax.eval_shape(lambda: jax.random.key(0))
 
 
 def generate(
@@ -478,10 +570,10 @@ def generate(
   Returns:
     DecodeOutput with tokens int32[B, M], lengths int32[B], stats.target_calls.
   """
-  args, static = _autoregressive_call(
+  args, spec = _autoregressive_call(
     model, input_ids, input_mask, sampling=sampling, max_new_tokens=max_new_tokens
   )
-  out = _autoregressive_jit(*args, rng, **static)
+  out = autoregressive_loop(*args, rng, spec=spec)
   return validation.raise_if_nonfinite(out, 'The model') if check_finite else out
 
 
@@ -529,7 +621,7 @@ def speculative_generate(
   Returns:
     DecodeOutput: tokens int32[B, M], lengths int32[B], per-row `DecodeStats`, and the trace.
   """
-  args, static = _speculative_call(
+  args, spec = _speculative_call(
     target,
     drafter,
     input_ids,
@@ -540,7 +632,7 @@ def speculative_generate(
     max_new_tokens=max_new_tokens,
     trace=trace,
   )
-  out = _speculative_jit(*args, rng, **static)
+  out = speculative_loop(*args, rng, spec=spec)
   return validation.raise_if_nonfinite(out, 'The target or the drafter') if check_finite else out
 
 
@@ -554,10 +646,10 @@ def lower_generate(
   `.compile()` then `memory_analysis()` / `cost_analysis()` plan a model too large to build here.
   Arguments are validated as `generate` validates them, except the values of abstract inputs.
   """
-  args, static = _autoregressive_call(
+  args, spec = _autoregressive_call(
     model, input_ids, input_mask, sampling=sampling, max_new_tokens=max_new_tokens
   )
-  return _autoregressive_jit.lower(*args, _ABSTRACT_KEY, **static)
+  return autoregressive_loop.lower(*args, _ABSTRACT_KEY, spec=spec)
 
 
 def lower_speculative(
@@ -575,7 +667,7 @@ def lower_speculative(
 
   Takes abstract inputs and params as `lower_generate` does; validates as `speculative_generate`.
   """
-  args, static = _speculative_call(
+  args, spec = _speculative_call(
     target,
     drafter,
     input_ids,
@@ -586,4 +678,4 @@ def lower_speculative(
     max_new_tokens=max_new_tokens,
     trace=False,
   )
-  return _speculative_jit.lower(*args, _ABSTRACT_KEY, **static)
+  return speculative_loop.lower(*args, _ABSTRACT_KEY, spec=spec)

@@ -186,12 +186,12 @@ def test_compiles_once_per_shape():
     gamma=3, verifier='token', sampling=sampling_lib.SamplingConfig(), max_new_tokens=12
   )
   decode.speculative_generate(TARGET, DRAFTER, ids, mask, rng=jax.random.key(0), **kwargs)
-  before = decode._speculative_jit._cache_size()
+  before = decode.speculative_loop._cache_size()
   for seed in range(1, 4):
     decode.speculative_generate(
       TARGET, DRAFTER, (ids + seed) % 4, mask, rng=jax.random.key(seed), **kwargs
     )
-  assert decode._speculative_jit._cache_size() == before
+  assert decode.speculative_loop._cache_size() == before
 
 
 def test_bad_inputs_raise_clear_errors():
@@ -373,102 +373,6 @@ def test_t5_input_too_long():
 
 
 # ---------------------------------------------------------------------------------------------
-# The greedy fast path (argmax ids, no probability vectors) against the general path.
-
-
-def _both_paths(target, drafter, ids, mask, *, gamma, verifier, max_new_tokens):
-  """(fast, general) outputs of the jitted loop at temperature 0; drafter None: autoregressive."""
-  kw = dict(sampling=GREEDY, max_new_tokens=max_new_tokens)
-  t_steps, t_params = target.steps, target.params
-  ids, mask = jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32)
-  if drafter is None:
-    run = lambda fast: decode._autoregressive_jit(
-      t_steps, t_params, ids, mask, jax.random.key(0), greedy_fast_path=fast, **kw
-    )
-  else:
-    run = lambda fast: decode._speculative_jit(
-      t_steps,
-      t_params,
-      drafter.steps,
-      drafter.params,
-      ids,
-      mask,
-      jax.random.key(0),
-      gamma=gamma,
-      verifier=verifier,
-      greedy_fast_path=fast,
-      **kw,
-    )
-  return run(True), run(False)
-
-
-def _assert_same_output(fast, general):
-  np.testing.assert_array_equal(fast.tokens, general.tokens)
-  np.testing.assert_array_equal(fast.lengths, general.lengths)
-  for name in ('target_calls', 'accepted', 'accepted_per_position', 'beta_count'):
-    np.testing.assert_array_equal(getattr(fast.stats, name), getattr(general.stats, name))
-  np.testing.assert_allclose(fast.stats.beta_sum, general.stats.beta_sum)
-
-
-def _noisy_copy(model, seed, noise):
-  """A drafter that agrees with `model`'s argmax often, not always."""
-  table = model.params['table']
-  table = table + noise * jax.random.normal(jax.random.key(seed), table.shape)
-  return fakes.MarkovModel(model.steps, {'table': table})
-
-
-@pytest.mark.parametrize('verifier', ['token', 'block'])
-@pytest.mark.parametrize('gamma', [1, 4])
-def test_greedy_fast_path_matches_general_path_markov(verifier, gamma):
-  target = fakes.random_markov(seed=11, vocab_size=16, positions=40, eos_id=1)
-  drafter = _noisy_copy(target, seed=12, noise=1.0)
-  ids, mask = jnp.zeros((64, 1), jnp.int32), jnp.ones((64, 1), jnp.int32)
-  fast, general = _both_paths(
-    target, drafter, ids, mask, gamma=gamma, verifier=verifier, max_new_tokens=30
-  )
-  assert 0 < int(fast.stats.accepted.sum()) < int(fast.stats.drafted.sum())
-  _assert_same_output(fast, general)
-  _assert_same_output(
-    *_both_paths(target, None, ids, mask, gamma=0, verifier=None, max_new_tokens=30)
-  )
-
-
-_GREEDY_VERIFY = decode.verify.greedy_verify
-
-
-def _off_by_one_greedy_verify(draft_tokens, target_ids):
-  """Plausible bug: the corrected token read one position too far."""
-  tau, _ = _GREEDY_VERIFY(draft_tokens, target_ids)
-  gamma = draft_tokens.shape[1]
-  y = jnp.take_along_axis(target_ids, jnp.minimum(tau + 1, gamma)[:, None], axis=1)[:, 0]
-  return tau, y
-
-
-def test_negative_control_greedy_fast_path_off_by_one_differs(monkeypatch):
-  target = fakes.random_markov(seed=11, vocab_size=16, positions=40, eos_id=1)
-  drafter = _noisy_copy(target, seed=12, noise=1.0)
-  ids, mask = jnp.zeros((64, 1), jnp.int32), jnp.ones((64, 1), jnp.int32)
-  monkeypatch.setattr(decode.verify, 'greedy_verify', _off_by_one_greedy_verify)
-  jax.clear_caches()
-  fast, general = _both_paths(
-    target, drafter, ids, mask, gamma=3, verifier='token', max_new_tokens=30
-  )
-  monkeypatch.undo()
-  jax.clear_caches()
-  assert (np.asarray(fast.tokens) != np.asarray(general.tokens)).any()
-
-
-@pytest.mark.parametrize('verifier', ['token', 'block'])
-def test_greedy_fast_path_matches_general_path_t5(verifier):
-  target, drafter = _t5_pair()
-  ids, mask = _source(vocab=target.config.vocab_size)
-  fast, general = _both_paths(
-    target, drafter, ids, mask, gamma=3, verifier=verifier, max_new_tokens=16
-  )
-  _assert_same_output(fast, general)
-
-
-# ---------------------------------------------------------------------------------------------
 # Bad inputs are refused at the boundary; non-finite values are never a silent answer.
 
 
@@ -510,9 +414,9 @@ def test_bad_arguments_are_refused():
   )
   assert out.tokens.shape == (ids.shape[0], 3)
   decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=3, sampling=GREEDY, **kw)
-  before = decode._speculative_jit._cache_size()
+  before = decode.speculative_loop._cache_size()
   decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=np.int64(3), sampling=GREEDY, **kw)
-  assert decode._speculative_jit._cache_size() == before
+  assert decode.speculative_loop._cache_size() == before
 
 
 def _with_nan(model, position=1):

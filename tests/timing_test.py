@@ -70,7 +70,7 @@ def test_iteration_timer_keeps_every_drafter_output_layer():
 
 
 def test_timers_run_a_drafter_that_reads_the_target_states():
-  """An EAGLE-style drafter is timed as the loop runs it (`decode._draft` with the last pass's
+  """An EAGLE-style drafter is timed as the loop runs it (`decode.draft` with the last pass's
   states; its bare step reads zero states), and such a drafter cannot be timed by `step` alone."""
   target = _tiny('tiny-v1.1')
   config = dataclasses.replace(

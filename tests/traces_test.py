@@ -91,25 +91,22 @@ def _while_carry_shapes(trace: bool) -> list[tuple[int, ...]]:
   """Shapes carried by the decode loop's `while`, traced (not run) with `trace` static."""
   batch, max_new = 2, 8
 
+  spec = decode.LoopSpec(
+    sampling=sampling_lib.SamplingConfig(temperature=1.0),
+    max_new_tokens=max_new,
+    gamma=GAMMA,
+    trace=trace,
+  )
+
   def loop(target_params, draft_params, ids, mask, rng):
-    return decode._speculative_loop(
-      TARGET.steps,
-      target_params,
-      DRAFTER.steps,
-      draft_params,
-      ids,
-      mask,
-      rng,
-      gamma=GAMMA,
-      verifier='token',
-      sampling=sampling_lib.SamplingConfig(temperature=1.0),
-      max_new_tokens=max_new,
-      trace=trace,
+    return decode.speculative_loop(
+      TARGET.steps, target_params, DRAFTER.steps, draft_params, ids, mask, rng, spec=spec
     )
 
   ids = jnp.zeros((batch, 1), jnp.int32)
   jaxpr = jax.make_jaxpr(loop)(TARGET.params, DRAFTER.params, ids, ids, jax.random.key(0))
-  (loop_eqn,) = [e for e in jaxpr.eqns if e.primitive.name == 'while']
+  (jit_eqn,) = jaxpr.eqns  # the jitted loop
+  (loop_eqn,) = [e for e in jit_eqn.params['jaxpr'].eqns if e.primitive.name == 'while']
   return sorted(v.aval.shape for v in loop_eqn.outvars)
 
 
