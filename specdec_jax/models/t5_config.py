@@ -121,6 +121,12 @@ CONFIGS: dict[str, T5Config] = {
   't5_1_1-large': _v1_1(d_model=1024, d_kv=64, d_ff=2816, num_heads=16, **_layers(24)),
   't5_1_1-xl': _v1_1(d_model=2048, d_kv=64, d_ff=5120, num_heads=32, **_layers(24)),
   't5_1_1-xxl': _v1_1(d_model=4096, d_kv=64, d_ff=10240, num_heads=64, **_layers(24)),
+  # FLAN-T5 (Chung et al. 2022; HF google/flan-t5-*): T5 v1.1's architecture and sizes.
+  'flan-t5-small': _v1_1(d_model=512, d_kv=64, d_ff=1024, num_heads=6, **_layers(8)),
+  'flan-t5-base': _v1_1(d_model=768, d_kv=64, d_ff=2048, num_heads=12, **_layers(12)),
+  'flan-t5-large': _v1_1(d_model=1024, d_kv=64, d_ff=2816, num_heads=16, **_layers(24)),
+  'flan-t5-xl': _v1_1(d_model=2048, d_kv=64, d_ff=5120, num_heads=32, **_layers(24)),
+  'flan-t5-xxl': _v1_1(d_model=4096, d_kv=64, d_ff=10240, num_heads=64, **_layers(24)),
   # Tiny test models. The v1.0/v1.1 pair shares a vocabulary (drafter and target); tiny-v1.1 has
   # unequal stack depths and few buckets, so short test sequences reach the logarithmic and
   # clipped buckets; tiny-t5x is the shape of T5X's test_t5_tiny checkpoint (N * H != D).
