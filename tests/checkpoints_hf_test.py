@@ -408,3 +408,15 @@ def test_hf_sharded_index_without_weight_map(tmp_path, index, needle):
   file = tmp_path / 'model.safetensors.index.json'
   file.write_text(index if isinstance(index, str) else json.dumps(index))
   _raises_naming(lambda: checkpoints.load_hf_t5(tmp_path), f'{file} ', needle)
+
+
+def test_hf_storage_dtype_and_urls(tmp_path):
+  model = _random_model('tiny-v1.0')
+  checkpoints.save_hf_t5(model, tmp_path)
+  stored = checkpoints.load_hf_t5(tmp_path, param_dtype='bfloat16')
+  assert stored.config == model.config  # float32 compute
+  _assert_params_equal(
+    stored.params, jax.tree.map(lambda x: np.asarray(x.astype(jnp.bfloat16)), model.params)
+  )
+  with pytest.raises(ValueError, match='load_hf_t5 reads local directories'):
+    checkpoints.load_hf_t5('gs://bucket/flan-t5-xxl')

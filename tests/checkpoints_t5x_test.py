@@ -309,3 +309,43 @@ def test_t5x_ocdbt_errors(tmp_path):
   _raises_naming(
     lambda: checkpoints.load_t5x(written.parent), f'{written} is not a readable OCDBT checkpoint'
   )
+
+
+def test_t5x_tensorstore_urls_load(tmp_path):
+  """kvstore URLs reach tensorstore untouched (a Path would turn 'file:///x' into 'file:/x')."""
+  params, _ = _t5x_source('tiny-v1.1')
+  _write_t5x_tensorstore_checkpoint(
+    _t5x_state(params), tmp_path / 'zarr', inline=('target/encoder/encoder_norm/scale',)
+  )
+  (tmp_path / 'msgpack').mkdir()
+  (tmp_path / 'msgpack' / 'checkpoint').write_bytes(
+    flax.serialization.msgpack_serialize({'optimizer': _t5x_state(params)})
+  )
+  ocdbt = _write_t5x_ocdbt_checkpoint(_t5x_state(params), tmp_path / 'ocdbt')
+  paths = [tmp_path / 'zarr', tmp_path / 'zarr' / 'checkpoint', tmp_path / 'msgpack', ocdbt]
+  for path in [*paths, ocdbt.parent]:
+    model = checkpoints.load_t5x(path.absolute().as_uri() + '/' * (path == ocdbt))
+    _assert_params_equal(model.params, params)
+  missing = (tmp_path / 'absent').as_uri()
+  with pytest.raises(FileNotFoundError, match=f'No T5X checkpoint at {missing}: no `checkpoint`'):
+    checkpoints.load_t5x(missing)
+  with pytest.raises(ValueError, match='Cannot read the T5X checkpoint at nosuchscheme://x'):
+    checkpoints.load_t5x('nosuchscheme://x/checkpoint_1')
+
+
+def test_t5x_compute_and_storage_dtypes():
+  raw = flax.serialization.msgpack_restore(T5X_TINY.read_bytes())['optimizer']['target']
+  half = jax.tree.map(lambda x: np.asarray(x).astype(jnp.bfloat16), raw)
+  stored = checkpoints.load_t5x(T5X_TINY, param_dtype='bfloat16')  # a float32 model
+  assert stored.config.dtype == 'float32'
+  _assert_params_equal(stored.params, half)
+  computed = checkpoints.load_t5x(T5X_TINY, dtype='bfloat16')  # params follow the compute dtype
+  assert computed.config.dtype == 'bfloat16'
+  _assert_params_equal(computed.params, half)
+  mixed = checkpoints.load_t5x(T5X_TINY, dtype='bfloat16', param_dtype='float32')
+  assert mixed.config.dtype == 'bfloat16'
+  _assert_params_equal(mixed.params, raw)
+  with pytest.raises(ValueError, match=r"param_dtype must be one of \('float32', 'bfloat16'\)"):
+    checkpoints.load_t5x(T5X_TINY, param_dtype='float16')
+  with pytest.raises(ValueError, match='dtype must be one of'):
+    checkpoints.load_t5x(T5X_TINY, dtype='int8')

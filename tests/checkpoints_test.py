@@ -2,7 +2,10 @@
 format-specific checkpoint tests share (checkpoints_hf_test, checkpoints_t5x_test,
 checkpoints_sharded_test)."""
 
+import ast
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import flax.traverse_util
@@ -144,3 +147,45 @@ def test_orbax_damaged_checkpoint_names_the_directory(tmp_path, damage):
     (directory / 'config.json').write_text('{"vocab_size": 32,')
     needle = f'{directory / "config.json"} is not valid JSON'
   _raises_naming(lambda: checkpoints.restore(directory), needle)
+
+
+def test_orbax_restore_storage_and_compute_dtypes(tmp_path):
+  model = _random_model('tiny-v1.1')
+  checkpoints.save(model, tmp_path / 'model')
+  half = jax.tree.map(lambda x: x.astype(jnp.bfloat16), model.params)
+  stored = checkpoints.restore(tmp_path / 'model', param_dtype='bfloat16')
+  assert stored.config == model.config
+  _assert_params_equal(stored.params, half)
+  computed = checkpoints.restore(tmp_path / 'model', dtype='bfloat16')  # as saved: float32
+  assert computed.config.dtype == 'bfloat16'
+  _assert_params_equal(computed.params, model.params)
+  with pytest.raises(ValueError, match='param_dtype must be one of'):
+    checkpoints.restore(tmp_path / 'model', param_dtype='int4')
+
+
+_CHECKPOINT_MODULES = ('checkpoint_utils', 'checkpoints', 'checkpoints_hf', 'checkpoints_t5x')
+
+
+def _imports(module: str) -> set[str]:
+  """The specdec_jax modules that `module` imports anywhere (top level or inside functions)."""
+  tree = ast.parse((Path(checkpoints.__file__).parent / f'{module}.py').read_text())
+  found = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and node.module == 'specdec_jax':
+      found |= {alias.name for alias in node.names}
+    elif isinstance(node, ast.ImportFrom) and (node.module or '').startswith('specdec_jax.'):
+      found.add(node.module.split('.')[1])
+    elif isinstance(node, ast.Import):
+      found |= {a.name.split('.')[1] for a in node.names if a.name.startswith('specdec_jax.')}
+  return found
+
+
+def test_checkpoint_modules_import_without_cycles():
+  """checkpoint_utils <- checkpoints_hf, checkpoints_t5x <- checkpoints, even inside functions."""
+  graph = {module: _imports(module) & set(_CHECKPOINT_MODULES) for module in _CHECKPOINT_MODULES}
+  assert graph['checkpoint_utils'] == set()
+  assert graph['checkpoints_hf'] == graph['checkpoints_t5x'] == {'checkpoint_utils'}
+  assert 'checkpoints' not in set().union(*graph.values())
+  for order in (_CHECKPOINT_MODULES, _CHECKPOINT_MODULES[::-1]):
+    code = ';'.join(f'import specdec_jax.{module}' for module in order)
+    subprocess.run([sys.executable, '-c', code], check=True, cwd=Path(__file__).parents[1])
