@@ -9,24 +9,36 @@ and appends it to results.csv / results.json in --workdir (default: config.workd
 keeps every finished row; speedup.png at the end. Third-party INFO logs only with --verbosity=0.
 """
 
+from tqdm.auto import tqdm
+
 from experiments.configs import common
-from specdec_jax import evaluation
+from specdec_jax import evaluation, sharding
 
 
 def run(config, workdir: str) -> list[dict]:
-  """Every row of `config`, printed and written to `workdir` as it finishes."""
-  writer = evaluation.ResultsWriter(workdir)
+  """Every row of `config`, printed and written to `workdir` as it finishes.
+
+  On several processes (a multi-host slice) every process decodes its share and process 0 alone
+  prints and writes. Rows go through `tqdm.write`, so they never interleave with the bar.
+  """
+  main = sharding.is_main_process()
+  writer = evaluation.ResultsWriter(workdir) if main else None
   plan = evaluation.prepare(config)
-  print(plan.summary(), flush=True)
-  print(evaluation.format_table([]), flush=True)
+  say = tqdm.write if main else (lambda text: None)
+  say(plan.summary())
+  say(evaluation.format_table([]))
+  rows = []
   try:
     for row in evaluation.rows(plan):
-      writer.add(row)
-      print(evaluation.format_row(row), flush=True)
+      rows.append(row)
+      if writer:
+        writer.add(row)
+      say(evaluation.format_row(row))
   finally:
-    paths = writer.finish()
-    print(f'{len(writer.rows)} rows in', ', '.join(paths.values()))
-  return writer.rows
+    if writer:
+      paths = writer.finish()
+      say(f'{len(writer.rows)} rows in ' + ', '.join(paths.values()))
+  return rows
 
 
 if __name__ == '__main__':

@@ -37,7 +37,6 @@ from collections.abc import Iterator, Sequence
 import jax
 import numpy as np
 import sacrebleu
-from jax.experimental import multihost_utils
 
 from specdec_jax import analysis, decode, pretrained, sharding, timing, verify
 from specdec_jax import sampling as sampling_lib
@@ -169,7 +168,7 @@ def translate(
     start = time.perf_counter()
     out = jax.block_until_ready(run_batch(texts, rng, method))
     seconds = time.perf_counter() - start
-    return to_host(out), seconds
+    return decode.to_host(out), seconds
 
   if mesh is not None:
     sharding.check_batch(batch_size, mesh)
@@ -213,18 +212,6 @@ def translate(
 def on_mesh(mesh):
   """`jax.set_mesh(mesh)` (turns on the models' activation constraints), or nothing for None."""
   return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
-
-
-def to_host(tree):
-  """Every array of `tree` as host numpy, on every process: arrays spanning other processes'
-  devices are gathered (a collective: every process must call it)."""
-
-  def get(x):
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)
-
-  return jax.tree.map(get, tree)
 
 
 @dataclasses.dataclass

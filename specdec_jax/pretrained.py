@@ -21,6 +21,8 @@ import json
 import pathlib
 from typing import Any
 
+import jax
+
 from specdec_jax import checkpoints, sharding
 from specdec_jax import drafters as drafters_lib
 from specdec_jax.data import pairs as pairs_lib
@@ -99,20 +101,33 @@ def load_model(path: str | pathlib.Path, *, mesh=None, how: str = 'model'):
   Args:
     path: a `checkpoints.save` directory, an HF `save_pretrained` directory, a T5X checkpoint
       (directory, msgpack file, OCDBT, or a tensorstore URL such as `gs://...`), or an n-gram `.npz`.
-    mesh: place the params on this mesh (`sharding.place_model`); None leaves them on the default
-      device.
-    how: with a mesh, 'model' (shard by the default rules), 'replicated', or 'auto'.
+    mesh: build the params directly on this mesh, each process reading only the slices its
+      devices hold (the `checkpoints` loaders); None leaves them on the default device.
+    how: with a mesh, 'model' (shard by `sharding.DEFAULT_RULES`), 'replicated' (whole on every
+      device), or 'auto': replicated under `sharding.REPLICATE_BELOW` params, else sharded (a T5X
+      checkpoint carries no config to count from before reading: 'auto' replicates it).
   """
   kind = checkpoint_format(path)
   if kind == 'ngram':
     model = drafters_lib.NGramDrafter.load(str(path))
-  elif kind == 'ours':
-    model = checkpoints.restore(path)
-  elif kind == 'hf':
-    model = checkpoints.load_hf_t5(path)
-  else:
-    model = checkpoints.load_t5x(path)
-  return model if mesh is None else sharding.place_model(model, mesh, how)
+    return model if mesh is None else sharding.place_model(model, mesh, 'replicated')
+  if how not in ('model', 'replicated', 'auto'):
+    raise ValueError(f"Sharding must be 'model', 'replicated' or 'auto', got {how!r}.")
+  if how == 'auto':
+    how = 'model' if _param_count(path, kind) >= sharding.REPLICATE_BELOW else 'replicated'
+  rules = sharding.DEFAULT_RULES if how == 'model' else sharding.REPLICATED_RULES
+  load = {'ours': checkpoints.restore, 'hf': checkpoints.load_hf_t5, 't5x': checkpoints.load_t5x}
+  return load[kind](path, mesh=mesh, rules=rules)
+
+
+def _param_count(path, kind: str) -> int:
+  """The params of a T5 checkpoint, from its config alone (0 when it has none: T5X)."""
+  if kind == 't5x':
+    return 0
+  config = json.loads((pathlib.Path(path) / 'config.json').read_text())
+  config = checkpoints.config_from_hf(config) if kind == 'hf' else t5.T5Config(**config)
+  shapes = jax.eval_shape(lambda key: t5.init_params(key, config), jax.random.key(0))
+  return sum(x.size for x in jax.tree.leaves(shapes))
 
 
 def load_drafter(path: str | pathlib.Path, *, mesh=None, how: str = 'auto'):

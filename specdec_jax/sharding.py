@@ -44,6 +44,9 @@ DEFAULT_RULES: Rules = (
   ('relpos_buckets', None),
 )
 
+# Every logical axis whole on every device: a model replicated over the mesh.
+REPLICATED_RULES: Rules = tuple((name, None) for name, _ in DEFAULT_RULES)
+
 # Logical axes of a '.../<module>/kernel' param, by module name (T5X names, as `t5.init_params` builds them).
 _KERNEL_AXES = {
   'query': ('embed', 'joined_kv'),

@@ -142,10 +142,21 @@ def run_experiment(run: Callable[[ml_collections.ConfigDict, str], object]) -> N
 
   config_flags.DEFINE_config_file('config', None, 'Experiment config (python file).')
   flags.DEFINE_string('workdir', None, 'Output directory; overrides config.workdir.')
+  flags.DEFINE_string(
+    'coordinator_address',
+    None,
+    'host:port of process 0, for a multi-process run set up by hand (with --num_processes and '
+    '--process_id); on Cloud TPU, SLURM, Open MPI and Kubernetes JAX finds them itself.',
+  )
+  flags.DEFINE_integer('num_processes', None, 'Processes of a run set up by hand.')
+  flags.DEFINE_integer('process_id', None, "This process's index in a run set up by hand.")
   flags.mark_flag_as_required('config')
 
   def main(argv):
-    sharding.maybe_initialize_distributed()  # multi-host (pod slice) runs only
+    # Multi-host (pod slice, or processes started by hand) runs only; a no-op otherwise.
+    sharding.maybe_initialize_distributed(
+      flags.FLAGS.coordinator_address, flags.FLAGS.num_processes, flags.FLAGS.process_id
+    )
     if len(argv) > 1:
       raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
     if not flags.FLAGS['verbosity'].present:
