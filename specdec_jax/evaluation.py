@@ -284,7 +284,10 @@ def prepare(config) -> Plan:
     )
   mesh = make_mesh(config)
   pair = load_pair(config, mesh)
-  names = list(pair.drafters) if tuple(config.drafters) == ('all',) else list(config.drafters)
+  if config.get('target') or tuple(config.drafters) == ('all',):
+    names = list(pair.drafters)  # a pair given by checkpoints has its one drafter
+  else:
+    names = list(config.drafters)
   missing = [n for n in names if n not in pair.drafters]
   if missing:
     raise ValueError(
@@ -332,6 +335,10 @@ def load_pair(config, mesh) -> pretrained.Pair:
   any format, or else the pair directory `config.pretrained`; placed on `mesh` as it loads (the
   target sharded, drafters per `config.drafter_sharding`)."""
   how = config.get('drafter_sharding', 'auto')
+  if how not in ('model', 'replicated', 'auto'):
+    raise ValueError(
+      f"config.drafter_sharding must be 'model', 'replicated' or 'auto', got {how!r}."
+    )
   if not config.get('target'):
     extra = [k for k in ('drafter', 'tokenizer', 'test_file') if config.get(k)]
     if extra:
@@ -349,6 +356,7 @@ def load_pair(config, mesh) -> pretrained.Pair:
     source_prefix=config.get('source_prefix', ''),
     mesh=mesh,
     drafter_sharding=how,
+    param_dtype=config.get('param_dtype') or None,
   )
 
 

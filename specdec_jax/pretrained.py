@@ -95,7 +95,9 @@ def checkpoint_format(path: str | pathlib.Path) -> str:
   return 't5x'
 
 
-def load_model(path: str | pathlib.Path, *, mesh=None, how: str = 'model'):
+def load_model(
+  path: str | pathlib.Path, *, mesh=None, how: str = 'model', param_dtype: str | None = None
+):
   """A target or drafter from a checkpoint of any supported format (see `checkpoint_format`).
 
   Args:
@@ -106,6 +108,8 @@ def load_model(path: str | pathlib.Path, *, mesh=None, how: str = 'model'):
     how: with a mesh, 'model' (shard by `sharding.DEFAULT_RULES`), 'replicated' (whole on every
       device), or 'auto': replicated under `sharding.REPLICATE_BELOW` params, else sharded (a T5X
       checkpoint carries no config to count from before reading: 'auto' replicates it).
+    param_dtype: the params' dtype on the device (e.g. 'bfloat16': half the memory of float32),
+      separate from the dtype the model computes in; None keeps the loader's default.
   """
   kind = checkpoint_format(path)
   if kind == 'ngram':
@@ -117,7 +121,7 @@ def load_model(path: str | pathlib.Path, *, mesh=None, how: str = 'model'):
     how = 'model' if _param_count(path, kind) >= sharding.REPLICATE_BELOW else 'replicated'
   rules = sharding.DEFAULT_RULES if how == 'model' else sharding.REPLICATED_RULES
   load = {'ours': checkpoints.restore, 'hf': checkpoints.load_hf_t5, 't5x': checkpoints.load_t5x}
-  return load[kind](path, mesh=mesh, rules=rules)
+  return load[kind](path, mesh=mesh, rules=rules, param_dtype=param_dtype)
 
 
 def _param_count(path, kind: str) -> int:
@@ -154,6 +158,7 @@ def from_checkpoints(
   gamma: int = 5,
   mesh=None,
   drafter_sharding: str = 'auto',
+  param_dtype: str | None = None,
 ) -> Pair:
   """A pair of any checkpoints: e.g. a T5X T5-XXL target with an HF T5-small drafter.
 
@@ -164,8 +169,8 @@ def from_checkpoints(
     test_file: (source, reference) pairs, TSV or JSONL (`data.pairs.load_pairs`).
     source_prefix: prepended to each source (T5's task prefix).
     gamma: the recommended gamma at every temperature.
-    mesh, drafter_sharding: where the params go (`load_model`); the target is sharded by the
-      default rules.
+    mesh, drafter_sharding, param_dtype: where the params go and how they are stored
+      (`load_model`); the target is sharded by the default rules.
 
   Raises:
     FileNotFoundError naming a missing tokenizer or test file; ValueError if a drafter's
@@ -176,8 +181,11 @@ def from_checkpoints(
       raise FileNotFoundError(f'No {what} at {path}.')
   if not drafters:
     raise ValueError('from_checkpoints needs at least one drafter.')
-  model = load_model(target, mesh=mesh, how='model')
-  found = {n: load_drafter(p, mesh=mesh, how=drafter_sharding) for n, p in drafters.items()}
+  model = load_model(target, mesh=mesh, how='model', param_dtype=param_dtype)
+  found = {
+    n: load_model(p, mesh=mesh, how=drafter_sharding, param_dtype=param_dtype)
+    for n, p in drafters.items()
+  }
   _check_vocab(model, found)
   return Pair(
     directory=pathlib.Path(str(target)),

@@ -327,6 +327,15 @@ def test_tokenizer_t5_ids_and_exact_round_trip(tiny_tokenizer):
   assert tok.decode([0] + ids + tok.encode('junk')) == 'Lies have short legs.'
 
 
+def test_tokenizer_writes_ids_past_its_vocabulary(tiny_tokenizer):
+  # A model's vocabulary may exceed the tokenizer's (T5: 32,128 ids, 32,000 pieces, 100
+  # sentinels): such ids are written out, never dropped, and decoding goes on after them.
+  tok = tiny_tokenizer
+  words = tok.encode('short legs', add_eos=False)
+  ids = words + [360 + 99, 360, 360 + 100] + words + [tok.eos_id, 360]
+  assert tok.decode(ids) == 'short legs<extra_id_0><extra_id_99><id_460>short legs'
+
+
 def test_tokenizer_save_load(tiny_tokenizer, tmp_path):
   tiny_tokenizer.save(tmp_path / 'spm.model')
   loaded = tokenizer.Tokenizer.load(tmp_path / 'spm.model')

@@ -6,6 +6,7 @@ r"""The main job: EN->DE on the shipped 48M pair (pretrained/ende48m), Table 2 o
   python -m experiments.translate --config=experiments/configs/ende.py:full     # 500 sentences
   python -m experiments.translate --config=experiments/configs/ende.py:gammas=3,5,7,batch_size=8
   python -m experiments.translate --config=experiments/configs/ende.py:pretrained=/my/pair_dir
+  python -m experiments.translate --config=experiments/configs/ende.py:paper   # T5-11B, v4-8
 
 Every method at batch 1 as in the paper: autoregressive, and the distilled, trigram and bigram
 drafters with token and block verification at temperature 0 and 1. Items apply in the order written
@@ -26,6 +27,34 @@ def _runlocal(c):
 
 def _full(c):
   c.num_examples, c.gammas = 500, (3, 5, 7)
+
+
+def _paper(c):
+  """Leviathan et al.'s EnDe rows: the public T5 (v1.0) 11B target with T5-small drafting, both
+  T5X checkpoints read from gs:// slice by slice, on a v4-8 (4 chips: the target split over
+  'model', the drafter replicated), bfloat16 params, batch 1. Both were trained on a task mixture
+  that includes WMT EN->DE with this prefix (the paper fine-tuned its T5-XXL on EnDe alone).
+  Stage the vocabulary and a WMT test set on every host first:
+
+    gcloud storage cp gs://t5-data/vocabs/cc_all.32000/sentencepiece.model /tmp/t5/spm.model
+    sacrebleu -t wmt14 -l en-de --echo src,ref | tr -s ' ' | \
+        awk -F'\t' 'NF == 2' > /tmp/t5/wmt14_ende.tsv   # source<TAB>reference
+
+  then, on a v4-8 (scripts/launch_tpu.py starts it detached on every host of a slice):
+
+    python -m experiments.translate --config=experiments/configs/ende.py:paper
+  """
+  t5x = 'gs://t5-data/pretrained_models/t5x'
+  c.target = f'{t5x}/t5_11B/checkpoint_1000000'
+  c.drafter = f'{t5x}/t5_small/checkpoint_1000000'
+  c.tokenizer = '/tmp/t5/spm.model'
+  c.test_file = '/tmp/t5/wmt14_ende.tsv'
+  c.source_prefix = 'translate English to German: '
+  c.task = 'EnDe'
+  c.mesh, c.drafter_sharding, c.param_dtype = '1x4', 'replicated', 'bfloat16'
+  c.max_source_length, c.max_new_tokens = 128, 128
+  c.gammas = (3, 5, 7)
+  c.workdir = '/tmp/specdec_paper'
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -56,6 +85,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.tokenizer = ''  # SentencePiece model
   c.test_file = ''  # (source, reference) pairs: TSV, or JSONL with source/target keys
   c.source_prefix = ''  # e.g. 'translate English to German: ' for the public T5 checkpoints
+  c.param_dtype = ''  # params on the device: '' as the loader gives them, or e.g. 'bfloat16'
   # Target step, pass and drafter costs (c, pass cost) are measured this many times; the median.
   c.timing_rounds = 3
-  return common.parse(arg, c, {'runlocal': _runlocal, 'full': _full})
+  return common.parse(arg, c, {'runlocal': _runlocal, 'full': _full, 'paper': _paper})

@@ -64,15 +64,26 @@ class Tokenizer:
     return ids + [EOS_ID] if add_eos else ids
 
   def decode(self, ids: Iterable[int]) -> str:
-    """The text of `ids`, cut at the first eos; pad ids are dropped."""
-    kept = []
+    """The text of `ids`, cut at the first eos; pad ids are dropped.
+
+    A model's vocabulary may be larger than its tokenizer's (the public T5 checkpoints: 32,128
+    ids over 32,000 pieces); ids past the tokenizer are written out, never dropped: the 100 after
+    it as T5's sentinels `<extra_id_K>` (K = size + 99 - id), any others as `<id_N>`.
+    """
+    size, text, run = self.vocab_size, [], []
     for i in ids:
       i = int(i)
       if i == EOS_ID:
         break
-      if i != PAD_ID:
-        kept.append(i)
-    return self._sp.decode(kept)
+      if i == PAD_ID:
+        continue
+      if i < size:
+        run.append(i)
+        continue
+      text.append(self._sp.decode(run))
+      run = []
+      text.append(f'<extra_id_{size + 99 - i}>' if i < size + 100 else f'<id_{i}>')
+    return ''.join(text + [self._sp.decode(run)])
 
   def id_to_piece(self, i: int) -> str:
     return self._sp.id_to_piece(int(i))
