@@ -20,10 +20,7 @@ Axis legend: B batch, S source length, T target length, V vocab.
 
 import dataclasses
 import functools
-import json
-import math
 import os
-import time
 
 import flax.struct
 import jax
@@ -32,12 +29,12 @@ import ml_collections
 import numpy as np
 import optax
 
-from specdec_jax import checkpoints, decode, training
+from specdec_jax import checkpoints, decode, train_loop, training
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.data import batching
 from specdec_jax.data import pairs as pairs_lib
 from specdec_jax.data import tokenizer as tokenizer_lib
-from specdec_jax.distill_data import TeacherStates, generate_outputs, progress_bar
+from specdec_jax.distill_data import TeacherStates, generate_outputs
 from specdec_jax.models import t5, t5_growth
 
 DIVERGENCES = ('fkl', 'rkl', 'tvd')
@@ -301,26 +298,9 @@ def initial_student(init_from: str, student_config: t5.T5Config, rng: jax.Array)
   return init.params
 
 
-def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Distils `config.student` from `config.teacher`, resuming from `workdir` if it holds a run.
-
-  Writes `workdir/data_t<temperature>/` (the target's outputs), `workdir/metrics.jsonl` (one
-  record per log or eval step, never repeated after a resume), orbax checkpoints of the train
-  state, `workdir/best/` (highest validation alpha so far, mean over `eval_temperatures`) and
-  `workdir/final/`, both `checkpoints.save` directories.
-
-  Returns:
-    The last evaluation's record.
-  """
-  import orbax.checkpoint as ocp
-
-  teacher = load_model(config.teacher)
-  teacher = jax.device_put(teacher, jax.devices()[0])
-  tok = tokenizer_lib.Tokenizer.load(config.tokenizer)
-  if tok.vocab_size > teacher.config.vocab_size:
-    raise ValueError(
-      f'Tokenizer has {tok.vocab_size} pieces, the target {teacher.config.vocab_size}.'
-    )
+def student_config_for(config: ml_collections.ConfigDict, teacher: t5.T5Model) -> t5.T5Config:
+  """`config.student` completed from the target (vocabulary, and `encoder_dim` / `feature_dim`
+  given as 0: the target's d_model); raises if the student cannot work with this target."""
   student = dict(config.student.to_dict(), vocab_size=teacher.config.vocab_size)
   if student['num_encoder_layers'] == 0 and not student.get('encoder_dim'):
     student['encoder_dim'] = teacher.config.d_model  # 0: whatever the target's d_model is
@@ -345,6 +325,12 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
       f"A drafter over the target's encoder needs encoder_dim = the target's "
       f'd_model ({teacher.config.d_model}), got {student_config.encoder_dim}.'
     )
+  return student_config
+
+
+def _data(config, teacher, tok, student_config, workdir: str) -> dict:
+  """The target's outputs on the training and valid sources (generated once into `workdir`),
+  the training batches and, with `cache_teacher`, the target's states on them."""
   lengths = dict(
     max_source_length=config.max_source_length, max_target_length=config.max_target_length
   )
@@ -388,102 +374,54 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
       shard_dir=os.path.join(workdir, 'teacher_states'),
       progress=config.progress,
     )
-  valid_batches = batching.eval_batches(valid, config.eval_batch_size)
   print(
     f'distillation data: {len(train)} target outputs on {len(train_src)} sources '
     f'(temperatures {tuple(config.data_temperatures)}), {batches.num_batches_per_epoch} '
     f'batches/epoch; valid {len(valid)}',
     flush=True,
   )
+  return {'train': train, 'batches': batches, 'cached': cached, 'valid': valid}
 
+
+def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Distils `config.student` from `config.teacher`, resuming from `workdir` if it holds a run.
+
+  Writes `workdir/data_t<temperature>/` (the target's outputs) and, by `train_loop.run`,
+  `workdir/metrics.jsonl` (one record per log or eval step, never repeated after a resume),
+  orbax checkpoints of the train state, `workdir/best/` (highest validation alpha so far, mean
+  over `eval_temperatures`) and `workdir/final/`, both `checkpoints.save` directories.
+
+  Returns:
+    The last evaluation's record.
+  """
+  teacher = load_model(config.teacher)
+  teacher = jax.device_put(teacher, jax.devices()[0])
+  tok = tokenizer_lib.Tokenizer.load(config.tokenizer)
+  if tok.vocab_size > teacher.config.vocab_size:
+    raise ValueError(
+      f'Tokenizer has {tok.vocab_size} pieces, the target {teacher.config.vocab_size}.'
+    )
+  student_config = student_config_for(config, teacher)
+  data = _data(config, teacher, tok, student_config, workdir)
   optimizer_config = training.OptimizerConfig.from_config(config)
-  state = training._init_state_jit(jax.random.key(config.seed), student_config, optimizer_config)
+  state = training.init_state_jit(jax.random.key(config.seed), student_config, optimizer_config)
   if config.init_from:
     params = initial_student(config.init_from, student_config, jax.random.key(config.seed + 1))
     state = state.replace(
       params=params, opt_state=training.make_optimizer(optimizer_config).init(params)
     )
   print(f'student: {t5.param_count(state.params):,} params, {student_config}', flush=True)
-  manager = ocp.CheckpointManager(
-    os.path.abspath(os.path.join(workdir, 'checkpoints')),
-    options=ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints, create=True),
-  )
-  if manager.latest_step() is not None:
-    state = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(state))
-    print(f'resumed from step {int(state.step)}', flush=True)
-  state = jax.device_put(state, jax.devices()[0])
-  step = first_step = int(state.step)
-  metrics_path = os.path.join(workdir, 'metrics.jsonl')
-  training.truncate_records(metrics_path, after_step=step)
-  metrics_file = open(metrics_path, 'a', encoding='utf-8')
-
-  def log(record):
-    metrics_file.write(json.dumps(record) + '\n')
-    metrics_file.flush()
-
-  best_path, final_path = os.path.join(workdir, 'best'), os.path.join(workdir, 'final')
-  best, last_eval = -math.inf, {}
-  if os.path.exists(os.path.join(best_path, 'best.json')):
-    with open(os.path.join(best_path, 'best.json')) as f:
-      best = json.load(f)['valid_alpha']
-
-  def run_eval(step):
-    nonlocal best
-    start = time.perf_counter()
-    student = t5.T5Model(config=student_config, params=state.params)
-    record = {'kind': 'eval', 'step': step}
-    record.update(
-      {
-        f'valid_{k}': v
-        for k, v in teacher_forced_metrics(
-          teacher, student_config, state.params, valid_batches
-        ).items()
-      }
-    )
-    alphas = [
-      measured_alpha(
-        teacher,
-        student,
-        valid,
-        temperature=t,
-        gamma=config.eval_gamma,
-        batch_size=config.eval_batch_size,
-        max_new_tokens=config.max_target_length,
-      )
-      for t in config.eval_temperatures
-    ]
-    for t, a in zip(config.eval_temperatures, alphas):
-      record[f'valid_alpha_t{t:g}'] = a
-    record['valid_alpha'] = float(np.mean(alphas))
-    record['eval_seconds'] = time.perf_counter() - start
-    print(
-      f'eval step {step}: '
-      + ', '.join(f'{k} {v:.4f}' for k, v in record.items() if k.startswith('valid')),
-      flush=True,
-    )
-    log(record)
-    if record['valid_alpha'] > best:
-      best = record['valid_alpha']
-      training._export(student, best_path, config.tokenizer)
-      with open(os.path.join(best_path, 'best.json'), 'w') as f:
-        json.dump(record, f)
-    return record
-
-  if config.init_from and step == 0:  # where the started-from drafter stands; best if not beaten
-    last_eval = training.last_record(metrics_path, 'eval', 0) or run_eval(0)
   on_policy = sampling_lib.SamplingConfig(temperature=1.0)
-  bar = progress_bar(config.num_train_steps, 'distillation steps', config.progress)
-  bar.update(step)
-  pending, window = [], time.perf_counter()
-  while step < config.num_train_steps:
-    index, source_length, target_length = batches.batch_index(step)
-    batch = batching.batch_arrays(train, index, source_length, target_length)
+
+  def train_step(state, step):
+    index, source_length, target_length = data['batches'].batch_index(step)
+    batch = batching.batch_arrays(data['train'], index, source_length, target_length)
     if config.on_policy_every and step % config.on_policy_every == 0:
       batch = _on_policy_batch(  # the student's own sequences: the target scores them live
         teacher, student_config, state.params, batch, on_policy, config.max_target_length, step
       )
-    elif cached is not None:
-      batch.update(cached.fields(index, source_length, target_length))
+    elif data['cached'] is not None:
+      batch.update(data['cached'].fields(index, source_length, target_length))
     state, metrics = distill_step(
       state,
       batch,
@@ -494,37 +432,55 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
       feature_passes=config.get('feature_passes', 2),
       feature_weight=config.get('feature_weight', 0.5),
     )
-    step += 1
-    bar.update(1)
-    pending.append(metrics)
-    if step % config.log_every == 0 or step == config.num_train_steps:
-      fetched = jax.device_get(pending)
-      record = {
-        'kind': 'train',
-        'step': step,
-        **{k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]},
-        'steps_per_second': len(fetched) / (time.perf_counter() - window),
-      }
-      bar.set_postfix(tvd=f'{record["tvd"]:.3f}', agree=f'{record["agree"]:.3f}')
-      log(record)
-      pending, window = [], time.perf_counter()
-    if step % config.checkpoint_every == 0 or step == config.num_train_steps:
-      manager.save(step, args=ocp.args.StandardSave(state))
-    if step % config.eval_every == 0 or step == config.num_train_steps:
-      manager.wait_until_finished()
-      last_eval = run_eval(step)
-      window = time.perf_counter()
-  bar.close()
-  manager.wait_until_finished()
-  manager.close()
-  if not last_eval:  # resumed at the end: the last run's final evaluation stands
-    last_eval = training.last_record(metrics_path, 'eval', step) or run_eval(step)
-  if step > first_step or not os.path.exists(os.path.join(final_path, 'config.json')):
-    training._export(
-      t5.T5Model(config=student_config, params=state.params), final_path, config.tokenizer
+    return state, metrics, {'examples': len(index)}
+
+  def evaluate(params):
+    return validation_metrics(teacher, student_config, params, data['valid'], config)
+
+  return train_loop.run(
+    state,
+    train_step,
+    evaluate,
+    cadence=train_loop.Cadence.from_config(config),
+    workdir=workdir,
+    export=lambda params, path: training.export(
+      t5.T5Model(config=student_config, params=params), path, config.tokenizer
+    ),
+    best=train_loop.Best('valid_alpha', higher_is_better=True),
+    evaluate_at_start=bool(config.init_from),  # where the started-from drafter stands
+    progress='distillation steps' if config.progress else '',
+  )
+
+
+def validation_metrics(
+  teacher, student_config, params, valid: batching.EncodedPairs, config
+) -> dict:
+  """The drafter's teacher-forced divergences on the target's valid outputs ('valid_<name>'),
+  its alpha measured by speculative decoding at each of `config.eval_temperatures`
+  ('valid_alpha_t<temperature>') and their mean ('valid_alpha')."""
+  record = {
+    f'valid_{k}': v
+    for k, v in teacher_forced_metrics(
+      teacher, student_config, params, batching.eval_batches(valid, config.eval_batch_size)
+    ).items()
+  }
+  student = t5.T5Model(config=student_config, params=params)
+  alphas = [
+    measured_alpha(
+      teacher,
+      student,
+      valid,
+      temperature=t,
+      gamma=config.eval_gamma,
+      batch_size=config.eval_batch_size,
+      max_new_tokens=config.max_target_length,
     )
-  metrics_file.close()
-  return last_eval
+    for t in config.eval_temperatures
+  ]
+  for t, a in zip(config.eval_temperatures, alphas):
+    record[f'valid_alpha_t{t:g}'] = a
+  record['valid_alpha'] = float(np.mean(alphas))
+  return record
 
 
 def _on_policy_batch(

@@ -2,18 +2,16 @@
 
 Library half of `scripts/train.py`: the train state, the label-smoothed cross-entropy, the jitted
 step, evaluation (valid loss and greedy BLEU via `decode.generate`), and `train_and_evaluate`,
-which resumes from the latest orbax checkpoint in its workdir. Configs live in
+which runs them in `train_loop.run` (checkpoints, resume, metrics, exports). Configs live in
 `experiments/configs/train_*.py`; nothing here reads flags.
 
 Axes: B batch, S source length, T target length, V vocab.
 """
 
 import dataclasses
-import json
 import math
 import os
 import shutil
-import time
 from typing import Any
 
 import flax.struct
@@ -24,7 +22,7 @@ import numpy as np
 import optax
 import sacrebleu
 
-from specdec_jax import checkpoints, decode, sampling
+from specdec_jax import checkpoints, decode, sampling, train_loop
 from specdec_jax.data import batching, pairs
 from specdec_jax.data import tokenizer as tokenizer_lib
 from specdec_jax.models import t5, t5_growth
@@ -184,7 +182,8 @@ def init_state(
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
 
 
-_init_state_jit = jax.jit(init_state, static_argnames=('model_config', 'optimizer_config'))
+init_state_jit = jax.jit(init_state, static_argnames=('model_config', 'optimizer_config'))
+_init_state_jit = init_state_jit  # the old name, still used by benchmarks/distill_step.py
 
 
 def evaluate_loss(params, batches, *, model_config: t5.T5Config) -> float:
@@ -236,8 +235,9 @@ def _paths(config: ml_collections.ConfigDict) -> dict[str, str]:
   }
 
 
-def _export(model: t5.T5Model, path: str, tokenizer_path: str) -> None:
-  """checkpoints.save into a fresh `path` (replacing an older export) plus the tokenizer."""
+def export(model: t5.T5Model, path: str, tokenizer_path: str) -> None:
+  """checkpoints.save into a fresh `path` (replacing an older export) plus the tokenizer as
+  `spm.model`."""
   tmp = path + '.tmp'
   shutil.rmtree(tmp, ignore_errors=True)
   checkpoints.save(model, tmp)
@@ -256,25 +256,9 @@ def _initial_params(init_from: str, model_config: t5.T5Config, seed: int):
   return t5_growth.grow(init, model_config, jax.random.key(seed + 1)).params
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains `config.model` on the pairs, resuming from `workdir/checkpoints` if present.
-
-  Writes `workdir/metrics.jsonl` (train and eval records), orbax checkpoints of the full train
-  state every `checkpoint_every` steps, `workdir/best/` (lowest valid loss so far) and, at the
-  end, `workdir/final/`: both `checkpoints.save` directories with the tokenizer as `spm.model`.
-
-  Returns:
-    The last evaluation's metrics.
-  """
-  import orbax.checkpoint as ocp  # slow import, only needed here
-
+def _data(config: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenizer) -> dict:
+  """The training batches, the valid batches for the loss and the valid pairs for BLEU."""
   paths = _paths(config)
-  tok = tokenizer_lib.Tokenizer.load(paths['tokenizer'])
-  model_config = model_config_from(config)
-  if tok.vocab_size != model_config.vocab_size:
-    raise ValueError(
-      f'tokenizer has {tok.vocab_size} pieces, model vocab_size is {model_config.vocab_size}'
-    )
   lengths = dict(
     max_source_length=config.max_source_length, max_target_length=config.max_target_length
   )
@@ -291,87 +275,47 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   batches = batching.BucketedBatches(
     train_data, batch_size=config.batch_size, buckets=config.length_buckets, seed=config.seed
   )
-  eval_batches = batching.eval_batches(valid_data, config.eval_batch_size)
   print(
     f'train: {len(train_data)} pairs ({dropped} too long), {batches.num_batches_per_epoch} '
     f'batches/epoch; valid: {len(valid_data)} pairs for loss ({valid_dropped} too long), '
     f'{len(bleu_pairs)} for BLEU',
     flush=True,
   )
+  return {
+    'train': batches,
+    'valid': batching.eval_batches(valid_data, config.eval_batch_size),
+    'bleu': (bleu_data, bleu_pairs),
+  }
 
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Trains `config.model` on the pairs, resuming from `workdir/checkpoints` if present.
+
+  Writes (`train_loop.run`) `workdir/metrics.jsonl` (train and eval records), orbax checkpoints
+  of the full train state every `checkpoint_every` steps, `workdir/best/` (lowest valid loss so
+  far) and, at the end, `workdir/final/`: both `checkpoints.save` directories with the tokenizer
+  as `spm.model`.
+
+  Returns:
+    The last evaluation's record.
+  """
+  paths = _paths(config)
+  tok = tokenizer_lib.Tokenizer.load(paths['tokenizer'])
+  model_config = model_config_from(config)
+  if tok.vocab_size != model_config.vocab_size:
+    raise ValueError(
+      f'tokenizer has {tok.vocab_size} pieces, model vocab_size is {model_config.vocab_size}'
+    )
+  data = _data(config, tok)
   optimizer_config = OptimizerConfig.from_config(config)
-  schedule = learning_rate_schedule(optimizer_config)
-  state = _init_state_jit(jax.random.key(config.seed), model_config, optimizer_config)
+  state = init_state_jit(jax.random.key(config.seed), model_config, optimizer_config)
   if config.init_from:
     state = state.replace(params=_initial_params(config.init_from, model_config, config.seed))
     state = state.replace(opt_state=make_optimizer(optimizer_config).init(state.params))
   print(f'model: {t5.param_count(state.params):,} params, {model_config}', flush=True)
-  os.makedirs(workdir, exist_ok=True)
-  manager = ocp.CheckpointManager(
-    os.path.abspath(os.path.join(workdir, 'checkpoints')),
-    options=ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints, create=True),
-  )
-  if manager.latest_step() is not None:
-    state = manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(state))
-    print(f'resumed from step {int(state.step)}', flush=True)
-  # Restored arrays are committed to a device, fresh ones are not; jit keys on that, so commit
-  # both alike and a resumed run reuses the compiled step.
-  state = jax.device_put(state, jax.devices()[0])
 
-  metrics_path = os.path.join(workdir, 'metrics.jsonl')
-  truncate_records(metrics_path, after_step=int(state.step))  # written after that checkpoint
-  metrics_file = open(metrics_path, 'a', encoding='utf-8')
-
-  def log(record):
-    metrics_file.write(json.dumps(record) + '\n')
-    metrics_file.flush()
-
-  best_path, final_path = os.path.join(workdir, 'best'), os.path.join(workdir, 'final')
-  best_loss = math.inf
-  if os.path.exists(os.path.join(best_path, 'best.json')):
-    with open(os.path.join(best_path, 'best.json')) as f:
-      best_loss = json.load(f)['valid_nll']
-
-  def run_eval(step):
-    nonlocal best_loss
-    start = time.perf_counter()
-    model = t5.T5Model(config=model_config, params=state.params)
-    valid_nll = evaluate_loss(state.params, eval_batches, model_config=model_config)
-    bleu, hyps = evaluate_bleu(
-      model,
-      bleu_data,
-      [p[1] for p in bleu_pairs],
-      tok,
-      batch_size=config.eval_batch_size,
-      max_new_tokens=config.max_target_length,
-    )
-    record = {
-      'step': step,
-      'valid_nll': valid_nll,
-      'valid_ppl': math.exp(min(valid_nll, 50)),
-      'valid_bleu': bleu,
-      'eval_seconds': time.perf_counter() - start,
-    }
-    print(
-      f'eval step {step}: valid nll {valid_nll:.4f} ppl {record["valid_ppl"]:.2f} '
-      f'BLEU {bleu:.2f} ({record["eval_seconds"]:.1f} s) | {bleu_pairs[0][0]!r} -> '
-      f'{hyps[0]!r}',
-      flush=True,
-    )
-    log({'kind': 'eval', **record})
-    if valid_nll < best_loss:
-      best_loss = valid_nll
-      _export(model, best_path, paths['tokenizer'])
-      with open(os.path.join(best_path, 'best.json'), 'w') as f:
-        json.dump(record, f)
-    return record
-
-  step = first_step = int(state.step)
-  last_eval = {}
-  window = {'start': time.perf_counter(), 'steps': 0, 'tokens': 0.0, 'padded': 0}
-  pending = []
-  while step < config.num_train_steps:
-    batch = batches.batch(step)
+  def train_step(state, step):
+    batch = data['train'].batch(step)
     state, metrics = _train_step_jit(
       state,
       batch,
@@ -380,68 +324,38 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       label_smoothing=config.label_smoothing,
       dropout_rate=config.dropout_rate,
     )
-    step += 1
-    pending.append(metrics)
-    window['steps'] += 1
-    window['tokens'] += float(batch['input_mask'].sum() + batch['target_mask'].sum())
-    window['padded'] += batch['inputs'].size + batch['targets'].size
-    if step % config.log_every == 0 or step == config.num_train_steps:
-      fetched = jax.device_get(pending)  # one sync per log window
-      seconds = time.perf_counter() - window['start']
-      record = {
-        'step': step,
-        'loss': float(np.mean([m['loss'] for m in fetched])),
-        'nll': float(np.mean([m['nll'] for m in fetched])),
-        'grad_norm': float(np.mean([m['grad_norm'] for m in fetched])),
-        'learning_rate': float(schedule(step - 1)),
-        'steps_per_second': window['steps'] / seconds,
-        'tokens_per_second': window['tokens'] / seconds,
-        'padded_tokens_per_second': window['padded'] / seconds,
-      }
-      print(
-        f'step {step}: loss {record["loss"]:.4f} nll {record["nll"]:.4f} '
-        f'lr {record["learning_rate"]:.2e} | {record["steps_per_second"]:.2f} steps/s, '
-        f'{record["tokens_per_second"]:,.0f} tokens/s '
-        f'({record["padded_tokens_per_second"]:,.0f} padded)',
-        flush=True,
-      )
-      log({'kind': 'train', **record})
-      pending = []
-      window = {'start': time.perf_counter(), 'steps': 0, 'tokens': 0.0, 'padded': 0}
-    if step % config.checkpoint_every == 0 or step == config.num_train_steps:
-      manager.save(step, args=ocp.args.StandardSave(state))
-    if step % config.eval_every == 0 or step == config.num_train_steps:
-      manager.wait_until_finished()
-      last_eval = run_eval(step)
-      window['start'] = time.perf_counter()  # keep eval time out of the throughput
+    del metrics['tokens']  # counted below, source and target
+    counts = {
+      'examples': batch['inputs'].shape[0],
+      'tokens': float(batch['input_mask'].sum() + batch['target_mask'].sum()),
+      'padded_tokens': batch['inputs'].size + batch['targets'].size,
+    }
+    return state, metrics, counts
 
-  manager.wait_until_finished()
-  manager.close()
-  if not last_eval:  # resumed at or past the last step: that run's final evaluation stands
-    last_eval = last_record(metrics_path, 'eval', step) or run_eval(step)
-  if step > first_step or not os.path.exists(os.path.join(final_path, 'config.json')):
-    _export(t5.T5Model(config=model_config, params=state.params), final_path, paths['tokenizer'])
-  print(
-    f'exported {final_path} (step {step}); {best_path} has valid nll {best_loss:.4f}', flush=True
+  def evaluate(params):
+    valid_nll = evaluate_loss(params, data['valid'], model_config=model_config)
+    bleu_data, bleu_pairs = data['bleu']
+    bleu, hyps = evaluate_bleu(
+      t5.T5Model(config=model_config, params=params),
+      bleu_data,
+      [p[1] for p in bleu_pairs],
+      tok,
+      batch_size=config.eval_batch_size,
+      max_new_tokens=config.max_target_length,
+    )
+    print(f'  e.g. {bleu_pairs[0][0]!r} -> {hyps[0]!r}', flush=True)
+    return {'valid_nll': valid_nll, 'valid_ppl': math.exp(min(valid_nll, 50)), 'valid_bleu': bleu}
+
+  schedule = learning_rate_schedule(optimizer_config)
+  return train_loop.run(
+    state,
+    train_step,
+    evaluate,
+    cadence=train_loop.Cadence.from_config(config),
+    workdir=workdir,
+    export=lambda params, path: export(
+      t5.T5Model(config=model_config, params=params), path, paths['tokenizer']
+    ),
+    best=train_loop.Best('valid_nll'),
+    log_extra=lambda step: {'learning_rate': float(schedule(step - 1))},
   )
-  metrics_file.close()
-  return last_eval
-
-
-def truncate_records(path: str, *, after_step: int) -> None:
-  """Drops metric records past `after_step` (written after the checkpoint a run resumes from), so
-  a resumed run writes each record once."""
-  if not os.path.exists(path):
-    return
-  with open(path, encoding='utf-8') as f:
-    records = [line for line in f if line.strip() and json.loads(line).get('step', 0) <= after_step]
-  with open(path, 'w', encoding='utf-8') as f:
-    f.writelines(records)
-
-
-def last_record(path: str, kind: str, step: int) -> dict | None:
-  """The last metrics record of `kind` at `step`, if the file has one."""
-  with open(path, encoding='utf-8') as f:
-    records = [json.loads(line) for line in f if line.strip()]
-  found = [r for r in records if r.get('kind') == kind and r.get('step') == step]
-  return found[-1] if found else None

@@ -176,7 +176,7 @@ def test_cached_teacher_states_give_the_live_targets_step(tmp_path, over_target_
   assert ('encoded' in fast) == over_target_encoder
   results = []
   for batch in (live, fast):
-    state = training._init_state_jit(jax.random.key(0), student_config, optimizer_config)
+    state = training.init_state_jit(jax.random.key(0), student_config, optimizer_config)
     results.append(
       distill.distill_step(
         state, batch, teacher, student_config=student_config,
@@ -190,7 +190,7 @@ def test_cached_teacher_states_give_the_live_targets_step(tmp_path, over_target_
     np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
   # A wrong cache (another pair's states) changes the loss: the test can fail.
   wrong = dict(live, **cached.fields(index[::-1], 12, 9))
-  state = training._init_state_jit(jax.random.key(0), student_config, optimizer_config)
+  state = training.init_state_jit(jax.random.key(0), student_config, optimizer_config)
   _, m3 = distill.distill_step(
     state, wrong, teacher, student_config=student_config,
     optimizer_config=optimizer_config, divergence='fkl',
