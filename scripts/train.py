@@ -9,26 +9,15 @@ resumes from the latest checkpoint in --workdir; the trained model is exported t
 <workdir>/final and the lowest-valid-loss one to <workdir>/best (checkpoints.restore reads both).
 """
 
-from absl import app, flags, logging
-from ml_collections import config_flags
-
 from experiments.configs import common
-from specdec_jax import sharding, training
-
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Training config file.')
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Checkpoints, metrics.jsonl and exports.')
-flags.mark_flags_as_required(['config', 'workdir'])
+from specdec_jax import training
 
 
-def main(argv):
-  sharding.maybe_initialize_distributed()  # multi-host (pod slice) runs only
-  del argv
-  if not flags.FLAGS['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
-  print(_CONFIG.value, flush=True)
-  result = training.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+def run(config, workdir: str) -> None:
+  print(config, flush=True)
+  result = training.train_and_evaluate(config, workdir)
   print(f'final eval: {result}')
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=common.flags_parser)
+  common.run_experiment(run)
