@@ -36,7 +36,8 @@ import numpy as np
 # numbers summed over it and reported per second, e.g. {'examples': 64, 'tokens': 900.0}).
 StepFn = Callable[[Any, int], tuple[Any, dict, dict]]
 EvalFn = Callable[[Any], dict]  # params -> {'valid_...': float}
-ExportFn = Callable[[Any, str], None]  # (params, directory to write)
+# (params, directory): writes the directory whole or not at all (aside, then renamed into place).
+ExportFn = Callable[[Any, str], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +144,7 @@ class Workdir:
     self._export(params, path)
 
   def has_final(self) -> bool:
-    return os.path.exists(os.path.join(self.final_path, 'config.json'))
+    return os.path.isdir(self.final_path)  # an ExportFn writes it whole or not at all
 
   def close(self) -> None:
     self.wait()
