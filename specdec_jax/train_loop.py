@@ -282,9 +282,12 @@ def _say(bar, line: str) -> None:
 def _train_line(record: dict) -> str:
   rates = [k for k in record if k.endswith('_per_second')]
   values = [f'{k} {v:.4g}' for k, v in record.items() if k not in rates + ['kind', 'step']]
-  speeds = [f'{record[k]:,.{2 if k == "steps_per_second" else 0}f} {k[: -len("_per_second")]}/s'
-            for k in rates]  # fmt: skip
+  speeds = [f'{_rate(record[k])} {k[: -len("_per_second")]}/s' for k in rates]
   return f'step {record["step"]}: {", ".join(values)} | {", ".join(speeds)}'
+
+
+def _rate(value: float) -> str:
+  return f'{value:,.0f}' if value >= 100 else f'{value:.3g}'
 
 
 def _eval_line(record: dict) -> str:

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -60,12 +61,17 @@ def test_runlocal_distillation_end_to_end_and_resume(tmp_path, variant):
   # The distilled drafter plugs into the loop; greedy output is still the target's.
   pair = pretrained.load('ende')
   _assert_greedy_parity(pair, drafter, [source for source, _ in test[:3]])
-  # Rerunning resumes at the last step: no step is trained twice, no record written twice.
+  # Killed after the checkpoint at step 2 (of 4): rerunning resumes there, writes each record
+  # once and ends where the uninterrupted run ended (same batches, same on-policy samples).
   records = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  shutil.rmtree(workdir / 'checkpoints' / '4')
   distill.distill_and_evaluate(config, str(workdir))
   again = [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
-  keys = [(r['kind'], r['step']) for r in again]
-  assert len(keys) == len(set(keys)) and again == records
+  assert [(r['kind'], r['step']) for r in again] == [(r['kind'], r['step']) for r in records]
+  assert again[-1]['valid_alpha'] == pytest.approx(records[-1]['valid_alpha'], abs=1e-6)
+  resumed = checkpoints.restore(workdir / 'final')
+  for a, b in zip(jax.tree.leaves(drafter.params), jax.tree.leaves(resumed.params)):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
   # Started from that drafter, a run first evaluates it (step 0): the same alpha as at its end.
   config.init_from = str(workdir / 'final')
   distill.distill_and_evaluate(config, str(tmp_path / 'again'))
