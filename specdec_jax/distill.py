@@ -443,9 +443,7 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
     evaluate,
     cadence=train_loop.Cadence.from_config(config),
     workdir=workdir,
-    export=lambda params, path: training.export(
-      t5.T5Model(config=student_config, params=params), path, config.tokenizer
-    ),
+    export=training.exporter(student_config, config.tokenizer),
     best=train_loop.Best('valid_alpha', higher_is_better=True),
     evaluate_at_start=bool(config.init_from),  # where the started-from drafter stands
     progress='distillation steps' if config.progress else '',

@@ -246,6 +246,13 @@ def export(model: t5.T5Model, path: str, tokenizer_path: str) -> None:
   os.rename(tmp, path)
 
 
+def exporter(model_config: t5.T5Config, tokenizer_path: str) -> train_loop.ExportFn:
+  """The `train_loop.ExportFn` of T5 params of `model_config`: `export` with the tokenizer."""
+  return lambda params, path: export(
+    t5.T5Model(config=model_config, params=params), path, tokenizer_path
+  )
+
+
 def _initial_params(init_from: str, model_config: t5.T5Config, seed: int):
   """The params of the `checkpoints.save` directory `init_from`: as they are if its config is
   `model_config`, else grown to it by `t5_growth.grow` (same function, larger shape)."""
@@ -353,9 +360,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     evaluate,
     cadence=train_loop.Cadence.from_config(config),
     workdir=workdir,
-    export=lambda params, path: export(
-      t5.T5Model(config=model_config, params=params), path, paths['tokenizer']
-    ),
+    export=exporter(model_config, paths['tokenizer']),
     best=train_loop.Best('valid_nll'),
     log_extra=lambda step: {'learning_rate': float(schedule(step - 1))},
   )
