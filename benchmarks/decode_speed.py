@@ -29,7 +29,7 @@ Measured on the 2-core CPU of our development machine, shipped pair, batch 1, 16
   1.48x / 1.44x. Shares (T=0, fast path): bigram target 90%, sampling 8%, verify 0.4%, emit
   0.4%, loop 0.5%; T5 drafter: target 65%, drafter 20%, sampling 6%, loop 9%.
   Batch 8 autoregressive throughput = 1.1x batch 1 (a batch-8 step costs ~3x a batch-1 step:
-  multi-row matmul kernels on this CPU); see README.md, "Performance of the loop".
+  multi-row matmul kernels on this CPU); see docs/performance.md, "Performance of the loop".
 """
 
 from specdec_jax import profiling

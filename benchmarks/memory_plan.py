@@ -38,7 +38,7 @@ A call takes max(FLOPs / peak, bytes / bandwidth); collectives over the chip int
 modelled. From the target step (1 position), the (gamma+1)-position pass and the drafter step it
 gives c, the pass cost, and the speedup `analysis.walltime_improvement` predicts (the paper's
 assumption: the pass costs one step) and `analysis.walltime_improvement_measured` (the roofline
-pass cost), with the paper's alpha (Leviathan et al. 2022, T5-XXL / T5-small on EnDe: 0.75
+pass cost), with the paper's alpha (Leviathan et al. 2023, T5-XXL / T5-small on EnDe: 0.75
 greedy, 0.62 at temperature 1) and ours (docs/results.md section 2: debsumm distilled 0.66 /
 0.54, ende48m distilled 0.49 / 0.48). The FLOPs are cross-checked against XLA's
 `cost_analysis()` of one lowered target call (whose FLOPs also count the elementwise work).
@@ -112,7 +112,7 @@ CHIPS = {'v4': TPU_V4, 'v5e': TPU_V5E, 'h100': H100}
 
 # (label, alpha at temperature 0, alpha at temperature 1).
 ALPHAS = (
-  ('paper T5-small (EnDe)', 0.75, 0.62),  # Leviathan et al. 2022, Table 3.
+  ('paper T5-small (EnDe)', 0.75, 0.62),  # Leviathan et al. 2023, Table 3.
   ('ours debsumm distilled', 0.66, 0.54),  # docs/results.md section 2.
   ('ours ende48m distilled', 0.49, 0.48),  # docs/results.md section 2.
 )

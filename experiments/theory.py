@@ -1,4 +1,4 @@
-"""Plots and tables of the analysis of Leviathan et al. 2022, §3 (specdec_jax.analysis).
+"""Plots and tables of the analysis of Leviathan et al. 2023, §3 (specdec_jax.analysis).
 
   python -m experiments.theory --workdir=/tmp/specdec_theory
 

@@ -1,4 +1,4 @@
-"""The analysis of Leviathan et al. 2022 (§3), as vectorized numpy functions.
+"""The analysis of Leviathan et al. 2023 (§3), as vectorized numpy functions.
 
 All functions broadcast their arguments against each other (numpy rules), so a whole grid of
 `alpha`, `gamma` and `c` is evaluated in one call, e.g.

@@ -1,4 +1,4 @@
-"""What a speculative run did, iteration by iteration, drawn as in Leviathan et al. 2022, Figure 1.
+"""What a speculative run did, iteration by iteration, drawn as in Leviathan et al. 2023, Figure 1.
 
   out = decode.speculative_generate(target, drafter, ids, mask, ..., trace=True)
   print(traces.format_trace(out.trace, row=0, tokenizer=pair.tokenizer))

@@ -6,7 +6,7 @@ plus one more token `Y`. Both verifiers here are lossless: `X^tau, Y` followed b
 the target is distributed exactly as sampling from the target alone (docs/method.md; checked
 exactly in tests/verify_test.py).
 
-- `token_verify`: Leviathan et al. 2022 / Chen et al. 2023. Accept `X_i` with probability
+- `token_verify`: Leviathan et al. 2023 / Chen et al. 2023. Accept `X_i` with probability
   `min(1, p_i(X_i) / q_i(X_i))` until the first rejection.
 - `block_verify`: Sun et al. 2024, Alg. 2. Optimal in expected accepted tokens; never worse
   than token verification.
