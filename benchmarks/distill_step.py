@@ -55,7 +55,7 @@ def main(argv):
     )  # fmt: skip
   cached = dict(live, **cache.fields(index, length, length))
   optimizer = training.OptimizerConfig()
-  state = training._init_state_jit(jax.random.key(0), student_config, optimizer)
+  state = training.init_state_jit(jax.random.key(0), student_config, optimizer)
   kw = dict(student_config=student_config, optimizer_config=optimizer, divergence='fkl')
   times = {'live': [], 'cached': []}
   for i in range(_STEPS.value + 1):

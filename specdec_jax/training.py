@@ -183,7 +183,6 @@ def init_state(
 
 
 init_state_jit = jax.jit(init_state, static_argnames=('model_config', 'optimizer_config'))
-_init_state_jit = init_state_jit  # the old name, still used by benchmarks/distill_step.py
 
 
 def evaluate_loss(params, batches, *, model_config: t5.T5Config) -> float:

@@ -162,6 +162,9 @@ def run_experiment(run: Callable[[ml_collections.ConfigDict, str], object]) -> N
     if not flags.FLAGS['verbosity'].present:
       logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
     config = flags.FLAGS.config
-    run(config, flags.FLAGS.workdir or config.workdir)
+    workdir = flags.FLAGS.workdir or config.get('workdir')
+    if not workdir:
+      raise app.UsageError('--workdir is required (this config has no workdir).')
+    run(config, workdir)
 
   app.run(main, flags_parser=flags_parser)
