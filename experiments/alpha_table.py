@@ -21,7 +21,7 @@ import numpy as np
 from matplotlib import figure
 
 from experiments.configs import common
-from specdec_jax import evaluation
+from specdec_jax import evaluation, tables
 from specdec_jax import sampling as sampling_lib
 
 COLUMNS = (
@@ -171,28 +171,29 @@ def rows(tasks: list[Task], samplings: dict, config):
         )
 
 
-_HEADER = (
-  f'{"task":<7s} {"drafter":<10s} {"sampling":<9s} {"alpha":>6s} {"tok/call":>8s} '
-  f'{"positions":>9s}   paper (Table 3)'
+TABLE = (
+  tables.Column('task', width=7, align='<'),
+  tables.Column('drafter', width=10, align='<'),
+  tables.Column('sampling', width=9, align='<'),
+  tables.Column('alpha', fmt='.3f', width=6),
+  tables.Column('block_efficiency', 'tok/call', '.2f', 8),
+  tables.Column('positions', fmt='d', width=9),
+  tables.Column('paper_drafter', 'paper (Table 3)', width=16, align='<'),
+  tables.Column('paper_alpha', 'alpha', '.2f', 5),
 )
-
-
-def format_row(row: dict) -> str:
-  paper = '-' if row['paper_alpha'] is None else f'{row["paper_drafter"]} {row["paper_alpha"]:.2f}'
-  return (
-    f'{row["task"]:<7s} {row["drafter"]:<10s} {row["sampling"]:<9s} {row["alpha"]:6.3f} '
-    f'{row["block_efficiency"]:8.2f} {row["positions"]:9d}   {paper}'
-  )
+PAPER_TABLE = (
+  tables.Column('drafter', width=10, align='<'),
+  tables.Column('t0', 't=0', '.2f', 5),
+  tables.Column('t1', 't=1', '.2f', 5),
+)
 
 
 def format_paper(task: str) -> str:
   """The paper's Table 3 rows for `task` (all its T5-XXL drafters), for reference."""
   if task not in PAPER_TABLE3:
     return f'(Table 3 has no {task} rows)'
-  lines = [f'Leviathan et al. Table 3, T5-XXL ({task}):   t=0    t=1']
-  for kind, (a0, a1) in PAPER_TABLE3[task].items():
-    lines.append(f'  {kind:<38s} {a0:5.2f}  {a1:5.2f}')
-  return '\n'.join(lines)
+  paper = [dict(drafter=k, t0=a0, t1=a1) for k, (a0, a1) in PAPER_TABLE3[task].items()]
+  return f'Leviathan et al. Table 3, T5-XXL ({task}):\n' + tables.format_table(paper, PAPER_TABLE)
 
 
 def plot(table: list[dict], path: str) -> None:
@@ -244,11 +245,11 @@ def run(config, workdir: str, *, echo=print) -> dict[str, str]:
       f'{config.batch_size}; drafters {list(plan.drafters)} x samplings {list(samplings)}; '
       f'{config.verifier} verification, gamma {config.gamma}'
     )
-  echo(_HEADER)
+  echo(tables.format_header(TABLE))
   try:
     for row in rows(tasks, samplings, config):
       writer.add(row)
-      echo(format_row(row))
+      echo(tables.format_line(row, TABLE))
   finally:
     paths = dict(writer.paths)
     if writer.rows:

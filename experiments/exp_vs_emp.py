@@ -25,7 +25,7 @@ import numpy as np
 from matplotlib import figure
 
 from experiments.configs import common
-from specdec_jax import analysis, evaluation
+from specdec_jax import analysis, evaluation, tables
 
 COLUMNS = (
   'task',
@@ -74,15 +74,14 @@ PAPER_TABLE4_ENDE = (
 )
 
 
-def point(row: dict) -> dict:
-  """A row of `evaluation.rows` with the paper's prediction and E[tokens] added."""
-  out = {k: row.get(k) for k in COLUMNS}
-  out['predicted_measured'] = row['predicted_speedup']
-  if row['method'] == 'autoregressive':
+def point(row: evaluation.Row) -> dict:
+  """A row of `evaluation.rows` (its COLUMNS) with the paper's prediction and E[tokens] added."""
+  out = {k: (row[k] if k in evaluation.COLUMNS else None) for k in COLUMNS}
+  out['predicted_measured'] = row.predicted_speedup
+  if row.method == evaluation.AUTOREGRESSIVE:
     return out
-  alpha, gamma = row['alpha'], row['gamma']
-  out['expected_tokens'] = float(analysis.expected_tokens(alpha, gamma))
-  out['predicted_paper'] = float(analysis.walltime_improvement(alpha, gamma, row['c']))
+  out['expected_tokens'] = float(analysis.expected_tokens(row.alpha, row.gamma))
+  out['predicted_paper'] = float(analysis.walltime_improvement(row.alpha, row.gamma, row.c))
   return out
 
 
@@ -125,54 +124,65 @@ def optimal_gammas(points: list[dict]) -> list[dict]:
   return table
 
 
-_HEADER = (
-  f'{"drafter":<10s} {"temp":>4s} {"gamma":>5s} {"alpha":>6s} {"tok/call":>8s} {"E[tok]":>6s} '
-  f'{"c":>6s} {"pass":>5s} {"EXP":>6s} {"EXP(pass)":>9s} {"EMP":>6s}'
+POINT_TABLE = (
+  tables.Column('drafter', width=10, align='<'),
+  tables.Column('temp', fmt='g', width=4),
+  tables.Column('gamma', fmt='d', width=5),
+  tables.Column('alpha', fmt='.3f', width=6),
+  tables.Column('block_efficiency', 'tok/call', '.2f', 8),
+  tables.Column('expected_tokens', 'E[tok]', '.2f', 6),
+  tables.Column('c', fmt='.3f', width=6),
+  tables.Column('pass_cost', 'pass', '.2f', 5),
+  tables.Column('predicted_paper', 'EXP', '.2f', 6, suffix='x'),
+  tables.Column('predicted_measured', 'EXP(pass)', '.2f', 9, suffix='x'),
+  tables.Column('speedup', 'EMP', '.2f', 6, suffix='x'),
+)
+# Each gamma a formula picks (EXP: with c; EXP(pass): with the measured pass cost), the fastest
+# measured (EMP), each followed by the speedup measured at it.
+OPTIMAL_TABLE = (
+  tables.Column('drafter', width=10, align='<'),
+  tables.Column('temp', fmt='g', width=4),
+  tables.Column('alpha', fmt='.3f', width=6),
+  tables.Column('c', fmt='.3f', width=6),
+  tables.Column('formula_gamma', 'EXP', 'd', 4),
+  tables.Column('speedup_at_formula_gamma', 'at EXP', '.2f', 6, suffix='x'),
+  tables.Column('pass_cost_gamma', 'EXP(pass)', 'd', 9),
+  tables.Column('speedup_at_pass_cost_gamma', 'at EXP(pass)', '.2f', suffix='x'),
+  tables.Column('measured_gamma', 'EMP', 'd', 4),
+  tables.Column('measured_speedup', 'at EMP', '.2f', 6, suffix='x'),
+  tables.Column('formula_gamma_unbounded', 'EXP (unbounded)', 'd'),
+)
+PAPER_COLUMNS = ('drafter', 'temp', 'gamma', 'alpha', 'c', 'exp', 'emp')
+PAPER_TABLE = (
+  tables.Column('drafter', width=9, align='<'),
+  tables.Column('temp', fmt='g', width=4),
+  tables.Column('gamma', fmt='d', width=5),
+  tables.Column('alpha', fmt='.2f', width=5),
+  tables.Column('c', fmt='.2f', width=5),
+  tables.Column('exp', 'EXP', '.1f', 5, suffix='x'),
+  tables.Column('emp', 'EMP', '.1f', 5, suffix='x'),
+  tables.Column('ours', fmt='.2f', width=5, suffix='x'),
 )
 
 
-def _x(v, spec='.2f', suffix=''):
-  return '-' if v is None else f'{v:{spec}}{suffix}'
-
-
-def format_point(p: dict) -> str:
-  return (
-    f'{p["drafter"]:<10s} {p["temp"]:4g} {p["gamma"]:5d} {_x(p["alpha"], ".3f"):>6s} '
-    f'{_x(p["block_efficiency"]):>8s} {_x(p["expected_tokens"]):>6s} {_x(p["c"], ".3f"):>6s} '
-    f'{_x(p["pass_cost"]):>5s} {_x(p["predicted_paper"], ".2f", "x"):>6s} '
-    f'{_x(p["predicted_measured"], ".2f", "x"):>9s} {_x(p["speedup"], ".2f", "x"):>6s}'
-  )
-
-
 def format_optimal(table: list[dict]) -> str:
-  lines = [
+  title = (
     'Optimal gamma per drafter and temperature (EXP: formula with c; EXP(pass): with the '
-    'measured pass cost; EMP: measured fastest; speedups measured at each):',
-    f'{"drafter":<10s} {"temp":>4s} {"alpha":>6s} {"c":>6s} {"EXP":>9s} {"EXP(pass)":>11s} '
-    f'{"EMP":>9s}  {"(unbounded EXP)":>15s}',
-  ]
-  for r in table:
-    lines.append(
-      f'{r["drafter"]:<10s} {r["temp"]:4g} {r["alpha"]:6.3f} {r["c"]:6.3f} '
-      f'{r["formula_gamma"]:3d} {_x(r["speedup_at_formula_gamma"], ".2f", "x"):>5s} '
-      f'{r["pass_cost_gamma"]:5d} {r["speedup_at_pass_cost_gamma"]:4.2f}x '
-      f'{r["measured_gamma"]:3d} {r["measured_speedup"]:4.2f}x  {r["formula_gamma_unbounded"]:15d}'
-    )
-  return '\n'.join(lines)
+    'measured pass cost; EMP: measured fastest; the speedup measured at each):'
+  )
+  return title + '\n' + tables.format_table(table, OPTIMAL_TABLE)
 
 
 def format_paper() -> str:
   """The paper's Table 4 (EnDe), with our formula's EXP from its alpha, gamma and c."""
-  lines = [
+  paper = [dict(zip(PAPER_COLUMNS, r)) for r in PAPER_TABLE4_ENDE]
+  for r in paper:
+    r['ours'] = float(analysis.walltime_improvement(r['alpha'], r['gamma'], r['c']))
+  title = (
     'Leviathan et al. Table 4 (T5-XXL EnDe, TPU-v4); ours: analysis.walltime_improvement of '
-    'its alpha, gamma, c',
-    f'  {"drafter":<9s} {"temp":>4s} {"gamma":>5s} {"alpha":>5s} {"c":>5s} {"EXP":>5s} '
-    f'{"EMP":>5s} {"ours":>5s}',
-  ]
-  for d, t, g, a, c, exp, emp in PAPER_TABLE4_ENDE:
-    ours = float(analysis.walltime_improvement(a, g, c))
-    lines.append(f'  {d:<9s} {t:4d} {g:5d} {a:5.2f} {c:5.2f} {exp:4.1f}x {emp:4.1f}x {ours:4.2f}x')
-  return '\n'.join(lines)
+    'its alpha, gamma, c'
+  )
+  return title + '\n' + tables.format_table(paper, PAPER_TABLE)
 
 
 def plot(points: list[dict], path: str) -> None:
@@ -235,12 +245,12 @@ def run(config, workdir: str, *, echo=print, progress: bool = True) -> dict[str,
   optimal_writer = evaluation.ResultsWriter(workdir, name='optimal_gamma', columns=OPTIMAL_COLUMNS)
   plan = evaluation.prepare(config)
   echo(plan.summary())
-  echo(_HEADER)
+  echo(tables.format_header(POINT_TABLE))
   try:
     for row in evaluation.rows(plan, progress=progress):
       p = point(row)
       writer.add(p)
-      echo(format_point(p))
+      echo(tables.format_line(p, POINT_TABLE))
   finally:
     paths = dict(writer.paths)
     if any(p['method'] != 'autoregressive' for p in writer.rows):

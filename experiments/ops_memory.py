@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from matplotlib import figure
 
 from experiments.configs import common
-from specdec_jax import analysis, decode, evaluation, step_models
+from specdec_jax import analysis, decode, evaluation, step_models, tables
 from specdec_jax import sampling as sampling_lib
 
 COLUMNS = (
@@ -183,7 +183,7 @@ def measure(plan: evaluation.Plan, *, on_cost=None):
       weights_kv_per_token=calls * (step['weight_bytes'] + step['cache_bytes']) / r.tokens,
     )
     yield dict(
-      task='EnDe',
+      task=plan.task,
       drafter='-',
       method='autoregressive',
       temp=temperature,
@@ -220,7 +220,7 @@ def measure(plan: evaluation.Plan, *, on_cost=None):
         total_bytes = target_bytes + per_token * drafter_iteration['bytes_accessed']
         weights_kv = per_token * (target_pass['weight_bytes'] + target_pass['cache_bytes'])
         yield dict(
-          task='EnDe',
+          task=plan.task,
           drafter=name,
           method=verifier,
           temp=temperature,
@@ -245,26 +245,22 @@ def measure(plan: evaluation.Plan, *, on_cost=None):
         )
 
 
-_HEADER = (
-  f'{"drafter":<10s} {"temp":>4s} {"gamma":>5s} {"alpha":>6s} {"tok/call":>8s} {"c_hat":>6s} '
-  f'{"ops x":>6s} {"formula":>7s} {"reads /":>7s} {"W+KV /":>6s} {"formula":>7s} '
-  f'{"all /":>6s} {"MFLOP/tok":>9s} {"MB/tok":>7s}'
+TABLE = (
+  tables.Column('drafter', width=10, align='<'),
+  tables.Column('temp', fmt='g', width=4),
+  tables.Column('gamma', fmt='d', width=5),
+  tables.Column('alpha', fmt='.3f', width=6),
+  tables.Column('tokens_per_call', 'tok/call', '.2f', 8),
+  tables.Column('c_hat', fmt='.3f', width=6),
+  tables.Column('ops_increase', 'ops x', '.2f', 6),
+  tables.Column('ops_increase_formula', 'formula', '.2f', 7),
+  tables.Column('reads_reduction', 'reads /', '.2f', 7),
+  tables.Column('reads_reduction_weights_kv', 'W+KV /', '.2f', 6),
+  tables.Column('reads_reduction_formula', 'formula', '.2f', 7),
+  tables.Column('total_reads_reduction', 'all /', '.2f', 6),
+  tables.Column('flops_per_token', 'MFLOP/tok', '.2f', 9, scale=1e-6),
+  tables.Column('bytes_per_token', 'MB/tok', '.2f', 7, scale=1e-6),
 )
-
-
-def _x(v, spec='.2f'):
-  return '-' if v is None else f'{v:{spec}}'
-
-
-def format_row(r: dict) -> str:
-  return (
-    f'{r["drafter"]:<10s} {r["temp"]:4g} {r["gamma"]:5d} {_x(r.get("alpha"), ".3f"):>6s} '
-    f'{r["tokens_per_call"]:8.2f} {_x(r.get("c_hat"), ".3f"):>6s} {r["ops_increase"]:6.2f} '
-    f'{_x(r.get("ops_increase_formula")):>7s} {r["reads_reduction"]:7.2f} '
-    f'{r["reads_reduction_weights_kv"]:6.2f} {_x(r.get("reads_reduction_formula")):>7s} '
-    f'{r["total_reads_reduction"]:6.2f} {r["flops_per_token"] / 1e6:9.2f} '
-    f'{r["bytes_per_token"] / 1e6:7.2f}'
-  )
 
 
 def _mb(v) -> str:
@@ -272,6 +268,8 @@ def _mb(v) -> str:
 
 
 def format_cost(cost: dict) -> str:
+  """A log line for a per-call cost as it is measured (between the table's lines, so a sentence,
+  not a table of its own; call_costs.csv has the table)."""
   return (
     f'  cost of {cost["model"]:<10s} {cost["positions"]:2d} position(s), cache {cost["cache_len"]:3d}'
     f': {cost["flops"] / 1e6:8.3f} MFLOP, {cost["bytes_accessed"] / 1e6:7.2f} MB accessed '
@@ -343,12 +341,12 @@ def run(config, workdir: str, *, echo=print) -> dict[str, str]:
     cost_writer.add(cost)
     echo(format_cost(cost))
 
-  echo(_HEADER)
+  echo(tables.format_header(TABLE))
   try:
     for row in measure(plan, on_cost=on_cost):
       row = {k: row.get(k) for k in COLUMNS}
       writer.add(row)
-      echo(format_row(row))
+      echo(tables.format_line(row, TABLE))
   finally:
     paths = {**writer.paths, **{f'costs_{k}': v for k, v in cost_writer.paths.items()}}
     if any(r['method'] != 'autoregressive' for r in writer.rows):

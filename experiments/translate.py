@@ -1,10 +1,12 @@
-r"""The main job: speculative EN->DE translation on the shipped T5 pair, Table-2 style.
+r"""The main job: speculative decoding against autoregressive decoding on a shipped T5 pair (EN->DE
+translation by default; debsumm summarization with experiments/configs/debsumm.py), Table-2 style.
 
   python -m experiments.translate --config=experiments/configs/ende.py
   python -m experiments.translate --config=experiments/configs/ende.py:runlocal --workdir=/tmp/x
 
 Checks the config, the workdir and every model before decoding; prints each row of the table
-(task, drafter, temp, gamma, alpha, block efficiency, c, speedup, predicted, BLEU) as it finishes
+(`evaluation.TABLE`: task, drafter, temp, gamma, alpha, block efficiency, c, pass cost, speedup,
+predicted, the loop's iteration cost and its prediction, BLEU) as it finishes
 and appends it to results.csv / results.json in --workdir (default: config.workdir), so Ctrl-C
 keeps every finished row; speedup.png at the end. Third-party INFO logs only with --verbosity=0.
 """
@@ -12,10 +14,10 @@ keeps every finished row; speedup.png at the end. Third-party INFO logs only wit
 from tqdm.auto import tqdm
 
 from experiments.configs import common
-from specdec_jax import evaluation, sharding
+from specdec_jax import evaluation, sharding, tables
 
 
-def run(config, workdir: str) -> list[dict]:
+def run(config, workdir: str) -> list[evaluation.Row]:
   """Every row of `config`, printed and written to `workdir` as it finishes.
 
   On several processes (a multi-host slice) every process decodes its share and process 0 alone
@@ -26,14 +28,14 @@ def run(config, workdir: str) -> list[dict]:
   plan = evaluation.prepare(config)
   say = tqdm.write if main else (lambda text: None)
   say(plan.summary())
-  say(evaluation.format_table([]))
+  say(tables.format_header(evaluation.TABLE))
   rows = []
   try:
     for row in evaluation.rows(plan):
       rows.append(row)
       if writer:
         writer.add(row)
-      say(evaluation.format_row(row))
+      say(tables.format_line(row, evaluation.TABLE))
   finally:
     if writer:
       paths = writer.finish()

@@ -1,25 +1,29 @@
-"""Measured speculative decoding on a translation set: the rows of Leviathan et al.'s Table 2.
+"""The main job's measurement: speculative decoding against autoregressive decoding on the test
+set of a (source -> output) task, EN->DE translation or debsumm summarization: the rows of
+Leviathan et al.'s Table 2.
 
-For each drafter, temperature and gamma: translate the same sources autoregressively and
-speculatively (token and block verification), time both with compilation excluded (batch by
-batch, alternating, so that the speedup compares them under the same machine load), and report
-alpha (measured, mean beta over verified positions), block efficiency, c (drafter call / target
-step, measured inside an iteration of the loop's model calls; `c_alone`: the drafter's calls
-alone), the walltime speedup, the speedup the paper's formula predicts from
-the measured alpha, c and (gamma+1)-position pass cost (the pass cost is a property of the target
-and gamma: the median over every drafter's measurement), and BLEU. Then what the loops themselves
-cost: `iteration_cost`, a speculative iteration in autoregressive steps, each fitted over the
-sentences (`loop_costs`: seconds ~ fixed + per iteration x iterations, the work around the model
-calls included), and `predicted_loop` = block efficiency / iteration_cost, the speedup before the
-per-call fixed costs (encoder, cache set-up) dilute it. Where `speedup` falls short of
-`predicted_speedup`, these two say whether the iteration (loop overhead, the pass) or the tokens
-per iteration (alpha's i.i.d. assumption, EOS) is why. No flags here:
-experiments/translate.py and notebooks call `prepare` and `rows`.
+For each temperature, drafter and gamma: decode the test set batch by batch, each batch
+autoregressively and then with each verifier in turn (token, block), every call timed with
+compilation excluded, so that one autoregressive baseline serves both verifiers and every speedup
+compares methods under the same machine load. Each row (`Row`) reports alpha (measured, mean beta
+over verified positions), block efficiency, c (drafter call / target step, measured inside an
+iteration of the loop's model calls; `c_alone`: the drafter's calls alone), the walltime speedup,
+the speedup the paper's formula predicts from the measured alpha, c and (gamma+1)-position pass
+cost (the pass cost is a property of the target and gamma: the median over every drafter's
+measurement), and BLEU. Then what the loops themselves cost: `iteration_cost`, a speculative
+iteration in autoregressive steps, each fitted over the batches (`loop_costs`: seconds ~ fixed +
+per iteration x iterations, the work around the model calls included), and `predicted_loop` =
+block efficiency / iteration_cost, the speedup before the per-call fixed costs (encoder, cache
+set-up) dilute it. Where `speedup` falls short of `predicted_speedup`, these two say whether the
+iteration (loop overhead, the pass) or the tokens per iteration (alpha's i.i.d. assumption, EOS)
+is why. No flags here: experiments/translate.py and notebooks call `prepare` and `rows`.
 
   plan = evaluation.prepare(config)        # validates the config, loads every model: fails early
   writer = evaluation.ResultsWriter(workdir)
-  for row in evaluation.rows(plan):        # each row as soon as it is measured
+  print(tables.format_header(evaluation.TABLE))
+  for row in evaluation.rows(plan):        # each Row as soon as it is measured
     writer.add(row)
+    print(tables.format_line(row, evaluation.TABLE))
 
 Axis legend: B batch, S source length, M max_new_tokens.
 """
@@ -32,34 +36,67 @@ import math
 import numbers
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import jax
 import numpy as np
 import sacrebleu
 
-from specdec_jax import analysis, decode, pretrained, sharding, timing, verify
+from specdec_jax import analysis, decode, pretrained, sharding, tables, timing, verify
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.data import tokenizer as tokenizer_lib
 
-COLUMNS = (
-  'task',
-  'drafter',
-  'method',
-  'temp',
-  'gamma',
-  'alpha',
-  'block_efficiency',
-  'c',
-  'pass_cost',
-  'speedup',
-  'predicted_speedup',
-  'bleu',
-  'seconds',
-  'tokens_per_s',
-  'c_alone',
-  'iteration_cost',
-  'predicted_loop',
+AUTOREGRESSIVE = 'autoregressive'
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Row:
+  """One row of the main job's table: one method at one temperature. None: not measured (an
+  autoregressive row's alpha and costs; a loop cost the batches cannot fit). Fields in the order
+  of results.csv's columns (`COLUMNS`)."""
+
+  task: str  # the task's name: config.task, else the pair directory's name
+  drafter: str  # the drafter's name; '-' for autoregressive decoding
+  method: str  # 'autoregressive' or the verifier's name ('token', 'block')
+  temp: float  # sampling temperature; 0 is greedy
+  gamma: int  # drafts per iteration; 0 for autoregressive decoding
+  alpha: float | None = None  # mean beta = sum_x min(p, q) over the verified positions
+  block_efficiency: float  # tokens emitted per target call; 1.0 for autoregressive decoding
+  c: float | None = None  # a drafter call / a target step, in the loop (`timing.step_costs`)
+  pass_cost: float | None = None  # a (gamma+1)-position pass / a target step (median of drafters)
+  speedup: float  # its baseline's seconds (same batches, timed in turn) / its own seconds
+  predicted_speedup: float | None = None  # the paper's formula at alpha, gamma, c, pass_cost
+  bleu: float  # corpus BLEU of the outputs against the references
+  seconds: float  # decoding wall time over the test set, compilation excluded
+  tokens_per_s: float  # tokens emitted / seconds
+  c_alone: float | None = None  # a drafter call alone / a target step
+  iteration_cost: float | None = None  # a speculative iteration in autoregressive steps (fitted)
+  predicted_loop: float | None = None  # block_efficiency / iteration_cost
+
+  def __getitem__(self, name: str):
+    """`row['alpha']`: a Row reads as the rows of results.json do (plots take either)."""
+    if name not in COLUMNS:
+      raise KeyError(f'{name!r} is not a column of evaluation.Row; its columns: {COLUMNS}.')
+    return getattr(self, name)
+
+
+COLUMNS = tuple(f.name for f in dataclasses.fields(Row))  # results.csv's columns
+# The printed table: Table 2's columns, the loop's fitted iteration cost and its prediction, BLEU.
+TABLE = (
+  tables.Column('task', width=6, align='<'),
+  tables.Column('drafter', width=9, align='<'),
+  tables.Column('method', width=14, align='<'),
+  tables.Column('temp', fmt='g', width=4),
+  tables.Column('gamma', fmt='d', width=5),
+  tables.Column('alpha', fmt='.3f', width=6),
+  tables.Column('block_efficiency', 'block_eff', '.2f'),
+  tables.Column('c', fmt='.3f', width=6),
+  tables.Column('pass_cost', fmt='.2f'),
+  tables.Column('speedup', fmt='.2f', suffix='x', width=7),
+  tables.Column('predicted_speedup', 'predicted', '.2f'),
+  tables.Column('iteration_cost', 'iter_cost', '.2f'),
+  tables.Column('predicted_loop', 'pred_loop', '.2f'),
+  tables.Column('bleu', fmt='.2f', width=6),
 )
 
 
@@ -74,25 +111,14 @@ class Run:
   # its longest row). `loop_costs` fits them.
   batch_seconds: np.ndarray
   batch_iterations: np.ndarray
-  # With `translate(..., trace=True)`: tau (drafts accepted) of every iteration in which a row
-  # was still emitting, over all rows (int32[iterations]); else None.
+  # With `trace=True`: tau (drafts accepted) of every iteration in which a row was still
+  # emitting, over all rows (int32[iterations]); else None.
   accepted_lengths: np.ndarray | None = None
-  # With `translate(..., paired=True)`: the same for the autoregressive decoding of the same
-  # batches, each timed just before this method's; else None.
-  baseline_batch_seconds: np.ndarray | None = None
-  baseline_batch_iterations: np.ndarray | None = None
 
   @property
   def seconds(self) -> float:
     """Decoding wall time over all batches."""
     return float(np.sum(self.batch_seconds))
-
-  @property
-  def baseline_seconds(self) -> float | None:
-    """The paired autoregressive decoding's wall time, or None."""
-    if self.baseline_batch_seconds is None:
-      return None
-    return float(np.sum(self.baseline_batch_seconds))
 
 
 def loop_costs(seconds, iterations) -> tuple[float, float]:
@@ -108,13 +134,18 @@ def loop_costs(seconds, iterations) -> tuple[float, float]:
   return float(fixed), float(per_iteration)
 
 
-def translate(
+def translate(target, drafter, tokenizer, sources, *, method: str, **kw) -> Run:
+  """`translate_in_turn` with one method ('autoregressive' or a verifier name): its Run."""
+  return translate_in_turn(target, drafter, tokenizer, sources, methods=(method,), **kw)[method]
+
+
+def translate_in_turn(
   target,
   drafter,
   tokenizer: tokenizer_lib.Tokenizer,
   sources: Sequence[str],
   *,
-  method: str,
+  methods: Sequence[str],
   gamma: int,
   sampling: sampling_lib.SamplingConfig,
   batch_size: int,
@@ -123,30 +154,35 @@ def translate(
   seed: int = 0,
   on_batch=None,
   trace: bool = False,
-  paired: bool = False,
   mesh=None,
-) -> Run:
-  """Translates `sources` with `method` ('autoregressive' or a verifier name), timing decoding.
+) -> dict[str, Run]:
+  """Decodes `sources` batch by batch, each batch with every one of `methods` in turn (same rng),
+  timing each call: {method: Run}.
 
-  Every batch is padded to [batch_size, max_source_length], so each method compiles once; a
-  warm-up call on the first batch is made before timing. `on_batch(n)` is called after each
-  batch of n sources (progress). `trace=True` (speculative methods only) decodes with
-  `speculative_generate(..., trace=True)` and fills `Run.accepted_lengths`; the trace's
-  bookkeeping is then part of the timed work.
-
-  `paired=True` also decodes every batch autoregressively (same rng), timed just before this
-  method's batch, into `Run.baseline_seconds`: the speedup `baseline_seconds / seconds` then
-  compares the two under the same machine load, so slow drift on a shared machine cancels out.
+  `methods` are 'autoregressive' and verifier names (`verify.VERIFIERS`). Timed in turn, batch
+  by batch, `runs['autoregressive'].seconds / runs[verifier].seconds` compares the two under the
+  same machine load, so slow drift on a shared machine cancels out, and one autoregressive
+  baseline serves every verifier. Every batch is padded to [batch_size, max_source_length], so
+  each method compiles once; a warm-up call of each on the first batch is made before timing.
+  `on_batch(n)` is called after each method's batch of n sources (progress). `trace=True`
+  (verifiers only) decodes with `speculative_generate(..., trace=True)` and fills
+  `Run.accepted_lengths`; the trace's bookkeeping is then part of the timed work.
 
   With a `mesh` (the models placed on it, see `pretrained.load`), each batch is split over its
   'data' axis and every process tokenizes only the rows its devices hold; outputs are gathered to
   every process, and each timed call starts after a barrier of all processes.
   """
-  if trace and method == 'autoregressive':
-    raise ValueError('trace=True needs a speculative method (a verifier name).')
+  unknown = [m for m in methods if m != AUTOREGRESSIVE and m not in verify.VERIFIERS]
+  if not methods or unknown or len(set(methods)) != len(methods):
+    raise ValueError(
+      f"methods must be distinct, each 'autoregressive' or one of {sorted(verify.VERIFIERS)}; "
+      f'got {tuple(methods)}.'
+    )
+  if trace and AUTOREGRESSIVE in methods:
+    raise ValueError('trace=True needs speculative methods only (verifier names).')
   chunks = [sources[i : i + batch_size] for i in range(0, len(sources), batch_size)]
 
-  def run_batch(texts, rng, method=method):
+  def run_batch(texts, rng, method):
     texts = list(texts) + [''] * (batch_size - len(texts))
     encode = lambda rows: tokenizer.encode_batch(
       [texts[i] for i in rows], max_source_length, truncate=True
@@ -157,13 +193,13 @@ def translate(
       ids, mask = sharding.global_batch(encode, batch_size, mesh)
     kw = dict(sampling=sampling, max_new_tokens=max_new_tokens, rng=rng)
     with on_mesh(mesh):
-      if method == 'autoregressive':
+      if method == AUTOREGRESSIVE:
         return decode.generate(target, ids, mask, **kw)
       return decode.speculative_generate(
         target, drafter, ids, mask, gamma=gamma, verifier=method, trace=trace, **kw
       )
 
-  def timed(texts, rng, method=method):
+  def timed(texts, rng, method):
     sharding.barrier('translate.timed')
     start = time.perf_counter()
     out = jax.block_until_ready(run_batch(texts, rng, method))
@@ -172,40 +208,36 @@ def translate(
 
   if mesh is not None:
     sharding.check_batch(batch_size, mesh)
-  jax.block_until_ready(run_batch(chunks[0], jax.random.key(seed)))
-  if paired:
-    jax.block_until_ready(run_batch(chunks[0], jax.random.key(seed), 'autoregressive'))
-  hyps, outputs, accepted = [], [], []
-  times, iterations, base_times, base_iterations = [], [], [], []
+  for method in methods:
+    jax.block_until_ready(run_batch(chunks[0], jax.random.key(seed), method))
+  outputs = {method: [] for method in methods}  # per batch: (host output, seconds, rows)
   for i, chunk in enumerate(chunks):
     rng = jax.random.key(seed + 1 + i)
-    if paired:
-      base, dt = timed(chunk, rng, 'autoregressive')
-      base_times.append(dt)
-      base_iterations.append(int(np.max(base.stats.target_calls)))
-    out, dt = timed(chunk, rng)
-    times.append(dt)
-    iterations.append(int(np.max(out.stats.target_calls)))
-    n = len(chunk)
+    for method in methods:
+      out, seconds = timed(chunk, rng, method)
+      outputs[method].append((out, seconds, len(chunk)))
+      if on_batch:
+        on_batch(len(chunk))
+  return {method: _gather(batches, tokenizer, trace) for method, batches in outputs.items()}
+
+
+def _gather(batches, tokenizer, trace: bool) -> Run:
+  """One method's Run from its batches: (host output, seconds, real rows) each."""
+  hyps, lengths, stats, accepted = [], [], [], []
+  for out, _, n in batches:
     hyps += [tokenizer.decode(row) for row in out.tokens[:n]]
-    outputs.append(jax.tree.map(lambda x: x[:n], (out.lengths, out.stats)))
+    lengths.append(out.lengths[:n])
+    stats.append(jax.tree.map(lambda x: x[:n], out.stats))
     if trace:  # live iterations: a row still emitting appends at least one token
       live = out.trace.emitted[:n] > 0
       accepted.append(out.trace.num_accepted[:n][live])
-    if on_batch:
-      on_batch(n)
-  lengths = np.concatenate([o[0] for o in outputs])
-  stats = jax.tree.map(lambda *x: np.concatenate(x), *[o[1] for o in outputs])
-  accepted_lengths = np.concatenate(accepted) if trace else None
   return Run(
     hyps,
-    int(lengths.sum()),
-    stats.summed(),
-    np.asarray(times),
-    np.asarray(iterations),
-    accepted_lengths,
-    np.asarray(base_times) if paired else None,
-    np.asarray(base_iterations) if paired else None,
+    int(np.concatenate(lengths).sum()),
+    jax.tree.map(lambda *x: np.concatenate(x), *stats).summed(),
+    np.asarray([seconds for _, seconds, _ in batches]),
+    np.asarray([int(np.max(out.stats.target_calls)) for out, _, _ in batches]),
+    np.concatenate(accepted) if trace else None,
   )
 
 
@@ -233,8 +265,21 @@ class Plan:
 
   @property
   def num_methods(self) -> int:
+    """Rows: autoregressive at each temperature, and every drafter x gamma x verifier."""
     c = self.config
     return len(c.temperatures) * (1 + len(self.drafters) * len(c.gammas) * len(c.verifiers))
+
+  @property
+  def num_passes(self) -> int:
+    """Decodings of the whole test set: per temperature and (drafter, gamma), one
+    autoregressive (the verifiers' paired baseline) and one per verifier."""
+    c = self.config
+    groups = max(1, len(self.drafters) * len(c.gammas))  # no drafters: autoregressive alone
+    return len(c.temperatures) * (groups + len(self.drafters) * len(c.gammas) * len(c.verifiers))
+
+  def bleu(self, hypotheses: Sequence[str]) -> float:
+    """Corpus BLEU of `hypotheses` against the references."""
+    return sacrebleu.corpus_bleu(list(hypotheses), [self.references]).score
 
   def summary(self) -> str:
     c = self.config
@@ -243,9 +288,10 @@ class Plan:
       f'{len(self.sources)} test sentences of {self.pair.directory}, batch {c.batch_size}, on '
       f'{where} ({jax.process_count()} process(es), {jax.devices()[0].platform}); '
       f'{self.truncated} source(s) longer than {c.max_source_length} tokens truncated; '
-      f'{self.num_methods} methods: autoregressive and drafters {sorted(self.drafters)} x '
+      f'{self.num_methods} rows: autoregressive and drafters {sorted(self.drafters)} x '
       f'gammas {tuple(c.gammas)} x verifiers {tuple(c.verifiers)}, at temperatures '
-      f'{tuple(c.temperatures)}'
+      f'{tuple(c.temperatures)}; {self.num_passes} passes over the test set (each drafter and '
+      'gamma: every batch autoregressively, then with each verifier, timed in turn)'
     )
 
 
@@ -276,6 +322,8 @@ def prepare(config) -> Plan:
   for g in config.gammas:
     if isinstance(g, bool) or not isinstance(g, numbers.Integral) or g < 1:
       raise ValueError(f'config.gammas must hold ints >= 1, got {tuple(config.gammas)}.')
+  if len(set(config.verifiers)) != len(config.verifiers):
+    raise ValueError(f'config.verifiers has repeated names: {tuple(config.verifiers)}.')
   unknown = set(config.verifiers) - set(verify.VERIFIERS)
   if unknown:
     raise ValueError(
@@ -360,72 +408,16 @@ def load_pair(config, mesh) -> pretrained.Pair:
   )
 
 
-def rows(plan: Plan, *, progress: bool = True) -> Iterator[dict]:
-  """Runs every (drafter, temperature, gamma, verifier) of the plan, yielding each table row as
-  soon as it is measured (missing values are None). A progress bar with ETA counts sentences."""
-  from tqdm.auto import tqdm  # imported here: only the main job's progress needs it
-
-  c, pair = plan.config, plan.pair
-  common = dict(
-    batch_size=c.batch_size,
-    max_source_length=c.max_source_length,
-    max_new_tokens=c.max_new_tokens,
-    seed=c.seed,
-  )
-  bar = tqdm(
-    total=plan.num_methods * len(plan.sources),
-    unit='sentence',
-    disable=not progress or not sharding.is_main_process(),
-    dynamic_ncols=True,
-    mininterval=2.0,
-  )
-
-  def run(drafter, method, gamma, temperature):
-    sampling = sampling_lib.SamplingConfig(temperature=temperature)
-    return translate(
-      pair.target,
-      drafter,
-      pair.tokenizer,
-      plan.sources,
-      method=method,
-      gamma=gamma,
-      sampling=sampling,
-      on_batch=bar.update,
-      paired=method != 'autoregressive',
-      mesh=plan.mesh,
-      **common,
-    )
-
-  def bleu(hyps):
-    return sacrebleu.corpus_bleu(hyps, [plan.references]).score
-
-  for temperature in c.temperatures:
-    base = run(None, 'autoregressive', 1, temperature)
-    yield dict(
-      task=plan.task,
-      drafter='-',
-      method='autoregressive',
-      temp=temperature,
-      gamma=0,
-      alpha=None,
-      block_efficiency=1.0,
-      c=None,
-      c_alone=None,
-      pass_cost=None,
-      speedup=1.0,
-      predicted_speedup=None,
-      bleu=bleu(base.hypotheses),
-      seconds=base.seconds,
-      tokens_per_s=base.tokens / base.seconds,
-      iteration_cost=None,
-      predicted_loop=None,
-    )
-  # Costs first, for every (drafter, gamma): the pass cost does not depend on the drafter, so
-  # each gamma's is the median over all of them (less noise than one drafter's rounds).
+def model_costs(plan: Plan) -> dict[tuple[str, int], dict[str, float]]:
+  """c, c_alone and pass_cost of every (drafter name, gamma) of the plan, measured in the loop
+  (`timing.step_costs`, `config.timing_rounds` rounds). The pass cost is the target's, not the
+  drafter's: each gamma's is the median over every drafter's measurement (less noise than one
+  drafter's rounds)."""
+  c = plan.config
   with on_mesh(plan.mesh):
     costs = {
       (name, gamma): timing.step_costs(
-        pair.target,
+        plan.pair.target,
         drafter,
         batch_size=c.batch_size,
         source_length=c.max_source_length,
@@ -440,87 +432,121 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[dict]:
     g: float(np.median([v['pass_cost'] for (_, gamma), v in costs.items() if gamma == g]))
     for g in c.gammas
   }
-  for name, drafter in plan.drafters.items():
-    for gamma in c.gammas:
-      cost = costs[name, gamma]
-      for temperature in c.temperatures:
-        for verifier in c.verifiers:
-          r = run(drafter, verifier, gamma, temperature)
-          alpha = float(r.stats.alpha)
-          efficiency = float(r.stats.block_efficiency)
-          predicted = analysis.walltime_improvement_measured(
-            alpha, gamma, cost['c'], pass_cost[gamma]
-          )
-          # The loops' own per-iteration costs, fitted over the sentences: an iteration of this
-          # run in autoregressive steps of its paired baseline.
-          per_iteration = loop_costs(r.batch_seconds, r.batch_iterations)[1]
-          per_step = loop_costs(r.baseline_batch_seconds, r.baseline_batch_iterations)[1]
-          fitted = per_iteration > 0 and per_step > 0  # False for NaN (too few sentences)
-          iteration_cost = per_iteration / per_step if fitted else math.nan
-          yield dict(
-            task=plan.task,
-            drafter=name,
-            method=verifier,
-            temp=temperature,
-            gamma=gamma,
-            alpha=alpha,
-            block_efficiency=efficiency,
-            c=cost['c'],
-            c_alone=cost['c_alone'],
-            pass_cost=pass_cost[gamma],
-            speedup=r.baseline_seconds / r.seconds,
-            predicted_speedup=float(predicted),
-            bleu=bleu(r.hypotheses),
-            seconds=r.seconds,
-            tokens_per_s=r.tokens / r.seconds,
-            iteration_cost=iteration_cost,
-            predicted_loop=efficiency / iteration_cost if fitted else math.nan,
-          )
-  bar.close()
+  return {
+    (name, gamma): dict(c=v['c'], c_alone=v['c_alone'], pass_cost=pass_cost[gamma])
+    for (name, gamma), v in costs.items()
+  }
 
 
-def run(config) -> list[dict]:
-  """All rows of `config` (see `prepare`), as a list."""
-  return list(rows(prepare(config), progress=False))
-
-
-# The printed table: COLUMNS up to BLEU, with the loop's own iteration cost and its prediction.
-PRINTED = COLUMNS[:11] + ('iteration_cost', 'predicted_loop', 'bleu')
-_HEADERS = {'block_efficiency': 'block_eff', 'predicted_speedup': 'predicted', 'iteration_cost':
-            'iter_cost', 'predicted_loop': 'pred_loop'}  # fmt: skip
-
-
-def format_row(row: dict) -> str:
-  """One row of the plain-text table (see `format_table`)."""
-  cells = []
-  for i, col in enumerate(PRINTED):
-    v = row[col]
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-      text = '-'
-    elif isinstance(v, float):
-      text = f'{v:.3f}' if col in ('alpha', 'c') else f'{v:.2f}'
-      text += 'x' if col == 'speedup' else ''
-    else:
-      text = str(v)
-    cells.append(f'{text:>10s}' if i > 2 else f'{text:<9s}')
-  return ' '.join(cells)
-
-
-def format_table(table: list[dict]) -> str:
-  """A plain-text table in the form of Leviathan et al. Table 2 (+ block efficiency, c, pass
-  cost, the loop's fitted iteration cost and the speedup it predicts, BLEU)."""
-  header = ' '.join(
-    f'{_HEADERS.get(c, c)[:10]:>10s}' if i > 2 else f'{c:<9s}' for i, c in enumerate(PRINTED)
+def autoregressive_row(plan: Plan, temperature: float, run: Run) -> Row:
+  """The row of autoregressive decoding at `temperature`."""
+  return Row(
+    task=plan.task,
+    drafter='-',
+    method=AUTOREGRESSIVE,
+    temp=temperature,
+    gamma=0,
+    block_efficiency=1.0,
+    speedup=1.0,
+    bleu=plan.bleu(run.hypotheses),
+    seconds=run.seconds,
+    tokens_per_s=run.tokens / run.seconds,
   )
-  return '\n'.join([header] + [format_row(row) for row in table])
+
+
+def speculative_row(
+  plan: Plan, drafter: str, verifier: str, gamma: int, temperature: float, run: Run,
+  baseline: Run, cost: dict[str, float],
+) -> Row:  # fmt: skip
+  """The row of `run` (`verifier` with `drafter`), timed in turn with the autoregressive
+  `baseline` over the same batches; `cost` is its entry of `model_costs`."""
+  alpha = float(run.stats.alpha)
+  efficiency = float(run.stats.block_efficiency)
+  predicted = analysis.walltime_improvement_measured(alpha, gamma, cost['c'], cost['pass_cost'])
+  # The loops' own per-iteration costs, fitted over the batches: an iteration of this run in
+  # autoregressive steps of its baseline (None for NaN: batches of one iteration count).
+  per_iteration = loop_costs(run.batch_seconds, run.batch_iterations)[1]
+  per_step = loop_costs(baseline.batch_seconds, baseline.batch_iterations)[1]
+  iteration_cost = per_iteration / per_step if per_iteration > 0 and per_step > 0 else None
+  return Row(
+    task=plan.task,
+    drafter=drafter,
+    method=verifier,
+    temp=temperature,
+    gamma=gamma,
+    alpha=alpha,
+    block_efficiency=efficiency,
+    c=cost['c'],
+    c_alone=cost['c_alone'],
+    pass_cost=cost['pass_cost'],
+    speedup=baseline.seconds / run.seconds,
+    predicted_speedup=float(predicted),
+    bleu=plan.bleu(run.hypotheses),
+    seconds=run.seconds,
+    tokens_per_s=run.tokens / run.seconds,
+    iteration_cost=iteration_cost,
+    predicted_loop=None if iteration_cost is None else efficiency / iteration_cost,
+  )
+
+
+def rows(plan: Plan, *, progress: bool = True) -> Iterator[Row]:
+  """Measures the model costs (`model_costs`), then at each temperature every (drafter, gamma):
+  each batch decoded autoregressively and with every verifier in turn (`translate_in_turn`).
+  Yields each Row as soon as it is measured: a temperature's autoregressive row is its first
+  baseline's. A progress bar with ETA counts decoded sentences (process 0 alone shows it)."""
+  from tqdm.auto import tqdm  # imported here: only the main job's progress needs it
+
+  c, pair = plan.config, plan.pair
+  bar = tqdm(
+    total=plan.num_passes * len(plan.sources),
+    unit='sentence',
+    disable=not progress or not sharding.is_main_process(),
+    dynamic_ncols=True,
+    mininterval=2.0,
+  )
+
+  def decode_in_turn(drafter, gamma, temperature, methods):
+    return translate_in_turn(
+      pair.target,
+      drafter,
+      pair.tokenizer,
+      plan.sources,
+      methods=methods,
+      gamma=gamma,
+      sampling=sampling_lib.SamplingConfig(temperature=temperature),
+      batch_size=c.batch_size,
+      max_source_length=c.max_source_length,
+      max_new_tokens=c.max_new_tokens,
+      seed=c.seed,
+      on_batch=bar.update,
+      mesh=plan.mesh,
+    )
+
+  costs = model_costs(plan)
+  groups = [(name, gamma) for name in plan.drafters for gamma in c.gammas]
+  for temperature in c.temperatures:
+    if not groups:
+      (baseline,) = decode_in_turn(None, 1, temperature, (AUTOREGRESSIVE,)).values()
+      yield autoregressive_row(plan, temperature, baseline)
+    for i, (name, gamma) in enumerate(groups):
+      runs = decode_in_turn(plan.drafters[name], gamma, temperature, (AUTOREGRESSIVE, *c.verifiers))
+      baseline = runs[AUTOREGRESSIVE]
+      if i == 0:
+        yield autoregressive_row(plan, temperature, baseline)
+      for verifier in c.verifiers:
+        yield speculative_row(
+          plan, name, verifier, gamma, temperature, runs[verifier], baseline, costs[name, gamma]
+        )
+  bar.close()
 
 
 class ResultsWriter:
   """Writes results.csv and results.json (strict JSON: null for missing values) after every row,
   so an interrupted run keeps what it measured, and speedup.png at `finish`.
 
-  Another table: `name` gives `<name>.csv` / `<name>.json` and `columns` the CSV's columns; only
-  the main job's table (the default columns) has a figure.
+  Rows are `Row`s or dicts (any dataclass is written as its fields). Another table: `name` gives
+  `<name>.csv` / `<name>.json` and `columns` the CSV's columns; only the main job's table (the
+  default columns) has a figure. `rows` holds the rows written, as dicts.
   """
 
   def __init__(self, workdir: str, *, name: str = 'results', columns: Sequence[str] = COLUMNS):
@@ -542,7 +568,9 @@ class ResultsWriter:
       if os.path.exists(path):
         os.remove(path)
 
-  def add(self, row: dict) -> None:
+  def add(self, row: Row | Mapping) -> None:
+    if dataclasses.is_dataclass(row):
+      row = dataclasses.asdict(row)
     row = {
       k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()
     }
@@ -560,20 +588,13 @@ class ResultsWriter:
 
   def finish(self) -> dict[str, str]:
     """Draws speedup.png (main job's table) from the rows so far; returns the paths."""
-    if 'png' in self.paths and any(r['method'] != 'autoregressive' for r in self.rows):
+    if 'png' in self.paths and any(r['method'] != AUTOREGRESSIVE for r in self.rows):
       _plot(self.rows, self.paths['png'])
     return self.paths
 
 
-def write_results(table: list[dict], workdir: str) -> dict[str, str]:
-  """Writes results.csv, results.json and speedup.png into workdir; returns their paths."""
-  writer = ResultsWriter(workdir)
-  for row in table:
-    writer.add(row)
-  return writer.finish()
-
-
-def _plot(table: list[dict], path: str) -> None:
+def _plot(table: Sequence[Row | Mapping], path: str) -> None:
+  """speedup.png: measured and predicted speedup vs gamma, one panel per temperature."""
   import matplotlib
 
   matplotlib.use('Agg')
@@ -582,7 +603,7 @@ def _plot(table: list[dict], path: str) -> None:
   temps = sorted({r['temp'] for r in table})
   fig, axes = plt.subplots(1, len(temps), figsize=(5.5 * len(temps), 4), squeeze=False)
   for ax, temp in zip(axes[0], temps):
-    spec = [r for r in table if r['temp'] == temp and r['method'] != 'autoregressive']
+    spec = [r for r in table if r['temp'] == temp and r['method'] != AUTOREGRESSIVE]
     for drafter in sorted({r['drafter'] for r in spec}):
       for method, style in (('token', '-o'), ('block', '--s')):
         pts = sorted(

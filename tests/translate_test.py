@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import debsumm, ende
-from specdec_jax import evaluation, pretrained
+from specdec_jax import evaluation, pretrained, tables
 from specdec_jax.sampling import SamplingConfig
 
 _SHIPPED = (pretrained.ROOT / 'ende' / 'target').exists()
@@ -21,6 +21,7 @@ def test_runlocal_end_to_end(tmp_path):
   plan = evaluation.prepare(config)
   writer = evaluation.ResultsWriter(str(tmp_path))
   for row in evaluation.rows(plan, progress=False):
+    assert isinstance(row, evaluation.Row)
     writer.add(row)
     # Each finished row is on disk at once, as strict JSON (null for missing values).
     on_disk = json.loads(pathlib.Path(writer.paths['json']).read_text())
@@ -43,10 +44,15 @@ def test_runlocal_end_to_end(tmp_path):
   for r in spec:  # fitted over 3 sentences (None where their iteration counts coincide)
     if r['iteration_cost'] is not None:
       assert r['predicted_loop'] == pytest.approx(r['block_efficiency'] / r['iteration_cost'])
-  assert 'iter_cost' in evaluation.format_table(rows)
+  # The printed table: a header and a line per row, each cell under its column.
+  lines = tables.format_table(rows, evaluation.TABLE).splitlines()
+  assert len(lines) == 1 + len(rows)
+  speedup = [c.name for c in evaluation.TABLE].index('speedup')
+  assert [line.split()[speedup] for line in lines] == ['speedup'] + [
+    f'{r["speedup"]:.2f}x' for r in rows
+  ]
   assert 'NaN' not in pathlib.Path(writer.paths['json']).read_text()
   assert pathlib.Path(writer.finish()['png']).stat().st_size > 0
-  assert 'speedup' in evaluation.format_table(rows)
 
 
 @pytest.mark.skipif(not _DEBSUMM, reason='pretrained/debsumm not shipped in this checkout')
@@ -60,7 +66,7 @@ def test_debsumm_runlocal_gives_its_rows():
 
 
 @pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
-def test_paired_timing_decodes_the_same_and_times_the_baseline_beside_it(monkeypatch):
+def test_methods_timed_in_turn_decode_as_alone_and_share_one_baseline(monkeypatch):
   pair = pretrained.load('ende')
   sources = [s for s, _ in pair.test_pairs()[:3]]
   kw = dict(
@@ -69,27 +75,33 @@ def test_paired_timing_decodes_the_same_and_times_the_baseline_beside_it(monkeyp
   )  # fmt: skip
   args = (pair.target, pair.drafters['bigram'], pair.tokenizer, sources)
   alone = evaluation.translate(*args, method='token', **kw)
-  paired = evaluation.translate(*args, method='token', paired=True, **kw)
-  assert alone.baseline_seconds is None and paired.baseline_seconds > 0
-  assert paired.hypotheses == alone.hypotheses and paired.tokens == alone.tokens
-  # Per batch (2 batches): its seconds and loop iterations, the baseline's too.
-  assert paired.batch_seconds.shape == paired.baseline_batch_seconds.shape == (2,)
-  assert np.all(paired.batch_seconds > 0) and np.all(paired.baseline_batch_seconds > 0)
-  assert alone.baseline_batch_seconds is None
-  assert paired.batch_iterations.sum() >= paired.stats.target_calls / 2  # 2 rows per batch
-  assert np.all(paired.baseline_batch_iterations >= 1)
-  # Every speculative row's speedup is its own paired baseline over its time.
-  config = ende.get_config('runlocal,num_examples=2,drafters=bigram,temperatures=0,verifiers=token')
-  calls, real = [], evaluation.translate
+  runs = evaluation.translate_in_turn(*args, methods=('autoregressive', 'token', 'block'), **kw)
+  assert list(runs) == ['autoregressive', 'token', 'block']
+  assert runs['token'].hypotheses == alone.hypotheses and runs['token'].tokens == alone.tokens
+  # Per batch (2 batches): each method's seconds and loop iterations.
+  for run in runs.values():
+    assert run.batch_seconds.shape == run.batch_iterations.shape == (2,)
+    assert np.all(run.batch_seconds > 0) and np.all(run.batch_iterations >= 1)
+  assert runs['token'].batch_iterations.sum() >= runs['token'].stats.target_calls / 2  # 2 rows
+  for methods in (('token', 'token'), ('autoregressive', 'nope'), ()):
+    with pytest.raises(ValueError, match='methods must be distinct'):
+      evaluation.translate_in_turn(*args, methods=methods, **kw)
+  # Both verifiers' speedups are over the one baseline timed in turn with them, which is also
+  # the temperature's autoregressive row.
+  config = ende.get_config('runlocal,num_examples=2,drafters=bigram,temperatures=1')
+  calls, real = [], evaluation.translate_in_turn
 
   def spy(*a, **k):
-    calls.append(run := real(*a, **k))
-    return run
+    calls.append(runs := real(*a, **k))
+    return runs
 
-  monkeypatch.setattr(evaluation, 'translate', spy)
-  rows = list(evaluation.rows(evaluation.prepare(config), progress=False))
-  (spec,) = [r for r in rows if r['method'] == 'token']
-  assert spec['speedup'] == calls[-1].baseline_seconds / calls[-1].seconds
+  monkeypatch.setattr(evaluation, 'translate_in_turn', spy)
+  auto, token, block = evaluation.rows(evaluation.prepare(config), progress=False)
+  (runs,) = calls  # one (drafter, gamma, temperature)
+  assert (auto.method, token.method, block.method) == ('autoregressive', 'token', 'block')
+  assert auto.seconds == runs['autoregressive'].seconds
+  assert token.speedup == runs['autoregressive'].seconds / runs['token'].seconds
+  assert block.speedup == runs['autoregressive'].seconds / runs['block'].seconds
 
 
 def test_loop_costs_fit_fixed_and_per_iteration_seconds():
@@ -121,6 +133,7 @@ def test_config_items_apply_in_order_and_lists_hold_any_number():
     ('batch_size=0', 'batch_size must be an int >= 1'),
     ('gammas=0', 'gammas must hold ints >= 1'),
     ('verifiers=token,nope', 'Unknown verifier'),
+    ('verifiers=token,token', 'repeated names'),
     ('temperatures=-1', 'temperature must be >= 0'),
     ('num_examples=100000', 'has only'),
   ],
