@@ -538,9 +538,10 @@ def launch(
   is interrupted, so a failed run does not leave a TPU running.
 
   Raises:
-    subprocess.CalledProcessError: a gcloud command failed.
+    subprocess.CalledProcessError: a gcloud command before the poll failed.
     JobFailedError: the job exited non-zero on some worker (after the fetch).
-    RuntimeError: the queued resource failed, or no worker answered `MAX_POLL_FAILURES` polls.
+    RuntimeError: the queued resource failed, no worker answered `MAX_POLL_FAILURES` polls,
+      or a worker's fetch failed (the others are fetched; --attach fetches again).
   """
   steps = plan(
     vm,
@@ -552,7 +553,7 @@ def launch(
   )
   if dry_run:
     for i, step in enumerate(steps):
-      if step.what == 'poll' and steps[i - 1].what != 'poll':
+      if step.what == 'poll' and (i == 0 or steps[i - 1].what != 'poll'):
         print(f'# every {poll_interval} s until each worker has written {job.status_file}:')
       print(shlex.join(step.argv))
     return
@@ -573,15 +574,22 @@ def launch(
         print('Started. Poll and fetch later with:', shlex.join(_attach_argv(vm, job)))
         return
     statuses = _wait_for_job(vm, job, poll_interval, log_lines)
-    _fetch_all(vm, job)
+    unfetched = _fetch_all(vm, job)
     failed = {i: status for i, status in statuses.items() if status != 0}
     for i in failed:
-      _run(log_tail_command(vm, job, i, log_lines))
+      try:
+        _run(log_tail_command(vm, job, i, log_lines))
+      except subprocess.CalledProcessError:
+        pass  # the fetched log, if any, says the same
+    retry = f'fetch failed on workers {unfetched}: fetch again with --attach'
     if failed:
+      log = f'{job.local_dir}/worker_<i>/{posixpath.basename(job.job_dir)}/log'
       raise JobFailedError(
-        f'the job failed on workers {sorted(failed)} (exit status {failed}); their logs are '
-        f'in {job.local_dir}/worker_<i>/{posixpath.basename(job.job_dir)}/log'
+        f'the job failed on workers {sorted(failed)} (exit status {failed}); their logs are in '
+        f'{log}' + (f'; {retry}' if unfetched else '')
       )
+    if unfetched:
+      raise RuntimeError(f'the job succeeded but {retry}')
   finally:
     if delete_after:
       _run(delete_command(vm))
@@ -636,17 +644,16 @@ def _wait_for_job(vm: TpuVm, job: Job, poll_interval: float, log_lines: int) -> 
     time.sleep(poll_interval)
 
 
-def _fetch_all(vm: TpuVm, job: Job) -> None:
-  """Fetches every worker, then raises for the first that failed, if any."""
-  errors = []
+def _fetch_all(vm: TpuVm, job: Job) -> list[int]:
+  """Fetches every worker, also after one failed; returns the workers whose fetch failed."""
+  unfetched = []
   for i in range(vm.workers):
     os.makedirs(worker_dir(job, i), exist_ok=True)
     try:
       _run(fetch_command(vm, job, i))
-    except subprocess.CalledProcessError as e:
-      errors.append(e)
-  if errors:
-    raise errors[0]
+    except subprocess.CalledProcessError:
+      unfetched.append(i)
+  return unfetched
 
 
 def _attach_argv(vm: TpuVm, job: Job) -> list[str]:

@@ -453,6 +453,22 @@ def test_a_failed_worker_fails_the_launch_after_every_fetch(monkeypatch, tmp_pat
   assert sleeps == []
 
 
+def test_a_failed_fetch_still_fetches_the_other_workers_and_deletes(monkeypatch, tmp_path, sleeps):
+  vm = launch_tpu.TpuVm(name='t', zone='z', accelerator_type='v4-24')
+  job = launch_tpu.Job(local_dir=str(tmp_path))
+  fetch1 = launch_tpu.fetch_command(vm, job, 1)
+  gcloud = _FakeGcloud(statuses={0: ['0'], 1: ['0'], 2: ['0']}, fails=lambda argv: argv == fetch1)
+  monkeypatch.setattr(subprocess, 'run', gcloud)
+  with pytest.raises(
+    RuntimeError, match=r'fetch failed on workers \[1\]: fetch again with --attach'
+  ):
+    launch_tpu.launch(vm, job, delete_after=True, dry_run=False)
+  *_, fetch0, _, fetch2, delete = (
+    step.argv for step in launch_tpu.plan(vm, job, delete_after=True)
+  )
+  assert gcloud.calls[-4:] == [fetch0, fetch1, fetch2, delete]
+
+
 def test_poll_survives_dropped_ssh_but_gives_up_on_a_gone_vm(monkeypatch, tmp_path, sleeps):
   vm = launch_tpu.TpuVm(name='t', zone='z')
   job = launch_tpu.Job(local_dir=str(tmp_path))
