@@ -24,7 +24,9 @@ Checkpoints on a local disk go to a bucket first (`--stage_checkpoint=/ckpt/t5_1
 
 Run from the repo root, as every entry point here (`python -m scripts.<name>`). The repo copied is
 the one this file lives in, whatever the working directory. Each step is one gcloud command;
---dry_run prints them, one per line, ready to paste into a shell, and runs nothing:
+--dry_run prints them, one per line (a `#` line before the poll round), ready to paste into a
+shell, and runs nothing. Remote paths are absolute or relative to the remote home (they are
+quoted, so a leading ~ would not expand):
 
   stage     with --stage_checkpoint_to=gs://...: `gcloud storage cp -r SRC DST` here, before
             the VM exists (no TPU is billed while it uploads).
@@ -33,15 +35,16 @@ the one this file lives in, whatever the working directory. Each step is one gcl
             "workers"). With --queued: `gcloud compute tpus queued-resources create NAME-qr
             --node-id=NAME --accelerator-type --runtime-version [--spot]`, then `queued-resources
             describe NAME-qr --format='value(state.state)'` every --poll_interval seconds until
-            ACTIVE (FAILED or SUSPENDED: an error).
+            ACTIVE (FAILED, SUSPENDING or SUSPENDED: an error).
   copy      `tpu-vm scp --recurse` of the repo to `~/<--remote_dir>` on every worker. The
             working tree is copied as it is (.git and data/ included), into a directory that must
             not exist yet: the launcher always starts from a fresh VM.
   install   on every worker: the --apt_packages (Python 3.11: the package needs >= 3.11 and
             tpu-ubuntu2204-base ships 3.10), a venv `~/specdec_venv` made with --python, and
             `pip install -e . "jax[tpu]"` into it.
-  stage     with --stage_checkpoint=gs://... and a local --stage_checkpoint_to: `gcloud storage
-            cp -r` on every worker, onto its own disk.
+  stage     with --stage_checkpoint=gs://... and a path as --stage_checkpoint_to: `gcloud
+            storage cp -r` on every worker, onto its own disk (a destination that exists
+            already receives the copy inside it, as DST/<last component of SRC>).
   start     on every worker: writes `~/<--job_dir>/run.sh` (cd to the repo, the venv, `export`
             of each --env, --command) and starts it under `nohup setsid`, so a dropped ssh does
             not kill the job; its output goes to `<job_dir>/log` on that worker, and when it ends
