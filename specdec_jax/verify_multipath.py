@@ -235,8 +235,8 @@ def select_path(draft_tokens, draft_probs, target_probs, order: str, select_fn=s
   selected, q_hats, p_rows = [], [], []
   for depth in range(gamma):
     children = draft_tokens[:, :, depth]
-    p_node = _node_rows(target_probs[:, :, depth], alive)
-    q_node = _node_rows(draft_probs[:, :, depth], alive)
+    p_node = _node_rows(target_probs[:, :, depth], alive, depth)
+    q_node = _node_rows(draft_probs[:, :, depth], alive, depth)
     keys = order_key(p_node, q_node, order)
     child = select_fn(children, keys, p_node, alive)
     if num_paths == 1:
@@ -248,7 +248,7 @@ def select_path(draft_tokens, draft_probs, target_probs, order: str, select_fn=s
     selected.append(child)
     q_hats.append(q_hat)
     p_rows.append(p_node)
-  p_rows.append(_node_rows(target_probs[:, :, gamma], alive))
+  p_rows.append(_node_rows(target_probs[:, :, gamma], alive, gamma))
   return _first(alive), jnp.stack(selected, 1), jnp.stack(q_hats, 1), jnp.stack(p_rows, 1)
 
 
@@ -370,7 +370,7 @@ def recursive_rejection(rng, draft_tokens, draft_probs, target_probs, trials_fn=
   next_probs = jnp.zeros((batch, target_probs.shape[-1]), jnp.float32)
   for depth in range(gamma):
     children = draft_tokens[:, :, depth]
-    p_node = _node_rows(target_probs[:, :, depth], alive)
+    p_node = _node_rows(target_probs[:, :, depth], alive, depth)
     acceptance, residual = trials_fn(p_node, draft_probs[:, :, depth], children, alive)
     accepted = uniforms[:, depth] < acceptance
     any_accepted = jnp.any(accepted, axis=1)
@@ -380,7 +380,7 @@ def recursive_rejection(rng, draft_tokens, draft_probs, target_probs, trials_fn=
     num_accepted = num_accepted + (~stopped & any_accepted).astype(jnp.int32)
     alive = jnp.where((stopped | stops_here)[:, None], alive, alive & (children == child))
     stopped = stopped | stops_here
-  leaf = _node_rows(target_probs[:, :, gamma], alive)
+  leaf = _node_rows(target_probs[:, :, gamma], alive, gamma)
   next_probs = jnp.where(stopped[:, None], next_probs, leaf)
   next_token = sampling.sample(next_rng, next_probs)
   return MultipathResult(_first(alive), num_accepted, next_token)
@@ -391,12 +391,22 @@ def recursive_rejection(rng, draft_tokens, draft_probs, target_probs, trials_fn=
 
 
 def _first(alive: jax.Array) -> jax.Array:
-  """The lowest index with alive True: bool[B, K] -> i32[B] (one always is)."""
-  return jnp.argmax(alive, axis=1).astype(jnp.int32)
+  """The lowest index with alive True: bool[B, K] -> i32[B] (one always is).
+
+  A min over indices rather than `jnp.argmax`: XLA:CPU runs argmax as a two-operand reduction
+  that does not vectorize (sampling.argmax)."""
+  index = jax.lax.broadcasted_iota(jnp.int32, alive.shape, 1)
+  return jnp.min(jnp.where(alive, index, alive.shape[1] - 1), axis=1)
 
 
-def _node_rows(rows: jax.Array, alive: jax.Array) -> jax.Array:
-  """The current node's row, read from its lowest-index path: f32[B, K, V] -> f32[B, V]."""
+def _node_rows(rows: jax.Array, alive: jax.Array, depth: int) -> jax.Array:
+  """The current node's row, read from its lowest-index path: f32[B, K, V] -> f32[B, V].
+
+  At the root every path is alive: row 0, without a reduction over the constant all-True mask
+  (XLA constant-folds that reduction at compile time, which took 13 s at B = 200k).
+  """
+  if depth == 0:
+    return rows[:, 0]
   return jnp.take_along_axis(rows, _first(alive)[:, None, None], axis=1)[:, 0]
 
 

@@ -450,7 +450,8 @@ def test_negative_controls_fail_chi_square(variant):
 
 
 @pytest.mark.parametrize(
-  'gamma, vocab', [(1, 2), (3, 5), pytest.param(4, 40, marks=pytest.mark.slow)]
+  'gamma, vocab',
+  [pytest.param(1, 2, marks=pytest.mark.slow), (3, 5), pytest.param(4, 40, marks=pytest.mark.slow)],
 )
 def test_one_path_is_single_path_verification(gamma, vocab):
   """Same key, same outputs as verify.block_verify / verify.token_verify, on random and
@@ -474,18 +475,16 @@ def test_one_path_is_single_path_verification(gamma, vocab):
       np.testing.assert_array_equal(got.num_accepted, expected.num_accepted)
       np.testing.assert_array_equal(got.next_token, expected.next_token)
       np.testing.assert_array_equal(got.path, 0)
-    got = vm.multipath_block_verify(key, tokens[:, None], q[:, None], p[:, None], order='capped')
-    np.testing.assert_array_equal(
-      got.num_accepted, verify.block_verify(key, tokens, q, p).num_accepted
-    )
 
 
-@pytest.mark.parametrize('num_paths', [1, 3, pytest.param(5, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+  'num_paths', [pytest.param(1, marks=pytest.mark.slow), 3, pytest.param(5, marks=pytest.mark.slow)]
+)
 def test_temperature_zero_accepts_longest_argmax_prefix(num_paths):
   """One-hot p = onehot(target argmax) and q = onehot(each path's own draft): both verifiers
   accept the longest prefix any path shares with the argmax chain and emit the argmax after it,
   which is multipath_greedy_verify on ids."""
-  batch, gamma, vocab = 512, 4, 3
+  batch, gamma, vocab = 512, 3, 3
   rng = np.random.default_rng(num_paths)
   argmax = rng.integers(0, vocab, (batch, num_paths, gamma + 1))
   argmax[:, :, 0] = argmax[:, :1, 0]  # the root is one node
@@ -537,12 +536,18 @@ def _skew_float64(q_row, keys, mass_below, mass, num_paths):
 
 
 @pytest.mark.parametrize(
-  'num_paths', [pytest.param(2, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow), 8]
+  'num_paths, orders',
+  [
+    pytest.param(2, vm.ORDERS, marks=pytest.mark.slow),
+    pytest.param(4, vm.ORDERS, marks=pytest.mark.slow),
+    pytest.param(8, ('capped',), marks=pytest.mark.slow),
+    (8, ('ratio',)),
+  ],
 )
-def test_large_vocabulary_is_stable(num_paths):
+def test_large_vocabulary_is_stable(num_paths, orders):
   """V = 32000 random logits, K up to 8: finite, in range; q_hat rows are distributions that
   match the float64 closed form (where the reference code divides by A and is unstable)."""
-  batch, gamma, vocab = 2, 4, 32000
+  batch, gamma, vocab = 2, 2, 32000
   rng = np.random.default_rng(num_paths)
   target_logits = rng.normal(size=(batch, num_paths, gamma + 1, vocab)).astype(np.float32) * 3
   draft_logits = target_logits[:, :, :gamma] + rng.normal(
@@ -563,11 +568,11 @@ def test_large_vocabulary_is_stable(num_paths):
       tokens[b, k, 1:] = tokens[b, same[0], 1:]
       q[b, k], p[b, k] = q[b, same[0]], p[b, same[0]]
   for verify_fn in vm.VERIFIERS.values():
-    for seed in range(2):
+    for seed in range(len(orders)):
       path, tau, y = (np.asarray(x) for x in verify_fn(jax.random.key(seed), tokens, q, p))
       assert np.all((path >= 0) & (path < num_paths)) and np.all((tau >= 0) & (tau <= gamma))
       assert np.all((y >= 0) & (y < vocab))
-  for order in vm.ORDERS:
+  for order in orders:
     _, selected, q_hat, _ = (
       np.asarray(x) for x in jax.jit(vm.select_path, static_argnames='order')(tokens, q, p, order)
     )
@@ -617,10 +622,14 @@ def test_bad_shapes(tokens_shape, q_shape, p_shape, message):
 
 def test_bonus_token_comes_from_the_leaf():
   """Identical models accept every draft (tau = G); Y is then drawn from the leaf's target row."""
-  tokens = jnp.zeros((4, 2, 1), jnp.int32)
-  q = jnp.full((4, 2, 1, 3), 1 / 3)
-  p = jnp.concatenate([jnp.full((4, 2, 1, 3), 1 / 3), jax.nn.one_hot(jnp.full((4, 2, 1), 2), 3)], 2)
+  shape = (512, 3, 3)  # test_temperature_zero_accepts_longest_argmax_prefix's: compiled once
+  tokens = jnp.zeros(shape, jnp.int32)
+  q = jnp.full(shape + (3,), 1 / 3)
+  p = jnp.concatenate(
+    [jnp.full(shape + (3,), 1 / 3), jax.nn.one_hot(jnp.full(shape[:2] + (1,), 2), 3)], 2
+  )
   for verify_fn in vm.VERIFIERS.values():
     path, tau, y = verify_fn(jax.random.key(0), tokens, q, p)
-    np.testing.assert_array_equal(tau, 1)
+    np.testing.assert_array_equal(tau, shape[2])
     np.testing.assert_array_equal(y, 2)
+    np.testing.assert_array_equal(path, 0)
