@@ -1,31 +1,61 @@
-"""Timing loops: one compiled program per model shape, whatever the loop lengths."""
+"""Timing loops: one compiled program per model shape, whatever the loop lengths; the per-call
+seconds and cost ratios they report, on a fake clock."""
 
 import dataclasses
 import re
+import types
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from specdec_jax import step_models, timing
 from specdec_jax.models import t5
+from tests import helpers
+
+# Fake seconds of a timing loop run: fixed setup, plus per call of the loop _STEP per position a
+# model call scores (`_repeated_steps`) or _ITERATION per iteration (`_repeated_iterations`).
+_SETUP, _STEP, _ITERATION = 0.5, 1e-3, 7e-3
 
 
-def _tiny(name: str) -> t5.T5Model:
-  config = t5.CONFIGS[name]
-  return t5.T5Model(config=config, params=t5.init_params(jax.random.key(0), config))
+@pytest.fixture
+def fake_clock(monkeypatch):
+  """timing's clock made exact: the jitted loops still compile and run (compiles are counted),
+  and each run advances the clock by the fake seconds above for the loop length it was given."""
+  now = [0.0]
+
+  def spy(real, per_call):
+    def run(*args, **kwargs):
+      out = real(*args, **kwargs)
+      now[0] += _SETUP + per_call(kwargs) * int(kwargs['calls'])
+      return out
+
+    return run
+
+  monkeypatch.setattr(timing, 'time', types.SimpleNamespace(perf_counter=lambda: now[0]))
+  steps, iterations = timing._repeated_steps, timing._repeated_iterations
+  monkeypatch.setattr(timing, '_repeated_steps', spy(steps, lambda kw: _STEP * kw['num_tokens']))
+  monkeypatch.setattr(timing, '_repeated_iterations', spy(iterations, lambda kw: _ITERATION))
+  return steps, iterations  # the real jitted loops
 
 
-def test_step_and_iteration_timers_compile_once_per_shape():
-  target, drafter = _tiny('tiny-v1.1'), _tiny('tiny-v1.0')
+def test_step_and_iteration_timers_compile_once_per_shape(fake_clock, tiny_pair):
+  target, drafter = tiny_pair
+  repeated_steps, repeated_iterations = fake_clock
   kw = dict(batch_size=1, source_length=8, cache_len=32, repeats=1)
-  steps_before = timing._repeated_steps._cache_size()
-  iterations_before = timing._repeated_iterations._cache_size()
+  steps_before = repeated_steps._cache_size()
+  iterations_before = repeated_iterations._cache_size()
   for calls in [(2, 6), (3, 9)]:
-    assert timing.step_seconds(target, calls=calls, **kw) >= 0
-    assert timing.iteration_seconds(target, drafter, gamma=2, calls=calls, **kw) >= 0
+    # Per call: the slope between the two loop lengths (setup cancels). Fails if a loop ignores
+    # its length (0), if the difference is not divided by the extra calls (4-6x), or if the
+    # lengths are swapped (clamped to 0).
+    assert timing.step_seconds(target, calls=calls, **kw) == pytest.approx(_STEP)
+    assert timing.iteration_seconds(target, drafter, gamma=2, calls=calls, **kw) == pytest.approx(
+      _ITERATION
+    )
   # Two loop lengths per call and two calls: still one program each.
-  assert timing._repeated_steps._cache_size() == steps_before + 1
-  assert timing._repeated_iterations._cache_size() == iterations_before + 1
+  assert repeated_steps._cache_size() == steps_before + 1
+  assert repeated_iterations._cache_size() == iterations_before + 1
 
 
 def _computes_two_position_logits(compiled_text: str, vocab: int) -> bool:
@@ -39,14 +69,11 @@ def test_iteration_timer_keeps_every_drafter_output_layer():
   # output layer and in-loop c read 2-4x low. Each draft is now the argmax of its call's logits.
   vocab = 1000  # a size no other axis has
   target_config = dataclasses.replace(t5.CONFIGS['tiny-v1.1'], vocab_size=vocab)
-  drafter_config = dataclasses.replace(
+  configs = target_config, dataclasses.replace(
     target_config, d_model=8, d_kv=4, num_heads=2, d_ff=16, num_encoder_layers=0,
     num_decoder_layers=1, encoder_dim=target_config.d_model,
   )  # fmt: skip
-  target, drafter = (
-    t5.T5Model(config, t5.init_params(jax.random.key(seed), config))
-    for seed, config in enumerate((target_config, drafter_config))
-  )
+  target, drafter = (helpers.tiny_t5(config, seed) for seed, config in enumerate(configs))
   args = [*step_models.as_step_model(target), *step_models.as_step_model(drafter)]
   args += [*step_models.encoder_of(drafter, target), jnp.full((1, 8), 3, jnp.int32)]
   text = (
@@ -69,17 +96,19 @@ def test_iteration_timer_keeps_every_drafter_output_layer():
   assert not _computes_two_position_logits(control, vocab)
 
 
-def test_timers_run_a_drafter_that_reads_the_target_states():
+def test_timers_run_a_drafter_that_reads_the_target_states(fake_clock, tiny_pair):
   """An EAGLE-style drafter is timed as the loop runs it (`decode.draft` with the last pass's
   states; its bare step reads zero states), and such a drafter cannot be timed by `step` alone."""
-  target = _tiny('tiny-v1.1')
-  config = dataclasses.replace(
-    t5.CONFIGS['tiny-v1.0'], num_encoder_layers=0, encoder_dim=32, feature_dim=32,
+  target, _ = tiny_pair
+  drafter = helpers.tiny_t5(
+    'tiny-v1.0', seed=1, num_encoder_layers=0, encoder_dim=32, feature_dim=32,
     num_decoder_layers=1,
   )  # fmt: skip
-  drafter = t5.T5Model(config, t5.init_params(jax.random.key(1), config))
   kw = dict(batch_size=1, source_length=8, cache_len=32, repeats=1, calls=(1, 3))
-  assert timing.step_seconds(drafter, target=target, **kw) >= 0
-  assert timing.iteration_seconds(target, drafter, gamma=3, **kw) >= 0
+  assert timing.step_seconds(drafter, target=target, **kw) == pytest.approx(_STEP)
+  assert timing.iteration_seconds(target, drafter, gamma=3, **kw) == pytest.approx(_ITERATION)
   costs = timing.step_costs(target, drafter, batch_size=1, source_length=8, gamma=2, rounds=1)
-  assert costs['c'] >= 0 and costs['pass_cost'] > 0
+  # Step 1 ms, 3-position pass 3 ms, drafter step 1 ms, iteration 7 ms: c = (7 - 3) / 2 / 1.
+  # Fails if c leaves out the pass (3.5), is not per drafter call (4) or is c_alone (1).
+  assert costs['c'] == pytest.approx((_ITERATION - 3 * _STEP) / 2 / _STEP)
+  assert costs['c_alone'] == pytest.approx(1.0) and costs['pass_cost'] == pytest.approx(3.0)

@@ -1,0 +1,46 @@
+"""Plain helpers the tests share: tiny random T5 models and the shipped-pair checks.
+
+  from tests import helpers
+
+  target = helpers.tiny_t5('tiny-v1.1')                     # t5.init_params(key(0), config)
+  drafter = helpers.tiny_t5('tiny-v1.0', seed=1, num_encoder_layers=0, encoder_dim=32)
+
+  @helpers.needs_pair('ende')                               # skipped where pretrained/ende is not
+  def test_something_on_the_shipped_pair(): ...
+
+Fixtures built on them (a loaded shipped pair, the tiny target/drafter pair) are in conftest.py.
+"""
+
+import dataclasses
+
+import jax
+import pytest
+
+from specdec_jax import pretrained
+from specdec_jax.models import t5
+
+
+def tiny_t5(config: str | t5.T5Config = 'tiny-v1.1', seed: int = 0, **overrides) -> t5.T5Model:
+  """A T5Model with `t5.init_params(jax.random.key(seed), config)`.
+
+  Args:
+    config: a name of `t5.CONFIGS` or a T5Config.
+    seed: the init key's seed.
+    **overrides: fields of the config to replace (`dataclasses.replace`), e.g. d_model=16.
+  """
+  if isinstance(config, str):
+    config = t5.CONFIGS[config]
+  if overrides:
+    config = dataclasses.replace(config, **overrides)
+  return t5.T5Model(config=config, params=t5.init_params(jax.random.key(seed), config))
+
+
+def shipped(name: str = 'ende') -> bool:
+  """Whether this checkout ships the pair `pretrained/<name>` (its manifest and its target)."""
+  directory = pretrained.ROOT / name
+  return (directory / 'pair.json').exists() and (directory / 'target').exists()
+
+
+def needs_pair(name: str = 'ende'):
+  """A mark that skips a test (or a parameter) where `pretrained/<name>` is not shipped."""
+  return pytest.mark.skipif(not shipped(name), reason=f'pretrained/{name} not shipped')
