@@ -7,12 +7,9 @@ import dataclasses
 
 import jax
 import numpy as np
-import pytest
 
-from specdec_jax import decode, pretrained, sampling
+from specdec_jax import decode, sampling
 from specdec_jax.models import t5
-
-_SHIPPED = (pretrained.ROOT / 'ende' / 'target').exists()
 
 
 def _as(model, dtype):
@@ -20,9 +17,8 @@ def _as(model, dtype):
   return t5.T5Model(config=config, params=jax.tree.map(lambda x: x.astype(dtype), model.params))
 
 
-@pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
-def test_bfloat16_greedy_flips_are_rare_near_ties():
-  pair = pretrained.load('ende')
+def test_bfloat16_greedy_flips_are_rare_near_ties(ende_pair):
+  pair = ende_pair
   sources = [s for s, _ in pair.test_pairs()[:64]]
   ids, mask = pair.tokenizer.encode_batch(sources, 64, truncate=True)
   kw = dict(

@@ -6,15 +6,10 @@ import numpy as np
 import pytest
 
 from specdec_jax import decode, pretrained, sampling
-
-
-def _shipped(name):
-  return (pretrained.ROOT / name / 'pair.json').exists()
-
+from tests import helpers
 
 PAIRS = [
-  pytest.param(name, marks=pytest.mark.skipif(not _shipped(name), reason=f'{name} not shipped'))
-  for name in ('ende', 'ende48m', 'debsumm')
+  pytest.param(name, marks=helpers.needs_pair(name)) for name in ('ende', 'ende48m', 'debsumm')
 ]
 
 

@@ -1,6 +1,5 @@
 """scripts/ship_pretrained.py end to end on a tiny random target: a loadable pair, as stored."""
 
-import dataclasses
 import json
 import shutil
 import subprocess
@@ -10,16 +9,15 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from specdec_jax import checkpoints, pretrained
-from specdec_jax.models import t5
+from tests import helpers
 
 _ROOT = Path(__file__).resolve().parents[1]
 _SPM = pretrained.ROOT / 'ende' / 'spm.model'
 
 
-@pytest.mark.skipif(not _SPM.exists(), reason='pretrained/ende not shipped in this checkout')
+@helpers.needs_pair('ende')
 def test_ship_a_target_only_pair_in_bfloat16(tmp_path):
   data = tmp_path / 'data'
   data.mkdir()
@@ -27,8 +25,7 @@ def test_ship_a_target_only_pair_in_bfloat16(tmp_path):
   rows = [('The file is saved.', 'Die Datei ist gespeichert.'), ('Click OK.', 'Klicken Sie OK.')]
   for split in ('train', 'test'):
     (data / f'{split}.tsv').write_text(''.join(f'{s}\t{t}\n' for s, t in rows * 3))
-  config = dataclasses.replace(t5.CONFIGS['tiny-v1.1'], vocab_size=8000)
-  model = t5.T5Model(config=config, params=t5.init_params(jax.random.key(0), config))
+  model = helpers.tiny_t5('tiny-v1.1', vocab_size=8000)
   checkpoints.save(model, tmp_path / 'best')
   (tmp_path / 'best' / 'best.json').write_text(
     json.dumps({'step': 7, 'valid_nll': 9.0, 'valid_bleu': 0.0})
@@ -54,17 +51,12 @@ def test_ship_a_target_only_pair_in_bfloat16(tmp_path):
   assert '| target | gated-gelu, untied, d_model 32' in card and '| 7 |' in card
 
 
-@pytest.mark.skipif(not _SPM.exists(), reason='pretrained/ende not shipped in this checkout')
+@helpers.needs_pair('ende')
 def test_add_drafter_records_t5_and_ngram_drafters(tmp_path):
   pair_dir = tmp_path / 'pair'
   shutil.copytree(pretrained.ROOT / 'ende', pair_dir, ignore=shutil.ignore_patterns('target'))
-  config = dataclasses.replace(t5.CONFIGS['tiny-v1.1'], vocab_size=8000)
-  checkpoints.save(
-    t5.T5Model(config=config, params=t5.init_params(jax.random.key(0), config)), pair_dir / 'target'
-  )
-  checkpoints.save(
-    t5.T5Model(config=config, params=t5.init_params(jax.random.key(1), config)), tmp_path / 'd'
-  )
+  checkpoints.save(helpers.tiny_t5('tiny-v1.1', vocab_size=8000), pair_dir / 'target')
+  checkpoints.save(helpers.tiny_t5('tiny-v1.1', seed=1, vocab_size=8000), tmp_path / 'd')
 
   def add(*args):
     result = subprocess.run(

@@ -16,13 +16,13 @@ import pytest
 
 from experiments import verification, verification_report
 from experiments.configs import verification as verification_config
-from specdec_jax import evaluation, pretrained, verify
+from specdec_jax import evaluation, verify
 from specdec_jax.sampling import SamplingConfig
+from tests import helpers
 from tests import verify_oracle as oracle
 
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-_SHIPPED = (pretrained.ROOT / 'ende' / 'target').exists()
 _TOY = (verification.SUN_TOY_TARGET, verification.SUN_TOY_DRAFTER)
 
 
@@ -37,7 +37,7 @@ def _csv(path):
     return reader.fieldnames, list(reader)
 
 
-@pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
+@helpers.needs_pair('ende')
 def test_runlocal_end_to_end(tmp_path):
   config = verification_config.get_config('runlocal')
   lines = []
@@ -100,9 +100,8 @@ def test_runlocal_end_to_end(tmp_path):
   assert sum(line.startswith('ccdf ') for line in lines) == len(curves)
 
 
-@pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
-def test_translate_trace_gives_the_accepted_lengths_the_stats_count():
-  pair = pretrained.load('ende')
+def test_translate_trace_gives_the_accepted_lengths_the_stats_count(ende_pair):
+  pair = ende_pair
   sources = [s for s, _ in pair.test_pairs()[:3]]
   run = evaluation.translate(
     pair.target, pair.drafters['bigram'], pair.tokenizer, sources, method='block', gamma=3,
