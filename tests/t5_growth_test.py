@@ -8,10 +8,7 @@ import numpy as np
 import pytest
 
 from specdec_jax.models import t5, t5_growth
-
-
-def _model(config, seed=0):
-  return t5.T5Model(config=config, params=t5.init_params(jax.random.key(seed), config))
+from tests import helpers
 
 
 def _logits(model, ids, mask, dec):
@@ -37,7 +34,7 @@ def _batch():
 
 @pytest.mark.parametrize('grown', [GROWN, dataclasses.replace(SMALL, num_decoder_layers=4)])
 def test_grown_model_computes_the_same_logits(grown):
-  small = _model(SMALL)
+  small = helpers.tiny_t5(SMALL)
   # Non-trivial weights: a trained model's norm scales and position tables are not the init's.
   small = dataclasses.replace(
     small,
@@ -60,7 +57,7 @@ def test_grown_model_computes_the_same_logits(grown):
 
 def test_growth_without_dividing_the_read_rows_changes_the_function():
   # Negative control: copying read rows instead of splitting them doubles every pre-activation.
-  small = _model(SMALL)
+  small = helpers.tiny_t5(SMALL)
   big = t5_growth.grow(small, GROWN, jax.random.key(1), noise=0.0)
   d = SMALL.d_model
   doubled = jax.tree_util.tree_map_with_path(
@@ -75,7 +72,7 @@ def test_growth_without_dividing_the_read_rows_changes_the_function():
 
 
 def test_growth_rejects_what_it_cannot_do_exactly():
-  small = _model(SMALL)
+  small = helpers.tiny_t5(SMALL)
   with pytest.raises(ValueError, match='d_model 24 is not a multiple of 16.*d_kv differs'):
     t5_growth.grow(small, dataclasses.replace(SMALL, d_model=24, d_kv=4), jax.random.key(0))
   with pytest.raises(ValueError, match=r'num_decoder_layers shrinks \(2 -> 1\)'):
@@ -93,7 +90,7 @@ def test_a_drafter_follows_its_grown_target_encoder(follow):
   # A decoder over the target's encoder reads the grown target's encoder output (each dimension
   # copied) as it read the old one; without following (rows copied, not divided: the negative
   # control) its logits change.
-  target, drafter = _model(SMALL), _model(DRAFTER, seed=2)
+  target, drafter = helpers.tiny_t5(SMALL), helpers.tiny_t5(DRAFTER, seed=2)
   big = t5_growth.grow(target, GROWN, jax.random.key(1))
   ids, mask, dec = _batch()
   old = t5.encode(target.params, ids, mask, config=target.config)
@@ -118,9 +115,9 @@ def test_a_drafter_follows_its_grown_target_encoder(follow):
 
 def test_follow_grown_encoder_rejects_a_model_with_its_own_encoder():
   with pytest.raises(ValueError, match=r'num_encoder_layers=2, encoder_dim None -> 32'):
-    t5_growth.follow_grown_encoder(_model(SMALL), 32, jax.random.key(0))
+    t5_growth.follow_grown_encoder(helpers.tiny_t5(SMALL), 32, jax.random.key(0))
   with pytest.raises(ValueError, match=r'encoder_dim 16 -> 24'):
-    t5_growth.follow_grown_encoder(_model(DRAFTER), 24, jax.random.key(0))
+    t5_growth.follow_grown_encoder(helpers.tiny_t5(DRAFTER), 24, jax.random.key(0))
 
 
 @pytest.mark.parametrize('identity', [True, False])
@@ -128,7 +125,7 @@ def test_a_tied_drafter_over_the_target_encoder_grows_deeper(identity):
   # A distilled drafter (tied output layer, no encoder of its own) gains decoder layers, heads
   # and d_ff and computes the same logits. Negative control: a new layer that writes to the
   # residual stream (its `out` / `wo` not zeroed) changes them.
-  drafter = _model(DRAFTER, seed=2)
+  drafter = helpers.tiny_t5(DRAFTER, seed=2)
   deeper = dataclasses.replace(DRAFTER, num_decoder_layers=3, num_heads=3, d_ff=48)
   big = t5_growth.grow(drafter, deeper, jax.random.key(1))
   assert jax.tree.map(jnp.shape, big.params) == jax.tree.map(
@@ -138,7 +135,7 @@ def test_a_tied_drafter_over_the_target_encoder_grows_deeper(identity):
     fresh = t5.init_params(jax.random.key(5), deeper)['decoder']['layers_1']
     big.params['decoder']['layers_1'] = fresh
   ids, mask, dec = _batch()
-  encoded = t5.encode(_model(SMALL).params, ids, mask, config=SMALL)
+  encoded = t5.encode(helpers.tiny_t5(SMALL).params, ids, mask, config=SMALL)
   want = t5.decode_forward(drafter.params, encoded, mask, dec, config=DRAFTER)
   got = t5.decode_forward(big.params, encoded, mask, dec, config=deeper)
   assert np.allclose(got, want, rtol=1e-4, atol=1e-4) == identity
@@ -146,16 +143,20 @@ def test_a_tied_drafter_over_the_target_encoder_grows_deeper(identity):
 
 def test_a_tied_drafter_does_not_grow_wider():
   with pytest.raises(ValueError, match='wider d_model with tied word embeddings'):
-    t5_growth.grow(_model(DRAFTER), dataclasses.replace(DRAFTER, d_model=16), jax.random.key(0))
+    t5_growth.grow(
+      helpers.tiny_t5(DRAFTER), dataclasses.replace(DRAFTER, d_model=16), jax.random.key(0)
+    )
   with pytest.raises(ValueError, match="encoder added to a decoder over another model's encoder"):
     t5_growth.grow(
-      _model(DRAFTER), dataclasses.replace(DRAFTER, num_encoder_layers=1), jax.random.key(0)
+      helpers.tiny_t5(DRAFTER),
+      dataclasses.replace(DRAFTER, num_encoder_layers=1),
+      jax.random.key(0),
     )
 
 
 def test_add_feature_input_keeps_the_function():
   """Made EAGLE-style, a decoder computes what it computed, whatever the features it reads."""
-  small = _model(SMALL)
+  small = helpers.tiny_t5(SMALL)
   eagle = t5_growth.add_feature_input(small, 10, jax.random.key(2))
   assert eagle.config == dataclasses.replace(SMALL, feature_dim=10)
   ids, mask, dec = _batch()

@@ -11,6 +11,7 @@ import pytest
 
 from specdec_jax import cache as cache_lib
 from specdec_jax.models import t5, t5_dropout, t5_relpos
+from tests import helpers
 
 _decode = jax.jit(t5.decode, static_argnames=('config',))
 _forward = jax.jit(t5.forward, static_argnames=('config',))
@@ -23,8 +24,9 @@ _MAX_DECODE_LEN = 16
 
 @functools.cache
 def _model(name: str, seed: int = 0):
-  config = t5.CONFIGS[name]
-  return config, t5.init_params(jax.random.key(seed), config)
+  """(config, params) of `helpers.tiny_t5(name, seed)`, built once."""
+  model = helpers.tiny_t5(name, seed)
+  return model.config, model.params
 
 
 def _source(config, lengths=(9, 4, 6), seed=0):
@@ -403,8 +405,8 @@ def test_feature_reading_decoder_chunks_match_teacher_forcing():
   """An EAGLE-style decoder (feature_dim): chunked incremental decoding with per-position
   features gives the teacher-forced states, logits and predicted features; different features
   give different logits (they are read); it refuses to run without them."""
-  config = dataclasses.replace(t5.CONFIGS['tiny-v1.1'], feature_dim=12)
-  params = t5.init_params(jax.random.key(3), config)
+  model = helpers.tiny_t5('tiny-v1.1', seed=3, feature_dim=12)
+  config, params = model.config, model.params
   ids, mask = _source(config)
   dec = _targets(config)
   features = jax.random.normal(jax.random.key(4), dec.shape + (12,))
