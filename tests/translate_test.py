@@ -8,16 +8,25 @@ import numpy as np
 import pytest
 
 from experiments.configs import debsumm, ende
-from specdec_jax import evaluation, pretrained, tables
+from specdec_jax import evaluation, tables
 from specdec_jax.sampling import SamplingConfig
+from tests import helpers
 
-_SHIPPED = (pretrained.ROOT / 'ende' / 'target').exists()
-_DEBSUMM = (pretrained.ROOT / 'debsumm' / 'pair.json').exists()
+_SHIPPED = helpers.shipped('ende')
 
 
-@pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
-def test_runlocal_end_to_end(tmp_path):
-  config = ende.get_config('runlocal,num_examples=3')
+@helpers.needs_pair('ende')
+@pytest.mark.parametrize(
+  'items',
+  [
+    # Default: two drafters (a T5 and an n-gram, so the pass cost is pooled over two), greedy.
+    # Temperature 1 and the bigram are decoded by the timed-in-turn test below.
+    'runlocal,num_examples=3,drafters=distilled,trigram,temperatures=0',
+    pytest.param('runlocal,num_examples=3', marks=pytest.mark.slow),  # the whole runlocal
+  ],
+)
+def test_runlocal_end_to_end(tmp_path, items):
+  config = ende.get_config(items)
   plan = evaluation.prepare(config)
   writer = evaluation.ResultsWriter(str(tmp_path))
   for row in evaluation.rows(plan, progress=False):
@@ -28,7 +37,8 @@ def test_runlocal_end_to_end(tmp_path):
     assert on_disk[-1]['method'] == row['method']
   rows = writer.rows
   methods = {(r['drafter'], r['method'], r['temp']) for r in rows}
-  assert ('-', 'autoregressive', 0.0) in methods and ('trigram', 'block', 1.0) in methods
+  want = [('-', 'autoregressive')] + [(d, v) for d in config.drafters for v in config.verifiers]
+  assert methods == {(d, m, t) for d, m in want for t in config.temperatures}
   assert len(rows) == plan.num_methods
   for row in rows:
     assert row['seconds'] > 0 and row['tokens_per_s'] > 0
@@ -55,7 +65,7 @@ def test_runlocal_end_to_end(tmp_path):
   assert pathlib.Path(writer.finish()['png']).stat().st_size > 0
 
 
-@pytest.mark.skipif(not _DEBSUMM, reason='pretrained/debsumm not shipped in this checkout')
+@helpers.needs_pair('debsumm')
 def test_debsumm_runlocal_gives_its_rows():
   config = debsumm.get_config('runlocal,num_examples=2,temperatures=0')
   plan = evaluation.prepare(config)
@@ -65,9 +75,8 @@ def test_debsumm_runlocal_gives_its_rows():
   assert len({r['bleu'] for r in rows if r['temp'] == 0.0}) == 1  # greedy: lossless
 
 
-@pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
-def test_methods_timed_in_turn_decode_as_alone_and_share_one_baseline(monkeypatch):
-  pair = pretrained.load('ende')
+def test_methods_timed_in_turn_decode_as_alone_and_share_one_baseline(monkeypatch, ende_pair):
+  pair = ende_pair
   sources = [s for s, _ in pair.test_pairs()[:3]]
   kw = dict(
     gamma=3, sampling=SamplingConfig(temperature=1.0), batch_size=2, max_source_length=64,
@@ -138,7 +147,7 @@ def test_config_items_apply_in_order_and_lists_hold_any_number():
     ('num_examples=100000', 'has only'),
   ],
 )
-@pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
+@helpers.needs_pair('ende')
 def test_bad_settings_fail_before_decoding(item, match):
   with pytest.raises(ValueError, match=match):
     evaluation.prepare(ende.get_config(item))
