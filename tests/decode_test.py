@@ -1,7 +1,6 @@
 """Tests of the decode loops: greedy equality, losslessness, ragged batches, compile-once."""
 
 import collections
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +10,7 @@ import pytest
 from specdec_jax import decode, drafters
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.models import t5
-from tests import chisquare, fakes
+from tests import chisquare, fakes, helpers
 
 GREEDY = sampling_lib.SamplingConfig(temperature=0.0)
 SIGNIFICANCE = 1e-3  # chi-square tests reject losslessness below this p-value
@@ -306,19 +305,13 @@ def test_negative_control_trigram_q_before_transform_fails(monkeypatch):
 # Tiny random T5 pair.
 
 
-def _t5_pair():
-  target_cfg = t5.CONFIGS['tiny-v1.1']
-  drafter_cfg = t5.CONFIGS['tiny-v1.0']
-  assert target_cfg.vocab_size == drafter_cfg.vocab_size
-  target = t5.T5Model(config=target_cfg, params=t5.init_params(jax.random.key(0), target_cfg))
-  drafter = t5.T5Model(config=drafter_cfg, params=t5.init_params(jax.random.key(1), drafter_cfg))
-  return target, drafter
+# The `tiny_pair` fixture (conftest.py): target tiny-v1.1 (seed 0), drafter tiny-v1.0 (seed 1).
 
 
 @pytest.mark.parametrize('verifier', ['token', 'block'])
 @pytest.mark.parametrize('gamma', [1, 3, 5])
-def test_greedy_equals_generate_t5(verifier, gamma):
-  target, drafter = _t5_pair()
+def test_greedy_equals_generate_t5(verifier, gamma, tiny_pair):
+  target, drafter = tiny_pair
   ids, mask = _source(vocab=target.config.vocab_size)
   kwargs = dict(sampling=GREEDY, max_new_tokens=16, rng=jax.random.key(0))
   ref = decode.generate(target, ids, mask, **kwargs)
@@ -330,8 +323,8 @@ def test_greedy_equals_generate_t5(verifier, gamma):
   np.testing.assert_array_equal(out.lengths, ref.lengths)
 
 
-def test_t5_rows_do_not_depend_on_batch():
-  target, drafter = _t5_pair()
+def test_t5_rows_do_not_depend_on_batch(tiny_pair):
+  target, drafter = tiny_pair
   ids, mask = _source(vocab=target.config.vocab_size)
   kwargs = dict(
     gamma=3, verifier='block', sampling=GREEDY, max_new_tokens=16, rng=jax.random.key(0)
@@ -342,8 +335,8 @@ def test_t5_rows_do_not_depend_on_batch():
     np.testing.assert_array_equal(alone.tokens[0], full.tokens[b])
 
 
-def test_t5_target_as_drafter_greedy():
-  target, _ = _t5_pair()
+def test_t5_target_as_drafter_greedy(tiny_pair):
+  target, _ = tiny_pair
   ids, mask = _source(vocab=target.config.vocab_size)
   out = decode.speculative_generate(
     target,
@@ -362,8 +355,8 @@ def test_t5_target_as_drafter_greedy():
   assert full_iterations.any()
 
 
-def test_t5_input_too_long():
-  target, drafter = _t5_pair()
+def test_t5_input_too_long(tiny_pair):
+  target, drafter = tiny_pair
   n = target.config.max_source_length + 1
   ids, mask = jnp.ones((1, n), jnp.int32), jnp.ones((1, n), jnp.int32)
   with pytest.raises(ValueError, match='max_source_length'):
@@ -459,21 +452,15 @@ def test_nan_drafter_raises_when_sampling_and_not_when_greedy():
 
 
 def _shared_encoder_drafter(target, seed=3):
-  config = dataclasses.replace(
-    t5.CONFIGS['tiny-v1.0'],
-    num_encoder_layers=0,
-    encoder_dim=target.config.d_model,
-    d_model=16,
-    d_kv=4,
-    d_ff=32,
-    num_decoder_layers=1,
-  )
-  return t5.T5Model(config=config, params=t5.init_params(jax.random.key(seed), config))
+  return helpers.tiny_t5(
+    'tiny-v1.0', seed, num_encoder_layers=0, encoder_dim=target.config.d_model, d_model=16,
+    d_kv=4, d_ff=32, num_decoder_layers=1,
+  )  # fmt: skip
 
 
 @pytest.mark.parametrize('verifier', ['token', 'block'])
-def test_greedy_equals_generate_with_shared_encoder_drafter(verifier):
-  target, _ = _t5_pair()
+def test_greedy_equals_generate_with_shared_encoder_drafter(verifier, tiny_pair):
+  target, _ = tiny_pair
   drafter = _shared_encoder_drafter(target)
   assert drafter.steps.shares_target_encoder
   ids, mask = _source(vocab=target.config.vocab_size)
@@ -512,10 +499,9 @@ _SHARED_SAMPLING = sampling_lib.SamplingConfig(temperature=1.5, top_k=3)
 _SHARED_SOURCE = jnp.asarray([[5, 17, 42, 9]], jnp.int32)
 
 
-def _t5_drafter_prefixes(make_drafter, verifier, seed):
+def _t5_drafter_prefixes(target, make_drafter, verifier, seed):
   """(100k sampled first-3-token rows, stats, exact distribution) of the tiny T5 target with the
   drafter `make_drafter(target)` builds."""
-  target, _ = _t5_pair()
   drafter = make_drafter(target)
   ids = jnp.tile(_SHARED_SOURCE, (PREFIX_ROWS, 1))
   out = decode.speculative_generate(
@@ -535,22 +521,22 @@ def _t5_drafter_prefixes(make_drafter, verifier, seed):
   return np.asarray(out.tokens), out.stats, exact
 
 
-def _shared_encoder_prefixes(verifier):
-  return _t5_drafter_prefixes(_shared_encoder_drafter, verifier, seed=4)
+def _shared_encoder_prefixes(target, verifier):
+  return _t5_drafter_prefixes(target, _shared_encoder_drafter, verifier, seed=4)
 
 
 @pytest.mark.parametrize('verifier', ['token', 'block'])
-def test_shared_encoder_drafter_is_lossless(verifier):
+def test_shared_encoder_drafter_is_lossless(verifier, tiny_pair):
   """100k rows through the jitted loop: the first 3 tokens match the target's exact joint."""
-  samples, stats, exact = _shared_encoder_prefixes(verifier)
+  samples, stats, exact = _shared_encoder_prefixes(tiny_pair[0], verifier)
   assert _chi_square_pvalue(samples, exact) > SIGNIFICANCE
   assert 0 < int(stats.accepted.sum()) < int(stats.drafted.sum())
 
 
-def test_negative_control_shared_encoder_q_before_transform_fails(monkeypatch):
+def test_negative_control_shared_encoder_q_before_transform_fails(monkeypatch, tiny_pair):
   monkeypatch.setattr(decode, '_draft_token', _q_before_transform)
   jax.clear_caches()
-  samples, _, exact = _shared_encoder_prefixes('token')
+  samples, _, exact = _shared_encoder_prefixes(tiny_pair[0], 'token')
   monkeypatch.undo()
   jax.clear_caches()
   impossible = set(map(tuple, samples.tolist())) - set(exact)
@@ -562,22 +548,15 @@ def test_negative_control_shared_encoder_q_before_transform_fails(monkeypatch):
 
 
 def _eagle_drafter(target, seed=4):
-  config = dataclasses.replace(
-    t5.CONFIGS['tiny-v1.0'],
-    num_encoder_layers=0,
-    encoder_dim=target.config.d_model,
-    feature_dim=target.config.d_model,
-    d_model=16,
-    d_kv=4,
-    d_ff=32,
-    num_decoder_layers=1,
-  )
-  return t5.T5Model(config=config, params=t5.init_params(jax.random.key(seed), config))
+  return helpers.tiny_t5(
+    'tiny-v1.0', seed, num_encoder_layers=0, encoder_dim=target.config.d_model,
+    feature_dim=target.config.d_model, d_model=16, d_kv=4, d_ff=32, num_decoder_layers=1,
+  )  # fmt: skip
 
 
 @pytest.mark.parametrize('verifier,gamma', [('token', 1), ('block', 3)])
-def test_greedy_equals_generate_with_eagle_drafter(verifier, gamma):
-  target, _ = _t5_pair()
+def test_greedy_equals_generate_with_eagle_drafter(verifier, gamma, tiny_pair):
+  target, _ = tiny_pair
   drafter = _eagle_drafter(target)
   assert drafter.steps.reads_target_states
   ids, mask = _source(vocab=target.config.vocab_size)
@@ -590,8 +569,8 @@ def test_greedy_equals_generate_with_eagle_drafter(verifier, gamma):
   np.testing.assert_array_equal(out.lengths, ref.lengths)
 
 
-def test_eagle_drafter_errors():
-  target, _ = _t5_pair()
+def test_eagle_drafter_errors(tiny_pair):
+  target, _ = tiny_pair
   drafter = _eagle_drafter(target)
   ids, mask = _source(vocab=target.config.vocab_size)
   kwargs = dict(sampling=GREEDY, max_new_tokens=4, rng=jax.random.key(0))
@@ -600,8 +579,7 @@ def test_eagle_drafter_errors():
   cache = drafter.steps.init_cache(drafter.params, jnp.zeros((1, 3, 32)), jnp.ones((1, 3)), 8)
   with pytest.raises(ValueError, match='drafts only inside speculative_generate'):
     drafter.steps.step(drafter.params, jnp.zeros((1, 1), jnp.int32), cache)  # no states to read
-  other = dataclasses.replace(drafter.config, feature_dim=8)
-  other = t5.T5Model(config=other, params=t5.init_params(jax.random.key(0), other))
+  other = helpers.tiny_t5(drafter.config, feature_dim=8)
   with pytest.raises(ValueError, match='feature_dim=8.*width 32'):
     decode.speculative_generate(target, other, ids, mask, gamma=2, **kwargs)
 
@@ -609,13 +587,13 @@ def test_eagle_drafter_errors():
 _decoder_states = jax.jit(t5.decoder_states, static_argnames=('config',))
 
 
-def test_eagle_drafts_read_the_targets_states_then_their_own():
+def test_eagle_drafts_read_the_targets_states_then_their_own(tiny_pair):
   """Every iteration's first two drafts are what the drafter computes teacher-forced on the
   emitted prefix with the target's true state before each position, then (second draft) its own
   predicted state: the loop re-feeds the accepted positions with true states and threads the
   predicted ones. Negative control: the same check with states misaligned by one position
   disagrees, so the check can see a bookkeeping slip."""
-  target, _ = _t5_pair()
+  target, _ = tiny_pair
   drafter = _eagle_drafter(target)
   tc, dc = target.config, drafter.config
   ids, mask = _source(batch=3, vocab=tc.vocab_size)
@@ -670,22 +648,22 @@ def test_eagle_drafts_read_the_targets_states_then_their_own():
   assert misaligned < 0.9, misaligned
 
 
-def _eagle_prefixes(verifier):
-  return _t5_drafter_prefixes(_eagle_drafter, verifier, seed=6)
+def _eagle_prefixes(target, verifier):
+  return _t5_drafter_prefixes(target, _eagle_drafter, verifier, seed=6)
 
 
 @pytest.mark.parametrize('verifier', ['token', pytest.param('block', marks=pytest.mark.slow)])
-def test_eagle_drafter_is_lossless(verifier):
+def test_eagle_drafter_is_lossless(verifier, tiny_pair):
   """100k rows through the jitted loop: the first 3 tokens match the target's exact joint."""
-  samples, stats, exact = _eagle_prefixes(verifier)
+  samples, stats, exact = _eagle_prefixes(tiny_pair[0], verifier)
   assert _chi_square_pvalue(samples, exact) > SIGNIFICANCE
   assert 0 < int(stats.accepted.sum()) < int(stats.drafted.sum())
 
 
-def test_negative_control_eagle_q_before_transform_fails(monkeypatch):
+def test_negative_control_eagle_q_before_transform_fails(monkeypatch, tiny_pair):
   monkeypatch.setattr(decode, '_draft_token', _q_before_transform)
   jax.clear_caches()
-  samples, _, exact = _eagle_prefixes('token')
+  samples, _, exact = _eagle_prefixes(tiny_pair[0], 'token')
   monkeypatch.undo()
   jax.clear_caches()
   impossible = set(map(tuple, samples.tolist())) - set(exact)
