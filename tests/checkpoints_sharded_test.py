@@ -1,12 +1,7 @@
 """Loading checkpoints straight onto a (data=2, model=4) mesh of 8 CPU devices: the same params
 and logits as a single-device load, each slice a device holds read once and nothing else read."""
 
-import os
-import pathlib
-import subprocess
-import sys
-
-_REPO = pathlib.Path(__file__).resolve().parents[1]
+from tests import helpers
 
 # Runs in a fresh interpreter: the device count is fixed when jax initialises. The fixture is T5X's
 # own test checkpoint (vocab 32128, D 8, 4 heads of 3, F 16) rewritten in T5X's tensorstore layout;
@@ -124,15 +119,4 @@ print('SHARDED_LOAD_OK')
 
 
 def test_loading_onto_a_mesh_reads_only_held_slices_and_matches_one_device():
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=8')
-  result = subprocess.run(
-    [sys.executable, '-c', _SCRIPT],
-    cwd=_REPO,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=600,
-  )
-  assert result.returncode == 0 and 'SHARDED_LOAD_OK' in result.stdout, (
-    result.stdout + result.stderr[-4000:]
-  )
+  helpers.run_on_cpu_devices(_SCRIPT, 'SHARDED_LOAD_OK')

@@ -1,10 +1,5 @@
 """Tests of `decode.lower_speculative` / `lower_generate`: abstract inputs lower the real program."""
 
-import os
-import pathlib
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,9 +7,8 @@ import pytest
 
 from specdec_jax import decode
 from specdec_jax import sampling as sampling_lib
-from tests import fakes
+from tests import fakes, helpers
 
-_REPO = pathlib.Path(__file__).resolve().parents[1]
 TARGET = fakes.random_markov(seed=1, vocab_size=8, positions=16)
 DRAFTER = fakes.random_markov(seed=2, vocab_size=8, positions=16)
 
@@ -121,15 +115,4 @@ print('LOWER_SHARDED_OK', sharded, replicated)
 
 
 def test_sharded_abstract_lowering_compiles_on_8_devices():
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=8')
-  result = subprocess.run(
-    [sys.executable, '-c', _SHARDED_SCRIPT],
-    cwd=_REPO,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert result.returncode == 0 and 'LOWER_SHARDED_OK' in result.stdout, (
-    result.stdout + result.stderr[-4000:]
-  )
+  helpers.run_on_cpu_devices(_SHARDED_SCRIPT, 'LOWER_SHARDED_OK')

@@ -3,20 +3,13 @@
 One process here; the 2-process test (arrays spanning processes) calls the same helpers.
 """
 
-import os
-import pathlib
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import decode, decode_stats
 from specdec_jax import sampling as sampling_lib
-from tests import fakes
-
-_REPO = pathlib.Path(__file__).resolve().parents[1]
+from tests import fakes, helpers
 
 
 def test_to_host_returns_numpy_leaves_of_the_same_values():
@@ -92,15 +85,4 @@ print('OUTPUT_SHARDED_OK')
 
 
 def test_to_host_and_check_finite_on_a_sharded_output():
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=8')
-  result = subprocess.run(
-    [sys.executable, '-c', _SHARDED_SCRIPT],
-    cwd=_REPO,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert result.returncode == 0 and 'OUTPUT_SHARDED_OK' in result.stdout, (
-    result.stdout + result.stderr[-4000:]
-  )
+  helpers.run_on_cpu_devices(_SHARDED_SCRIPT, 'OUTPUT_SHARDED_OK')

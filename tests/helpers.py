@@ -12,6 +12,10 @@ Fixtures built on them (a loaded shipped pair, the tiny target/drafter pair) are
 """
 
 import dataclasses
+import os
+import pathlib
+import subprocess
+import sys
 
 import jax
 import pytest
@@ -44,3 +48,27 @@ def shipped(name: str = 'ende') -> bool:
 def needs_pair(name: str = 'ende'):
   """A mark that skips a test (or a parameter) where `pretrained/<name>` is not shipped."""
   return pytest.mark.skipif(not shipped(name), reason=f'pretrained/{name} not shipped')
+
+
+_REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run_on_cpu_devices(script: str, done: str, *, devices: int = 8, timeout: int = 600) -> str:
+  """Runs `script` in a fresh interpreter that sees `devices` CPU devices (the device count is
+  fixed when JAX starts, so it cannot change in this process) and asserts it exited 0 having
+  printed `done`; returns its stdout."""
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS='cpu',
+    XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
+  )
+  result = subprocess.run(
+    [sys.executable, '-c', script],
+    cwd=_REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+  assert result.returncode == 0 and done in result.stdout, result.stdout + result.stderr[-4000:]
+  return result.stdout

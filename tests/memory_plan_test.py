@@ -2,10 +2,6 @@
 compiled plan of tiny models on a (2, 2) mesh of 4 simulated CPU devices."""
 
 import dataclasses
-import os
-import pathlib
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -17,8 +13,8 @@ from benchmarks import memory_plan
 from specdec_jax import sharding
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
+from tests import helpers
 
-_REPO = pathlib.Path(__file__).resolve().parents[1]
 _MESH = AbstractMesh((2, 4), ('data', 'model'))
 _ONE = AbstractMesh((1, 1), ('data', 'model'))
 GiB = memory_plan.GiB
@@ -226,15 +222,4 @@ print('PLAN_OK')
 
 @pytest.mark.slow  # ~20 s idle: a subprocess, JAX start-up and two compiles
 def test_compiled_plan_on_4_simulated_devices():
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=4')
-  result = subprocess.run(
-    [sys.executable, '-c', _COMPILED_PLAN_SCRIPT],
-    cwd=_REPO,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert result.returncode == 0 and 'PLAN_OK' in result.stdout, (
-    result.stdout + result.stderr[-4000:]
-  )
+  helpers.run_on_cpu_devices(_COMPILED_PLAN_SCRIPT, 'PLAN_OK', devices=4)

@@ -1,10 +1,6 @@
 """Tests of sharding.py: logical axes, rules, and a (data=2, model=4) mesh of 8 CPU devices."""
 
 import dataclasses
-import os
-import pathlib
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,8 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 from specdec_jax import sharding
 from specdec_jax.models import t5
-
-_REPO = pathlib.Path(__file__).resolve().parents[1]
+from tests import helpers
 
 
 @pytest.mark.parametrize('name', ['tiny-v1.0', 'tiny-v1.1', 't5_1_1-xl'])
@@ -201,21 +196,8 @@ print('SHARDED_OK')
 """
 
 
-def _run_on_8_cpu_devices(script: str, done: str):
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=8')
-  result = subprocess.run(
-    [sys.executable, '-c', script],
-    cwd=_REPO,
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert result.returncode == 0 and done in result.stdout, result.stdout + result.stderr[-4000:]
-
-
 def test_sharded_decode_matches_one_device():
-  _run_on_8_cpu_devices(_MULTI_DEVICE_SCRIPT, 'SHARDED_OK')
+  helpers.run_on_cpu_devices(_MULTI_DEVICE_SCRIPT, 'SHARDED_OK')
 
 
 # Speculative decoding of a (data=2, model=4)-sharded tiny T5 pair against one device. Each pair
@@ -285,4 +267,4 @@ print('SPECULATIVE_SHARDED_OK')
 
 
 def test_sharded_speculative_generate_matches_one_device():
-  _run_on_8_cpu_devices(_SPECULATIVE_SCRIPT, 'SPECULATIVE_SHARDED_OK')
+  helpers.run_on_cpu_devices(_SPECULATIVE_SCRIPT, 'SPECULATIVE_SHARDED_OK')
