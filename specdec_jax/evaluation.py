@@ -383,10 +383,7 @@ def load_pair(config, mesh) -> pretrained.Pair:
   any format, or else the pair directory `config.pretrained`; placed on `mesh` as it loads (the
   target sharded, drafters per `config.drafter_sharding`)."""
   how = config.get('drafter_sharding', 'auto')
-  if how not in ('model', 'replicated', 'auto'):
-    raise ValueError(
-      f"config.drafter_sharding must be 'model', 'replicated' or 'auto', got {how!r}."
-    )
+  sharding.check_placement(how, 'config.drafter_sharding')
   if not config.get('target'):
     extra = [k for k in ('drafter', 'tokenizer', 'test_file') if config.get(k)]
     if extra:

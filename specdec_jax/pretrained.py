@@ -114,9 +114,10 @@ def load_model(
   kind = checkpoint_format(path)
   if kind == 'ngram':
     model = drafters_lib.NGramDrafter.load(str(path))
-    return model if mesh is None else sharding.place_model(model, mesh, 'replicated')
-  if how not in ('model', 'replicated', 'auto'):
-    raise ValueError(f"Sharding must be 'model', 'replicated' or 'auto', got {how!r}.")
+    if mesh is None:
+      return model
+    return dataclasses.replace(model, params=sharding.replicated(model.params, mesh))
+  sharding.check_placement(how)
   if how == 'auto':
     how = 'model' if _param_count(path, kind) >= sharding.REPLICATE_BELOW else 'replicated'
   rules = sharding.DEFAULT_RULES if how == 'model' else sharding.REPLICATED_RULES

@@ -19,7 +19,6 @@ Logical axes: batch (B), length (T, S), embed (D), mlp (F), heads (N), kv (H), j
 the flattened heads of the attention kernels), vocab (V), layers (L), relpos_buckets.
 """
 
-import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 
@@ -202,31 +201,17 @@ def replicated(tree, mesh: Mesh):
   return jax.device_put(tree, NamedSharding(mesh, P()))
 
 
-# A drafter below this many params is replicated by `place_drafter`'s 'auto': each device then runs
-# it without collectives (t5_1_1-small's 6 heads do not even split over model=4).
+# How a model's params go on a mesh: 'model' shards them by the rules, 'replicated' copies them
+# whole to every device, 'auto' replicates a model under REPLICATE_BELOW params (each device then
+# runs it without collectives: t5_1_1-small's 6 heads do not even split over model=4).
+PLACEMENTS = ('model', 'replicated', 'auto')
 REPLICATE_BELOW = 1_000_000_000
 
 
-def place_model(model, mesh: Mesh, how: str = 'model', rules: Rules = DEFAULT_RULES):
-  """`model` (a `T5Model`, an n-gram drafter, anything with `.params`) with its params on `mesh`.
-
-  Args:
-    how: 'model' shards T5 params by `rules` (`shard_params`); 'replicated' copies them whole to
-      every device; 'auto' replicates a model under `REPLICATE_BELOW` params, else shards it.
-      Models that are not T5 (n-gram tables) are always replicated.
-  """
-  if how not in ('model', 'replicated', 'auto'):
-    raise ValueError(
-      f"Drafter/target sharding must be 'model', 'replicated' or 'auto', got {how!r}."
-    )
-  from specdec_jax.models import t5  # sharding is imported by the model: no import at the top
-
-  if how == 'auto':
-    size = sum(x.size for x in jax.tree.leaves(model.params))
-    how = 'replicated' if size < REPLICATE_BELOW else 'model'
-  if how == 'model' and isinstance(model, t5.T5Model):
-    return dataclasses.replace(model, params=shard_params(model.params, mesh, rules))
-  return dataclasses.replace(model, params=replicated(model.params, mesh))
+def check_placement(how: str, what: str = 'placement') -> None:
+  """Raises ValueError naming `what` unless `how` is one of `PLACEMENTS`."""
+  if how not in PLACEMENTS:
+    raise ValueError(f"{what} must be 'model', 'replicated' or 'auto', got {how!r}.")
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2, rules: Rules = DEFAULT_RULES) -> NamedSharding:
