@@ -9,7 +9,7 @@ import pytest
 from specdec_jax import decode
 from specdec_jax import sampling as sampling_lib
 from tests import fakes
-from tests.decode_test import GREEDY, _source, _t5_pair
+from tests.decode_test import GREEDY, _source
 
 # ---------------------------------------------------------------------------------------------
 # The greedy fast path (argmax ids, no probability vectors) against the general path.
@@ -100,8 +100,8 @@ def test_negative_control_greedy_fast_path_off_by_one_differs(monkeypatch):
 
 
 @pytest.mark.parametrize('verifier', ['token', 'block'])
-def test_greedy_fast_path_matches_general_path_t5(verifier):
-  target, drafter = _t5_pair()
+def test_greedy_fast_path_matches_general_path_t5(verifier, tiny_pair):
+  target, drafter = tiny_pair
   ids, mask = _source(vocab=target.config.vocab_size)
   fast, general = _both_paths(
     target, drafter, ids, mask, gamma=3, verifier=verifier, max_new_tokens=16
