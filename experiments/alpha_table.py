@@ -21,7 +21,7 @@ import numpy as np
 from matplotlib import figure
 
 from experiments.configs import common
-from specdec_jax import evaluation, tables
+from specdec_jax import evaluation, results_io, tables
 from specdec_jax import sampling as sampling_lib
 
 COLUMNS = (
@@ -236,7 +236,7 @@ def _max_drafters(table) -> int:
 
 def run(config, workdir: str, *, echo=print) -> dict[str, str]:
   """Measures every row of `config`, writing each as it finishes; returns the output paths."""
-  writer = evaluation.ResultsWriter(workdir, name='alpha_table', columns=COLUMNS)
+  writer = results_io.ResultsWriter(workdir, name='alpha_table', columns=COLUMNS)
   tasks, samplings = prepare(config)
   for task in tasks:
     plan = task.plan

@@ -25,7 +25,7 @@ import numpy as np
 from matplotlib import figure
 
 from experiments.configs import common
-from specdec_jax import analysis, evaluation, tables
+from specdec_jax import analysis, evaluation, results_io, tables
 
 COLUMNS = (
   'task',
@@ -241,8 +241,8 @@ def plot(points: list[dict], path: str) -> None:
 
 def run(config, workdir: str, *, echo=print, progress: bool = True) -> dict[str, str]:
   """Measures every point of `config`, writing each as it finishes; returns the output paths."""
-  writer = evaluation.ResultsWriter(workdir, name='exp_vs_emp', columns=COLUMNS)
-  optimal_writer = evaluation.ResultsWriter(workdir, name='optimal_gamma', columns=OPTIMAL_COLUMNS)
+  writer = results_io.ResultsWriter(workdir, name='exp_vs_emp', columns=COLUMNS)
+  optimal_writer = results_io.ResultsWriter(workdir, name='optimal_gamma', columns=OPTIMAL_COLUMNS)
   plan = evaluation.prepare(config)
   echo(plan.summary())
   echo(tables.format_header(POINT_TABLE))

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from matplotlib import figure
 
 from experiments.configs import common
-from specdec_jax import analysis, decode, evaluation, step_models, tables
+from specdec_jax import analysis, decode, evaluation, results_io, step_models, tables
 from specdec_jax import sampling as sampling_lib
 
 COLUMNS = (
@@ -326,8 +326,8 @@ def plot(table: list[dict], path: str) -> None:
 
 def run(config, workdir: str, *, echo=print) -> dict[str, str]:
   """Measures every point of `config`, writing each as it finishes; returns the output paths."""
-  writer = evaluation.ResultsWriter(workdir, name='ops_memory', columns=COLUMNS)
-  cost_writer = evaluation.ResultsWriter(workdir, name='call_costs', columns=COST_COLUMNS)
+  writer = results_io.ResultsWriter(workdir, name='ops_memory', columns=COLUMNS)
+  cost_writer = results_io.ResultsWriter(workdir, name='call_costs', columns=COST_COLUMNS)
   plan = evaluation.prepare(config)
   c = config
   echo(

@@ -14,7 +14,7 @@ keeps every finished row; speedup.png at the end. Third-party INFO logs only wit
 from tqdm.auto import tqdm
 
 from experiments.configs import common
-from specdec_jax import evaluation, sharding, tables
+from specdec_jax import evaluation, results_io, sharding, tables
 
 
 def run(config, workdir: str) -> list[evaluation.Row]:
@@ -24,7 +24,7 @@ def run(config, workdir: str) -> list[evaluation.Row]:
   prints and writes. Rows go through `tqdm.write`, so they never interleave with the bar.
   """
   main = sharding.is_main_process()
-  writer = evaluation.ResultsWriter(workdir) if main else None
+  writer = results_io.ResultsWriter(workdir) if main else None
   plan = evaluation.prepare(config)
   say = tqdm.write if main else (lambda text: None)
   say(plan.summary())

@@ -47,7 +47,7 @@ import numpy as np
 
 from experiments import verification_report as report
 from experiments.configs import common
-from specdec_jax import evaluation, verify
+from specdec_jax import evaluation, results_io, verify
 from specdec_jax import sampling as sampling_lib
 
 PARTS = ('toy', 'sweep', 'ccdf')
@@ -482,7 +482,7 @@ def run(config, workdir: str, *, progress: bool = True, echo=print) -> dict[str,
 
   plan = prepare(config)  # fails here, before anything is decoded or written
   writers = {
-    name: evaluation.ResultsWriter(workdir, name=name, columns=columns)
+    name: results_io.ResultsWriter(workdir, name=name, columns=columns)
     for name, columns in TABLES.items()
   }
   if plan is not None:

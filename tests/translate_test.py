@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import debsumm, ende
-from specdec_jax import evaluation, tables
+from specdec_jax import evaluation, results_io, tables
 from specdec_jax.sampling import SamplingConfig
 from tests import helpers
 
@@ -28,7 +28,7 @@ _SHIPPED = helpers.shipped('ende')
 def test_runlocal_end_to_end(tmp_path, items):
   config = ende.get_config(items)
   plan = evaluation.prepare(config)
-  writer = evaluation.ResultsWriter(str(tmp_path))
+  writer = results_io.ResultsWriter(str(tmp_path))
   for row in evaluation.rows(plan, progress=False):
     assert isinstance(row, evaluation.Row)
     writer.add(row)
@@ -165,11 +165,11 @@ def test_unwritable_workdir_fails_before_decoding(tmp_path):
   blocker = tmp_path / 'file'
   blocker.write_text('')
   with pytest.raises((ValueError, OSError)):
-    evaluation.ResultsWriter(str(blocker / 'sub'))
+    results_io.ResultsWriter(str(blocker / 'sub'))
 
 
 def test_results_writer_writes_strict_json(tmp_path):
-  writer = evaluation.ResultsWriter(str(tmp_path))
+  writer = results_io.ResultsWriter(str(tmp_path))
   writer.add(
     dict(
       task='EnDe',
