@@ -80,3 +80,34 @@ def rewind(cache, end_index):
   """
   end_index = jnp.broadcast_to(jnp.asarray(end_index, jnp.int32), cache.end_index.shape)
   return cache.replace(end_index=end_index)
+
+
+def take_rows(cache, rows: jax.Array, *, same_source: bool = False):
+  """The cache whose row i is `cache`'s row `rows[i]`: a cache of len(rows) rows.
+
+  A `DecoderCache` holds its batch on axis 1 of the stacked [L, B, ...] keys and values; any other
+  cache (n-gram, test fakes) is batch-major in every leaf.
+
+  Args:
+    cache: a `DecoderCache`, or any cache dataclass whose leaves are all batch-major.
+    rows: int32[R] source row of each new row.
+    same_source: every rows[i] encodes the same source as row i (a multi-draft loop choosing among
+      copies of one source row; len(rows) is the cache's batch): a `DecoderCache` then keeps its
+      encoder side (cross keys and values, mask) as is and gathers only the decoder's.
+  """
+  if not isinstance(cache, DecoderCache):
+    return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), cache)
+  per_row = lambda x: jnp.take(x, rows, axis=1)
+  encoder = {}
+  if not same_source:
+    encoder = dict(
+      cross_k=per_row(cache.cross_k),
+      cross_v=per_row(cache.cross_v),
+      encoder_mask=cache.encoder_mask[rows],
+    )
+  return cache.replace(
+    self_k=per_row(cache.self_k),
+    self_v=per_row(cache.self_v),
+    end_index=cache.end_index[rows],
+    **encoder,
+  )

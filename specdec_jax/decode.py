@@ -57,8 +57,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from specdec_jax import cache as cache_lib
 from specdec_jax import sampling as sampling_lib
-from specdec_jax import step_models, validation, verify
+from specdec_jax import step_models, validation, verify, verify_multipath
 from specdec_jax.data.tokenizer import PAD_ID
 from specdec_jax.decode_stats import (  # noqa: F401 (API)
   DecodeOutput,
@@ -90,13 +91,16 @@ class LoopSpec:
       `autoregressive_loop`, which reads no other field below).
     verifier: a key of `verify.VERIFIERS`; 'token' whenever `greedy` (both verifiers are then
       the same program).
+    num_drafts: K >= 1 draft paths per iteration. K > 1 drafts K independent paths (each source
+      row runs as K rows of both models), scores them in one target pass of K x (G + 1)
+      positions, verifies them with `verify_multipath.VERIFIERS[verifier]` and moves every copy of
+      the row onto the accepted path. K = 1 is the single-draft program.
     greedy_fast_path: at temperature 0, compare argmax ids instead of forming probabilities (the
       tokens are the same; False runs the general path, for tests and benchmarks).
     trace: record a `SpeculativeTrace` of every iteration.
 
-  Room for more: a multi-draft loop (`num_drafts` candidate blocks per iteration, verified
-  together) or a drafter that stops early (`draft_stop`, a confidence rule ending the draft scan)
-  adds its field here with a default that keeps today's program (1, None); `draft` and
+  Room for more: a drafter that stops early (`draft_stop`, a confidence rule ending the draft
+  scan) adds its field here with a default that keeps today's program (None); `draft` and
   `_verify` are the two steps of `speculative_loop`'s body it changes.
   """
 
@@ -104,6 +108,7 @@ class LoopSpec:
   max_new_tokens: int
   gamma: int = 0
   verifier: str = 'token'
+  num_drafts: int = 1
   greedy_fast_path: bool = True
   trace: bool = False
 
@@ -111,6 +116,7 @@ class LoopSpec:
     validation.check_sampling(self.sampling)
     validation.as_int('max_new_tokens', self.max_new_tokens, 1)
     validation.as_int('gamma', self.gamma, 0)
+    validation.as_int('num_drafts', self.num_drafts, 1)
     if not isinstance(self.verifier, str) or self.verifier not in verify.VERIFIERS:
       raise ValueError(
         f'Unknown verifier {self.verifier!r}; choose one of {sorted(verify.VERIFIERS)}.'
@@ -156,9 +162,11 @@ def _init_state(batch, spec: LoopSpec, start_id, target_cache, draft_cache, stat
     )
   target_states = None
   if state_dim is not None:
-    # Before the first pass: zero states "at position -1", so seq[0] is fed with zeros.
-    states = jnp.zeros((batch, spec.gamma + 1, state_dim), jnp.float32)
-    target_states = (states, jnp.full((batch,), -1, jnp.int32))
+    # Before the first pass: zero states "at position -1", so seq[0] is fed with zeros. One row
+    # per path, as the drafter's.
+    rows = batch * spec.num_drafts
+    states = jnp.zeros((rows, spec.gamma + 1, state_dim), jnp.float32)
+    target_states = (states, jnp.full((rows,), -1, jnp.int32))
   return _State(
     seq=seq.at[:, 0].set(start_id),
     n=jnp.zeros((batch,), jnp.int32),
@@ -307,18 +315,36 @@ def target_pass(steps, params, tokens, cache, *, with_states: bool):
     return logits, states.astype(jnp.float32), cache
 
 
+def _paths(x, num_paths: int):
+  """Each row (of every leaf, batch-major) repeated once per draft path: [B, ...] -> [B*K, ...]."""
+  if num_paths == 1:
+    return x
+  return jax.tree.map(lambda leaf: jnp.repeat(leaf, num_paths, axis=0), x)
+
+
 @jax.named_scope('encode')
 def _init_caches(
-  target_steps, target_params, draft_steps, draft_params, input_ids, input_mask, cache_len
+  target_steps,
+  target_params,
+  draft_steps,
+  draft_params,
+  input_ids,
+  input_mask,
+  cache_len,
+  num_paths=1,
 ):
-  """Both caches; the source is encoded once when the drafter reads the target's encoder."""
+  """Both caches, with `num_paths` rows per source row (each source is encoded once); the
+  source is encoded once in all when the drafter reads the target's encoder."""
   encoded = target_steps.encode(target_params, input_ids, input_mask)
-  target_cache = target_steps.init_cache(target_params, encoded, input_mask, cache_len)
+  mask = _paths(input_mask, num_paths)
+  target_cache = target_steps.init_cache(target_params, _paths(encoded, num_paths), mask, cache_len)
   if draft_steps is None:
     return target_cache, None
   if not getattr(draft_steps, 'shares_target_encoder', False):
     encoded = draft_steps.encode(draft_params, input_ids, input_mask)
-  return target_cache, draft_steps.init_cache(draft_params, encoded, input_mask, cache_len)
+  return target_cache, draft_steps.init_cache(
+    draft_params, _paths(encoded, num_paths), mask, cache_len
+  )
 
 
 def _finish(state: _State, max_new_tokens: int) -> DecodeOutput:
@@ -354,12 +380,60 @@ def _verify(rng, drafts, q, logits, spec: LoopSpec):
     return tau, y, beta, verify.nonfinite_rows(q, p)
 
 
+def _verify_paths(rng, drafts, q, logits, spec: LoopSpec):
+  """Step 3 with K = `spec.num_drafts` > 1 paths per row, their rows consecutive.
+
+  Args:
+    drafts: int32[B*K, G]; q: float32[B*K, G, V] (None when greedy).
+    logits: float32[B*K, G + 1, V].
+
+  Returns:
+    (path int32[B] the path kept, tau, y, beta, nonfinite) as `_verify`'s, with beta measured on
+    path 0 (each path alone is a single-draft block, so alpha keeps its meaning).
+  """
+  k, g = spec.num_drafts, spec.gamma
+  per_row = lambda x: None if x is None else x.reshape((-1, k) + x.shape[1:])
+  drafts, q, logits = per_row(drafts), per_row(q), per_row(logits)
+  if spec.greedy:
+    with jax.named_scope('sampling'):
+      target_ids = sampling_lib.argmax(logits)
+    with jax.named_scope('verify'):
+      path, tau, y = verify_multipath.multipath_greedy_verify(drafts, target_ids)
+      beta = (drafts[:, 0] == target_ids[:, 0, :g]).astype(jnp.float32)
+      return path, tau, y, beta, ~jnp.isfinite(jnp.sum(logits, axis=(1, 2, 3)))
+  with jax.named_scope('sampling'):
+    p = sampling_lib.logits_to_probs(logits, spec.sampling)
+  with jax.named_scope('verify'):
+    path, tau, y = verify_multipath.VERIFIERS[spec.verifier](rng, drafts, q, p)
+    beta = jnp.minimum(p[:, 0, :g], q[:, 0]).sum(-1)
+    flat = lambda x: x.reshape((-1,) + x.shape[2:])
+    nonfinite = verify.nonfinite_rows(flat(q), flat(p)).reshape(-1, k).any(axis=1)
+    return path, tau, y, beta, nonfinite
+
+
+def _follow(path, drafts, target_cache, draft_cache, states, num_paths: int):
+  """Moves every path row of a source row onto its kept path: (drafts int32[B, G] of the kept
+  path, target_cache, draft_cache, states) with each row's K copies equal to the kept one."""
+  rows = jnp.arange(path.shape[0]) * num_paths + path  # the kept path's row, per source row
+  every = jnp.repeat(rows, num_paths)
+  take = functools.partial(cache_lib.take_rows, rows=every, same_source=True)
+  return (
+    drafts[rows],
+    take(target_cache),
+    take(draft_cache),
+    None if states is None else states[every],
+  )
+
+
 @jax.named_scope('emit')
-def _emit_and_rewind(state: _State, drafts, tau, y, *, eos_id: int, max_new_tokens: int):
+def _emit_and_rewind(
+  state: _State, drafts, tau, y, *, eos_id: int, max_new_tokens: int, num_paths: int = 1
+):
   """Step 4 of an iteration: appends X_1..X_tau, y to each row; rewinds the target's cache.
 
   Returns (seq, n, done, target_cache) updated: the target keeps [.., seq[n], X_1..X_tau]
-  (positions < the new n); the drafter rewinds itself at its next call.
+  (positions < the new n, in each of a row's `num_paths` cache rows); the drafter rewinds itself
+  at its next call.
   """
   gamma = drafts.shape[1]
   block = jnp.where(
@@ -368,7 +442,7 @@ def _emit_and_rewind(state: _State, drafts, tau, y, *, eos_id: int, max_new_toke
   seq, n, done = _emit(
     state.seq, state.n, state.done, block, tau + 1, eos_id=eos_id, max_new_tokens=max_new_tokens
   )
-  return seq, n, done, state.target_cache.replace(end_index=n)
+  return seq, n, done, state.target_cache.replace(end_index=_paths(n, num_paths))
 
 
 def _record(state: _State, drafts, tau, y, new_n):
@@ -402,6 +476,7 @@ def speculative_loop(
   if spec.gamma < 1:
     raise ValueError(f'speculative_loop needs spec.gamma >= 1, got {spec.gamma}.')
   reads_states = getattr(draft_steps, 'reads_target_states', False)
+  k = spec.num_drafts
   target_cache, draft_cache = _init_caches(
     target_steps,
     target_params,
@@ -410,6 +485,7 @@ def speculative_loop(
     input_ids,
     input_mask,
     spec.buffer_length,
+    num_paths=k,
   )
   state = _init_state(
     input_ids.shape[0],
@@ -427,17 +503,25 @@ def speculative_loop(
 
   def body(state: _State) -> _State:
     draft_rng, verify_rng = jax.random.split(jax.random.fold_in(rng, state.iteration))
+    # With K paths every row runs as K rows of both models (the identity at K = 1).
+    seq, n = _paths(state.seq, k), _paths(state.n, k)
     # 1. The drafter proposes X_1..X_gamma, with q_1..q_gamma.
     drafts, q, draft_cache = drafter(
-      state.draft_cache, state.seq, state.n, draft_rng, target_states=state.target_states
+      state.draft_cache, seq, n, draft_rng, target_states=state.target_states
     )
     # 2. One target pass scores the pending token and every draft: p_1..p_{gamma+1}.
-    pending = _row_slice(state.seq, state.n, 1)
     logits, states, target_cache = score(
-      jnp.concatenate([pending, drafts], axis=1), state.target_cache
+      jnp.concatenate([_row_slice(seq, n, 1), drafts], axis=1), state.target_cache
     )
-    # 3. Keep tau drafts, then y from the residual (or from p_{gamma+1} when all were kept).
-    tau, y, beta, nonfinite = _verify(verify_rng, drafts, q, logits, spec)
+    # 3. Keep tau drafts, then y from the residual (or from p_{gamma+1} when all were kept);
+    #    with K paths, of one path, onto which every copy of the row then moves.
+    if k == 1:
+      tau, y, beta, nonfinite = _verify(verify_rng, drafts, q, logits, spec)
+    else:
+      path, tau, y, beta, nonfinite = _verify_paths(verify_rng, drafts, q, logits, spec)
+      drafts, target_cache, draft_cache, states = _follow(
+        path, drafts, target_cache, draft_cache, states, k
+      )
     # 4. Emit X_1..X_tau, y; rewind the target to what it keeps.
     seq, n, done, target_cache = _emit_and_rewind(
       state._replace(target_cache=target_cache),
@@ -446,6 +530,7 @@ def speculative_loop(
       y,
       eos_id=target_steps.eos_id,
       max_new_tokens=spec.max_new_tokens,
+      num_paths=k,
     )
     with jax.named_scope('emit'):
       return state._replace(
@@ -457,7 +542,7 @@ def speculative_loop(
         stats=state.stats.accumulate(~state.done, tau, beta, nonfinite),
         iteration=state.iteration + 1,
         trace=_record(state, drafts, tau, y, n),
-        target_states=None if states is None else (states, state.n),
+        target_states=None if states is None else (states, _paths(state.n, k)),
       )
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
@@ -513,7 +598,17 @@ def _autoregressive_call(model, input_ids, input_mask, *, sampling, max_new_toke
 
 
 def _speculative_call(
-  target, drafter, input_ids, input_mask, *, gamma, verifier, sampling, max_new_tokens, trace
+  target,
+  drafter,
+  input_ids,
+  input_mask,
+  *,
+  gamma,
+  verifier,
+  sampling,
+  max_new_tokens,
+  trace,
+  num_drafts=1,
 ):
   """Validates `speculative_generate`'s arguments: (the loop's arguments before rng, LoopSpec)."""
   gamma = validation.as_int('gamma', gamma, 1)
@@ -536,6 +631,7 @@ def _speculative_call(
     max_new_tokens=max_new_tokens,
     gamma=gamma,
     verifier=verifier,
+    num_drafts=validation.as_int('num_drafts', num_drafts, 1),
     trace=bool(trace),
   )
   return (target_steps, target_params, draft_steps, draft_params, ids, mask), spec
@@ -588,6 +684,7 @@ def speculative_generate(
   sampling: sampling_lib.SamplingConfig,
   max_new_tokens: int,
   rng: jax.Array,
+  num_drafts: int = 1,
   trace: bool = False,
   check_finite: bool = True,
 ) -> DecodeOutput:
@@ -613,6 +710,12 @@ def speculative_generate(
     sampling: the transform applied identically to target and drafter logits.
     max_new_tokens: M >= 1, the most tokens per row.
     rng: PRNG key (unused when greedy).
+    num_drafts: K >= 1 draft paths per iteration. K > 1: the drafter samples K independent
+      paths of gamma tokens per row, one target pass scores all K x (gamma + 1) positions, and
+      `verify_multipath.VERIFIERS[verifier]` keeps a prefix of one path ('block': greedy
+      multi-path block verification; 'token': recursive rejection over the paths). Each row
+      runs as K rows of both models (K times their caches). At temperature 0 the K paths are the
+      drafter's one argmax path, so K > 1 adds work and no tokens.
     trace: also return a `SpeculativeTrace` (drafts, accepted counts, corrected tokens of every
       iteration) in `out.trace`; off, the loop records nothing.
     check_finite: raise `NonFiniteError` if the target's logits or either model's probabilities
@@ -631,6 +734,7 @@ def speculative_generate(
     sampling=sampling,
     max_new_tokens=max_new_tokens,
     trace=trace,
+    num_drafts=num_drafts,
   )
   out = speculative_loop(*args, rng, spec=spec)
   return validation.raise_if_nonfinite(out, 'The target or the drafter') if check_finite else out
@@ -662,6 +766,7 @@ def lower_speculative(
   verifier: str = 'token',
   sampling: sampling_lib.SamplingConfig,
   max_new_tokens: int,
+  num_drafts: int = 1,
 ) -> jax.stages.Lowered:
   """`speculative_generate`'s program lowered for these shapes (trace off), without running it.
 
@@ -677,5 +782,6 @@ def lower_speculative(
     sampling=sampling,
     max_new_tokens=max_new_tokens,
     trace=False,
+    num_drafts=num_drafts,
   )
   return speculative_loop.lower(*args, _ABSTRACT_KEY, spec=spec)

@@ -1,0 +1,237 @@
+"""Multi-draft decoding (`speculative_generate(..., num_drafts=K)`) through the jitted loop:
+lossless end to end (chi-square of the first three tokens against the exact law, with negative
+controls that must fail the same test), greedy output equal to the target's, every drafter kind,
+ragged batches, one program per shape."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax import decode, drafters
+from specdec_jax import sampling as sampling_lib
+from specdec_jax import verify_multipath as vm
+from tests import fakes
+from tests.decode_test import (
+  DRAFTER,
+  GREEDY,
+  PREFIX_LENGTH,
+  PREFIX_ROWS,
+  SIGNIFICANCE,
+  TARGET,
+  _chi_square_pvalue,
+  _eagle_drafter,
+  _ngram,
+  _shared_encoder_drafter,
+  _source,
+)
+
+SAMPLING = sampling_lib.SamplingConfig(temperature=1.0)
+
+
+def _prefixes(
+  verifier, num_drafts, *, drafter=DRAFTER, sampling=SAMPLING, gamma=2, seed=11, rows=PREFIX_ROWS
+):
+  ids = jnp.zeros((rows, 1), jnp.int32)
+  out = decode.speculative_generate(
+    TARGET,
+    drafter,
+    ids,
+    jnp.ones_like(ids),
+    gamma=gamma,
+    verifier=verifier,
+    sampling=sampling,
+    max_new_tokens=PREFIX_LENGTH,
+    rng=jax.random.key(seed),
+    num_drafts=num_drafts,
+  )
+  return np.asarray(out.tokens), out.stats
+
+
+def _pvalue(tokens, sampling=SAMPLING):
+  exact = fakes.exact_prefix_distribution(TARGET, PREFIX_LENGTH, sampling)
+  if set(map(tuple, tokens.tolist())) - set(exact):
+    return 0.0  # an output the target cannot produce
+  return _chi_square_pvalue(tokens, exact)
+
+
+@pytest.mark.parametrize(
+  'verifier, num_drafts, sampling',
+  [
+    ('block', 2, SAMPLING),
+    ('token', 2, SAMPLING),
+    ('block', 3, sampling_lib.SamplingConfig(temperature=0.8, top_k=3)),
+    pytest.param('token', 3, SAMPLING, marks=pytest.mark.slow),
+    pytest.param('block', 4, SAMPLING, marks=pytest.mark.slow),
+  ],
+  ids=str,
+)
+def test_multidraft_loop_is_lossless(verifier, num_drafts, sampling):
+  """The joint of the first 3 tokens over 100k rows matches the target's exact distribution."""
+  tokens, stats = _prefixes(verifier, num_drafts, sampling=sampling)
+  assert _pvalue(tokens, sampling) > SIGNIFICANCE
+  assert 0 < int(stats.accepted.sum()) < int(stats.drafted.sum())
+
+
+def test_lossless_with_trigram_drafter():
+  """A trigram's cache holds the tokens fed: every copy of a row must follow the kept path."""
+  sampling = sampling_lib.SamplingConfig(temperature=1.4, top_p=0.8)
+  tokens, stats = _prefixes('token', 2, drafter=_ngram(3), sampling=sampling, seed=9)
+  assert _pvalue(tokens, sampling) > SIGNIFICANCE
+  assert 0 < int(stats.accepted.sum()) < int(stats.drafted.sum())
+
+
+def test_more_paths_accept_more():
+  """Not vacuous: the loop uses the extra paths (K = 3 accepts more drafts per iteration)."""
+  one = _prefixes('block', 1, rows=20_000)[1]
+  three = _prefixes('block', 3, rows=20_000)[1]
+  rate = lambda s: int(s.accepted.sum()) / int(s.drafted.sum())
+  assert rate(three) > rate(one) + 0.05
+
+
+def _select_by_p(children, keys, p_node, alive):
+  """Bug: select the child the target likes most, while the law assumes the ratio order."""
+  return vm.select_child(children, jnp.log(p_node), p_node, alive)
+
+
+@jax.jit
+def _gbv_select_by_p(rng, tokens, q, p):
+  path, selected, q_hat, p_selected = vm.select_path(tokens, q, p, 'ratio', _select_by_p)
+  tau, y = vm.block_verify_path(rng, selected, q_hat, p_selected)
+  return vm.MultipathResult(path, tau, y)
+
+
+_FOLLOW = decode._follow
+
+
+def _follow_path_zero_caches(path, drafts, target_cache, draft_cache, states, num_paths):
+  """Bug: emit the kept path's drafts but leave every row on path 0's caches."""
+  kept, *_ = _FOLLOW(path, drafts, target_cache, draft_cache, states, num_paths)
+  zero = jnp.zeros_like(path)
+  _, target_cache, draft_cache, states = _FOLLOW(
+    zero, drafts, target_cache, draft_cache, states, num_paths
+  )
+  return kept, target_cache, draft_cache, states
+
+
+@pytest.mark.parametrize('bug', ['select_by_p', 'caches_of_path_zero'])
+def test_negative_controls_fail_through_the_loop(monkeypatch, bug):
+  if bug == 'select_by_p':
+    monkeypatch.setitem(vm.VERIFIERS, 'block', _gbv_select_by_p)
+  else:
+    monkeypatch.setattr(decode, '_follow', _follow_path_zero_caches)
+  jax.clear_caches()  # the loop must be traced again with the bug
+  tokens, _ = _prefixes('block', 3)
+  monkeypatch.undo()
+  jax.clear_caches()
+  assert _pvalue(tokens) < SIGNIFICANCE
+
+
+# ---------------------------------------------------------------------------------------------
+# Greedy: K paths still give the target's greedy output, for every drafter kind.
+
+
+def _greedy_matches(target, drafter, ids, mask, *, num_drafts, gamma=3, verifier='block', m=12):
+  kw = dict(sampling=GREEDY, max_new_tokens=m, rng=jax.random.key(0))
+  expected = decode.generate(target, ids, mask, **kw)
+  got = decode.speculative_generate(
+    target, drafter, ids, mask, gamma=gamma, verifier=verifier, num_drafts=num_drafts, **kw
+  )
+  np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(expected.tokens))
+  np.testing.assert_array_equal(np.asarray(got.lengths), np.asarray(expected.lengths))
+  return got
+
+
+@pytest.mark.parametrize('num_drafts', [2, 3])
+@pytest.mark.parametrize('verifier', ['token', 'block'])
+def test_greedy_equals_generate_markov(num_drafts, verifier):
+  ids, mask = _source(vocab=4)
+  _greedy_matches(TARGET, DRAFTER, ids, mask, num_drafts=num_drafts, verifier=verifier)
+
+
+def test_greedy_general_path_equals_generate():
+  """The general (probability) path at temperature 0 with K paths, not only the id fast path."""
+  ids, mask = _source(vocab=4)
+  spec = decode.LoopSpec(
+    sampling=GREEDY, max_new_tokens=12, gamma=3, verifier='block', num_drafts=2,
+    greedy_fast_path=False,
+  )  # fmt: skip
+  got = decode.speculative_loop(
+    TARGET.steps, TARGET.params, DRAFTER.steps, DRAFTER.params, ids, mask, jax.random.key(0),
+    spec=spec,
+  )  # fmt: skip
+  expected = decode.generate(
+    TARGET, ids, mask, sampling=GREEDY, max_new_tokens=12, rng=jax.random.key(0)
+  )
+  np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(expected.tokens))
+
+
+@pytest.mark.parametrize('order', [2, 3])
+def test_greedy_equals_generate_ngram(order):
+  ids, mask = _source(vocab=4)
+  kw = dict(sampling=GREEDY, max_new_tokens=12, rng=jax.random.key(0))
+  corpus = np.asarray(decode.generate(TARGET, ids, mask, **kw).tokens)
+  drafter = drafters.NGramDrafter.fit(corpus, vocab_size=4, order=order)
+  _greedy_matches(TARGET, drafter, ids, mask, num_drafts=2)
+
+
+@pytest.mark.parametrize('kind', ['t5', 'shared_encoder', 'eagle'])
+def test_greedy_equals_generate_t5_drafters(kind, tiny_pair):
+  target, drafter = tiny_pair
+  if kind == 'shared_encoder':
+    drafter = _shared_encoder_drafter(target)
+  elif kind == 'eagle':
+    drafter = _eagle_drafter(target)
+  ids, mask = _source(vocab=target.config.vocab_size)  # ragged rows
+  _greedy_matches(target, drafter, ids, mask, num_drafts=2, m=10)
+
+
+def test_sampled_t5_rows_emit_their_kept_paths(tiny_pair):
+  """Ragged rows at temperature 1 with K = 2: each row's output is, iteration by iteration, the
+  kept path's first tau drafts then Y (as the trace records them), cut at the token limit."""
+  target, drafter = tiny_pair
+  ids, mask = _source(batch=3, vocab=target.config.vocab_size)
+  out = decode.speculative_generate(
+    target, drafter, ids, mask, gamma=3, verifier='block', sampling=SAMPLING, max_new_tokens=9,
+    rng=jax.random.key(5), num_drafts=2, trace=True,
+  )  # fmt: skip
+  trace = jax.tree.map(np.asarray, out.trace)
+  for b in range(ids.shape[0]):
+    rebuilt = []
+    for i in np.flatnonzero(trace.emitted[b]):
+      tau = trace.num_accepted[b, i]
+      block = [*trace.drafts[b, i, :tau], trace.next_token[b, i]]
+      rebuilt += block[: trace.emitted[b, i]]
+    length = int(out.lengths[b])
+    assert len(rebuilt) == length
+    np.testing.assert_array_equal(np.asarray(out.tokens)[b, :length], rebuilt)
+  assert 0 < int(out.stats.accepted.sum()) < int(out.stats.drafted.sum())
+
+
+# ---------------------------------------------------------------------------------------------
+# The spec and its programs.
+
+
+def test_one_draft_is_todays_program():
+  base = decode.LoopSpec(sampling=SAMPLING, max_new_tokens=4, gamma=2, verifier='block')
+  assert decode.LoopSpec(**{**vars(base), 'num_drafts': 1}) == base
+
+
+def test_compiles_once_per_shape():
+  ids, mask = _source(vocab=4)
+  kw = dict(gamma=2, verifier='block', sampling=SAMPLING, max_new_tokens=6, num_drafts=2)
+  decode.speculative_generate(TARGET, DRAFTER, ids, mask, rng=jax.random.key(0), **kw)
+  before = decode.speculative_loop._cache_size()
+  for seed in range(1, 4):
+    decode.speculative_generate(TARGET, DRAFTER, ids, mask, rng=jax.random.key(seed), **kw)
+  assert decode.speculative_loop._cache_size() == before
+
+
+@pytest.mark.parametrize('bad', [0, -1, 1.5, 'two'])
+def test_bad_num_drafts_is_one_clear_error(bad):
+  ids, mask = _source(vocab=4)
+  with pytest.raises((ValueError, TypeError), match='num_drafts'):
+    decode.speculative_generate(
+      TARGET, DRAFTER, ids, mask, gamma=2, sampling=SAMPLING, max_new_tokens=4,
+      rng=jax.random.key(0), num_drafts=bad,
+    )  # fmt: skip
