@@ -84,11 +84,24 @@ def walltime_improvement_measured(alpha, gamma, c, target_pass_cost) -> np.ndarr
   Returns:
     float64 array, broadcast shape of the inputs.
   """
+  return iteration_speedup(expected_tokens(alpha, gamma), gamma, c, target_pass_cost)
+
+
+def iteration_speedup(tokens_per_iteration, gamma, c, target_pass_cost) -> np.ndarray:
+  """Walltime improvement of a loop emitting `tokens_per_iteration` tokens per iteration (the
+  block efficiency) at the cost of gamma drafter calls and one target pass:
+  `tokens_per_iteration / (c gamma + target_pass_cost)`, in target steps.
+
+  `walltime_improvement_measured` is this at `expected_tokens(alpha, gamma)`. A multi-draft loop
+  (K paths) has no closed form of its tokens in alpha: it is predicted from its measured block
+  efficiency, with c and the pass cost measured at K rows per row (`timing.step_costs`).
+  """
   c = _in_range('c', c, 0.0)
   target_pass_cost = _in_range('target_pass_cost', target_pass_cost, 0.0)
   if np.any(target_pass_cost == 0):
     raise ValueError('target_pass_cost must be > 0')
-  return expected_tokens(alpha, gamma) / (c * gamma + target_pass_cost)
+  tokens = _in_range('tokens_per_iteration', tokens_per_iteration, 0.0)
+  return tokens / (c * gamma + target_pass_cost)
 
 
 def ops_increase(alpha, gamma, c_hat) -> np.ndarray:

@@ -57,12 +57,15 @@ class Row:
   method: str  # 'autoregressive' or the verifier's name ('token', 'block')
   temp: float  # sampling temperature; 0 is greedy
   gamma: int  # drafts per iteration; 0 for autoregressive decoding
+  num_drafts: int | None = None  # K draft paths per iteration (config.num_drafts); None for AR
   alpha: float | None = None  # mean beta = sum_x min(p, q) over the verified positions
   block_efficiency: float  # tokens emitted per target call; 1.0 for autoregressive decoding
   c: float | None = None  # a drafter call / a target step, in the loop (`timing.step_costs`)
   pass_cost: float | None = None  # a (gamma+1)-position pass / a target step (median of drafters)
   speedup: float  # its baseline's seconds (same batches, timed in turn) / its own seconds
-  predicted_speedup: float | None = None  # the paper's formula at alpha, gamma, c, pass_cost
+  # The paper's formula at alpha, gamma, c, pass_cost; with K > 1 paths (no closed form in
+  # alpha), the measured block efficiency / (c gamma + pass_cost) (`analysis.iteration_speedup`).
+  predicted_speedup: float | None = None
   bleu: float  # corpus BLEU of the outputs against the references
   seconds: float  # decoding wall time over the test set, compilation excluded
   tokens_per_s: float  # tokens emitted / seconds
@@ -85,6 +88,7 @@ TABLE = (
   tables.Column('method', width=14, align='<'),
   tables.Column('temp', fmt='g', width=4),
   tables.Column('gamma', fmt='d', width=5),
+  tables.Column('num_drafts', 'K', 'd', width=2),
   tables.Column('alpha', fmt='.3f', width=6),
   tables.Column('block_efficiency', 'block_eff', '.2f'),
   tables.Column('c', fmt='.3f', width=6),
@@ -152,6 +156,7 @@ def translate_in_turn(
   on_batch=None,
   trace: bool = False,
   mesh=None,
+  num_drafts: int = 1,
 ) -> dict[str, Run]:
   """Decodes `sources` batch by batch, each batch with every one of `methods` in turn (same rng),
   timing each call: {method: Run}.
@@ -163,7 +168,8 @@ def translate_in_turn(
   each method compiles once; a warm-up call of each on the first batch is made before timing.
   `on_batch(n)` is called after each method's batch of n sources (progress). `trace=True`
   (verifiers only) decodes with `speculative_generate(..., trace=True)` and fills
-  `Run.accepted_lengths`; the trace's bookkeeping is then part of the timed work.
+  `Run.accepted_lengths`; the trace's bookkeeping is then part of the timed work. `num_drafts`
+  is `speculative_generate`'s (K draft paths per iteration).
 
   With a `mesh` (the models placed on it, see `pretrained.load`), each batch is split over its
   'data' axis and every process tokenizes only the rows its devices hold; outputs are gathered to
@@ -193,8 +199,9 @@ def translate_in_turn(
       if method == AUTOREGRESSIVE:
         return decode.generate(target, ids, mask, **kw)
       return decode.speculative_generate(
-        target, drafter, ids, mask, gamma=gamma, verifier=method, trace=trace, **kw
-      )
+        target, drafter, ids, mask, gamma=gamma, verifier=method, trace=trace,
+        num_drafts=num_drafts, **kw,
+      )  # fmt: skip
 
   def timed(texts, rng, method):
     sharding.barrier('translate.timed')
@@ -286,7 +293,8 @@ class Plan:
       f'{where} ({jax.process_count()} process(es), {jax.devices()[0].platform}); '
       f'{self.truncated} source(s) longer than {c.max_source_length} tokens truncated; '
       f'{self.num_methods} rows: autoregressive and drafters {sorted(self.drafters)} x '
-      f'gammas {tuple(c.gammas)} x verifiers {tuple(c.verifiers)}, at temperatures '
+      f'gammas {tuple(c.gammas)} x verifiers {tuple(c.verifiers)} ({num_drafts(c)} draft '
+      f'path(s) per iteration), at temperatures '
       f'{tuple(c.temperatures)}; {self.num_passes} passes over the test set (each drafter and '
       'gamma: every batch autoregressively, then with each verifier, timed in turn)'
     )
@@ -304,13 +312,14 @@ def prepare(config) -> Plan:
   `config` fields: pretrained (pair name or directory), task (the rows' task name; optional),
   drafters (names, or ('all',)),
   num_examples, batch_size, max_source_length, max_new_tokens, temperatures, gammas, verifiers,
-  seed.
+  seed; optional: num_drafts (K draft paths per iteration, default 1).
 
   Raises:
     ValueError (or FileNotFoundError for a missing pair) naming the bad setting.
   """
   for name in ('num_examples', 'batch_size', 'max_source_length', 'max_new_tokens'):
     _positive_int(config, name)
+  _positive_int({'num_drafts': num_drafts(config)}, 'num_drafts')
   for name in ('temperatures', 'gammas', 'verifiers'):
     if not config[name]:
       raise ValueError(f'config.{name} is empty.')
@@ -361,6 +370,11 @@ def prepare(config) -> Plan:
     truncated,
     mesh,
   )
+
+
+def num_drafts(config) -> int:
+  """K, the draft paths per iteration of every speculative row: `config.num_drafts` (default 1)."""
+  return config.get('num_drafts', 1)
 
 
 def make_mesh(config):
@@ -418,6 +432,7 @@ def model_costs(plan: Plan) -> dict[tuple[str, int], dict[str, float]]:
         gamma=gamma,
         cache_len=decode.buffer_length(c.max_new_tokens, gamma),
         rounds=c.timing_rounds,
+        num_paths=num_drafts(c),
       )
       for name, drafter in plan.drafters.items()
       for gamma in c.gammas
@@ -456,7 +471,11 @@ def speculative_row(
   `baseline` over the same batches; `cost` is its entry of `model_costs`."""
   alpha = float(run.stats.alpha)
   efficiency = float(run.stats.block_efficiency)
-  predicted = analysis.walltime_improvement_measured(alpha, gamma, cost['c'], cost['pass_cost'])
+  paths = num_drafts(plan.config)
+  if paths == 1:
+    predicted = analysis.walltime_improvement_measured(alpha, gamma, cost['c'], cost['pass_cost'])
+  else:
+    predicted = analysis.iteration_speedup(efficiency, gamma, cost['c'], cost['pass_cost'])
   # The loops' own per-iteration costs, fitted over the batches: an iteration of this run in
   # autoregressive steps of its baseline (None for NaN: batches of one iteration count).
   per_iteration = loop_costs(run.batch_seconds, run.batch_iterations)[1]
@@ -468,6 +487,7 @@ def speculative_row(
     method=verifier,
     temp=temperature,
     gamma=gamma,
+    num_drafts=paths,
     alpha=alpha,
     block_efficiency=efficiency,
     c=cost['c'],
@@ -514,6 +534,7 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[Row]:
       seed=c.seed,
       on_batch=bar.update,
       mesh=plan.mesh,
+      num_drafts=num_drafts(c),
     )
 
   costs = model_costs(plan)

@@ -221,6 +221,7 @@ def step_costs(
   gamma: int,
   cache_len: int = 64,
   rounds: int = 3,
+  num_paths: int = 1,
 ) -> dict[str, float]:
   """In-loop seconds of a target step (T=1), a (gamma+1)-position target pass, a drafter step
   alone, and a whole iteration's model calls (`iteration_seconds`); and the ratios
@@ -232,17 +233,23 @@ def step_costs(
   The four are measured one after another, `rounds` times; each ratio is the median of its
   per-round ratios, so a slow spell of a shared machine shifts numerator and denominator together
   instead of skewing one of them.
+
+  With `num_paths` K > 1 (a multi-draft loop, `speculative_generate(..., num_drafts=K)`, which
+  runs each row as K rows of both models) the pass, the drafter and the iteration are measured at
+  K x batch_size rows and the target step at batch_size rows: the costs of a K-path iteration in
+  the autoregressive loop's steps.
   """
   kw = dict(batch_size=batch_size, source_length=source_length, cache_len=cache_len)
+  paths_kw = dict(kw, batch_size=batch_size * num_paths)
   rounds_measured = []
   for _ in range(rounds):
     step = step_seconds(target, **kw)
     rounds_measured.append(
       (
         step,
-        step_seconds(target, num_tokens=gamma + 1, **kw),
-        step_seconds(drafter, target=target, **kw),
-        iteration_seconds(target, drafter, gamma=gamma, **kw),
+        step_seconds(target, num_tokens=gamma + 1, **paths_kw),
+        step_seconds(drafter, target=target, **paths_kw),
+        iteration_seconds(target, drafter, gamma=gamma, **paths_kw),
       )
     )
   step, target_pass, drafter_step, iteration = np.asarray(rounds_measured).T

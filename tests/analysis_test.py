@@ -67,6 +67,8 @@ def test_walltime_improvement_measured():
   np.testing.assert_allclose(
     analysis.walltime_improvement_measured(0.5, 3, 0.1, 1.3), 1.875 / (0.3 + 1.3)
   )
+  # A multi-draft loop's prediction: its measured tokens per iteration over the same cost.
+  np.testing.assert_allclose(analysis.iteration_speedup(2.4, 3, 0.1, 2.0), 2.4 / 2.3)
 
 
 def test_ops_increase():
@@ -134,6 +136,7 @@ def test_expected_tokens_agrees_with_token_verification():
     (lambda: analysis.expected_tokens(0.5, -1), 'gamma must be in'),
     (lambda: analysis.walltime_improvement(0.5, 3, -0.1), 'c must be in'),
     (lambda: analysis.walltime_improvement_measured(0.5, 3, 0.1, 0.0), 'target_pass_cost'),
+    (lambda: analysis.iteration_speedup(-1.0, 3, 0.1, 1.0), 'tokens_per_iteration must be in'),
     (lambda: analysis.ops_increase(0.5, 3, -1.0), 'c_hat must be in'),
     (lambda: analysis.optimal_gamma(0.5, 0.1, max_gamma=0), 'max_gamma must be >= 1'),
     (lambda: analysis.speedup_guaranteed([0.5, 2.0], 0.1), 'alpha must be in'),

@@ -65,6 +65,18 @@ def test_runlocal_end_to_end(tmp_path, items):
   assert pathlib.Path(writer.finish()['png']).stat().st_size > 0
 
 
+@helpers.needs_pair('ende')
+def test_multidraft_rows_predict_from_their_block_efficiency():
+  """`num_drafts=2`: rows say K, costs are measured at 2 rows per row, and the prediction is the
+  measured block efficiency over the iteration's cost (no closed form in alpha)."""
+  items = 'runlocal,num_examples=2,drafters=trigram,temperatures=1,verifiers=block,num_drafts=2'
+  config = ende.get_config(items)
+  rows = list(evaluation.rows(evaluation.prepare(config), progress=False))
+  assert [r.num_drafts for r in rows] == [None, 2]
+  r = rows[1]
+  assert r.predicted_speedup == pytest.approx(r.block_efficiency / (r.gamma * r.c + r.pass_cost))
+
+
 @helpers.needs_pair('debsumm')
 def test_debsumm_runlocal_gives_its_rows():
   config = debsumm.get_config('runlocal,num_examples=2,temperatures=0')
@@ -141,6 +153,7 @@ def test_config_items_apply_in_order_and_lists_hold_any_number():
     ('num_examples=0', 'num_examples must be an int >= 1'),
     ('batch_size=0', 'batch_size must be an int >= 1'),
     ('gammas=0', 'gammas must hold ints >= 1'),
+    ('num_drafts=0', 'num_drafts must be an int >= 1'),
     ('verifiers=token,nope', 'Unknown verifier'),
     ('verifiers=token,token', 'repeated names'),
     ('temperatures=-1', 'temperature must be >= 0'),

@@ -95,6 +95,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.temperatures = (0.0, 1.0)
   c.gammas = (3, 5)
   c.verifiers = ('token', 'block')
+  # K draft paths per iteration (speculative_generate's num_drafts): K > 1 verifies K independent
+  # paths with verify_multipath (block: greedy multi-path block verification; token: recursive
+  # rejection) and runs each row as K rows of both models.
+  c.num_drafts = 1
   c.seed = 0
   # Where it runs: a 'DATAxMODEL' device mesh ('auto': one device on CPU, 1xN over every device of
   # an accelerator); drafters 'replicated' on every device, sharded by the 'model' rules, or 'auto'
