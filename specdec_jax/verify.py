@@ -24,6 +24,13 @@ Where that `p_k` is itself non-finite there is no distribution to draw from and 
 Nothing is ever sampled from a non-finite vector, and the verifiers' results stay in range; rows
 this happened to are reported by `nonfinite_rows` so the decode loop can count them.
 
+Shorter blocks on purpose. `lengths[b]` (optional, 0..G) verifies row b as a block of its first
+`lengths[b]` drafts by the same rule: what a drafter that stops early (`decode`'s `draft_stop`)
+needs. It is block verification of a drafter that, after its stop, drafts a token the target
+never emits with probability 1 (`q = onehot(stop)`, `p(stop) = 0`): then `w_i = 0` past the
+stop, `r_g = w_g` gives `h_g = w_g`, and the residual at g is `p_{g+1}`. So it is lossless
+whenever the stop depends on the drafter's side only (tests/verify_test.py checks it exactly).
+
 Axes: B batch, G gamma (drafted tokens), V vocab.
 """
 
@@ -50,7 +57,11 @@ class VerifyResult(NamedTuple):
 
 @jax.jit
 def token_verify(
-  rng: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array
+  rng: jax.Array,
+  draft_tokens: jax.Array,
+  draft_probs: jax.Array,
+  target_probs: jax.Array,
+  lengths: jax.Array | None = None,
 ) -> VerifyResult:
   """Token verification: accept drafts one by one, stop at the first rejection.
 
@@ -63,17 +74,18 @@ def token_verify(
     draft_tokens: i32[B, G], the drafted tokens X_1..X_G.
     draft_probs: f32[B, G, V], q_i = Ms(.|c, X^{i-1}) for i = 1..G.
     target_probs: f32[B, G+1, V], p_i = Mb(.|c, X^{i-1}) for i = 1..G+1.
+    lengths: i32[B] in 0..G, drafts per row (a drafter that stopped early); None: all G.
 
   Returns:
     VerifyResult with i32[B] fields. A row holding a NaN or inf is verified as a shorter block
     (module docstring); `nonfinite_rows` flags it.
   """
   draft_probs, target_probs = _check_and_cast(draft_tokens, draft_probs, target_probs)
-  draft_probs, target_probs, finite = _replace_nonfinite(draft_probs, target_probs)
+  draft_probs, target_probs, in_block = _replace_outside_block(draft_probs, target_probs, lengths)
   p_x, q_x = _probs_of_drafts(draft_tokens, draft_probs, target_probs)
   eta_rng, next_rng = jax.random.split(rng)
-  # h = 0 at a non-finite position (module docstring): the prefix stops before it.
-  accepted = (_uniform_like(eta_rng, p_x) < _token_acceptance(p_x, q_x)) & finite[:, :-1]
+  # h = 0 at a non-finite position or past the block (module docstring): the prefix stops there.
+  accepted = (_uniform_like(eta_rng, p_x) < _token_acceptance(p_x, q_x)) & in_block
   num_accepted = _accepted_prefix_length(accepted)
   no_weight = jnp.ones(num_accepted.shape, jnp.float32)
   next_token = _sample_next(next_rng, num_accepted, no_weight, draft_probs, target_probs)
@@ -82,7 +94,11 @@ def token_verify(
 
 @jax.jit
 def block_verify(
-  rng: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array
+  rng: jax.Array,
+  draft_tokens: jax.Array,
+  draft_probs: jax.Array,
+  target_probs: jax.Array,
+  lengths: jax.Array | None = None,
 ) -> VerifyResult:
   """Block verification (Sun et al. 2024, Alg. 2): the optimal lossless verifier.
 
@@ -97,20 +113,21 @@ def block_verify(
     draft_tokens: i32[B, G], the drafted tokens X_1..X_G.
     draft_probs: f32[B, G, V], q_i = Ms(.|c, X^{i-1}) for i = 1..G.
     target_probs: f32[B, G+1, V], p_i = Mb(.|c, X^{i-1}) for i = 1..G+1.
+    lengths: i32[B] in 0..G, drafts per row (a drafter that stopped early); None: all G.
 
   Returns:
     VerifyResult with i32[B] fields. A row holding a NaN or inf is verified as a shorter block
     (module docstring); `nonfinite_rows` flags it.
   """
   draft_probs, target_probs = _check_and_cast(draft_tokens, draft_probs, target_probs)
-  draft_probs, target_probs, finite = _replace_nonfinite(draft_probs, target_probs)
+  draft_probs, target_probs, in_block = _replace_outside_block(draft_probs, target_probs, lengths)
   p_x, q_x = _probs_of_drafts(draft_tokens, draft_probs, target_probs)
   weights = _block_weights(p_x, q_x)
   eta_rng, next_rng = jax.random.split(rng)
   acceptance = _truncated_block_acceptance(
     _block_acceptance(weights, draft_probs, target_probs),
     weights,
-    _accepted_prefix_length(finite[:, :-1]),
+    _accepted_prefix_length(in_block),
   )
   accepted = _uniform_like(eta_rng, p_x) < acceptance
   num_accepted = _longest_accepted_block(accepted)
@@ -241,6 +258,21 @@ def _replace_nonfinite(draft_probs, target_probs) -> tuple[jax.Array, jax.Array,
   target_probs = jnp.where(p_finite[..., None], target_probs, token_zero.astype(jnp.float32))
   draft_probs = jnp.where(q_finite[..., None], draft_probs, 0.0)
   return draft_probs, target_probs, _combine(p_finite, q_finite)
+
+
+def _replace_outside_block(draft_probs, target_probs, lengths):
+  """`_replace_nonfinite`, then the same for drafts past each row's `lengths` (None: none).
+
+  Returns (draft_probs, target_probs, in_block bool[B, G]): position i <= G is in the block iff
+  it and every position before it is finite and i <= lengths. Past the block q is zeros, so Y at
+  the block's end is the bonus draw (module docstring).
+  """
+  draft_probs, target_probs, finite = _replace_nonfinite(draft_probs, target_probs)
+  in_block = jnp.cumprod(finite[:, :-1], axis=1).astype(bool)
+  if lengths is not None:
+    in_block &= jnp.arange(draft_probs.shape[1]) < jnp.asarray(lengths)[:, None]
+    draft_probs = jnp.where(in_block[..., None], draft_probs, 0.0)
+  return draft_probs, target_probs, in_block
 
 
 def _combine(p_finite, q_finite) -> jax.Array:

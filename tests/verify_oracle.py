@@ -62,7 +62,9 @@ def sequence_distribution(model: Model, length: int, vocab: int) -> Distribution
   return {seq: prob for seq, prob in dist.items() if prob}
 
 
-def iteration_distribution(target: Model, drafter: Model, gamma: int, method: str) -> Distribution:
+def iteration_distribution(
+  target: Model, drafter: Model, gamma: int, method: str, stop_below=None
+) -> Distribution:
   """Exact distribution of the emitted sequence `X^tau + (Y,)` of one iteration.
 
   Args:
@@ -70,6 +72,9 @@ def iteration_distribution(target: Model, drafter: Model, gamma: int, method: st
     drafter: Ms, defined on prefixes of length 0..gamma-1.
     gamma: G, drafted tokens.
     method: 'token' or 'block'.
+    stop_below: adaptive draft length: drafting stops after the first `X_i` whose drafter
+      probability `q_i(X_i)` is below it (that draft kept), and the block of L <= G drafts is
+      verified as a block of length L; None drafts all G.
 
   Returns:
     {emitted sequence (length 1..G+1): probability}, only positive entries.
@@ -79,36 +84,46 @@ def iteration_distribution(target: Model, drafter: Model, gamma: int, method: st
   for block, block_prob in sequence_distribution(drafter, gamma, vocab).items():
     p = [target[block[:i]] for i in range(gamma + 1)]  # p[i] = p_{i+1}
     q = [drafter[block[:i]] for i in range(gamma)]
-    ratios = [p[i][block[i]] / q[i][block[i]] for i in range(gamma)]  # q > 0: block was drafted.
-    if method == 'token':
-      weights = [Fraction(1)] * (gamma + 1)
-      accept = [min(Fraction(1), r) for r in ratios]
-      tau_probs = [
-        _prod(accept[:t]) * (1 - accept[t] if t < gamma else 1) for t in range(gamma + 1)
-      ]
-    elif method == 'block':
-      weights = [Fraction(1)]
-      for r in ratios:
-        weights.append(min(Fraction(1), weights[-1] * r))
-      accept = []
-      for i in range(1, gamma):
-        residual_mass = sum(_residual(weights[i], p[i], q[i]))
-        denominator = residual_mass + 1 - weights[i]
-        accept.append(residual_mass / denominator if denominator else Fraction(0))
-      accept.append(weights[gamma])
-      # accept[i-1] = h_i; tau is the largest accepted i, 0 if none.
-      tau_probs = [_prod(1 - h for h in accept)] + [
-        accept[t - 1] * _prod(1 - h for h in accept[t:]) for t in range(1, gamma + 1)
-      ]
-    else:
-      raise ValueError(f'unknown method {method!r}')
-    for tau, tau_prob in enumerate(tau_probs):
-      if not tau_prob:
-        continue
-      for y, y_prob in enumerate(_next_token_distribution(tau, weights[tau], p, q, gamma)):
-        if y_prob:
-          out[block[:tau] + (y,)] += block_prob * tau_prob * y_prob
+    length = gamma
+    if stop_below is not None:  # the full block's probability sums over the unused tail
+      length = next((i + 1 for i in range(gamma) if q[i][block[i]] < stop_below), gamma)
+    for emitted, prob in _verify_block(block[:length], p, q, length, method).items():
+      out[emitted] += block_prob * prob
   return dict(out)
+
+
+def _verify_block(block, p, q, gamma, method) -> Distribution:
+  """{X^tau + (Y,): probability} of verifying the drafted `block` of `gamma` tokens."""
+  ratios = [p[i][block[i]] / q[i][block[i]] for i in range(gamma)]  # q > 0: block was drafted.
+  if method == 'token':
+    weights = [Fraction(1)] * (gamma + 1)
+    accept = [min(Fraction(1), r) for r in ratios]
+    tau_probs = [_prod(accept[:t]) * (1 - accept[t] if t < gamma else 1) for t in range(gamma + 1)]
+  elif method == 'block':
+    weights = [Fraction(1)]
+    for r in ratios:
+      weights.append(min(Fraction(1), weights[-1] * r))
+    accept = []
+    for i in range(1, gamma):
+      residual_mass = sum(_residual(weights[i], p[i], q[i]))
+      denominator = residual_mass + 1 - weights[i]
+      accept.append(residual_mass / denominator if denominator else Fraction(0))
+    if gamma:
+      accept.append(weights[gamma])
+    # accept[i-1] = h_i; tau is the largest accepted i, 0 if none.
+    tau_probs = [_prod(1 - h for h in accept)] + [
+      accept[t - 1] * _prod(1 - h for h in accept[t:]) for t in range(1, gamma + 1)
+    ]
+  else:
+    raise ValueError(f'unknown method {method!r}')
+  out = defaultdict(Fraction)
+  for tau, tau_prob in enumerate(tau_probs):
+    if not tau_prob:
+      continue
+    for y, y_prob in enumerate(_next_token_distribution(tau, weights[tau], p, q, gamma)):
+      if y_prob:
+        out[tuple(block[:tau]) + (y,)] += tau_prob * y_prob
+  return out
 
 
 def _next_token_distribution(tau, weight, p, q, gamma) -> list[Fraction]:

@@ -303,6 +303,95 @@ def test_oracle_is_lossless(seed):
     assert oracle.continue_with_target(exact, pair.target, pair.gamma + 1) == target_joint
 
 
+# ----------------------------------------------------------------------------------------------
+# Adaptive draft length: drafting stops after the first draft with q_i(X_i) < STOP_BELOW (kept),
+# and the row is verified as a block of that length (`lengths`).
+
+STOP_BELOW = Fraction(2, 5)
+
+
+def _dropping_unsure_drafts(pair, method, stop_below):
+  """Bug: stop BEFORE the first unsure draft (drop it) and verify the rest with q as drafted. The
+  kept drafts are then conditioned on a draw the verifier never sees."""
+  out = {}
+  for block, block_prob in oracle.sequence_distribution(
+    pair.drafter, pair.gamma, pair.vocab
+  ).items():
+    p = [pair.target[block[:i]] for i in range(pair.gamma + 1)]
+    q = [pair.drafter[block[:i]] for i in range(pair.gamma)]
+    length = next((i for i in range(pair.gamma) if q[i][block[i]] < stop_below), pair.gamma)
+    for emitted, prob in oracle._verify_block(block[:length], p, q, length, method).items():
+      out[emitted] = out.get(emitted, 0) + block_prob * prob
+  return out
+
+
+def _total_variation(a, b) -> float:
+  return float(sum(abs(a.get(k, 0) - b.get(k, 0)) for k in set(a) | set(b)) / 2)
+
+
+@pytest.mark.parametrize('method', METHODS)
+@pytest.mark.parametrize('seed', [3, 9])
+def test_oracle_adaptive_length_is_lossless(method, seed):
+  """Exact: a stop that reads only the drafted prefix is lossless; dropping the unsure draft is
+  not (total variation > 0.1 on these pairs)."""
+  pair = _random_pair(seed, vocab=4, gamma=3)
+  length = pair.gamma + 1
+  joint = oracle.sequence_distribution(pair.target, length, pair.vocab)
+  for stop_below in (Fraction(1, 4), STOP_BELOW):
+    exact = oracle.iteration_distribution(
+      pair.target, pair.drafter, pair.gamma, method, stop_below=stop_below
+    )
+    assert exact != oracle.iteration_distribution(pair.target, pair.drafter, pair.gamma, method)
+    assert oracle.continue_with_target(exact, pair.target, length) == joint
+    bug = _dropping_unsure_drafts(pair, method, stop_below)
+    assert _total_variation(oracle.continue_with_target(bug, pair.target, length), joint) > 0.1
+
+
+def _stop_lengths(pair, tokens, draft_probs, drop_unsure=False) -> np.ndarray:
+  """Drafts per row under the stop rule (the first unsure draft kept, or dropped: the bug)."""
+  q_x = np.take_along_axis(draft_probs, tokens[..., None], axis=-1)[..., 0]
+  unsure = q_x < float(STOP_BELOW)
+  first = np.where(unsure.any(1), np.argmax(unsure, axis=1) + 1, pair.gamma)
+  return first - (drop_unsure & unsure.any(1))
+
+
+@pytest.mark.parametrize('method', METHODS)
+def test_adaptive_length_kernels_match_oracle(method):
+  """200k jitted rows verified with per-row `lengths`: chi-square of X^tau, Y against the exact
+  law of the stopping drafter; the dropped-draft bug fails the same test."""
+  pair = _random_pair(9, vocab=4, gamma=3)
+  tokens, draft_probs, target_probs = _draft(pair, 9)
+  exact = oracle.iteration_distribution(
+    pair.target, pair.drafter, pair.gamma, method, stop_below=STOP_BELOW
+  )
+  pvalues = {}
+  for drop_unsure in (False, True):
+    lengths = _stop_lengths(pair, tokens, draft_probs, drop_unsure)
+    assert 0 < (lengths < pair.gamma).mean() < 1
+    result = verify.VERIFIERS[method](
+      jax.random.key(9), jnp.asarray(tokens, jnp.int32), draft_probs, target_probs,
+      jnp.asarray(lengths, jnp.int32),
+    )  # fmt: skip
+    tau, y = np.asarray(result.num_accepted), np.asarray(result.next_token)
+    assert np.all(tau <= lengths)
+    codes = _encode(_emitted(tokens, tau, y), tau + 1, pair.vocab)
+    pvalues[drop_unsure] = _chi_square_pvalue(codes, exact, pair.vocab, pair.gamma + 1)
+  assert pvalues[False] > SIGNIFICANCE, f'chi-square p = {pvalues[False]:.2e}'
+  assert pvalues[True] < SIGNIFICANCE, f'the dropped-draft bug passed (p = {pvalues[True]:.2e})'
+
+
+@pytest.mark.parametrize('method', METHODS)
+def test_full_lengths_are_the_plain_verifier(method):
+  pair = _random_pair(3, vocab=4, gamma=3)
+  tokens, q, p = (jnp.asarray(x) for x in _draft(pair, 3))
+  tokens = tokens.astype(jnp.int32)
+  full = jnp.full(tokens.shape[:1], pair.gamma, jnp.int32)
+  plain = verify.VERIFIERS[method](jax.random.key(1), tokens, q, p)
+  with_lengths = verify.VERIFIERS[method](jax.random.key(1), tokens, q, p, full)
+  for a, b in zip(plain, with_lengths):
+    np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize(
   ('method', 'expected'), [('token', Fraction(10, 9)), ('block', Fraction(11, 9))]
 )
