@@ -95,13 +95,17 @@ class LoopSpec:
       row runs as K rows of both models), scores them in one target pass of K x (G + 1)
       positions, verifies them with `verify_multipath.VERIFIERS[verifier]` and moves every copy of
       the row onto the accepted path. K = 1 is the single-draft program.
+    draft_stop: adaptive draft length, a threshold in (0, 1) or None (always G drafts). Drafting
+      stops after the first draft X_i whose probability under the drafter's own softmax (its
+      logits before the sampling transform, so greedy drafting stops too) is below it; X_i is
+      kept and the row is verified as a block of i drafts (`verify`'s `lengths`). Lossless: the
+      stop reads only the drafted prefix. Needs num_drafts = 1.
     greedy_fast_path: at temperature 0, compare argmax ids instead of forming probabilities (the
       tokens are the same; False runs the general path, for tests and benchmarks).
     trace: record a `SpeculativeTrace` of every iteration.
 
-  Room for more: a drafter that stops early (`draft_stop`, a confidence rule ending the draft
-  scan) adds its field here with a default that keeps today's program (None); `draft` and
-  `_verify` are the two steps of `speculative_loop`'s body it changes.
+  A new way of drafting or verifying adds its field here with a default that keeps today's
+  program; `draft` and `_verify` are the steps of `speculative_loop`'s body it changes.
   """
 
   sampling: sampling_lib.SamplingConfig
@@ -109,6 +113,7 @@ class LoopSpec:
   gamma: int = 0
   verifier: str = 'token'
   num_drafts: int = 1
+  draft_stop: float | None = None
   greedy_fast_path: bool = True
   trace: bool = False
 
@@ -117,6 +122,13 @@ class LoopSpec:
     validation.as_int('max_new_tokens', self.max_new_tokens, 1)
     validation.as_int('gamma', self.gamma, 0)
     validation.as_int('num_drafts', self.num_drafts, 1)
+    if self.draft_stop is not None:
+      stop = self.draft_stop
+      if isinstance(stop, bool) or not isinstance(stop, (int, float)) or not 0 < stop < 1:
+        raise ValueError(f'draft_stop must be a number in (0, 1) or None, got {stop!r}.')
+      if self.num_drafts != 1:
+        raise ValueError(f'draft_stop needs num_drafts=1, got num_drafts={self.num_drafts}.')
+      object.__setattr__(self, 'draft_stop', float(stop))
     if not isinstance(self.verifier, str) or self.verifier not in verify.VERIFIERS:
       raise ValueError(
         f'Unknown verifier {self.verifier!r}; choose one of {sorted(verify.VERIFIERS)}.'
@@ -239,7 +251,9 @@ def drafter_call(steps, params, tokens, features, cache):
     return steps.step_features(params, tokens, features, cache)
 
 
-def draft(steps, params, cache, seq, n, rng, *, gamma, sampling, greedy, target_states=None):
+def draft(
+  steps, params, cache, seq, n, rng, *, gamma, sampling, greedy, target_states=None, stop=None
+):
   """Step 1 of an iteration: the drafter proposes gamma tokens after seq[:, :n + 1].
 
   Args:
@@ -253,10 +267,13 @@ def draft(steps, params, cache, seq, n, rng, *, gamma, sampling, greedy, target_
     greedy: draft argmax ids and return no probabilities.
     target_states: (f32[B, G + 1, F] states, int32[B] position of the first) of the last target
       pass, for a drafter that reads them (`reads_target_states`); else None.
+    stop: `LoopSpec.draft_stop`, or None.
 
   Returns:
-    (tokens int32[B, G], q float32[B, G, V] or None when greedy, cache). The cache's end_index is
-    n + G on exit: X_G is drafted but not fed.
+    (tokens int32[B, G], q float32[B, G, V] or None when greedy, cache, lengths int32[B] drafts
+    to verify: G, or with `stop` the first i whose draft's own probability is below it). All G
+    tokens are drafted either way; the cache's end_index is n + G on exit: X_G is drafted but not
+    fed.
   """
   if target_states is None:
     # Feed seq[n-1], seq[n] from position n - 1 (position 0 at the start, where the second token
@@ -281,24 +298,34 @@ def draft(steps, params, cache, seq, n, rng, *, gamma, sampling, greedy, target_
   @jax.named_scope('sampling')
   def draw(key, logits):
     if greedy:
-      return sampling_lib.argmax(logits), None
-    return _draft_token(key, logits, sampling)
+      token, q = sampling_lib.argmax(logits), None
+    else:
+      token, q = _draft_token(key, logits, sampling)
+    if stop is None:
+      return token, q, None
+    own = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
+    return token, q, jnp.exp(own - jax.nn.logsumexp(logits, axis=-1)) < stop
 
   def body(carry, key):
     logits, predicted, cache = carry
-    token, q = draw(key, logits)
+    token, q, unsure = draw(key, logits)
     features = None if predicted is None else predicted[:, None]
     logits, predicted, cache = drafter_call(steps, params, token[:, None], features, cache)
-    return (logits[:, 0], None if predicted is None else predicted[:, 0], cache), (token, q)
+    return (logits[:, 0], None if predicted is None else predicted[:, 0], cache), (token, q, unsure)
 
   keys = jax.random.split(rng, gamma)
-  (logits, _, cache), (tokens, probs) = jax.lax.scan(body, (logits, predicted, cache), keys[:-1])
-  last_token, last_q = draw(keys[-1], logits)
+  carry = (logits, predicted, cache)
+  (logits, _, cache), (tokens, probs, unsure) = jax.lax.scan(body, carry, keys[:-1])
+  last_token, last_q, last_unsure = draw(keys[-1], logits)
   tokens = jnp.concatenate([tokens.T, last_token[:, None]], axis=1)
+  lengths = jnp.full(tokens.shape[:1], gamma, jnp.int32)
+  if stop is not None:  # the first unsure draft is the last one kept
+    unsure = jnp.concatenate([unsure.T, last_unsure[:, None]], axis=1)
+    lengths = jnp.where(unsure.any(1), jnp.argmax(unsure, axis=1) + 1, gamma).astype(jnp.int32)
   if greedy:
-    return tokens, None, cache
+    return tokens, None, cache, lengths
   probs = jnp.concatenate([jnp.moveaxis(probs, 0, 1), last_q[:, None]], axis=1)
-  return tokens, probs, cache
+  return tokens, probs, cache, lengths
 
 
 def target_pass(steps, params, tokens, cache, *, with_states: bool):
@@ -353,12 +380,13 @@ def _finish(state: _State, max_new_tokens: int) -> DecodeOutput:
   return DecodeOutput(tokens=tokens, lengths=state.n, stats=state.stats, trace=state.trace)
 
 
-def _verify(rng, drafts, q, logits, spec: LoopSpec):
+def _verify(rng, drafts, q, logits, spec: LoopSpec, lengths=None):
   """Step 3 of an iteration: how many drafts the target keeps, and the token after them.
 
   Args:
     drafts: int32[B, G]; q: float32[B, G, V] their probabilities (None when greedy).
     logits: float32[B, G + 1, V] the target pass's.
+    lengths: int32[B] drafts to verify per row (`spec.draft_stop`), or None for all G.
 
   Returns:
     (tau int32[B] drafts accepted, y int32[B] the corrected or bonus token, beta float32[B, G]
@@ -369,13 +397,16 @@ def _verify(rng, drafts, q, logits, spec: LoopSpec):
       target_ids = sampling_lib.argmax(logits)
     with jax.named_scope('verify'):
       tau, y = verify.greedy_verify(drafts, target_ids)
+      if lengths is not None:  # a shorter block: the target's argmax after its last draft
+        tau = jnp.minimum(tau, lengths)
+        y = jnp.take_along_axis(target_ids, tau[:, None], axis=1)[:, 0]
       beta = (drafts == target_ids[:, : spec.gamma]).astype(jnp.float32)
       # Only the target's values matter at temperature 0: drafts are compared as ids.
       return tau, y, beta, ~jnp.isfinite(jnp.sum(logits, axis=(1, 2)))
   with jax.named_scope('sampling'):
     p = sampling_lib.logits_to_probs(logits, spec.sampling)
   with jax.named_scope('verify'):
-    tau, y = verify.VERIFIERS[spec.verifier](rng, drafts, q, p)
+    tau, y = verify.VERIFIERS[spec.verifier](rng, drafts, q, p, lengths)
     beta = jnp.minimum(p[:, : spec.gamma], q).sum(-1)
     return tau, y, beta, verify.nonfinite_rows(q, p)
 
@@ -497,7 +528,13 @@ def speculative_loop(
   )
 
   drafter = functools.partial(
-    draft, draft_steps, draft_params, gamma=spec.gamma, sampling=spec.sampling, greedy=spec.greedy
+    draft,
+    draft_steps,
+    draft_params,
+    gamma=spec.gamma,
+    sampling=spec.sampling,
+    greedy=spec.greedy,
+    stop=spec.draft_stop,
   )
   score = functools.partial(target_pass, target_steps, target_params, with_states=reads_states)
 
@@ -506,9 +543,10 @@ def speculative_loop(
     # With K paths every row runs as K rows of both models (the identity at K = 1).
     seq, n = _paths(state.seq, k), _paths(state.n, k)
     # 1. The drafter proposes X_1..X_gamma, with q_1..q_gamma.
-    drafts, q, draft_cache = drafter(
+    drafts, q, draft_cache, lengths = drafter(
       state.draft_cache, seq, n, draft_rng, target_states=state.target_states
     )
+    lengths = None if spec.draft_stop is None else lengths
     # 2. One target pass scores the pending token and every draft: p_1..p_{gamma+1}.
     logits, states, target_cache = score(
       jnp.concatenate([_row_slice(seq, n, 1), drafts], axis=1), state.target_cache
@@ -516,7 +554,7 @@ def speculative_loop(
     # 3. Keep tau drafts, then y from the residual (or from p_{gamma+1} when all were kept);
     #    with K paths, of one path, onto which every copy of the row then moves.
     if k == 1:
-      tau, y, beta, nonfinite = _verify(verify_rng, drafts, q, logits, spec)
+      tau, y, beta, nonfinite = _verify(verify_rng, drafts, q, logits, spec, lengths)
     else:
       path, tau, y, beta, nonfinite = _verify_paths(verify_rng, drafts, q, logits, spec)
       drafts, target_cache, draft_cache, states = _follow(
@@ -539,7 +577,7 @@ def speculative_loop(
         done=done,
         target_cache=target_cache,
         draft_cache=draft_cache,
-        stats=state.stats.accumulate(~state.done, tau, beta, nonfinite),
+        stats=state.stats.accumulate(~state.done, tau, beta, nonfinite, lengths),
         iteration=state.iteration + 1,
         trace=_record(state, drafts, tau, y, n),
         target_states=None if states is None else (states, _paths(state.n, k)),
@@ -609,6 +647,7 @@ def _speculative_call(
   max_new_tokens,
   trace,
   num_drafts=1,
+  draft_stop=None,
 ):
   """Validates `speculative_generate`'s arguments: (the loop's arguments before rng, LoopSpec)."""
   gamma = validation.as_int('gamma', gamma, 1)
@@ -632,6 +671,7 @@ def _speculative_call(
     gamma=gamma,
     verifier=verifier,
     num_drafts=validation.as_int('num_drafts', num_drafts, 1),
+    draft_stop=draft_stop,
     trace=bool(trace),
   )
   return (target_steps, target_params, draft_steps, draft_params, ids, mask), spec
@@ -685,6 +725,7 @@ def speculative_generate(
   max_new_tokens: int,
   rng: jax.Array,
   num_drafts: int = 1,
+  draft_stop: float | None = None,
   trace: bool = False,
   check_finite: bool = True,
 ) -> DecodeOutput:
@@ -716,6 +757,10 @@ def speculative_generate(
       multi-path block verification; 'token': recursive rejection over the paths). Each row
       runs as K rows of both models (K times their caches). At temperature 0 the K paths are the
       drafter's one argmax path, so K > 1 adds work and no tokens.
+    draft_stop: adaptive draft length: stop drafting after the first draft whose probability
+      under the drafter's own softmax is below this threshold in (0, 1), and verify that shorter
+      block (`LoopSpec.draft_stop`); None drafts gamma tokens every iteration. The target pass
+      keeps its gamma + 1 positions (its cost does not shrink; the verifier ignores the rest).
     trace: also return a `SpeculativeTrace` (drafts, accepted counts, corrected tokens of every
       iteration) in `out.trace`; off, the loop records nothing.
     check_finite: raise `NonFiniteError` if the target's logits or either model's probabilities
@@ -735,6 +780,7 @@ def speculative_generate(
     max_new_tokens=max_new_tokens,
     trace=trace,
     num_drafts=num_drafts,
+    draft_stop=draft_stop,
   )
   out = speculative_loop(*args, rng, spec=spec)
   return validation.raise_if_nonfinite(out, 'The target or the drafter') if check_finite else out
@@ -767,6 +813,7 @@ def lower_speculative(
   sampling: sampling_lib.SamplingConfig,
   max_new_tokens: int,
   num_drafts: int = 1,
+  draft_stop: float | None = None,
 ) -> jax.stages.Lowered:
   """`speculative_generate`'s program lowered for these shapes (trace off), without running it.
 
@@ -783,5 +830,6 @@ def lower_speculative(
     max_new_tokens=max_new_tokens,
     trace=False,
     num_drafts=num_drafts,
+    draft_stop=draft_stop,
   )
   return speculative_loop.lower(*args, _ABSTRACT_KEY, spec=spec)

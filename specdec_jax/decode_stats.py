@@ -23,7 +23,8 @@ class DecodeStats:
 
   Attributes:
     target_calls: int32[B] target forward passes while the row was still emitting.
-    drafted: int32[B] draft tokens proposed (gamma per target call).
+    drafted: int32[B] draft tokens proposed and verified (gamma per target call, fewer for a
+      drafter that stops early).
     accepted: int32[B] draft tokens accepted by the verifier.
     accepted_per_position: int32[B, G] times the draft at position i (0-based) was accepted.
     beta_sum: float32[B] sum of beta = sum_x min(p, q) over verified positions (i <= tau + 1).
@@ -55,7 +56,12 @@ class DecodeStats:
     )
 
   def accumulate(
-    self, active: jax.Array, num_accepted: jax.Array, beta: jax.Array, nonfinite: jax.Array
+    self,
+    active: jax.Array,
+    num_accepted: jax.Array,
+    beta: jax.Array,
+    nonfinite: jax.Array,
+    num_drafted: jax.Array | None = None,
   ) -> 'DecodeStats':
     """Adds one target call for the `active` rows.
 
@@ -65,14 +71,20 @@ class DecodeStats:
       beta: float32[B, G] beta of each draft position; positions after tau + 1 were never
         verified and are not counted. [B, 0] for autoregressive decoding.
       nonfinite: bool[B] rows whose logits or probabilities held a NaN or inf in this call.
+      num_drafted: int32[B] drafts verified per row when the drafter stopped early (positions
+        past them are not counted); None: all G.
     """
     gamma = beta.shape[1]
     a = active.astype(jnp.int32)
     position = jnp.arange(gamma)
     verified = (position <= num_accepted[:, None]) & active[:, None]
+    drafted = gamma
+    if num_drafted is not None:
+      verified &= position < num_drafted[:, None]
+      drafted = num_drafted
     return DecodeStats(
       target_calls=self.target_calls + a,
-      drafted=self.drafted + gamma * a,
+      drafted=self.drafted + drafted * a,
       accepted=self.accepted + num_accepted * a,
       accepted_per_position=self.accepted_per_position
       + (position < num_accepted[:, None]) * a[:, None],

@@ -58,13 +58,15 @@ class Row:
   temp: float  # sampling temperature; 0 is greedy
   gamma: int  # drafts per iteration; 0 for autoregressive decoding
   num_drafts: int | None = None  # K draft paths per iteration (config.num_drafts); None for AR
+  draft_stop: float | None = None  # adaptive draft length threshold (config.draft_stop), or None
   alpha: float | None = None  # mean beta = sum_x min(p, q) over the verified positions
   block_efficiency: float  # tokens emitted per target call; 1.0 for autoregressive decoding
   c: float | None = None  # a drafter call / a target step, in the loop (`timing.step_costs`)
   pass_cost: float | None = None  # a (gamma+1)-position pass / a target step (median of drafters)
   speedup: float  # its baseline's seconds (same batches, timed in turn) / its own seconds
-  # The paper's formula at alpha, gamma, c, pass_cost; with K > 1 paths (no closed form in
-  # alpha), the measured block efficiency / (c gamma + pass_cost) (`analysis.iteration_speedup`).
+  # The paper's formula at alpha, gamma, c, pass_cost; with K > 1 paths or a draft stop (no
+  # closed form in alpha), the measured block efficiency / (c gamma + pass_cost)
+  # (`analysis.iteration_speedup`; the drafter makes its gamma calls either way).
   predicted_speedup: float | None = None
   bleu: float  # corpus BLEU of the outputs against the references
   seconds: float  # decoding wall time over the test set, compilation excluded
@@ -157,6 +159,7 @@ def translate_in_turn(
   trace: bool = False,
   mesh=None,
   num_drafts: int = 1,
+  draft_stop: float | None = None,
 ) -> dict[str, Run]:
   """Decodes `sources` batch by batch, each batch with every one of `methods` in turn (same rng),
   timing each call: {method: Run}.
@@ -169,7 +172,7 @@ def translate_in_turn(
   `on_batch(n)` is called after each method's batch of n sources (progress). `trace=True`
   (verifiers only) decodes with `speculative_generate(..., trace=True)` and fills
   `Run.accepted_lengths`; the trace's bookkeeping is then part of the timed work. `num_drafts`
-  is `speculative_generate`'s (K draft paths per iteration).
+  and `draft_stop` are `speculative_generate`'s (K draft paths per iteration; adaptive length).
 
   With a `mesh` (the models placed on it, see `pretrained.load`), each batch is split over its
   'data' axis and every process tokenizes only the rows its devices hold; outputs are gathered to
@@ -200,7 +203,7 @@ def translate_in_turn(
         return decode.generate(target, ids, mask, **kw)
       return decode.speculative_generate(
         target, drafter, ids, mask, gamma=gamma, verifier=method, trace=trace,
-        num_drafts=num_drafts, **kw,
+        num_drafts=num_drafts, draft_stop=draft_stop, **kw,
       )  # fmt: skip
 
   def timed(texts, rng, method):
@@ -294,7 +297,7 @@ class Plan:
       f'{self.truncated} source(s) longer than {c.max_source_length} tokens truncated; '
       f'{self.num_methods} rows: autoregressive and drafters {sorted(self.drafters)} x '
       f'gammas {tuple(c.gammas)} x verifiers {tuple(c.verifiers)} ({num_drafts(c)} draft '
-      f'path(s) per iteration), at temperatures '
+      f'path(s) per iteration, draft stop {c.get("draft_stop")}), at temperatures '
       f'{tuple(c.temperatures)}; {self.num_passes} passes over the test set (each drafter and '
       'gamma: every batch autoregressively, then with each verifier, timed in turn)'
     )
@@ -312,7 +315,8 @@ def prepare(config) -> Plan:
   `config` fields: pretrained (pair name or directory), task (the rows' task name; optional),
   drafters (names, or ('all',)),
   num_examples, batch_size, max_source_length, max_new_tokens, temperatures, gammas, verifiers,
-  seed; optional: num_drafts (K draft paths per iteration, default 1).
+  seed; optional: num_drafts (K draft paths per iteration, default 1), draft_stop (adaptive draft
+  length threshold, default None).
 
   Raises:
     ValueError (or FileNotFoundError for a missing pair) naming the bad setting.
@@ -320,6 +324,13 @@ def prepare(config) -> Plan:
   for name in ('num_examples', 'batch_size', 'max_source_length', 'max_new_tokens'):
     _positive_int(config, name)
   _positive_int({'num_drafts': num_drafts(config)}, 'num_drafts')
+  decode.LoopSpec(  # raises on a bad draft_stop, or one beside num_drafts > 1
+    sampling=sampling_lib.SamplingConfig(temperature=1.0),
+    max_new_tokens=1,
+    gamma=1,
+    num_drafts=num_drafts(config),
+    draft_stop=config.get('draft_stop'),
+  )
   for name in ('temperatures', 'gammas', 'verifiers'):
     if not config[name]:
       raise ValueError(f'config.{name} is empty.')
@@ -471,8 +482,8 @@ def speculative_row(
   `baseline` over the same batches; `cost` is its entry of `model_costs`."""
   alpha = float(run.stats.alpha)
   efficiency = float(run.stats.block_efficiency)
-  paths = num_drafts(plan.config)
-  if paths == 1:
+  paths, stop = num_drafts(plan.config), plan.config.get('draft_stop')
+  if paths == 1 and stop is None:
     predicted = analysis.walltime_improvement_measured(alpha, gamma, cost['c'], cost['pass_cost'])
   else:
     predicted = analysis.iteration_speedup(efficiency, gamma, cost['c'], cost['pass_cost'])
@@ -488,6 +499,7 @@ def speculative_row(
     temp=temperature,
     gamma=gamma,
     num_drafts=paths,
+    draft_stop=stop,
     alpha=alpha,
     block_efficiency=efficiency,
     c=cost['c'],
@@ -535,6 +547,7 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[Row]:
       on_batch=bar.update,
       mesh=plan.mesh,
       num_drafts=num_drafts(c),
+      draft_stop=c.get('draft_stop'),
     )
 
   costs = model_costs(plan)

@@ -104,7 +104,7 @@ def _repeated_iterations(
     # layer, and c came out 2-4x too low).
     pending = (jnp.argmax(logits[:, -1], -1) + i) % 7 + 2
     seq = jnp.broadcast_to(pending[:, None], (batch, cache_len))
-    drafts, _, drafter_cache = decode.draft(
+    drafts, _, drafter_cache, _ = decode.draft(
       drafter_steps,
       drafter_params,
       drafter_cache,

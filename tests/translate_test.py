@@ -66,13 +66,23 @@ def test_runlocal_end_to_end(tmp_path, items):
 
 
 @helpers.needs_pair('ende')
-def test_multidraft_rows_predict_from_their_block_efficiency():
-  """`num_drafts=2`: rows say K, costs are measured at 2 rows per row, and the prediction is the
-  measured block efficiency over the iteration's cost (no closed form in alpha)."""
-  items = 'runlocal,num_examples=2,drafters=trigram,temperatures=1,verifiers=block,num_drafts=2'
-  config = ende.get_config(items)
-  rows = list(evaluation.rows(evaluation.prepare(config), progress=False))
-  assert [r.num_drafts for r in rows] == [None, 2]
+@pytest.mark.parametrize(
+  'item, column, value',
+  [
+    ('draft_stop=0.3', 'draft_stop', 0.3),
+    pytest.param('num_drafts=2', 'num_drafts', 2, marks=pytest.mark.slow),  # ~60 CPU-s
+  ],
+)
+def test_multidraft_and_draft_stop_rows(item, column, value):
+  """Rows say their K / draft stop, and predict from their measured block efficiency over the
+  iteration's cost (no closed form in alpha); K's costs are measured at 2 rows per row."""
+  items = 'runlocal,num_examples=1,max_new_tokens=16,drafters=trigram,temperatures=1'
+  rows = list(
+    evaluation.rows(
+      evaluation.prepare(ende.get_config(f'{items},verifiers=block,{item}')), progress=False
+    )
+  )
+  assert [r[column] for r in rows] == [None, value]
   r = rows[1]
   assert r.predicted_speedup == pytest.approx(r.block_efficiency / (r.gamma * r.c + r.pass_cost))
 
@@ -154,6 +164,8 @@ def test_config_items_apply_in_order_and_lists_hold_any_number():
     ('batch_size=0', 'batch_size must be an int >= 1'),
     ('gammas=0', 'gammas must hold ints >= 1'),
     ('num_drafts=0', 'num_drafts must be an int >= 1'),
+    ('draft_stop=1.5', r'draft_stop must be a number in \(0, 1\)'),
+    ('num_drafts=2,draft_stop=0.3', 'draft_stop needs num_drafts=1'),
     ('verifiers=token,nope', 'Unknown verifier'),
     ('verifiers=token,token', 'repeated names'),
     ('temperatures=-1', 'temperature must be >= 0'),

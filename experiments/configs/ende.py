@@ -99,6 +99,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # paths with verify_multipath (block: greedy multi-path block verification; token: recursive
   # rejection) and runs each row as K rows of both models.
   c.num_drafts = 1
+  # Adaptive draft length (speculative_generate's draft_stop): stop drafting after the first draft
+  # the drafter gives less than this probability (its own softmax); None: always gamma drafts.
+  c.draft_stop = None
   c.seed = 0
   # Where it runs: a 'DATAxMODEL' device mesh ('auto': one device on CPU, 1xN over every device of
   # an accelerator); drafters 'replicated' on every device, sharded by the 'model' rules, or 'auto'
