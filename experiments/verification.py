@@ -47,7 +47,7 @@ import numpy as np
 
 from experiments import verification_report as report
 from experiments.configs import common
-from specdec_jax import evaluation, results_io, verify
+from specdec_jax import decode, evaluation, results_io, verify
 from specdec_jax import sampling as sampling_lib
 
 PARTS = ('toy', 'sweep', 'ccdf')
@@ -230,6 +230,18 @@ def check(config) -> None:
     )
   _ints(config, 'seeds', 0)
   _ints(config, 'batch_sizes', 1)
+  _ints(config, 'num_drafts', 1)
+  for stop in config.draft_stops:
+    try:
+      stop = float(stop)  # a command-line list of an empty default arrives as text
+    except ValueError:
+      raise ValueError(f'config.draft_stops must hold numbers, got {config.draft_stops}.') from None
+    decode.LoopSpec(  # raises on a draft stop outside (0, 1)
+      sampling=sampling_lib.SamplingConfig(temperature=1.0),
+      max_new_tokens=1,
+      gamma=1,
+      draft_stop=stop,
+    )
   _ints(config, 'toy_gammas', 1)
   if max(config.toy_gammas) > 12:
     raise ValueError('config.toy_gammas must be <= 12 (V**gamma draft blocks are enumerated).')
@@ -282,7 +294,7 @@ def num_sentences(config, plan) -> int:
     return 0
   c, total = config, 0
   if 'sweep' in c.parts:
-    methods = 1 + len(plan.drafters) * len(c.gammas) * len(c.verifiers)
+    methods = 1 + len(plan.drafters) * len(c.gammas) * len(sweep_methods(c))
     total += len(c.temperatures) * len(c.batch_sizes) * len(c.seeds) * methods
   if 'ccdf' in c.parts:
     total += len(plan.drafters) * len(c.ccdf_gammas) * len(c.ccdf_temperatures) * len(c.verifiers)
@@ -328,7 +340,30 @@ def toy_rows(config) -> Iterator[tuple[str, list[dict]]]:
       )
 
 
+def sweep_methods(config) -> list[str]:
+  """The sweep's decoding methods: each verifier as is ('token'), then with each K > 1 of
+  `num_drafts` draft paths ('token/K2': verify_multipath's verifier of that name) and with each
+  draft stop of `draft_stops` ('block/stop0.5': adaptive draft length)."""
+  out = []
+  for verifier in config.verifiers:
+    out.append(verifier)
+    out += [f'{verifier}/K{k}' for k in config.num_drafts if k > 1]
+    out += [f'{verifier}/stop{float(stop):g}' for stop in config.draft_stops]
+  return out
+
+
+def method_options(method: str) -> tuple[str, dict]:
+  """(verifier or 'autoregressive', speculative_generate's keywords) of a sweep method name."""
+  verifier, _, variant = method.partition('/')
+  if variant.startswith('K'):
+    return verifier, dict(num_drafts=int(variant[1:]))
+  if variant.startswith('stop'):
+    return verifier, dict(draft_stop=float(variant[4:]))
+  return verifier, {}
+
+
 def _decode(config, plan, drafter, method, gamma, temperature, batch_size, seed, **kw):
+  method, options = method_options(method)
   return evaluation.translate(
     plan.pair.target,
     drafter,
@@ -341,6 +376,7 @@ def _decode(config, plan, drafter, method, gamma, temperature, batch_size, seed,
     max_source_length=config.max_source_length,
     max_new_tokens=config.max_new_tokens,
     seed=seed * _SEED_STRIDE,
+    **options,
     **kw,
   )
 
@@ -379,7 +415,7 @@ def sweep_rows(config, plan, on_batch=None) -> Iterator[tuple[str, list[dict]]]:
   for name, drafter in plan.drafters.items():
     for gamma, temp, batch_size in itertools.product(c.gammas, c.temperatures, c.batch_sizes):
       group = []
-      for seed, method in itertools.product(c.seeds, c.verifiers):
+      for seed, method in itertools.product(c.seeds, sweep_methods(c)):
         run = _decode(c, plan, drafter, method, gamma, temp, batch_size, seed, on_batch=on_batch)
         group.append(row(name, method, temp, gamma, batch_size, seed, run))
         yield 'runs', group[-1:]

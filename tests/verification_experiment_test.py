@@ -218,9 +218,29 @@ def test_config_variants_and_checks():
     ('seeds=0,0', 'repeated'),
     ('batch_sizes=0', 'batch_sizes'),
     ('toy_gammas=13', 'toy_gammas'),
+    ('num_drafts=0', 'num_drafts'),
+    ('draft_stops=0.5,x', 'draft_stops must hold numbers'),
+    ('draft_stops=1.5', r'draft_stop must be a number in \(0, 1\)'),
   ]:
     with pytest.raises(ValueError, match=match):
       verification.check(verification_config.get_config(item))
+
+
+def test_multipath_variant_names_its_methods():
+  """`:multipath` sweeps K paths and draft stops of both verifiers; each method name maps to
+  speculative_generate's keywords."""
+  config = verification_config.get_config('multipath')
+  verification.check(config)
+  methods = verification.sweep_methods(config)
+  assert methods[:6] == ['token', 'token/K2', 'token/K4', 'token/stop0.3', 'token/stop0.5',
+                         'token/stop0.7']  # fmt: skip
+  assert len(methods) == 12 and config.pretrained == 'ende48m'
+  assert verification.method_options('block/K4') == ('block', {'num_drafts': 4})
+  assert verification.method_options('token/stop0.5') == ('token', {'draft_stop': 0.5})
+  assert verification.method_options('block') == ('block', {})
+  from_text = verification_config.get_config('draft_stops=0.25')  # text from the command line
+  assert verification.sweep_methods(from_text) == ['token', 'token/stop0.25', 'block',
+                                                   'block/stop0.25']  # fmt: skip
 
 
 def test_command_line_main_runs_the_toy_part(tmp_path):

@@ -3,6 +3,7 @@ r"""Token vs block verification on the shipped EN->DE pair: Sun et al. 2024 (arX
   python -m experiments.verification --config=experiments/configs/verification.py           # ~25 min
   python -m experiments.verification --config=experiments/configs/verification.py:runlocal  # < 1 min
   python -m experiments.verification --config=experiments/configs/verification.py:batch     # ~6 min
+  python -m experiments.verification --config=experiments/configs/verification.py:multipath
   python -m experiments.verification --config=experiments/configs/verification.py:seeds=0,1,2,3,4
 
 Parts (`parts`, run in this order):
@@ -32,6 +33,13 @@ machine it is faster; `num_examples=N` scales everything but the compilations (~
 lengths): block efficiency and tokens/s of autoregressive, token and block decoding; batch.png.
 18 programs to compile (~3 min) and ~3 min of decoding (estimated from the rates above, not run).
 
+`multipath` (issue 25): the sweep on the 48M pair (`ende48m`): drafters 'distilled' and
+'trigram', gamma 3 / 5, temperature 0 / 1, one seed, 24 sentences; each verifier alone, with K = 2
+and 4 draft paths (`speculative_generate(..., num_drafts=K)`: 'block/K2' is greedy multi-path
+block verification, 'token/K2' recursive rejection) and with draft stops 0.3 / 0.5 / 0.7
+(adaptive draft length, 'block/stop0.5'). `num_drafts=...` / `draft_stops=...` add the same
+variants to any sweep.
+
 `runlocal`: one drafter, gamma 2, temperature 1, two seeds, 4 sentences of at most 16 new tokens;
 every part runs and every file is written (~45 s); `batch,runlocal`: batch 1 and 2, one seed.
 Items apply in the order written (experiments/configs/common.py): `runlocal,num_examples=8` keeps
@@ -59,6 +67,15 @@ def _batch(c):
   c.workdir = '/tmp/specdec_verification_batch'
 
 
+def _multipath(c):
+  c.parts = ('sweep',)
+  c.pretrained = 'ende48m'
+  c.drafters, c.gammas, c.temperatures, c.seeds = ('distilled', 'trigram'), (3, 5), (0.0, 1.0), (0,)
+  c.num_drafts, c.draft_stops = (1, 2, 4), (0.3, 0.5, 0.7)
+  c.num_examples = 24
+  c.workdir = '/tmp/specdec_verification_multipath'
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.parts = ('toy', 'sweep', 'ccdf')  # any of these, run in this order
@@ -78,4 +95,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.ccdf_temperatures = (1.0,)
   c.toy_gammas = (2, 4, 8)
   c.toy_samples = 200_000  # Monte Carlo rows for verifiers without an exact toy formula
-  return common.parse(arg, c, {'runlocal': _runlocal, 'batch': _batch})
+  # Sweep variants of every verifier (experiments.verification.sweep_methods): K > 1 draft paths
+  # ('block/K2') and adaptive draft length ('block/stop0.5'); (1,) and () add none.
+  c.num_drafts = (1,)
+  c.draft_stops = ()
+  return common.parse(arg, c, {'runlocal': _runlocal, 'batch': _batch, 'multipath': _multipath})
