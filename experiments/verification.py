@@ -101,7 +101,7 @@ TABLES = {'runs': RUN_COLUMNS, 'summary': SUMMARY_COLUMNS, 'ccdf': CCDF_COLUMNS}
 _SEED_STRIDE = 1 << 20  # seed s uses PRNG keys s * stride + 0 .. number of batches
 
 # Sun et al. §3: vocabulary {A, B}, both models context-free, gamma 2; token verification accepts
-# 10/9 drafts per iteration in expectation, block verification 11/9 (docs/method.md §7).
+# 10/9 drafts per iteration in expectation, block verification 11/9 (docs/method.md §9).
 SUN_TOY_TARGET = (Fraction(1, 3), Fraction(2, 3))  # Mb(A), Mb(B)
 SUN_TOY_DRAFTER = (Fraction(2, 3), Fraction(1, 3))  # Ms(A), Ms(B)
 EXACT_VERIFIERS = ('token', 'block')

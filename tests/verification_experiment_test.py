@@ -125,7 +125,7 @@ def test_translate_trace_gives_the_accepted_lengths_the_stats_count(ende_pair):
 
 
 def test_toy_known_values():
-  """Sun et al. §3 (and docs/method.md §7, computed by hand): gamma 2, E[tau] 10/9 vs 11/9."""
+  """Sun et al. §3 (and docs/method.md §9, computed by hand): gamma 2, E[tau] 10/9 vs 11/9."""
   assert _exact_ccdf(2, 'token') == [1, Fraction(2, 3), Fraction(4, 9)]
   assert _exact_ccdf(2, 'block') == [1, Fraction(2, 3), Fraction(5, 9)]
   assert sum(_exact_ccdf(2, 'token')[1:]) == Fraction(10, 9)
