@@ -15,23 +15,18 @@ from tests.decode_test import (
   DRAFTER,
   GREEDY,
   PREFIX_LENGTH,
-  PREFIX_ROWS,
   SIGNIFICANCE,
   TARGET,
   _chi_square_pvalue,
   _source,
+  _speculative_prefixes,
 )
 
 STOP = 0.4  # the random Markov drafter is below it at about a third of its drafts
 
 
-def _prefixes(verifier, sampling, *, gamma=3, seed=13):
-  ids = jnp.zeros((PREFIX_ROWS, 1), jnp.int32)
-  out = decode.speculative_generate(
-    TARGET, DRAFTER, ids, jnp.ones_like(ids), gamma=gamma, verifier=verifier, sampling=sampling,
-    max_new_tokens=PREFIX_LENGTH, rng=jax.random.key(seed), draft_stop=STOP,
-  )  # fmt: skip
-  return np.asarray(out.tokens), out.stats
+def _prefixes(verifier, sampling):
+  return _speculative_prefixes(DRAFTER, verifier, sampling, gamma=3, seed=13, draft_stop=STOP)
 
 
 def _pvalue(tokens, sampling):

@@ -16,7 +16,6 @@ from tests.decode_test import (
   DRAFTER,
   GREEDY,
   PREFIX_LENGTH,
-  PREFIX_ROWS,
   SIGNIFICANCE,
   TARGET,
   _chi_square_pvalue,
@@ -24,28 +23,16 @@ from tests.decode_test import (
   _ngram,
   _shared_encoder_drafter,
   _source,
+  _speculative_prefixes,
 )
 
 SAMPLING = sampling_lib.SamplingConfig(temperature=1.0)
 
 
-def _prefixes(
-  verifier, num_drafts, *, drafter=DRAFTER, sampling=SAMPLING, gamma=2, seed=11, rows=PREFIX_ROWS
-):
-  ids = jnp.zeros((rows, 1), jnp.int32)
-  out = decode.speculative_generate(
-    TARGET,
-    drafter,
-    ids,
-    jnp.ones_like(ids),
-    gamma=gamma,
-    verifier=verifier,
-    sampling=sampling,
-    max_new_tokens=PREFIX_LENGTH,
-    rng=jax.random.key(seed),
-    num_drafts=num_drafts,
+def _prefixes(verifier, num_drafts, *, drafter=DRAFTER, sampling=SAMPLING, seed=11):
+  return _speculative_prefixes(
+    drafter, verifier, sampling, gamma=2, seed=seed, num_drafts=num_drafts
   )
-  return np.asarray(out.tokens), out.stats
 
 
 def _pvalue(tokens, sampling=SAMPLING):
@@ -82,11 +69,10 @@ def test_lossless_with_trigram_drafter():
 
 
 def test_more_paths_accept_more():
-  """Not vacuous: the loop uses the extra paths (K = 3 accepts more drafts per iteration)."""
-  one = _prefixes('block', 1, rows=20_000)[1]
-  three = _prefixes('block', 3, rows=20_000)[1]
-  rate = lambda s: int(s.accepted.sum()) / int(s.drafted.sum())
-  assert rate(three) > rate(one) + 0.05
+  """Not vacuous: the loop uses the extra paths (K = 2 accepts more drafts per iteration)."""
+  rate = lambda stats: int(stats.accepted.sum()) / int(stats.drafted.sum())
+  one, two = (rate(_prefixes('block', k)[1]) for k in (1, 2))
+  assert two > one + 0.03, (one, two)
 
 
 def _select_by_p(children, keys, p_node, alive):

@@ -48,8 +48,9 @@ SAMPLINGS = [
 PREFIX_ROWS, PREFIX_LENGTH = 100_000, 3
 
 
-def _speculative_prefixes(drafter, verifier, sampling, *, gamma, seed):
-  """PREFIX_ROWS speculative samples of the first PREFIX_LENGTH tokens from TARGET, and stats."""
+def _speculative_prefixes(drafter, verifier, sampling, *, gamma, seed, **kw):
+  """PREFIX_ROWS speculative samples of the first PREFIX_LENGTH tokens from TARGET, and stats;
+  `kw` goes to `speculative_generate` (e.g. num_drafts, draft_stop)."""
   ids = jnp.zeros((PREFIX_ROWS, 1), jnp.int32)
   out = decode.speculative_generate(
     TARGET,
@@ -61,6 +62,7 @@ def _speculative_prefixes(drafter, verifier, sampling, *, gamma, seed):
     sampling=sampling,
     max_new_tokens=PREFIX_LENGTH,
     rng=jax.random.key(seed),
+    **kw,
   )
   return np.asarray(out.tokens), out.stats
 
