@@ -31,6 +31,7 @@ setuptools.setup(
   extras_require={
     'test': [
       'pytest',
+      'pytest-xdist',
       'scipy',
       'hypothesis',
       'ruff==0.14.0',

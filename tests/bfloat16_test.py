@@ -7,6 +7,7 @@ import dataclasses
 
 import jax
 import numpy as np
+import pytest
 
 from specdec_jax import decode, sampling
 from specdec_jax.models import t5
@@ -17,6 +18,7 @@ def _as(model, dtype):
   return t5.T5Model(config=config, params=jax.tree.map(lambda x: x.astype(dtype), model.params))
 
 
+@pytest.mark.slow  # ~35 CPU-s
 def test_bfloat16_greedy_flips_are_rare_near_ties(ende_pair):
   pair = ende_pair
   sources = [s for s, _ in pair.test_pairs()[:64]]

@@ -47,7 +47,9 @@ def _pvalue(tokens, sampling=SAMPLING):
   [
     ('block', 2, SAMPLING),
     ('token', 2, SAMPLING),
-    ('block', 3, sampling_lib.SamplingConfig(temperature=0.8, top_k=3)),
+    pytest.param(
+      'block', 3, sampling_lib.SamplingConfig(temperature=0.8, top_k=3), marks=pytest.mark.slow
+    ),
     pytest.param('token', 3, SAMPLING, marks=pytest.mark.slow),
     pytest.param('block', 4, SAMPLING, marks=pytest.mark.slow),
   ],
@@ -161,7 +163,14 @@ def test_greedy_equals_generate_ngram(order):
   _greedy_matches(TARGET, drafter, ids, mask, num_drafts=2)
 
 
-@pytest.mark.parametrize('kind', ['t5', 'shared_encoder', 'eagle'])
+@pytest.mark.parametrize(
+  'kind',
+  [
+    'eagle',  # reads the target's states: they must follow the kept path too
+    pytest.param('t5', marks=pytest.mark.slow),
+    pytest.param('shared_encoder', marks=pytest.mark.slow),
+  ],
+)
 def test_greedy_equals_generate_t5_drafters(kind, tiny_pair):
   target, drafter = tiny_pair
   if kind == 'shared_encoder':

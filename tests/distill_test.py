@@ -46,7 +46,11 @@ def _assert_greedy_parity(pair, drafter, sources):
 
 @pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
 @pytest.mark.parametrize(
-  'variant', ['runlocal', pytest.param('runlocal,independent', marks=pytest.mark.slow)]
+  'variant',
+  [
+    pytest.param('runlocal', marks=pytest.mark.slow),  # ~70 CPU-s
+    pytest.param('runlocal,independent', marks=pytest.mark.slow),
+  ],
 )
 def test_runlocal_distillation_end_to_end_and_resume(tmp_path, variant):
   sources = tmp_path / 'sources.tsv'
@@ -118,6 +122,7 @@ def test_configs_share_one_parser():
     train_target.get_config('runlokal')
 
 
+@pytest.mark.slow  # ~30 CPU-s
 @pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
 def test_step_costs_of_a_drafter_over_the_target_encoder():
   from specdec_jax import timing

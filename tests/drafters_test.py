@@ -169,8 +169,15 @@ def test_trigram_context_survives_rewinds():
   rng = np.random.default_rng(0)
   seqs = [rng.integers(1, 6, size=12) for _ in range(40)]
   drafter = drafters.NGramDrafter.fit(seqs, vocab_size=6, order=3, min_count=1, top_k=3)
-  prefix, cache = [0], _fresh_cache(drafter, length=64)
-  probs, cache = _step(drafter, [prefix], cache)
+  jitted = jax.jit(drafter.steps.step)  # one program per fed length (1, 2 or 3) and the whole
+
+  def step(tokens, cache):
+    logits, cache = jitted(drafter.params, jnp.asarray([tokens], jnp.int32), cache)
+    return np.exp(np.asarray(logits[0], np.float64)), cache
+
+  length = 128
+  prefix, cache = [0], _fresh_cache(drafter, length=length)
+  probs, cache = step(prefix, cache)
   for _ in range(30):
     if rng.random() < 0.5 and len(prefix) > 2:  # rewind and feed 2 tokens, as the catch-up does
       start = int(rng.integers(1, len(prefix)))
@@ -180,9 +187,10 @@ def test_trigram_context_survives_rewinds():
     else:
       fed = list(rng.integers(1, 6, size=int(rng.integers(1, 4))))
       prefix = prefix + fed
-    probs, cache = _step(drafter, [fed], cache)
-    whole, _ = _step(drafter, [prefix], _fresh_cache(drafter, length=64))
-    np.testing.assert_allclose(probs[0], whole[0, -len(fed) :], rtol=1e-6)
+    probs, cache = step(fed, cache)
+    # The whole prefix at once, padded to one shape: position t reads tokens up to t only.
+    whole, _ = step(prefix + [0] * (length - len(prefix)), _fresh_cache(drafter, length=length))
+    np.testing.assert_allclose(probs, whole[len(prefix) - len(fed) : len(prefix)], rtol=1e-6)
     assert int(cache.end_index[0]) == len(prefix)
 
 

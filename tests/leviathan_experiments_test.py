@@ -36,6 +36,7 @@ def _is_png(path) -> bool:
   return pathlib.Path(path).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 
+@pytest.mark.slow  # ~35 CPU-s
 @needs_pair
 def test_alpha_table_runlocal(tmp_path):
   config = alpha_table_config.get_config('runlocal')
@@ -99,6 +100,7 @@ def test_our_formula_reproduces_the_papers_table4_exp():
     assert abs(analysis.walltime_improvement(alpha, gamma, c) - exp) < 0.08, (alpha, gamma, c)
 
 
+@pytest.mark.slow  # ~70 CPU-s
 @needs_pair
 def test_exp_vs_emp_runlocal(tmp_path):
   config = exp_vs_emp_config.get_config('runlocal')
@@ -141,6 +143,7 @@ def test_exp_vs_emp_ende48m_variant_names_the_pairs_drafters():
   assert list(plan.drafters) == ['distilled', 'trigram', 'bigram'] and len(plan.sources) == 100
 
 
+@pytest.mark.slow  # ~25 CPU-s
 @needs_pair
 def test_ops_memory_runlocal(tmp_path):
   config = ops_memory_config.get_config('runlocal')

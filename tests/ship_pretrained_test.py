@@ -9,6 +9,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from specdec_jax import checkpoints, pretrained
 from tests import helpers
@@ -51,6 +52,7 @@ def test_ship_a_target_only_pair_in_bfloat16(tmp_path):
   assert '| target | gated-gelu, untied, d_model 32' in card and '| 7 |' in card
 
 
+@pytest.mark.slow  # ~30 CPU-s
 @helpers.needs_pair('ende')
 def test_add_drafter_records_t5_and_ngram_drafters(tmp_path):
   pair_dir = tmp_path / 'pair'

@@ -87,6 +87,7 @@ def test_multidraft_and_draft_stop_rows(item, column, value):
   assert r.predicted_speedup == pytest.approx(r.block_efficiency / (r.gamma * r.c + r.pass_cost))
 
 
+@pytest.mark.slow  # ~25 CPU-s
 @helpers.needs_pair('debsumm')
 def test_debsumm_runlocal_gives_its_rows():
   config = debsumm.get_config('runlocal,num_examples=2,temperatures=0')

@@ -37,6 +37,7 @@ def _csv(path):
     return reader.fieldnames, list(reader)
 
 
+@pytest.mark.slow  # ~35 CPU-s
 @helpers.needs_pair('ende')
 def test_runlocal_end_to_end(tmp_path):
   config = verification_config.get_config('runlocal')
