@@ -151,7 +151,8 @@ def test_step_costs_of_a_drafter_over_the_target_encoder():
     timing.step_seconds(drafter, batch_size=1, source_length=16)
 
 
-@pytest.mark.parametrize('over_target_encoder', [True, pytest.param(False, marks=pytest.mark.slow)])
+@pytest.mark.slow  # ~25 CPU-s each
+@pytest.mark.parametrize('over_target_encoder', [True, False])
 def test_cached_teacher_states_give_the_live_targets_step(tmp_path, over_target_encoder):
   """A step on the cached states equals a step that runs the whole target (same loss, metrics
   and update), for a student over the target's encoder and one with its own."""

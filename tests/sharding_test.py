@@ -266,5 +266,6 @@ print('SPECULATIVE_SHARDED_OK')
 """
 
 
+@pytest.mark.slow  # ~75 CPU-s; tests/multihost_test.py runs sharded speculative decoding by default
 def test_sharded_speculative_generate_matches_one_device():
   helpers.run_on_cpu_devices(_SPECULATIVE_SCRIPT, 'SPECULATIVE_SHARDED_OK')

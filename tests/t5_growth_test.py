@@ -10,9 +10,11 @@ import pytest
 from specdec_jax.models import t5, t5_growth
 from tests import helpers
 
+_forward = jax.jit(t5.forward, static_argnames=('config',))  # one program, not op by op
+
 
 def _logits(model, ids, mask, dec):
-  return t5.forward(model.params, ids, mask, dec, config=model.config)
+  return _forward(model.params, ids, mask, dec, config=model.config)
 
 
 SMALL = dataclasses.replace(

@@ -68,7 +68,9 @@ _SCHEDULE = [
 ]
 
 
-@pytest.mark.parametrize('name', TINY)
+@pytest.mark.parametrize(
+  'name', [n if n == 'tiny-v1.1' else pytest.param(n, marks=pytest.mark.slow) for n in TINY]
+)  # the others ~15 CPU-s each: the variants' layers are tested one by one above
 def test_chunked_decode_with_rewinds_matches_forward(name):
   config, params = _model(name)
   ids, mask = _source(config)
@@ -401,6 +403,7 @@ def test_forward_dropout_is_off_at_rate_0_and_keyed_otherwise():
   assert not np.allclose(a, plain, atol=1e-3) and not np.allclose(a, b, atol=1e-3)
 
 
+@pytest.mark.slow  # ~35 CPU-s; the EAGLE drafter's decode loop tests (decode_test) run by default
 def test_feature_reading_decoder_chunks_match_teacher_forcing():
   """An EAGLE-style decoder (feature_dim): chunked incremental decoding with per-position
   features gives the teacher-forced states, logits and predicted features; different features

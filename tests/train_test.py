@@ -215,6 +215,7 @@ def test_learning_rate_schedule_warmup_then_decay(lr_decay):
     dataclasses.replace(config, lr_decay='linear')
 
 
+@pytest.mark.slow  # ~30 CPU-s
 def test_init_from_a_smaller_model_starts_at_its_loss(corpus, tmp_path):
   data_dir, tok = corpus
   config = _smoke_config(data_dir, tok.vocab_size, num_train_steps=0)

@@ -69,7 +69,7 @@ def test_runlocal_end_to_end(tmp_path, items):
 @pytest.mark.parametrize(
   'item, column, value',
   [
-    ('draft_stop=0.3', 'draft_stop', 0.3),
+    pytest.param('draft_stop=0.3', 'draft_stop', 0.3, marks=pytest.mark.slow),  # ~35 CPU-s
     pytest.param('num_drafts=2', 'num_drafts', 2, marks=pytest.mark.slow),  # ~60 CPU-s
   ],
 )
