@@ -34,7 +34,13 @@ def _batch():
   return ids, mask, dec
 
 
-@pytest.mark.parametrize('grown', [GROWN, dataclasses.replace(SMALL, num_decoder_layers=4)])
+@pytest.mark.parametrize(
+  'grown',
+  [
+    pytest.param(GROWN, marks=pytest.mark.slow),  # wider and deeper: ~30 CPU-s
+    dataclasses.replace(SMALL, num_decoder_layers=4),
+  ],
+)
 def test_grown_model_computes_the_same_logits(grown):
   small = helpers.tiny_t5(SMALL)
   # Non-trivial weights: a trained model's norm scales and position tables are not the init's.
