@@ -235,7 +235,7 @@ def test_multipath_variant_names_its_methods():
   methods = verification.sweep_methods(config)
   assert methods[:6] == ['token', 'token/K2', 'token/K4', 'token/stop0.3', 'token/stop0.5',
                          'token/stop0.7']  # fmt: skip
-  assert len(methods) == 12 and config.pretrained == 'ende48m'
+  assert len(methods) == 12 and config.pretrained == 'ende48m' and config.drafters == ('distilled',)
   assert verification.method_options('block/K4') == ('block', {'num_drafts': 4})
   assert verification.method_options('token/stop0.5') == ('token', {'draft_stop': 0.5})
   assert verification.method_options('block') == ('block', {})
