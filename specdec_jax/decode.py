@@ -270,10 +270,10 @@ def draft(
     stop: `LoopSpec.draft_stop`, or None.
 
   Returns:
-    (tokens int32[B, G], q float32[B, G, V] or None when greedy, cache, lengths int32[B] drafts
-    to verify: G, or with `stop` the first i whose draft's own probability is below it). All G
-    tokens are drafted either way; the cache's end_index is n + G on exit: X_G is drafted but not
-    fed.
+    (tokens int32[B, G], q float32[B, G, V] or None when greedy, cache, lengths: None without
+    `stop`, else int32[B] drafts to verify, the first i whose draft's own probability is below
+    `stop`, or G). All G tokens are drafted either way; the cache's end_index is n + G on exit:
+    X_G is drafted but not fed.
   """
   if target_states is None:
     # Feed seq[n-1], seq[n] from position n - 1 (position 0 at the start, where the second token
@@ -318,7 +318,7 @@ def draft(
   (logits, _, cache), (tokens, probs, unsure) = jax.lax.scan(body, carry, keys[:-1])
   last_token, last_q, last_unsure = draw(keys[-1], logits)
   tokens = jnp.concatenate([tokens.T, last_token[:, None]], axis=1)
-  lengths = jnp.full(tokens.shape[:1], gamma, jnp.int32)
+  lengths = None
   if stop is not None:  # the first unsure draft is the last one kept
     unsure = jnp.concatenate([unsure.T, last_unsure[:, None]], axis=1)
     lengths = jnp.where(unsure.any(1), jnp.argmax(unsure, axis=1) + 1, gamma).astype(jnp.int32)
@@ -537,6 +537,9 @@ def speculative_loop(
     stop=spec.draft_stop,
   )
   score = functools.partial(target_pass, target_steps, target_params, with_states=reads_states)
+  emit = functools.partial(
+    _emit_and_rewind, eos_id=target_steps.eos_id, max_new_tokens=spec.max_new_tokens, num_paths=k
+  )
 
   def body(state: _State) -> _State:
     draft_rng, verify_rng = jax.random.split(jax.random.fold_in(rng, state.iteration))
@@ -546,7 +549,6 @@ def speculative_loop(
     drafts, q, draft_cache, lengths = drafter(
       state.draft_cache, seq, n, draft_rng, target_states=state.target_states
     )
-    lengths = None if spec.draft_stop is None else lengths
     # 2. One target pass scores the pending token and every draft: p_1..p_{gamma+1}.
     logits, states, target_cache = score(
       jnp.concatenate([_row_slice(seq, n, 1), drafts], axis=1), state.target_cache
@@ -561,15 +563,7 @@ def speculative_loop(
         path, drafts, target_cache, draft_cache, states, k
       )
     # 4. Emit X_1..X_tau, y; rewind the target to what it keeps.
-    seq, n, done, target_cache = _emit_and_rewind(
-      state._replace(target_cache=target_cache),
-      drafts,
-      tau,
-      y,
-      eos_id=target_steps.eos_id,
-      max_new_tokens=spec.max_new_tokens,
-      num_paths=k,
-    )
+    seq, n, done, target_cache = emit(state._replace(target_cache=target_cache), drafts, tau, y)
     with jax.named_scope('emit'):
       return state._replace(
         seq=seq,

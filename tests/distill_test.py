@@ -13,6 +13,7 @@ from experiments.configs import distill_drafter
 from specdec_jax import checkpoints, decode, distill, distill_data, pretrained, training
 from specdec_jax.data import batching
 from specdec_jax.models import t5
+from tests import helpers
 
 _SHIPPED = (pretrained.ROOT / 'ende' / 'target').exists()
 
@@ -139,7 +140,7 @@ def test_step_costs_of_a_drafter_over_the_target_encoder():
     num_decoder_layers=1,
     encoder_dim=pair.target.config.d_model,
   )
-  drafter = t5.T5Model(config=config, params=t5.init_params(jax.random.key(0), config))
+  drafter = helpers.tiny_t5(config, seed=0)
   costs = timing.step_costs(pair.target, drafter, batch_size=1, source_length=16, gamma=2)
   # Timed through the target's encoder output (its own `encode` would raise); the values are
   # timings, so only their form is checked here.
@@ -157,7 +158,7 @@ def test_cached_teacher_states_give_the_live_targets_step(tmp_path, over_target_
   """A step on the cached states equals a step that runs the whole target (same loss, metrics
   and update), for a student over the target's encoder and one with its own."""
   teacher_config = dataclasses.replace(t5.CONFIGS['tiny-v1.1'], vocab_size=64)
-  teacher = t5.T5Model(teacher_config, t5.init_params(jax.random.key(1), teacher_config))
+  teacher = helpers.tiny_t5(teacher_config, seed=1)
   student_config = dataclasses.replace(
     teacher_config,
     d_model=16,
@@ -178,7 +179,7 @@ def test_cached_teacher_states_give_the_live_targets_step(tmp_path, over_target_
   again = distill_data.TeacherStates.compute(teacher, data, shard_dir=str(tmp_path), **kw)  # shards
   np.testing.assert_array_equal(again.decoder[3], cached.decoder[3])
   assert len(cached.decoder[3]) == tgt_len[3]
-  other = t5.T5Model(teacher_config, t5.init_params(jax.random.key(2), teacher_config))
+  other = helpers.tiny_t5(teacher_config, seed=2)
   with pytest.raises(ValueError, match='computed from other sources, another target'):
     distill_data.TeacherStates.compute(other, data, shard_dir=str(tmp_path), **kw)
   optimizer_config = training.OptimizerConfig(learning_rate=1e-2, warmup_steps=1)
@@ -215,7 +216,7 @@ def test_initial_student_from_a_drafter_of_the_target_before_growth(tmp_path):
     t5.CONFIGS['tiny-v1.1'], vocab_size=64, d_model=16, num_encoder_layers=0,
     num_decoder_layers=1, encoder_dim=32,
   )  # fmt: skip
-  old = t5.T5Model(config, t5.init_params(jax.random.key(0), config))
+  old = helpers.tiny_t5(config, seed=0)
   checkpoints.save(old, tmp_path / 'drafter')
   same = distill.initial_student(str(tmp_path / 'drafter'), config, jax.random.key(1))
   assert jax.tree.all(jax.tree.map(np.array_equal, same, old.params))
@@ -247,7 +248,7 @@ def test_initial_student_from_a_drafter_of_the_target_before_growth(tmp_path):
 def _tiny_teacher_and_sources(num: int, width: int, seed: int):
   """A random tiny T5 (vocabulary 64) and `num` random sources of 1..width tokens, padded."""
   config = dataclasses.replace(t5.CONFIGS['tiny-v1.1'], vocab_size=64)
-  teacher = t5.T5Model(config, t5.init_params(jax.random.key(1), config))
+  teacher = helpers.tiny_t5(config, seed=1)
   rng = np.random.default_rng(seed)
   lengths = rng.integers(1, width + 1, num)
   inputs = rng.integers(2, 64, (num, width)) * (np.arange(width) < lengths[:, None])
@@ -287,7 +288,7 @@ def test_model_fingerprint_is_unchanged_by_a_newer_config_field_at_its_default()
   """Caches written before T5Config gained `feature_dim` stay valid: at its default the field is
   left out of the fingerprint (the repr the old fingerprints hashed); set, it changes it."""
   config = t5.CONFIGS['tiny-v1.0']
-  model = t5.T5Model(config, t5.init_params(jax.random.key(0), config))
+  model = helpers.tiny_t5(config, seed=0)
   old_repr = repr(config).replace(', feature_dim=None', '')
   assert 'feature_dim' not in old_repr
   old = distill_data._digest(distill_data._Verbatim(old_repr), *jax.tree.leaves(model.params))

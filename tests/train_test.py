@@ -19,6 +19,7 @@ from experiments.configs import train_drafter, train_target
 from specdec_jax import checkpoints, training
 from specdec_jax.data import batching, pairs, tokenizer
 from specdec_jax.models import t5
+from tests import helpers
 
 _EN = {'red': 'rote', 'big': 'große', 'old': 'alte', 'small': 'kleine'}
 _NOUNS = {'cat': 'Katze', 'house': 'Haus', 'dog': 'Hund', 'tree': 'Baum'}
@@ -222,7 +223,7 @@ def test_init_from_a_smaller_model_starts_at_its_loss(corpus, tmp_path):
   small_config = dataclasses.replace(
     training.model_config_from(config), d_model=16, num_heads=2, d_ff=32
   )
-  small = t5.T5Model(small_config, t5.init_params(jax.random.key(3), small_config))
+  small = helpers.tiny_t5(small_config, seed=3)
   checkpoints.save(small, tmp_path / 'small')
   config.init_from = str(tmp_path / 'small')
   result = training.train_and_evaluate(config, str(tmp_path / 'work'))
