@@ -30,6 +30,7 @@ Public modules (README.md has a table of them; docs/method.md the formulas they 
   distill_data       the target's outputs and states the distillation trains on.
   evaluation         the main job's rows: speculative vs autoregressive decoding, timed.
   tables             plain-text tables from a column spec.
+  results_io         each experiment's table as CSV / strict JSON, row by row; speedup.png.
   timing             model calls timed as a decode loop sees them.
   profiling          an iteration's time by component, from XLA:CPU's per-op trace.
   traces             a speculative run drawn iteration by iteration (Leviathan et al.'s Figure 1).
