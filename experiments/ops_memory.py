@@ -8,7 +8,7 @@ the loops' cache length, a source of config.max_source_length tokens) and XLA's 
 gives its 'flops' and 'bytes accessed':
   target step      1 position: autoregressive decoding, one call per token;
   target pass      gamma + 1 positions: one call per speculative iteration;
-  drafter calls    per iteration one 2-position call (the catch-up of `decode.draft`) and
+  drafter calls    per iteration one 2-position call (the catch-up of `decode_steps.draft`) and
                    gamma - 1 one-position steps.
 These per-call costs times the call counts of real runs (`DecodeStats.target_calls`,
 `DecodeStats.drafted`, tokens emitted; speculative vs autoregressive, same sentences and

@@ -15,6 +15,7 @@ Public modules (README.md has a table of them; docs/method.md the formulas they 
   cache              the decoder KV cache with a write position per row (`end_index`).
   step_models        the `StepModel` protocol the decode loops are written against.
   decode             `generate` and `speculative_generate`, each one jit.
+  decode_steps       the steps of one iteration: draft, target pass, verify, emit.
   decode_stats       `DecodeOutput`, `DecodeStats`, `SpeculativeTrace`, `to_host`.
   validation         checks at the decode loops' boundary; `NonFiniteError`.
   drafters           n-gram drafters (`NGramDrafter`).

@@ -6,8 +6,9 @@ Both loops are written against step models (`step_models.StepModel`), never agai
 fake closures test them and any drafter drives them. Everything static about a loop is one frozen,
 hashable `LoopSpec`, the jit's single static argument beside the models' static halves;
 `speculative_loop` / `autoregressive_loop` are the jitted loops, `lower_speculative` /
-`lower_generate` lower them from abstract inputs, and `draft` / `target_pass` are the model calls
-of one iteration, for measuring them as the loop runs them (`timing`).
+`lower_generate` lower them from abstract inputs. The steps of one iteration (the drafter's
+calls, the target pass, verification, emitting) are in `decode_steps`, where `timing` also
+measures the model calls as the loop runs them.
 
 Loop state, per row b:
   seq[b]   the decoder input sequence [start, y_1, ..., y_n, ...]; `n[b]` tokens emitted so far.
@@ -57,9 +58,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from specdec_jax import cache as cache_lib
+from specdec_jax import decode_steps, step_models, validation, verify
 from specdec_jax import sampling as sampling_lib
-from specdec_jax import step_models, validation, verify, verify_multipath
 from specdec_jax.data.tokenizer import PAD_ID
 from specdec_jax.decode_stats import (  # noqa: F401 (API)
   DecodeOutput,
@@ -105,7 +105,7 @@ class LoopSpec:
     trace: record a `SpeculativeTrace` of every iteration.
 
   A new way of drafting or verifying adds its field here with a default that keeps today's
-  program; `draft` and `_verify` are the steps of `speculative_loop`'s body it changes.
+  program; `draft` and `verify_block` are the steps of `speculative_loop`'s body it changes.
   """
 
   sampling: sampling_lib.SamplingConfig
@@ -192,288 +192,10 @@ def _init_state(batch, spec: LoopSpec, start_id, target_cache, draft_cache, stat
   )
 
 
-def _row_slice(seq: jax.Array, start: jax.Array, size: int) -> jax.Array:
-  """seq[b, start[b] : start[b] + size] for each row: int32[B, size]."""
-  return jax.vmap(lambda row, s: jax.lax.dynamic_slice(row, (s,), (size,)))(seq, start)
-
-
-def _row_update(seq: jax.Array, block: jax.Array, start: jax.Array) -> jax.Array:
-  """Writes block[b] into seq[b] at start[b]."""
-  return jax.vmap(lambda row, blk, s: jax.lax.dynamic_update_slice(row, blk, (s,)))(
-    seq, block, start
-  )
-
-
-def _emit(seq, n, done, block, num_valid, *, eos_id: int, max_new_tokens: int):
-  """Appends block[b, :num_valid[b]] to each unfinished row, stopping at EOS and the token limit.
-
-  Args:
-    seq: int32[B, L] decoder inputs; emitted token j (1-based) is at seq[:, j].
-    n: int32[B] tokens emitted so far.
-    done: bool[B] rows that stopped emitting.
-    block: int32[B, K] candidate tokens; positions >= num_valid are ignored.
-    num_valid: int32[B] in 1..K.
-
-  Returns:
-    (seq, n, done) updated; finished rows are left unchanged.
-  """
-  k = block.shape[1]
-  pos = jnp.arange(k)
-  is_eos = (block == eos_id) & (pos < num_valid[:, None])
-  # Tokens up to and including the first EOS, capped by the room left.
-  first_eos = jnp.argmax(is_eos, axis=1)
-  has_eos = is_eos.any(axis=1)
-  count = jnp.where(has_eos, first_eos + 1, num_valid)
-  count = jnp.minimum(count, max_new_tokens - n)
-  count = jnp.where(done, 0, count)
-  # Finished rows write to seq too, but only past their end, where nothing is read.
-  seq = _row_update(seq, block, n + 1)
-  new_n = n + count
-  done = done | has_eos | (new_n >= max_new_tokens)
-  return seq, new_n, done
-
-
-def _draft_token(rng, logits, sampling: sampling_lib.SamplingConfig):
-  """Samples one draft token per row: (int32[B], q float32[B, V]) with q the SAME transform p gets."""
-  q = sampling_lib.logits_to_probs(logits, sampling)
-  return sampling_lib.sample(rng, q), q
-
-
-def drafter_call(steps, params, tokens, features, cache):
-  """One drafter call as the loop makes it: (logits, predicted target states or None, cache).
-
-  `step`, or `step_features` for a drafter that reads the target's states (`features` not None).
-  """
-  with jax.named_scope('drafter'):
-    if features is None:
-      logits, cache = steps.step(params, tokens, cache)
-      return logits, None, cache
-    return steps.step_features(params, tokens, features, cache)
-
-
-def draft(
-  steps, params, cache, seq, n, rng, *, gamma, sampling, greedy, target_states=None, stop=None
-):
-  """Step 1 of an iteration: the drafter proposes gamma tokens after seq[:, :n + 1].
-
-  Args:
-    steps, params: the drafter as a step model.
-    cache: its cache, holding at least positions 0..n-2 (0..start for `target_states`).
-    seq: int32[B, L] the loop's decoder inputs; seq[b, n[b]] is the pending token.
-    n: int32[B] tokens emitted so far.
-    rng: PRNG key for the draws (unused when greedy).
-    gamma: G, tokens to draft.
-    sampling: the transform of the drafter's logits (unused when greedy).
-    greedy: draft argmax ids and return no probabilities.
-    target_states: (f32[B, G + 1, F] states, int32[B] position of the first) of the last target
-      pass, for a drafter that reads them (`reads_target_states`); else None.
-    stop: `LoopSpec.draft_stop`, or None.
-
-  Returns:
-    (tokens int32[B, G], q float32[B, G, V] or None when greedy, cache, lengths: None without
-    `stop`, else int32[B] drafts to verify, the first i whose draft's own probability is below
-    `stop`, or G). All G tokens are drafted either way; the cache's end_index is n + G on exit:
-    X_G is drafted but not fed.
-  """
-  if target_states is None:
-    # Feed seq[n-1], seq[n] from position n - 1 (position 0 at the start, where the second token
-    # is a placeholder written to a slot that stays stale) and keep the logits after seq[n].
-    start, features = jnp.maximum(n - 1, 0), None
-    tokens = _row_slice(seq, start, 2)
-  else:
-    # Feed seq[start+1 .. start+G+1], each with the target's state before it: the positions of
-    # the last pass, of which start+1 .. n are accepted (n - start - 1 <= G). Rows that stopped
-    # read a clipped index.
-    features, state_start = target_states
-    start = state_start + 1
-    tokens = _row_slice(seq, start, gamma + 1)
-  logits, predicted, cache = drafter_call(
-    steps, params, tokens, features, cache.replace(end_index=start)
-  )
-  index = jnp.clip(n - start, 0, tokens.shape[1] - 1)[:, None, None]
-  pick = lambda x: None if x is None else jnp.take_along_axis(x, index, axis=1)[:, 0]
-  logits, predicted = pick(logits), pick(predicted)
-  cache = cache.replace(end_index=n + 1)
-
-  @jax.named_scope('sampling')
-  def draw(key, logits):
-    if greedy:
-      token, q = sampling_lib.argmax(logits), None
-    else:
-      token, q = _draft_token(key, logits, sampling)
-    if stop is None:
-      return token, q, None
-    own = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
-    return token, q, jnp.exp(own - jax.nn.logsumexp(logits, axis=-1)) < stop
-
-  def body(carry, key):
-    logits, predicted, cache = carry
-    token, q, unsure = draw(key, logits)
-    features = None if predicted is None else predicted[:, None]
-    logits, predicted, cache = drafter_call(steps, params, token[:, None], features, cache)
-    return (logits[:, 0], None if predicted is None else predicted[:, 0], cache), (token, q, unsure)
-
-  keys = jax.random.split(rng, gamma)
-  carry = (logits, predicted, cache)
-  (logits, _, cache), (tokens, probs, unsure) = jax.lax.scan(body, carry, keys[:-1])
-  last_token, last_q, last_unsure = draw(keys[-1], logits)
-  tokens = jnp.concatenate([tokens.T, last_token[:, None]], axis=1)
-  lengths = None
-  if stop is not None:  # the first unsure draft is the last one kept
-    unsure = jnp.concatenate([unsure.T, last_unsure[:, None]], axis=1)
-    lengths = jnp.where(unsure.any(1), jnp.argmax(unsure, axis=1) + 1, gamma).astype(jnp.int32)
-  if greedy:
-    return tokens, None, cache, lengths
-  probs = jnp.concatenate([jnp.moveaxis(probs, 0, 1), last_q[:, None]], axis=1)
-  return tokens, probs, cache, lengths
-
-
-def target_pass(steps, params, tokens, cache, *, with_states: bool):
-  """Step 2 of an iteration: the target scores the pending token and the drafts in one call.
-
-  tokens int32[B, G + 1] fed from the cache's end_index -> (logits f32[B, G + 1, V], its final
-  decoder states f32[B, G + 1, state_dim] when `with_states` else None, cache).
-  """
-  with jax.named_scope('target'):
-    if not with_states:
-      logits, cache = steps.step(params, tokens, cache)
-      return logits, None, cache
-    logits, states, cache = steps.step_states(params, tokens, cache)
-    return logits, states.astype(jnp.float32), cache
-
-
-def _paths(x, num_paths: int):
-  """Each row (of every leaf, batch-major) repeated once per draft path: [B, ...] -> [B*K, ...]."""
-  if num_paths == 1:
-    return x
-  return jax.tree.map(lambda leaf: jnp.repeat(leaf, num_paths, axis=0), x)
-
-
-@jax.named_scope('encode')
-def _init_caches(
-  target_steps,
-  target_params,
-  draft_steps,
-  draft_params,
-  input_ids,
-  input_mask,
-  cache_len,
-  num_paths=1,
-):
-  """Both caches, with `num_paths` rows per source row (each source is encoded once); the
-  source is encoded once in all when the drafter reads the target's encoder."""
-  encoded = target_steps.encode(target_params, input_ids, input_mask)
-  mask = _paths(input_mask, num_paths)
-  target_cache = target_steps.init_cache(target_params, _paths(encoded, num_paths), mask, cache_len)
-  if draft_steps is None:
-    return target_cache, None
-  if not getattr(draft_steps, 'shares_target_encoder', False):
-    encoded = draft_steps.encode(draft_params, input_ids, input_mask)
-  return target_cache, draft_steps.init_cache(
-    draft_params, _paths(encoded, num_paths), mask, cache_len
-  )
-
-
 def _finish(state: _State, max_new_tokens: int) -> DecodeOutput:
   tokens = state.seq[:, 1 : max_new_tokens + 1]
   tokens = jnp.where(jnp.arange(max_new_tokens) < state.n[:, None], tokens, PAD_ID)
   return DecodeOutput(tokens=tokens, lengths=state.n, stats=state.stats, trace=state.trace)
-
-
-def _verify(rng, drafts, q, logits, spec: LoopSpec, lengths=None):
-  """Step 3 of an iteration: how many drafts the target keeps, and the token after them.
-
-  Args:
-    drafts: int32[B, G]; q: float32[B, G, V] their probabilities (None when greedy).
-    logits: float32[B, G + 1, V] the target pass's.
-    lengths: int32[B] drafts to verify per row (`spec.draft_stop`), or None for all G.
-
-  Returns:
-    (tau int32[B] drafts accepted, y int32[B] the corrected or bonus token, beta float32[B, G]
-    sum_x min(p, q) per position, nonfinite bool[B]).
-  """
-  if spec.greedy:
-    with jax.named_scope('sampling'):
-      target_ids = sampling_lib.argmax(logits)
-    with jax.named_scope('verify'):
-      tau, y = verify.greedy_verify(drafts, target_ids)
-      if lengths is not None:  # a shorter block: the target's argmax after its last draft
-        tau = jnp.minimum(tau, lengths)
-        y = jnp.take_along_axis(target_ids, tau[:, None], axis=1)[:, 0]
-      beta = (drafts == target_ids[:, : spec.gamma]).astype(jnp.float32)
-      # Only the target's values matter at temperature 0: drafts are compared as ids.
-      return tau, y, beta, ~jnp.isfinite(jnp.sum(logits, axis=(1, 2)))
-  with jax.named_scope('sampling'):
-    p = sampling_lib.logits_to_probs(logits, spec.sampling)
-  with jax.named_scope('verify'):
-    tau, y = verify.VERIFIERS[spec.verifier](rng, drafts, q, p, lengths)
-    beta = jnp.minimum(p[:, : spec.gamma], q).sum(-1)
-    return tau, y, beta, verify.nonfinite_rows(q, p)
-
-
-def _verify_paths(rng, drafts, q, logits, spec: LoopSpec):
-  """Step 3 with K = `spec.num_drafts` > 1 paths per row, their rows consecutive.
-
-  Args:
-    drafts: int32[B*K, G]; q: float32[B*K, G, V] (None when greedy).
-    logits: float32[B*K, G + 1, V].
-
-  Returns:
-    (path int32[B] the path kept, tau, y, beta, nonfinite) as `_verify`'s, with beta measured on
-    path 0 (each path alone is a single-draft block, so alpha keeps its meaning).
-  """
-  k, g = spec.num_drafts, spec.gamma
-  per_row = lambda x: None if x is None else x.reshape((-1, k) + x.shape[1:])
-  drafts, q, logits = per_row(drafts), per_row(q), per_row(logits)
-  if spec.greedy:
-    with jax.named_scope('sampling'):
-      target_ids = sampling_lib.argmax(logits)
-    with jax.named_scope('verify'):
-      path, tau, y = verify_multipath.multipath_greedy_verify(drafts, target_ids)
-      beta = (drafts[:, 0] == target_ids[:, 0, :g]).astype(jnp.float32)
-      return path, tau, y, beta, ~jnp.isfinite(jnp.sum(logits, axis=(1, 2, 3)))
-  with jax.named_scope('sampling'):
-    p = sampling_lib.logits_to_probs(logits, spec.sampling)
-  with jax.named_scope('verify'):
-    path, tau, y = verify_multipath.VERIFIERS[spec.verifier](rng, drafts, q, p)
-    beta = jnp.minimum(p[:, 0, :g], q[:, 0]).sum(-1)
-    flat = lambda x: x.reshape((-1,) + x.shape[2:])
-    nonfinite = verify.nonfinite_rows(flat(q), flat(p)).reshape(-1, k).any(axis=1)
-    return path, tau, y, beta, nonfinite
-
-
-def _follow(path, drafts, target_cache, draft_cache, states, num_paths: int):
-  """Moves every path row of a source row onto its kept path: (drafts int32[B, G] of the kept
-  path, target_cache, draft_cache, states) with each row's K copies equal to the kept one."""
-  rows = jnp.arange(path.shape[0]) * num_paths + path  # the kept path's row, per source row
-  every = jnp.repeat(rows, num_paths)
-  take = functools.partial(cache_lib.take_rows, rows=every, same_source=True)
-  return (
-    drafts[rows],
-    take(target_cache),
-    take(draft_cache),
-    None if states is None else states[every],
-  )
-
-
-@jax.named_scope('emit')
-def _emit_and_rewind(
-  state: _State, drafts, tau, y, *, eos_id: int, max_new_tokens: int, num_paths: int = 1
-):
-  """Step 4 of an iteration: appends X_1..X_tau, y to each row; rewinds the target's cache.
-
-  Returns (seq, n, done, target_cache) updated: the target keeps [.., seq[n], X_1..X_tau]
-  (positions < the new n, in each of a row's `num_paths` cache rows); the drafter rewinds itself
-  at its next call.
-  """
-  gamma = drafts.shape[1]
-  block = jnp.where(
-    jnp.arange(gamma + 1) < tau[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), y[:, None]
-  )
-  seq, n, done = _emit(
-    state.seq, state.n, state.done, block, tau + 1, eos_id=eos_id, max_new_tokens=max_new_tokens
-  )
-  return seq, n, done, state.target_cache.replace(end_index=_paths(n, num_paths))
 
 
 def _record(state: _State, drafts, tau, y, new_n):
@@ -508,7 +230,7 @@ def speculative_loop(
     raise ValueError(f'speculative_loop needs spec.gamma >= 1, got {spec.gamma}.')
   reads_states = getattr(draft_steps, 'reads_target_states', False)
   k = spec.num_drafts
-  target_cache, draft_cache = _init_caches(
+  target_cache, draft_cache = decode_steps.init_caches(
     target_steps,
     target_params,
     draft_steps,
@@ -528,7 +250,7 @@ def speculative_loop(
   )
 
   drafter = functools.partial(
-    draft,
+    decode_steps.draft,
     draft_steps,
     draft_params,
     gamma=spec.gamma,
@@ -536,34 +258,43 @@ def speculative_loop(
     greedy=spec.greedy,
     stop=spec.draft_stop,
   )
-  score = functools.partial(target_pass, target_steps, target_params, with_states=reads_states)
-  emit = functools.partial(
-    _emit_and_rewind, eos_id=target_steps.eos_id, max_new_tokens=spec.max_new_tokens, num_paths=k
+  score = functools.partial(
+    decode_steps.target_pass, target_steps, target_params, with_states=reads_states
+  )
+  emit_block = functools.partial(
+    decode_steps.emit_and_rewind,
+    eos_id=target_steps.eos_id,
+    max_new_tokens=spec.max_new_tokens,
+    num_paths=k,
   )
 
   def body(state: _State) -> _State:
     draft_rng, verify_rng = jax.random.split(jax.random.fold_in(rng, state.iteration))
     # With K paths every row runs as K rows of both models (the identity at K = 1).
-    seq, n = _paths(state.seq, k), _paths(state.n, k)
+    seq, n = decode_steps.repeat_paths(state.seq, k), decode_steps.repeat_paths(state.n, k)
     # 1. The drafter proposes X_1..X_gamma, with q_1..q_gamma.
     drafts, q, draft_cache, lengths = drafter(
       state.draft_cache, seq, n, draft_rng, target_states=state.target_states
     )
     # 2. One target pass scores the pending token and every draft: p_1..p_{gamma+1}.
     logits, states, target_cache = score(
-      jnp.concatenate([_row_slice(seq, n, 1), drafts], axis=1), state.target_cache
+      jnp.concatenate([decode_steps.row_slice(seq, n, 1), drafts], axis=1), state.target_cache
     )
     # 3. Keep tau drafts, then y from the residual (or from p_{gamma+1} when all were kept);
     #    with K paths, of one path, onto which every copy of the row then moves.
     if k == 1:
-      tau, y, beta, nonfinite = _verify(verify_rng, drafts, q, logits, spec, lengths)
+      tau, y, beta, nonfinite = decode_steps.verify_block(
+        verify_rng, drafts, q, logits, spec, lengths
+      )
     else:
-      path, tau, y, beta, nonfinite = _verify_paths(verify_rng, drafts, q, logits, spec)
-      drafts, target_cache, draft_cache, states = _follow(
+      path, tau, y, beta, nonfinite = decode_steps.verify_paths(verify_rng, drafts, q, logits, spec)
+      drafts, target_cache, draft_cache, states = decode_steps.follow(
         path, drafts, target_cache, draft_cache, states, k
       )
     # 4. Emit X_1..X_tau, y; rewind the target to what it keeps.
-    seq, n, done, target_cache = emit(state._replace(target_cache=target_cache), drafts, tau, y)
+    seq, n, done, target_cache = emit_block(
+      state._replace(target_cache=target_cache), drafts, tau, y
+    )
     with jax.named_scope('emit'):
       return state._replace(
         seq=seq,
@@ -574,7 +305,7 @@ def speculative_loop(
         stats=state.stats.accumulate(~state.done, tau, beta, nonfinite, lengths),
         iteration=state.iteration + 1,
         trace=_record(state, drafts, tau, y, n),
-        target_states=None if states is None else (states, _paths(state.n, k)),
+        target_states=None if states is None else (states, decode_steps.repeat_paths(state.n, k)),
       )
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
@@ -588,13 +319,17 @@ def autoregressive_loop(steps, params, input_ids, input_mask, rng, *, spec) -> D
   if spec.gamma != 0:
     raise ValueError(f'autoregressive_loop drafts nothing: spec.gamma must be 0, got {spec.gamma}.')
   batch = input_ids.shape[0]
-  cache, _ = _init_caches(steps, params, None, None, input_ids, input_mask, spec.buffer_length)
+  cache, _ = decode_steps.init_caches(
+    steps, params, None, None, input_ids, input_mask, spec.buffer_length
+  )
   state = _init_state(batch, spec, steps.start_id, cache, None, state_dim=None)
   no_drafts = jnp.zeros((batch, 0), jnp.float32)
 
   def body(state: _State) -> _State:
     with jax.named_scope('target'):
-      logits, cache = steps.step(params, _row_slice(state.seq, state.n, 1), state.target_cache)
+      logits, cache = steps.step(
+        params, decode_steps.row_slice(state.seq, state.n, 1), state.target_cache
+      )
     with jax.named_scope('sampling'):
       nonfinite = ~jnp.isfinite(jnp.sum(logits, axis=(1, 2)))
       if spec.greedy:
@@ -603,7 +338,7 @@ def autoregressive_loop(steps, params, input_ids, input_mask, rng, *, spec) -> D
         probs = sampling_lib.logits_to_probs(logits[:, 0], spec.sampling)
         token = sampling_lib.sample(jax.random.fold_in(rng, state.iteration), probs)
     with jax.named_scope('emit'):
-      seq, n, done = _emit(
+      seq, n, done = decode_steps.emit(
         state.seq,
         state.n,
         state.done,

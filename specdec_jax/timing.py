@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import decode, step_models
+from specdec_jax import decode_steps, step_models
 
 
 def time_call(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
@@ -53,7 +53,7 @@ def _repeated_steps(
   def body(i, carry):
     cache, logits = carry
     tokens = jnp.full((batch, num_tokens), 2, jnp.int32) + i % 7  # not loop-invariant
-    logits, _, cache = decode.drafter_call(
+    logits, _, cache = decode_steps.drafter_call(
       steps, params, tokens, features, cache.replace(end_index=position)
     )
     return cache, logits
@@ -81,7 +81,7 @@ def _repeated_iterations(
   calls,
 ):
   """`calls` iterations of the speculative loop's model calls, by the loop's own functions: the
-  drafter's gamma calls (`decode.draft`, greedy) and one (gamma+1)-position target pass."""
+  drafter's gamma calls (`decode_steps.draft`, greedy) and one (gamma+1)-position target pass."""
   mask = jnp.ones_like(input_ids)
   target_cache = target_steps.init_cache(
     target_params, target_steps.encode(target_params, input_ids, mask), mask, cache_len
@@ -104,7 +104,7 @@ def _repeated_iterations(
     # layer, and c came out 2-4x too low).
     pending = (jnp.argmax(logits[:, -1], -1) + i) % 7 + 2
     seq = jnp.broadcast_to(pending[:, None], (batch, cache_len))
-    drafts, _, drafter_cache, _ = decode.draft(
+    drafts, _, drafter_cache, _ = decode_steps.draft(
       drafter_steps,
       drafter_params,
       drafter_cache,
@@ -116,7 +116,7 @@ def _repeated_iterations(
       greedy=True,
       target_states=None if states is None else (states, position - 1),
     )
-    logits, states, target_cache = decode.target_pass(
+    logits, states, target_cache = decode_steps.target_pass(
       target_steps,
       target_params,
       jnp.concatenate([pending[:, None], drafts], axis=1),

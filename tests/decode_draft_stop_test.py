@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import decode
+from specdec_jax import decode, decode_steps
 from specdec_jax import sampling as sampling_lib
 from tests import fakes
 from tests.decode_test import (
@@ -57,7 +57,7 @@ def test_draft_stop_is_lossless(verifier, sampling):
   assert 0 < int(stats.accepted.sum()) < int(stats.drafted.sum())
 
 
-_VERIFY = decode._verify
+_VERIFY = decode_steps.verify_block
 
 
 def _drop_the_unsure_draft(rng, drafts, q, logits, spec, lengths=None):
@@ -68,7 +68,7 @@ def _drop_the_unsure_draft(rng, drafts, q, logits, spec, lengths=None):
 
 def test_negative_control_dropping_the_unsure_draft_fails(monkeypatch):
   sampling = sampling_lib.SamplingConfig(temperature=1.0)
-  monkeypatch.setattr(decode, '_verify', _drop_the_unsure_draft)
+  monkeypatch.setattr(decode_steps, 'verify_block', _drop_the_unsure_draft)
   jax.clear_caches()  # the loop must be traced again with the bug
   tokens, _ = _prefixes('block', sampling)
   monkeypatch.undo()

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import decode, drafters
+from specdec_jax import decode, decode_steps, drafters
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import verify_multipath as vm
 from tests import fakes
@@ -89,7 +89,7 @@ def _gbv_select_by_p(rng, tokens, q, p):
   return vm.MultipathResult(path, tau, y)
 
 
-_FOLLOW = decode._follow
+_FOLLOW = decode_steps.follow
 
 
 def _follow_path_zero_caches(path, drafts, target_cache, draft_cache, states, num_paths):
@@ -107,7 +107,7 @@ def test_negative_controls_fail_through_the_loop(monkeypatch, bug):
   if bug == 'select_by_p':
     monkeypatch.setitem(vm.VERIFIERS, 'block', _gbv_select_by_p)
   else:
-    monkeypatch.setattr(decode, '_follow', _follow_path_zero_caches)
+    monkeypatch.setattr(decode_steps, 'follow', _follow_path_zero_caches)
   jax.clear_caches()  # the loop must be traced again with the bug
   tokens, _ = _prefixes('block', 3)
   monkeypatch.undo()

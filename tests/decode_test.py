@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import decode, drafters
+from specdec_jax import decode, decode_steps, drafters
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.models import t5
 from tests import chisquare, fakes, helpers
@@ -87,7 +87,7 @@ def _q_before_transform(rng, logits, sampling):
 @pytest.mark.parametrize('verifier', ['token', 'block'])
 def test_negative_control_q_before_transform_fails(monkeypatch, verifier):
   sampling = sampling_lib.SamplingConfig(temperature=0.6, top_k=3)
-  monkeypatch.setattr(decode, '_draft_token', _q_before_transform)
+  monkeypatch.setattr(decode_steps, 'draft_token', _q_before_transform)
   jax.clear_caches()  # the loop must be traced again with the patched function
   samples, _ = _speculative_prefixes(DRAFTER, verifier, sampling, gamma=3, seed=7)
   monkeypatch.undo()
@@ -293,7 +293,7 @@ def test_lossless_with_ngram_drafter(order, verifier):
 def test_negative_control_trigram_q_before_transform_fails(monkeypatch):
   """The same test as above fails for the plausible bug of verifying against untransformed q."""
   sampling = SAMPLINGS[2]
-  monkeypatch.setattr(decode, '_draft_token', _q_before_transform)
+  monkeypatch.setattr(decode_steps, 'draft_token', _q_before_transform)
   jax.clear_caches()
   samples, _ = _speculative_prefixes(_ngram(3), 'token', sampling, gamma=2, seed=9)
   monkeypatch.undo()
@@ -542,7 +542,7 @@ def test_shared_encoder_drafter_is_lossless(verifier, tiny_pair):
 
 
 def test_negative_control_shared_encoder_q_before_transform_fails(monkeypatch, tiny_pair):
-  monkeypatch.setattr(decode, '_draft_token', _q_before_transform)
+  monkeypatch.setattr(decode_steps, 'draft_token', _q_before_transform)
   jax.clear_caches()
   samples, _, exact = _shared_encoder_prefixes(tiny_pair[0], 'token')
   monkeypatch.undo()
@@ -669,7 +669,7 @@ def test_eagle_drafter_is_lossless(verifier, tiny_pair):
 
 
 def test_negative_control_eagle_q_before_transform_fails(monkeypatch, tiny_pair):
-  monkeypatch.setattr(decode, '_draft_token', _q_before_transform)
+  monkeypatch.setattr(decode_steps, 'draft_token', _q_before_transform)
   jax.clear_caches()
   samples, _, exact = _eagle_prefixes(tiny_pair[0], 'token')
   monkeypatch.undo()

@@ -98,7 +98,7 @@ def test_iteration_timer_keeps_every_drafter_output_layer():
 
 @pytest.mark.slow  # ~25 CPU-s
 def test_timers_run_a_drafter_that_reads_the_target_states(fake_clock, tiny_pair):
-  """An EAGLE-style drafter is timed as the loop runs it (`decode.draft` with the last pass's
+  """An EAGLE-style drafter is timed as the loop runs it (`decode_steps.draft` with the last pass's
   states; its bare step reads zero states), and such a drafter cannot be timed by `step` alone."""
   target, _ = tiny_pair
   drafter = helpers.tiny_t5(

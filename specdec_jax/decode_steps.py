@@ -1,0 +1,296 @@
+"""The steps of one decode-loop iteration, as `decode.speculative_loop` / `autoregressive_loop`
+run them: the drafter's calls (`draft`), the target pass (`target_pass`), verification of one
+block or of K paths (`verify_block`, `verify_paths`, `follow`), and emitting the kept tokens
+(`emit`, `emit_and_rewind`). Pure functions of arrays and step models; `spec` is the loop's
+`decode.LoopSpec`, `state` its state. `timing` measures `draft` and `target_pass` as the loop
+runs them.
+
+Axis legend: B batch, G gamma, K draft paths, V vocab, L buffer length.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from specdec_jax import cache as cache_lib
+from specdec_jax import sampling as sampling_lib
+from specdec_jax import verify, verify_multipath
+
+
+def row_slice(seq: jax.Array, start: jax.Array, size: int) -> jax.Array:
+  """seq[b, start[b] : start[b] + size] for each row: int32[B, size]."""
+  return jax.vmap(lambda row, s: jax.lax.dynamic_slice(row, (s,), (size,)))(seq, start)
+
+
+def row_update(seq: jax.Array, block: jax.Array, start: jax.Array) -> jax.Array:
+  """Writes block[b] into seq[b] at start[b]."""
+  return jax.vmap(lambda row, blk, s: jax.lax.dynamic_update_slice(row, blk, (s,)))(
+    seq, block, start
+  )
+
+
+def emit(seq, n, done, block, num_valid, *, eos_id: int, max_new_tokens: int):
+  """Appends block[b, :num_valid[b]] to each unfinished row, stopping at EOS and the token limit.
+
+  Args:
+    seq: int32[B, L] decoder inputs; emitted token j (1-based) is at seq[:, j].
+    n: int32[B] tokens emitted so far.
+    done: bool[B] rows that stopped emitting.
+    block: int32[B, K] candidate tokens; positions >= num_valid are ignored.
+    num_valid: int32[B] in 1..K.
+
+  Returns:
+    (seq, n, done) updated; finished rows are left unchanged.
+  """
+  k = block.shape[1]
+  pos = jnp.arange(k)
+  is_eos = (block == eos_id) & (pos < num_valid[:, None])
+  # Tokens up to and including the first EOS, capped by the room left.
+  first_eos = jnp.argmax(is_eos, axis=1)
+  has_eos = is_eos.any(axis=1)
+  count = jnp.where(has_eos, first_eos + 1, num_valid)
+  count = jnp.minimum(count, max_new_tokens - n)
+  count = jnp.where(done, 0, count)
+  # Finished rows write to seq too, but only past their end, where nothing is read.
+  seq = row_update(seq, block, n + 1)
+  new_n = n + count
+  done = done | has_eos | (new_n >= max_new_tokens)
+  return seq, new_n, done
+
+
+def draft_token(rng, logits, sampling: sampling_lib.SamplingConfig):
+  """Samples one draft token per row: (int32[B], q float32[B, V]) with q the SAME transform p gets."""
+  q = sampling_lib.logits_to_probs(logits, sampling)
+  return sampling_lib.sample(rng, q), q
+
+
+def drafter_call(steps, params, tokens, features, cache):
+  """One drafter call as the loop makes it: (logits, predicted target states or None, cache).
+
+  `step`, or `step_features` for a drafter that reads the target's states (`features` not None).
+  """
+  with jax.named_scope('drafter'):
+    if features is None:
+      logits, cache = steps.step(params, tokens, cache)
+      return logits, None, cache
+    return steps.step_features(params, tokens, features, cache)
+
+
+def draft(
+  steps, params, cache, seq, n, rng, *, gamma, sampling, greedy, target_states=None, stop=None
+):
+  """Step 1 of an iteration: the drafter proposes gamma tokens after seq[:, :n + 1].
+
+  Args:
+    steps, params: the drafter as a step model.
+    cache: its cache, holding at least positions 0..n-2 (0..start for `target_states`).
+    seq: int32[B, L] the loop's decoder inputs; seq[b, n[b]] is the pending token.
+    n: int32[B] tokens emitted so far.
+    rng: PRNG key for the draws (unused when greedy).
+    gamma: G, tokens to draft.
+    sampling: the transform of the drafter's logits (unused when greedy).
+    greedy: draft argmax ids and return no probabilities.
+    target_states: (f32[B, G + 1, F] states, int32[B] position of the first) of the last target
+      pass, for a drafter that reads them (`reads_target_states`); else None.
+    stop: `LoopSpec.draft_stop`, or None.
+
+  Returns:
+    (tokens int32[B, G], q float32[B, G, V] or None when greedy, cache, lengths: None without
+    `stop`, else int32[B] drafts to verify, the first i whose draft's own probability is below
+    `stop`, or G). All G tokens are drafted either way; the cache's end_index is n + G on exit:
+    X_G is drafted but not fed.
+  """
+  if target_states is None:
+    # Feed seq[n-1], seq[n] from position n - 1 (position 0 at the start, where the second token
+    # is a placeholder written to a slot that stays stale) and keep the logits after seq[n].
+    start, features = jnp.maximum(n - 1, 0), None
+    tokens = row_slice(seq, start, 2)
+  else:
+    # Feed seq[start+1 .. start+G+1], each with the target's state before it: the positions of
+    # the last pass, of which start+1 .. n are accepted (n - start - 1 <= G). Rows that stopped
+    # read a clipped index.
+    features, state_start = target_states
+    start = state_start + 1
+    tokens = row_slice(seq, start, gamma + 1)
+  logits, predicted, cache = drafter_call(
+    steps, params, tokens, features, cache.replace(end_index=start)
+  )
+  index = jnp.clip(n - start, 0, tokens.shape[1] - 1)[:, None, None]
+  pick = lambda x: None if x is None else jnp.take_along_axis(x, index, axis=1)[:, 0]
+  logits, predicted = pick(logits), pick(predicted)
+  cache = cache.replace(end_index=n + 1)
+
+  @jax.named_scope('sampling')
+  def draw(key, logits):
+    if greedy:
+      token, q = sampling_lib.argmax(logits), None
+    else:
+      token, q = draft_token(key, logits, sampling)
+    if stop is None:
+      return token, q, None
+    own = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
+    return token, q, jnp.exp(own - jax.nn.logsumexp(logits, axis=-1)) < stop
+
+  def body(carry, key):
+    logits, predicted, cache = carry
+    token, q, unsure = draw(key, logits)
+    features = None if predicted is None else predicted[:, None]
+    logits, predicted, cache = drafter_call(steps, params, token[:, None], features, cache)
+    return (logits[:, 0], None if predicted is None else predicted[:, 0], cache), (token, q, unsure)
+
+  keys = jax.random.split(rng, gamma)
+  carry = (logits, predicted, cache)
+  (logits, _, cache), (tokens, probs, unsure) = jax.lax.scan(body, carry, keys[:-1])
+  last_token, last_q, last_unsure = draw(keys[-1], logits)
+  tokens = jnp.concatenate([tokens.T, last_token[:, None]], axis=1)
+  lengths = None
+  if stop is not None:  # the first unsure draft is the last one kept
+    unsure = jnp.concatenate([unsure.T, last_unsure[:, None]], axis=1)
+    lengths = jnp.where(unsure.any(1), jnp.argmax(unsure, axis=1) + 1, gamma).astype(jnp.int32)
+  if greedy:
+    return tokens, None, cache, lengths
+  probs = jnp.concatenate([jnp.moveaxis(probs, 0, 1), last_q[:, None]], axis=1)
+  return tokens, probs, cache, lengths
+
+
+def target_pass(steps, params, tokens, cache, *, with_states: bool):
+  """Step 2 of an iteration: the target scores the pending token and the drafts in one call.
+
+  tokens int32[B, G + 1] fed from the cache's end_index -> (logits f32[B, G + 1, V], its final
+  decoder states f32[B, G + 1, state_dim] when `with_states` else None, cache).
+  """
+  with jax.named_scope('target'):
+    if not with_states:
+      logits, cache = steps.step(params, tokens, cache)
+      return logits, None, cache
+    logits, states, cache = steps.step_states(params, tokens, cache)
+    return logits, states.astype(jnp.float32), cache
+
+
+def repeat_paths(x, num_paths: int):
+  """Each row (of every leaf, batch-major) repeated once per draft path: [B, ...] -> [B*K, ...]."""
+  if num_paths == 1:
+    return x
+  return jax.tree.map(lambda leaf: jnp.repeat(leaf, num_paths, axis=0), x)
+
+
+@jax.named_scope('encode')
+def init_caches(
+  target_steps,
+  target_params,
+  draft_steps,
+  draft_params,
+  input_ids,
+  input_mask,
+  cache_len,
+  num_paths=1,
+):
+  """Both caches, with `num_paths` rows per source row (each source is encoded once); the
+  source is encoded once in all when the drafter reads the target's encoder."""
+  encoded = target_steps.encode(target_params, input_ids, input_mask)
+  mask = repeat_paths(input_mask, num_paths)
+  target_cache = target_steps.init_cache(
+    target_params, repeat_paths(encoded, num_paths), mask, cache_len
+  )
+  if draft_steps is None:
+    return target_cache, None
+  if not getattr(draft_steps, 'shares_target_encoder', False):
+    encoded = draft_steps.encode(draft_params, input_ids, input_mask)
+  return target_cache, draft_steps.init_cache(
+    draft_params, repeat_paths(encoded, num_paths), mask, cache_len
+  )
+
+
+def verify_block(rng, drafts, q, logits, spec, lengths=None):
+  """Step 3 of an iteration: how many drafts the target keeps, and the token after them.
+
+  Args:
+    drafts: int32[B, G]; q: float32[B, G, V] their probabilities (None when greedy).
+    logits: float32[B, G + 1, V] the target pass's.
+    lengths: int32[B] drafts to verify per row (`spec.draft_stop`), or None for all G.
+
+  Returns:
+    (tau int32[B] drafts accepted, y int32[B] the corrected or bonus token, beta float32[B, G]
+    sum_x min(p, q) per position, nonfinite bool[B]).
+  """
+  if spec.greedy:
+    with jax.named_scope('sampling'):
+      target_ids = sampling_lib.argmax(logits)
+    with jax.named_scope('verify'):
+      tau, y = verify.greedy_verify(drafts, target_ids)
+      if lengths is not None:  # a shorter block: the target's argmax after its last draft
+        tau = jnp.minimum(tau, lengths)
+        y = jnp.take_along_axis(target_ids, tau[:, None], axis=1)[:, 0]
+      beta = (drafts == target_ids[:, : spec.gamma]).astype(jnp.float32)
+      # Only the target's values matter at temperature 0: drafts are compared as ids.
+      return tau, y, beta, ~jnp.isfinite(jnp.sum(logits, axis=(1, 2)))
+  with jax.named_scope('sampling'):
+    p = sampling_lib.logits_to_probs(logits, spec.sampling)
+  with jax.named_scope('verify'):
+    tau, y = verify.VERIFIERS[spec.verifier](rng, drafts, q, p, lengths)
+    beta = jnp.minimum(p[:, : spec.gamma], q).sum(-1)
+    return tau, y, beta, verify.nonfinite_rows(q, p)
+
+
+def verify_paths(rng, drafts, q, logits, spec):
+  """Step 3 with K = `spec.num_drafts` > 1 paths per row, their rows consecutive.
+
+  Args:
+    drafts: int32[B*K, G]; q: float32[B*K, G, V] (None when greedy).
+    logits: float32[B*K, G + 1, V].
+
+  Returns:
+    (path int32[B] the path kept, tau, y, beta, nonfinite) as `verify_block`'s, with beta measured on
+    path 0 (each path alone is a single-draft block, so alpha keeps its meaning).
+  """
+  k, g = spec.num_drafts, spec.gamma
+  per_row = lambda x: None if x is None else x.reshape((-1, k) + x.shape[1:])
+  drafts, q, logits = per_row(drafts), per_row(q), per_row(logits)
+  if spec.greedy:
+    with jax.named_scope('sampling'):
+      target_ids = sampling_lib.argmax(logits)
+    with jax.named_scope('verify'):
+      path, tau, y = verify_multipath.multipath_greedy_verify(drafts, target_ids)
+      beta = (drafts[:, 0] == target_ids[:, 0, :g]).astype(jnp.float32)
+      return path, tau, y, beta, ~jnp.isfinite(jnp.sum(logits, axis=(1, 2, 3)))
+  with jax.named_scope('sampling'):
+    p = sampling_lib.logits_to_probs(logits, spec.sampling)
+  with jax.named_scope('verify'):
+    path, tau, y = verify_multipath.VERIFIERS[spec.verifier](rng, drafts, q, p)
+    beta = jnp.minimum(p[:, 0, :g], q[:, 0]).sum(-1)
+    flat = lambda x: x.reshape((-1,) + x.shape[2:])
+    nonfinite = verify.nonfinite_rows(flat(q), flat(p)).reshape(-1, k).any(axis=1)
+    return path, tau, y, beta, nonfinite
+
+
+def follow(path, drafts, target_cache, draft_cache, states, num_paths: int):
+  """Moves every path row of a source row onto its kept path: (drafts int32[B, G] of the kept
+  path, target_cache, draft_cache, states) with each row's K copies equal to the kept one."""
+  rows = jnp.arange(path.shape[0]) * num_paths + path  # the kept path's row, per source row
+  every = jnp.repeat(rows, num_paths)
+  take = functools.partial(cache_lib.take_rows, rows=every, same_source=True)
+  return (
+    drafts[rows],
+    take(target_cache),
+    take(draft_cache),
+    None if states is None else states[every],
+  )
+
+
+@jax.named_scope('emit')
+def emit_and_rewind(state, drafts, tau, y, *, eos_id: int, max_new_tokens: int, num_paths: int = 1):
+  """Step 4 of an iteration: appends X_1..X_tau, y to each row; rewinds the target's cache.
+
+  Returns (seq, n, done, target_cache) updated: the target keeps [.., seq[n], X_1..X_tau]
+  (positions < the new n, in each of a row's `num_paths` cache rows); the drafter rewinds itself
+  at its next call.
+  """
+  gamma = drafts.shape[1]
+  block = jnp.where(
+    jnp.arange(gamma + 1) < tau[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), y[:, None]
+  )
+  seq, n, done = emit(
+    state.seq, state.n, state.done, block, tau + 1, eos_id=eos_id, max_new_tokens=max_new_tokens
+  )
+  return seq, n, done, state.target_cache.replace(end_index=repeat_paths(n, num_paths))
