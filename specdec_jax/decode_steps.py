@@ -154,18 +154,63 @@ def draft(
   return tokens, probs, cache, lengths
 
 
-def target_pass(steps, params, tokens, cache, *, with_states: bool):
+def target_pass(steps, params, tokens, cache, *, with_states: bool, num_drafted=None, done=None):
   """Step 2 of an iteration: the target scores the pending token and the drafts in one call.
 
   tokens int32[B, G + 1] fed from the cache's end_index -> (logits f32[B, G + 1, V], its final
-  decoder states f32[B, G + 1, state_dim] when `with_states` else None, cache).
+  decoder states f32[B, G + 1, state_dim] when `with_states` else None, cache). With
+  `num_drafted` (int32[B], from a drafter that stopped early) the pass is `narrow_target_pass`'s,
+  sized for the longest row not `done` (bool[B]).
   """
+  if num_drafted is not None:
+    if done is not None:
+      num_drafted = jnp.where(done, 1, num_drafted)
+    return narrow_target_pass(steps, params, tokens, cache, num_drafted, with_states=with_states)
   with jax.named_scope('target'):
     if not with_states:
       logits, cache = steps.step(params, tokens, cache)
       return logits, None, cache
     logits, states, cache = steps.step_states(params, tokens, cache)
     return logits, states.astype(jnp.float32), cache
+
+
+def pass_widths(gamma: int) -> tuple[int, ...]:
+  """The target-pass widths compiled for adaptive draft length: 2, 3, 5, 9, ... (one pending token
+  plus 1, 2, 4, 8, ... drafts) below G + 1, and G + 1."""
+  widths, drafts = [], 1
+  while drafts < gamma:
+    widths.append(drafts + 1)
+    drafts *= 2
+  return (*widths, gamma + 1)
+
+
+def narrow_target_pass(steps, params, tokens, cache, num_drafted, *, with_states: bool):
+  """`target_pass` over only as many positions as the longest row needs (adaptive draft length).
+
+  Scores tokens[:, :w] with w the smallest of `pass_widths(G)` >= max(num_drafted) + 1, one
+  compiled pass per width chosen by `lax.switch`; the cache advances by w (the rewind after
+  verification only reads the kept positions, all < w). Logits (and states) are zero-padded back
+  to G + 1 positions, which the verifier never reads (they lie past every row's `num_drafted`).
+
+  Args:
+    tokens: int32[B, G + 1], the pending token and the drafts.
+    num_drafted: int32[B] drafts each row verifies (>= 1).
+  """
+  full = tokens.shape[1]
+  widths = pass_widths(full - 1)
+
+  def pass_of_width(w):
+    def run(tokens, cache):
+      logits, states, cache = target_pass(
+        steps, params, tokens[:, :w], cache, with_states=with_states
+      )
+      pad = lambda x: None if x is None else jnp.pad(x, ((0, 0), (0, full - w), (0, 0)))
+      return pad(logits), pad(states), cache
+
+    return run
+
+  branch = jnp.searchsorted(jnp.asarray(widths), jnp.max(num_drafted) + 1)
+  return jax.lax.switch(branch, [pass_of_width(w) for w in widths], tokens, cache)
 
 
 def repeat_paths(x, num_paths: int):

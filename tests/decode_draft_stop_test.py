@@ -1,19 +1,21 @@
 """Adaptive draft length (`speculative_generate(..., draft_stop=...)`) through the jitted loop:
 lossless (chi-square of the first three tokens against the exact law, and a negative control
 that must fail the same test), greedy output equal to the target's, stats counting only the
-drafts verified, bad values refused."""
+drafts verified, the target pass narrowed to the longest row's drafts (and a pass one position
+too narrow caught by the greedy test), bad values refused."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import decode, decode_steps
+from specdec_jax import decode, decode_steps, step_models
 from specdec_jax import sampling as sampling_lib
 from tests import fakes
 from tests.decode_test import (
   DRAFTER,
   GREEDY,
+  GREEDY_TARGET,
   PREFIX_LENGTH,
   SIGNIFICANCE,
   TARGET,
@@ -81,9 +83,10 @@ def test_negative_control_dropping_the_unsure_draft_fails(monkeypatch):
 def test_greedy_equals_generate_markov(verifier, stop):
   ids, mask = _source(vocab=4)
   kw = dict(sampling=GREEDY, max_new_tokens=12, rng=jax.random.key(0))
-  expected = decode.generate(TARGET, ids, mask, **kw)
+  expected = decode.generate(GREEDY_TARGET, ids, mask, **kw)
+  assert np.all(np.asarray(expected.lengths) == 12)
   out = decode.speculative_generate(
-    TARGET, DRAFTER, ids, mask, gamma=4, verifier=verifier, draft_stop=stop, **kw
+    GREEDY_TARGET, DRAFTER, ids, mask, gamma=4, verifier=verifier, draft_stop=stop, **kw
   )
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(expected.tokens))
   assert _stopped_early(out.stats)
@@ -98,6 +101,55 @@ def test_greedy_equals_generate_t5(tiny_pair):
   out = decode.speculative_generate(target, drafter, ids, mask, gamma=3, draft_stop=0.1, **kw)
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(expected.tokens))
   assert _stopped_early(out.stats)
+
+
+def _off_by_one(steps, params, tokens, cache, num_drafted, *, with_states):
+  """Bug: size the pass for the drafts only, leaving out the position after the last draft."""
+  return _NARROW(steps, params, tokens, cache, num_drafted - 1, with_states=with_states)
+
+
+_NARROW = decode_steps.narrow_target_pass
+
+
+def test_negative_control_pass_one_position_too_narrow_fails_greedy(monkeypatch):
+  ids, mask = _source(vocab=4)
+  kw = dict(sampling=GREEDY, max_new_tokens=12, rng=jax.random.key(0))
+  expected = decode.generate(GREEDY_TARGET, ids, mask, **kw)
+  monkeypatch.setattr(decode_steps, 'narrow_target_pass', _off_by_one)
+  jax.clear_caches()
+  # The target as its own drafter: every draft is kept, so the position after the last one is read.
+  out = decode.speculative_generate(
+    GREEDY_TARGET, GREEDY_TARGET, ids, mask, gamma=4, draft_stop=0.5, **kw
+  )
+  monkeypatch.undo()
+  jax.clear_caches()
+  assert not np.array_equal(np.asarray(out.tokens), np.asarray(expected.tokens))
+
+
+@pytest.mark.parametrize(
+  'gamma, widths', [(1, (2,)), (3, (2, 3, 4)), (4, (2, 3, 5)), (5, (2, 3, 5, 6)), (8, (2, 3, 5, 9))]
+)
+def test_pass_widths(gamma, widths):
+  assert decode_steps.pass_widths(gamma) == widths
+
+
+@pytest.mark.parametrize('num_drafted, width', [((1, 1), 2), ((1, 2), 3), ((3, 1), 5), ((5, 4), 6)])
+def test_narrow_pass_scores_as_the_full_pass(tiny_pair, num_drafted, width):
+  """The narrowed pass (gamma 5: widths 2, 3, 5, 6) gives the full pass's logits on its first
+  `width` positions, zeros after them, and advances the cache by `width`."""
+  steps, params = step_models.as_step_model(tiny_pair[0])
+  ids, mask = _source(batch=2, vocab=tiny_pair[0].config.vocab_size)
+  cache, _ = decode_steps.init_caches(steps, params, None, None, ids, mask, 16)
+  cache = cache.replace(end_index=jnp.asarray([1, 3], jnp.int32))
+  tokens = jnp.asarray([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]], jnp.int32)
+  full, _, full_cache = decode_steps.target_pass(steps, params, tokens, cache, with_states=False)
+  narrow, _, narrow_cache = jax.jit(
+    lambda t, c, d: decode_steps.target_pass(steps, params, t, c, with_states=False, num_drafted=d)
+  )(tokens, cache, jnp.asarray(num_drafted, jnp.int32))
+  np.testing.assert_allclose(narrow[:, :width], full[:, :width], rtol=1e-5, atol=1e-5)
+  assert not np.any(np.asarray(narrow[:, width:]))
+  np.testing.assert_array_equal(narrow_cache.end_index, cache.end_index + width)
+  np.testing.assert_array_equal(full_cache.end_index, cache.end_index + 6)
 
 
 def test_stop_counts_only_verified_drafts():

@@ -15,6 +15,7 @@ from tests import fakes
 from tests.decode_test import (
   DRAFTER,
   GREEDY,
+  GREEDY_TARGET,
   PREFIX_LENGTH,
   SIGNIFICANCE,
   TARGET,
@@ -122,6 +123,7 @@ def test_negative_controls_fail_through_the_loop(monkeypatch, bug):
 def _greedy_matches(target, drafter, ids, mask, *, num_drafts, gamma=3, verifier='block', m=12):
   kw = dict(sampling=GREEDY, max_new_tokens=m, rng=jax.random.key(0))
   expected = decode.generate(target, ids, mask, **kw)
+  assert np.all(np.asarray(expected.lengths) > 3)  # more than one iteration's tokens
   got = decode.speculative_generate(
     target, drafter, ids, mask, gamma=gamma, verifier=verifier, num_drafts=num_drafts, **kw
   )
@@ -134,7 +136,7 @@ def _greedy_matches(target, drafter, ids, mask, *, num_drafts, gamma=3, verifier
 @pytest.mark.parametrize('verifier', ['token', 'block'])
 def test_greedy_equals_generate_markov(num_drafts, verifier):
   ids, mask = _source(vocab=4)
-  _greedy_matches(TARGET, DRAFTER, ids, mask, num_drafts=num_drafts, verifier=verifier)
+  _greedy_matches(GREEDY_TARGET, DRAFTER, ids, mask, num_drafts=num_drafts, verifier=verifier)
 
 
 def test_greedy_general_path_equals_generate():
@@ -145,11 +147,11 @@ def test_greedy_general_path_equals_generate():
     greedy_fast_path=False,
   )  # fmt: skip
   got = decode.speculative_loop(
-    TARGET.steps, TARGET.params, DRAFTER.steps, DRAFTER.params, ids, mask, jax.random.key(0),
-    spec=spec,
+    GREEDY_TARGET.steps, GREEDY_TARGET.params, DRAFTER.steps, DRAFTER.params, ids, mask,
+    jax.random.key(0), spec=spec,
   )  # fmt: skip
   expected = decode.generate(
-    TARGET, ids, mask, sampling=GREEDY, max_new_tokens=12, rng=jax.random.key(0)
+    GREEDY_TARGET, ids, mask, sampling=GREEDY, max_new_tokens=12, rng=jax.random.key(0)
   )
   np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(expected.tokens))
 
@@ -158,9 +160,9 @@ def test_greedy_general_path_equals_generate():
 def test_greedy_equals_generate_ngram(order):
   ids, mask = _source(vocab=4)
   kw = dict(sampling=GREEDY, max_new_tokens=12, rng=jax.random.key(0))
-  corpus = np.asarray(decode.generate(TARGET, ids, mask, **kw).tokens)
+  corpus = np.asarray(decode.generate(GREEDY_TARGET, ids, mask, **kw).tokens)
   drafter = drafters.NGramDrafter.fit(corpus, vocab_size=4, order=order)
-  _greedy_matches(TARGET, drafter, ids, mask, num_drafts=2)
+  _greedy_matches(GREEDY_TARGET, drafter, ids, mask, num_drafts=2)
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,8 @@ def _chi_square_pvalue(samples: np.ndarray, exact: dict) -> float:
 
 TARGET = fakes.random_markov(seed=1)
 DRAFTER = fakes.random_markov(seed=2)
+# For greedy parity: TARGET's greedy output is EOS at once, this one's runs past 12 tokens.
+GREEDY_TARGET = fakes.random_markov(seed=10)
 SAMPLINGS = [
   sampling_lib.SamplingConfig(temperature=1.0),
   sampling_lib.SamplingConfig(temperature=0.6, top_k=3),
