@@ -12,7 +12,9 @@ model card.
       --train_batch_size=64 --storage_dtype=bfloat16 --output=pretrained/debsumm
 
 Writes <output>/{target,drafter} (checkpoints.save directories; --storage_dtype=bfloat16 halves
-them, and every number on the card is then measured on the stored, bfloat16-rounded weights),
+them, and every number on the card is then measured on the stored, bfloat16-rounded weights;
+--storage_dtype=int8-delta --delta_base=DIR stores a fine-tuned target as an int8 delta from the
+shipped DIR, a drafter as bfloat16),
 spm.model, bigram.npz (fitted on the train targets), test.tsv (the first --num_test pairs of the
 test split), pair.json (drafters 'small-t5' and 'bigram'; `scripts/add_drafter.py` adds more) and
 MODEL_CARD.md with each model's size, training steps, valid loss and greedy test BLEU.
@@ -62,7 +64,14 @@ _DRAFTER = flags.DEFINE_string('drafter', 'workdir/drafter/best', "Trained draft
 _DATA_DIR = flags.DEFINE_string('data_dir', None, "Default: the task's (e.g. data/ende).")
 _OUTPUT = flags.DEFINE_string('output', 'pretrained/ende', 'Directory to (re)write.')
 _NUM_TEST = flags.DEFINE_integer('num_test', 500, 'Test pairs shipped (and scored).')
-_STORAGE = flags.DEFINE_enum('storage_dtype', None, ['bfloat16'], 'Store float32 weights as.')
+_STORAGE = flags.DEFINE_enum(
+  'storage_dtype', None, ['bfloat16', 'int8-delta'], 'Store float32 weights as (checkpoints.save).'
+)
+_DELTA_BASE = flags.DEFINE_string(
+  'delta_base',
+  None,
+  "--storage_dtype=int8-delta: the shipped checkpoint the target's delta is from.",
+)
 _BATCH = flags.DEFINE_integer('train_batch_size', 128, 'Batch size the runs trained with.')
 _TOKENIZER = flags.DEFINE_string(
   'tokenizer', '', "SentencePiece model the pair uses. Default: the task's, in --data_dir."
@@ -112,8 +121,12 @@ def main(argv):
   rows = []
   models = [('target', _TARGET.value)] + ([('drafter', _DRAFTER.value)] if _DRAFTER.value else [])
   for name, src in models:
+    delta = _STORAGE.value == 'int8-delta'
     checkpoints.save(
-      checkpoints.restore(src), os.path.join(out, name), storage_dtype=_STORAGE.value
+      checkpoints.restore(src),
+      os.path.join(out, name),
+      storage_dtype=_STORAGE.value if name == 'target' or not delta else 'bfloat16',
+      delta_base=_DELTA_BASE.value if name == 'target' and delta else None,
     )
     model = checkpoints.restore(os.path.join(out, name))  # what is shipped: scored as stored
     rows.append(_describe(name, src, model, test, tok, task['lengths']))
@@ -156,7 +169,12 @@ def _origin() -> str:
 
 
 def _card(out: str, task: dict, rows, num_test: int, num_train: int) -> str:
-  stored = ' (stored as bfloat16; BLEU of the stored weights)' if _STORAGE.value else ''
+  stored = {
+    None: '',
+    'bfloat16': ' (stored as bfloat16; BLEU of the stored weights)',
+    'int8-delta': f' (the target stored as an int8 delta from `{_DELTA_BASE.value}`, the drafter as '
+    'bfloat16; BLEU of the stored weights)',
+  }[_STORAGE.value]
   lines = [
     f'# {out}: {task["title"]}, trained by scripts/train.py',
     '',

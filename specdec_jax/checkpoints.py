@@ -26,12 +26,15 @@ Every loader takes the same keyword arguments for the hardware it loads onto:
 """
 
 import dataclasses
+import hashlib
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, SingleDeviceSharding
 
 from specdec_jax import checkpoint_utils as utils
@@ -81,34 +84,109 @@ def load_t5x(
 # orbax: `<path>/params/` (an orbax StandardCheckpointer directory) and `<path>/config.json`.
 
 
-def save(model: t5.T5Model, path: PathLike, *, storage_dtype: str | None = None) -> None:
+STORAGE_DTYPES = (None, 'bfloat16', 'int8-delta')
+
+
+def save(
+  model: t5.T5Model,
+  path: PathLike,
+  *,
+  storage_dtype: str | None = None,
+  delta_base: PathLike | None = None,
+) -> None:
   """Writes the model with orbax to a new directory; `restore(path)` reads it back bit for bit.
 
   `storage_dtype='bfloat16'` stores the float32 params of a float32 model as bfloat16 (half the
   bytes on disk; how the shipped pairs are stored): `restore` casts them back to float32, so the
   model that comes back computes in float32 with its weights rounded to bfloat16 (to nearest).
+
+  `storage_dtype='int8-delta'` stores a model fine-tuned from `delta_base` (a `save` directory of
+  a model of the same shapes) as its difference from that model, int8 with one float32 scale per
+  row of each array's last axis: w = base + q * scale, |error| <= scale / 2 = max|row delta| / 254
+  (a quarter of the bytes of float32; for a fine-tune's small deltas this is closer to the float32
+  weights than bfloat16's relative 2^-9 rounding, see `delta_error`). `delta.json` names the base
+  by its path relative to `path` and its fingerprint; `restore` rebuilds the weights from it.
   """
   import orbax.checkpoint as ocp  # ~1 s of imports that HF / T5X users never need
 
   directory = Path(path).absolute()
   if directory.exists():
     raise FileExistsError(f'{directory} already exists; save writes a new directory.')
-  if storage_dtype not in (None, 'bfloat16'):
-    raise ValueError(f"storage_dtype must be None or 'bfloat16', got {storage_dtype!r}.")
+  if storage_dtype not in STORAGE_DTYPES:
+    raise ValueError(f'storage_dtype must be one of {STORAGE_DTYPES}, got {storage_dtype!r}.')
   if storage_dtype and model.config.dtype != 'float32':
     raise ValueError(f'storage_dtype is for float32 models; this one is {model.config.dtype}.')
+  if (storage_dtype == 'int8-delta') != (delta_base is not None):
+    raise ValueError("delta_base is needed by storage_dtype='int8-delta', and only by it.")
   utils.check_shapes(utils.flatten(model.params), model.config)
-  params = model.params
-  if storage_dtype:
+  params, delta = model.params, None
+  if storage_dtype == 'bfloat16':
     params = jax.tree.map(lambda x: jnp.asarray(x, storage_dtype), params)
     utils.check_finite(params, directory)  # a float32 weight beyond bfloat16's range would be inf
+  elif storage_dtype == 'int8-delta':
+    utils.check_finite(params, directory)
+    base_dir = Path(delta_base).absolute()
+    base = restore(base_dir)
+    params = _int8_delta(model, base, base_dir)
+    delta = {
+      'base': os.path.relpath(base_dir, directory),
+      'base_fingerprint': fingerprint(base.params),
+    }
   directory.mkdir(parents=True)
   with ocp.StandardCheckpointer() as checkpointer:
     checkpointer.save(directory / 'params', params)
+  if delta:
+    (directory / 'delta.json').write_text(json.dumps(delta, indent=2) + '\n')
   # Written last, so a directory with a config.json holds a complete checkpoint.
   (directory / 'config.json').write_text(
     json.dumps(dataclasses.asdict(model.config), indent=2) + '\n'
   )
+
+
+def fingerprint(params: Params) -> str:
+  """sha256 of a params tree's names, shapes and float32 values (identifies a delta's base)."""
+  digest = hashlib.sha256()
+  for name, leaf in sorted(utils.flatten(params).items()):
+    value = np.asarray(leaf, np.float32)
+    digest.update(f'{name}{value.shape}'.encode())
+    digest.update(value.tobytes())
+  return digest.hexdigest()
+
+
+def _int8_delta(model: t5.T5Model, base: t5.T5Model, base_dir: Path) -> Params:
+  """{'q': int8 tree, 'scale': float32 tree}: model = base + q * scale, per row of the last axis."""
+  flat, base_flat = utils.flatten(model.params), utils.flatten(base.params)
+  for name in sorted(set(flat) | set(base_flat)):
+    shape, base_shape = np.shape(flat.get(name)), np.shape(base_flat.get(name))
+    if name not in flat or name not in base_flat or shape != base_shape:
+      raise ValueError(
+        f'delta_base {base_dir} does not match the model at {name}: shape {base_shape} there, '
+        f'{shape} here.'
+      )
+  q, scale = {}, {}
+  for name, leaf in flat.items():
+    delta = np.asarray(leaf, np.float32) - np.asarray(base_flat[name], np.float32)
+    row_scale = np.max(np.abs(delta), axis=-1, keepdims=True) / 127
+    row_scale = np.where(row_scale > 0, row_scale, 1.0).astype(np.float32)
+    q[name] = np.clip(np.rint(delta / row_scale), -127, 127).astype(np.int8)
+    scale[name] = row_scale
+  return {'q': utils.unflatten(q), 'scale': utils.unflatten(scale)}
+
+
+def delta_error(model: t5.T5Model, path: PathLike) -> dict[str, float]:
+  """How far an int8-delta checkpoint at `path` is from `model` (the float32 weights it was made
+  from), beside a bfloat16 copy's distance: max abs error over all params, and relative to the
+  largest weight."""
+  stored = utils.flatten(restore(path).params)
+  errors = {'int8_delta': 0.0, 'bfloat16': 0.0}
+  largest = 0.0
+  for name, leaf in utils.flatten(model.params).items():
+    w = np.asarray(leaf, np.float32)
+    errors['int8_delta'] = max(errors['int8_delta'], float(np.max(np.abs(stored[name] - w))))
+    rounded = np.asarray(jnp.asarray(w, jnp.bfloat16), np.float32)
+    errors['bfloat16'] = max(errors['bfloat16'], float(np.max(np.abs(rounded - w))))
+    largest = max(largest, float(np.max(np.abs(w))))
+  return {**errors, 'largest_weight': largest}
 
 
 def restore(
@@ -122,7 +200,8 @@ def restore(
 ) -> t5.T5Model:
   """Reads a model written by `save`; arrays come back with the dtypes they were saved with,
   except that a float32 model's bfloat16-stored params (`save(..., storage_dtype=)`) come back
-  as float32.
+  as float32, and an int8-delta checkpoint comes back as its base plus the delta (float32, or
+  `param_dtype`), after checking that the base is the checkpoint the delta was made from.
 
   Args:
     path: the (local) directory `save` wrote.
@@ -135,9 +214,11 @@ def restore(
       or float32 when the compute dtype is float32.
 
   Raises:
-    FileNotFoundError: `path` is not a directory written by `save`.
+    FileNotFoundError: `path` is not a directory written by `save` (or its delta's base is
+      missing).
     ValueError: orbax cannot read the params (corrupt or truncated files), the params do not fit
-      the config, or (unless allowed) a weight is NaN or inf.
+      the config, (unless allowed) a weight is NaN or inf, or a delta's base is not the
+      checkpoint it was made from.
   """
   import orbax.checkpoint as ocp
 
@@ -154,6 +235,20 @@ def restore(
   config = _config_from_json(directory / 'config.json')
   if dtype is not None:
     config = dataclasses.replace(config, dtype=dtype)
+  if (directory / 'delta.json').exists():
+    params = _restore_int8_delta(directory, allow_nonfinite=allow_nonfinite)
+    utils.check_shapes(utils.flatten(params), config)
+    leaf_dtype = param_dtype or config.dtype
+    targets = None if mesh is None else utils.param_shardings(config, mesh, rules)
+    params = utils.unflatten(
+      {
+        name: jax.device_put(
+          jnp.asarray(leaf, leaf_dtype), None if targets is None else targets[name]
+        )
+        for name, leaf in utils.flatten(params).items()
+      }
+    )
+    return t5.T5Model(config=config, params=params)
   try:
     with ocp.StandardCheckpointer() as checkpointer:
       saved = utils.flatten(_orbax_tree(checkpointer.metadata(directory / 'params')))
@@ -177,6 +272,38 @@ def restore(
   if not allow_nonfinite:
     utils.check_finite(params, directory)
   return t5.T5Model(config=config, params=params)
+
+
+def _restore_int8_delta(directory: Path, *, allow_nonfinite: bool) -> Params:
+  """base + q * scale as float32 numpy arrays, after checking the base is the one it was made from.
+  Whole arrays are read on every process (a fine-tune's delta, small by design)."""
+  import orbax.checkpoint as ocp
+
+  meta = utils.read_json(directory / 'delta.json')
+  base_dir = (directory / meta['base']).resolve()
+  if not (base_dir / 'config.json').exists():
+    raise FileNotFoundError(
+      f'{directory} stores its weights as an int8 delta from {base_dir}, which is missing.'
+    )
+  base = restore(base_dir, allow_nonfinite=allow_nonfinite)
+  if fingerprint(base.params) != meta['base_fingerprint']:
+    raise ValueError(
+      f'{directory} stores its weights as an int8 delta from {base_dir}, but that checkpoint '
+      'is not the one the delta was made from (its fingerprint differs).'
+    )
+  try:
+    with ocp.StandardCheckpointer() as checkpointer:
+      stored = checkpointer.restore(directory / 'params')
+  except Exception as e:  # orbax and tensorstore raise many types on damaged files
+    raise _damaged(directory, e) from e
+  q, scale = utils.flatten(stored['q']), utils.flatten(stored['scale'])
+  params = {
+    name: np.asarray(leaf, np.float32) + np.asarray(q[name], np.float32) * np.asarray(scale[name])
+    for name, leaf in utils.flatten(base.params).items()
+  }
+  if not allow_nonfinite:
+    utils.check_finite(params, directory)
+  return utils.unflatten(params)
 
 
 def _orbax_tree(metadata):

@@ -95,8 +95,70 @@ def test_orbax_bfloat16_storage_restores_float32_rounded_weights(tmp_path):
     checkpoints.save(
       _random_model('tiny-v1.1', dtype='bfloat16'), tmp_path / 'x', storage_dtype='bfloat16'
     )
-  with pytest.raises(ValueError, match="storage_dtype must be None or 'bfloat16'"):
+  with pytest.raises(ValueError, match='storage_dtype must be one of'):
     checkpoints.save(model, tmp_path / 'y', storage_dtype='int8')
+
+
+def _fine_tuned(base: t5.T5Model, scale: float = 0.02, seed: int = 5) -> t5.T5Model:
+  """`base` with every weight moved by a small random delta, as a fine-tune moves them."""
+  leaves, treedef = jax.tree.flatten(base.params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  moved = [x + scale * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+  return t5.T5Model(config=base.config, params=jax.tree.unflatten(treedef, moved))
+
+
+def test_orbax_int8_delta_storage(tmp_path):
+  """A fine-tune stored as an int8 delta from its (bfloat16-stored) base: each weight within max|row delta| / 254 of the float32 one, closer than bfloat16, and
+  the same logits; it follows its base's directory and refuses a different base."""
+  model = _random_model('tiny-v1.1')
+  checkpoints.save(model, tmp_path / 'base', storage_dtype='bfloat16')
+  tuned = _fine_tuned(checkpoints.restore(tmp_path / 'base'))
+  checkpoints.save(
+    tuned, tmp_path / 'tuned', storage_dtype='int8-delta', delta_base=tmp_path / 'base'
+  )
+  restored = checkpoints.restore(tmp_path / 'tuned')
+  assert restored.config == tuned.config
+  base = _flat(checkpoints.restore(tmp_path / 'base').params)
+  for name, want in _flat(tuned.params).items():
+    got = np.asarray(_flat(restored.params)[name])
+    assert got.dtype == np.float32
+    delta = np.asarray(want) - np.asarray(base[name])
+    bound = np.max(np.abs(delta), axis=-1, keepdims=True) / 254 * (1 + 1e-5) + 1e-7
+    assert np.all(np.abs(got - np.asarray(want)) <= bound), name
+  errors = checkpoints.delta_error(tuned, tmp_path / 'tuned')
+  assert errors['int8_delta'] < errors['bfloat16'] / 4, errors
+  ids, mask = _source(tuned.config.vocab_size)
+  decoder = np.full((2, 5), 3)
+  logits = lambda m: np.asarray(t5.forward(m.params, ids, mask, decoder, config=m.config))
+  np.testing.assert_allclose(logits(restored), logits(tuned), atol=1e-3)
+  # The pair moves together (the base is found relative to the delta).
+  (tmp_path / 'moved').mkdir()
+  for name in ('base', 'tuned'):
+    (tmp_path / name).rename(tmp_path / 'moved' / name)
+  _assert_params_equal(checkpoints.restore(tmp_path / 'moved' / 'tuned').params, restored.params)
+  # A different checkpoint in the base's place is refused; a missing one is named.
+  checkpoints.save(_random_model('tiny-v1.1', seed=3), tmp_path / 'base', storage_dtype='bfloat16')
+  (tmp_path / 'moved' / 'tuned').rename(tmp_path / 'tuned')
+  _raises_naming(lambda: checkpoints.restore(tmp_path / 'tuned'), 'not the one the delta was made')
+  (tmp_path / 'base').rename(tmp_path / 'gone')
+  with pytest.raises(FileNotFoundError, match='int8 delta from .*base, which is missing'):
+    checkpoints.restore(tmp_path / 'tuned')
+
+
+def test_orbax_int8_delta_errors(tmp_path):
+  model = _random_model('tiny-v1.1')
+  checkpoints.save(model, tmp_path / 'base')
+  with pytest.raises(ValueError, match='delta_base is needed'):
+    checkpoints.save(model, tmp_path / 'a', storage_dtype='int8-delta')
+  with pytest.raises(ValueError, match='delta_base is needed'):
+    checkpoints.save(model, tmp_path / 'b', delta_base=tmp_path / 'base')
+  other = _random_model('tiny-v1.0')
+  _raises_naming(
+    lambda: checkpoints.save(
+      other, tmp_path / 'c', storage_dtype='int8-delta', delta_base=tmp_path / 'base'
+    ),
+    'does not match the model at',
+  )
 
 
 def test_orbax_errors(tmp_path):
