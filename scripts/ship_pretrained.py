@@ -67,6 +67,7 @@ _NUM_TEST = flags.DEFINE_integer('num_test', 500, 'Test pairs shipped (and score
 _STORAGE = flags.DEFINE_enum(
   'storage_dtype', None, ['bfloat16', 'int8-delta'], 'Store float32 weights as (checkpoints.save).'
 )
+_DELTA_BITS = flags.DEFINE_integer('delta_bits', 8, '--storage_dtype=int8-delta: bits per weight.')
 _DELTA_BASE = flags.DEFINE_string(
   'delta_base',
   None,
@@ -127,6 +128,7 @@ def main(argv):
       os.path.join(out, name),
       storage_dtype=_STORAGE.value if name == 'target' or not delta else 'bfloat16',
       delta_base=_DELTA_BASE.value if name == 'target' and delta else None,
+      delta_bits=_DELTA_BITS.value,
     )
     model = checkpoints.restore(os.path.join(out, name))  # what is shipped: scored as stored
     rows.append(_describe(name, src, model, test, tok, task['lengths']))
@@ -172,8 +174,8 @@ def _card(out: str, task: dict, rows, num_test: int, num_train: int) -> str:
   stored = {
     None: '',
     'bfloat16': ' (stored as bfloat16; BLEU of the stored weights)',
-    'int8-delta': f' (the target stored as an int8 delta from `{_DELTA_BASE.value}`, the drafter as '
-    'bfloat16; BLEU of the stored weights)',
+    'int8-delta': f' (the target stored as a {_DELTA_BITS.value}-bit delta from '
+    f'`{_DELTA_BASE.value}`, the drafter as bfloat16; BLEU of the stored weights)',
   }[_STORAGE.value]
   lines = [
     f'# {out}: {task["title"]}, trained by scripts/train.py',

@@ -107,15 +107,18 @@ def _fine_tuned(base: t5.T5Model, scale: float = 0.02, seed: int = 5) -> t5.T5Mo
   return t5.T5Model(config=base.config, params=jax.tree.unflatten(treedef, moved))
 
 
-def test_orbax_int8_delta_storage(tmp_path):
-  """A fine-tune stored as an int8 delta from its (bfloat16-stored) base: each weight within max|row delta| / 254 of the float32 one, closer than bfloat16, and
-  the same logits; it follows its base's directory and refuses a different base."""
+@pytest.mark.parametrize('bits', [8, 6])
+def test_orbax_int8_delta_storage(tmp_path, bits):
+  """A fine-tune stored as an int8 delta from its (bfloat16-stored) base: each weight within
+  max|row delta| / (2 (2^(bits-1) - 1)) of the float32 one, and weights and logits nearer the
+  float32 model's than a bfloat16 copy's; it follows its base's directory and refuses a different base."""
   model = _random_model('tiny-v1.1')
   checkpoints.save(model, tmp_path / 'base', storage_dtype='bfloat16')
   tuned = _fine_tuned(checkpoints.restore(tmp_path / 'base'))
   checkpoints.save(
-    tuned, tmp_path / 'tuned', storage_dtype='int8-delta', delta_base=tmp_path / 'base'
-  )
+    tuned, tmp_path / 'tuned', storage_dtype='int8-delta', delta_base=tmp_path / 'base',
+    delta_bits=bits,
+  )  # fmt: skip
   restored = checkpoints.restore(tmp_path / 'tuned')
   assert restored.config == tuned.config
   base = _flat(checkpoints.restore(tmp_path / 'base').params)
@@ -123,14 +126,18 @@ def test_orbax_int8_delta_storage(tmp_path):
     got = np.asarray(_flat(restored.params)[name])
     assert got.dtype == np.float32
     delta = np.asarray(want) - np.asarray(base[name])
-    bound = np.max(np.abs(delta), axis=-1, keepdims=True) / 254 * (1 + 1e-5) + 1e-7
+    levels = 2 ** (bits - 1) - 1
+    bound = np.max(np.abs(delta), axis=-1, keepdims=True) / (2 * levels) * (1 + 1e-5) + 1e-7
     assert np.all(np.abs(got - np.asarray(want)) <= bound), name
   errors = checkpoints.delta_error(tuned, tmp_path / 'tuned')
-  assert errors['int8_delta'] < errors['bfloat16'] / 4, errors
+  assert errors['max_stored'] < errors['max_bfloat16'], errors
+  assert errors['mean_stored'] < errors['mean_bfloat16'], errors
   ids, mask = _source(tuned.config.vocab_size)
   decoder = np.full((2, 5), 3)
   logits = lambda m: np.asarray(t5.forward(m.params, ids, mask, decoder, config=m.config))
-  np.testing.assert_allclose(logits(restored), logits(tuned), atol=1e-3)
+  rounded = t5.T5Model(tuned.config, jax.tree.map(lambda x: x.astype(jnp.bfloat16), tuned.params))
+  off = lambda m: np.max(np.abs(logits(m) - logits(tuned)))
+  assert off(restored) < off(rounded)  # nearer the float32 model's logits than bfloat16 is
   # The pair moves together (the base is found relative to the delta).
   (tmp_path / 'moved').mkdir()
   for name in ('base', 'tuned'):
@@ -152,6 +159,12 @@ def test_orbax_int8_delta_errors(tmp_path):
     checkpoints.save(model, tmp_path / 'a', storage_dtype='int8-delta')
   with pytest.raises(ValueError, match='delta_base is needed'):
     checkpoints.save(model, tmp_path / 'b', delta_base=tmp_path / 'base')
+  for bits in (1, 9, 6.0):
+    with pytest.raises(ValueError, match=r'delta_bits must be an int in \[2, 8\]'):
+      checkpoints.save(
+        model, tmp_path / 'd', storage_dtype='int8-delta', delta_base=tmp_path / 'base',
+        delta_bits=bits,
+      )  # fmt: skip
   other = _random_model('tiny-v1.0')
   _raises_naming(
     lambda: checkpoints.save(
