@@ -277,12 +277,8 @@ def speculative_loop(
       state.draft_cache, seq, n, draft_rng, target_states=state.target_states
     )
     # 2. One target pass scores the pending token and every draft: p_1..p_{gamma+1}.
-    logits, states, target_cache = score(
-      jnp.concatenate([decode_steps.row_slice(seq, n, 1), drafts], axis=1),
-      state.target_cache,
-      num_drafted=lengths,
-      done=state.done,
-    )
+    block = jnp.concatenate([decode_steps.row_slice(seq, n, 1), drafts], axis=1)
+    logits, states, target_cache = score(block, state.target_cache, lengths, state.done)
     # 3. Keep tau drafts, then y from the residual (or from p_{gamma+1} when all were kept);
     #    with K paths, of one path, onto which every copy of the row then moves.
     if k == 1:

@@ -154,7 +154,7 @@ def draft(
   return tokens, probs, cache, lengths
 
 
-def target_pass(steps, params, tokens, cache, *, with_states: bool, num_drafted=None, done=None):
+def target_pass(steps, params, tokens, cache, num_drafted=None, done=None, *, with_states: bool):
   """Step 2 of an iteration: the target scores the pending token and the drafts in one call.
 
   tokens int32[B, G + 1] fed from the cache's end_index -> (logits f32[B, G + 1, V], its final

@@ -144,7 +144,7 @@ def test_narrow_pass_scores_as_the_full_pass(tiny_pair, num_drafted, width):
   tokens = jnp.asarray([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]], jnp.int32)
   full, _, full_cache = decode_steps.target_pass(steps, params, tokens, cache, with_states=False)
   narrow, _, narrow_cache = jax.jit(
-    lambda t, c, d: decode_steps.target_pass(steps, params, t, c, with_states=False, num_drafted=d)
+    lambda t, c, d: decode_steps.target_pass(steps, params, t, c, d, with_states=False)
   )(tokens, cache, jnp.asarray(num_drafted, jnp.int32))
   np.testing.assert_allclose(narrow[:, :width], full[:, :width], rtol=1e-5, atol=1e-5)
   assert not np.any(np.asarray(narrow[:, width:]))
