@@ -20,7 +20,7 @@ from absl import app, flags, logging
 
 from specdec_jax import decode, pretrained, timing
 
-_DIR = flags.DEFINE_string('pretrained', 'debsumm', 'Shipped pair (name or directory).')
+_DIR = flags.DEFINE_string('pretrained', 'debsumm48m', 'Shipped pair (name or directory).')
 _DRAFTER = flags.DEFINE_string('drafter', None, 'A drafter of the pair (default: recommended).')
 _GAMMA = flags.DEFINE_integer('gamma', 3, 'Draft tokens per iteration.')
 _LENGTHS = flags.DEFINE_list('source_lengths', ['32', '64', '128', '256'], 'Source tokens S.')

@@ -61,7 +61,11 @@ PAPER_TABLE3 = {
     'T5-large': (0.74, 0.56),
   },
 }
-PAPER_TASKS = {'ende': 'EnDe', 'debsumm': 'CNNDM'}  # our pair -> the paper's task
+PAPER_TASKS = {
+  'ende': 'EnDe',
+  'ende48m': 'EnDe',
+  'debsumm48m': 'CNNDM',
+}  # our pair -> the paper's task
 # Our drafter -> its kind in the paper. 'small-t5' is an independently trained small T5 of the
 # target's family, as T5-small is to T5-XXL; the distilled drafter has no counterpart there.
 PAPER_DRAFTERS = {'unigram': 'unigram', 'bigram': 'bigram', 'small-t5': 'T5-small'}

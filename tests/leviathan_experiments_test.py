@@ -74,12 +74,12 @@ def test_alpha_table_config_and_sampling_labels():
   # The debsumm variant measures at its Table-2 lengths, and every drafter it lists is shipped
   # (alpha_table skips a drafter a pair lacks, so a missing one would vanish from the table).
   variant, main = alpha_table_config.get_config('debsumm'), debsumm_config.get_config()
-  assert variant.pairs == ('debsumm',)
+  assert variant.pairs == ('debsumm48m',)
   assert (variant.max_source_length, variant.max_new_tokens) == (
     main.max_source_length,
     main.max_new_tokens,
   )
-  shipped = json.loads((pretrained.ROOT / 'debsumm' / 'pair.json').read_text())['drafters']
+  shipped = json.loads((pretrained.ROOT / 'debsumm48m' / 'pair.json').read_text())['drafters']
   assert set(variant.drafters) <= set(shipped), sorted(shipped)
   # The unigram is shipped and listed for the alpha table, not run by the main job.
   manifest = json.loads((pretrained.ROOT / 'ende' / 'pair.json').read_text())

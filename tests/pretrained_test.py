@@ -9,7 +9,7 @@ from specdec_jax import decode, pretrained, sampling
 from tests import helpers
 
 PAIRS = [
-  pytest.param(name, marks=helpers.needs_pair(name)) for name in ('ende', 'ende48m', 'debsumm')
+  pytest.param(name, marks=helpers.needs_pair(name)) for name in ('ende', 'ende48m', 'debsumm48m')
 ]
 # The main job's pair by default; the 13.5M and debsumm pairs with -m slow (~20 CPU-s each).
 DEFAULT_PAIRS = [

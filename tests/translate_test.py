@@ -88,7 +88,7 @@ def test_multidraft_and_draft_stop_rows(item, column, value):
 
 
 @pytest.mark.slow  # ~25 CPU-s
-@helpers.needs_pair('debsumm')
+@helpers.needs_pair('debsumm48m')
 def test_debsumm_runlocal_gives_its_rows():
   config = debsumm.get_config('runlocal,num_examples=2,temperatures=0')
   plan = evaluation.prepare(config)

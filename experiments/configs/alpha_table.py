@@ -26,8 +26,8 @@ def _runlocal(c):
 
 
 def _debsumm(c):
-  # The second task (pretrained/debsumm, the paper's CNNDM): its long sources and short outputs.
-  c.pairs, c.drafters = ('debsumm',), ('unigram', 'bigram', 'trigram', 'distilled')
+  # The second task (pretrained/debsumm48m, the paper's CNNDM): its long sources and short outputs.
+  c.pairs, c.drafters = ('debsumm48m',), ('unigram', 'bigram', 'trigram', 'distilled')
   main = debsumm.get_config()  # the lengths of its Table-2 rows
   c.max_source_length, c.max_new_tokens = main.max_source_length, main.max_new_tokens
   c.workdir = '/tmp/specdec_alpha_table_debsumm'

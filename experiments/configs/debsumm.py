@@ -1,4 +1,4 @@
-r"""The second task (the paper's CNNDM rows): Debian description -> synopsis on pretrained/debsumm.
+r"""The second task (the paper's CNNDM rows): Debian description -> synopsis on pretrained/debsumm48m.
 
   python -m experiments.translate --config=experiments/configs/debsumm.py
   python -m experiments.translate --config=experiments/configs/debsumm.py:runlocal  # smoke test
@@ -25,7 +25,7 @@ def _runlocal(c):
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ende.get_config()
-  c.pretrained = 'debsumm'
+  c.pretrained = 'debsumm48m'
   c.task = 'DebSumm'
   c.workdir = '/tmp/specdec_debsumm'
   c.max_source_length = 256

@@ -12,7 +12,7 @@ r"""Distil a drafter from the shipped target (DistillSpec-style; `specdec_jax.di
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:eagle \
       --workdir=workdir/distill_eagle                  # its drafter reading the target's states
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:debsumm \
-      --workdir=workdir/distill_debsumm                # for pretrained/debsumm's target
+      --workdir=workdir/distill_debsumm                # for pretrained/debsumm (dropped; see _debsumm)
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:debsumm48m \
       --workdir=workdir/distill_debsumm48m             # for pretrained/debsumm48m's (issue 27)
   # your own pair: --config.teacher=/path/to/t5 (ours, HF or T5X) --config.tokenizer=spm.model
@@ -77,9 +77,11 @@ def _eagle(c):
 
 
 def _debsumm(c):
-  # The debsumm target (pretrained/debsumm: pretrained/ende's target fine-tuned on Debian
+  # The 13.5M debsumm target (pretrained/debsumm: pretrained/ende's target fine-tuned on Debian
   # description -> synopsis, same shape and tokenizer); its drafter starts from pretrained/ende's
-  # distilled one, a decoder over an encoder of the same shape.
+  # distilled one, a decoder over an encoder of the same shape. pretrained/debsumm left the repo
+  # for the size budget when debsumm48m replaced it (2026-11-25); to rerun this or `debsumm48m`
+  # (which starts from its drafter): `git checkout abc7b7d -- pretrained/debsumm`.
   c.teacher = str(_ROOT / 'pretrained' / 'debsumm' / 'target')
   c.init_from = str(_ROOT / 'pretrained' / 'ende' / 'distilled')
   c.train_file = str(_ROOT / 'data' / 'debsumm' / 'train.tsv')
@@ -95,8 +97,9 @@ def _debsumm48m(c):
   # The 48M debsumm target (pretrained/debsumm48m: pretrained/ende48m's target fine-tuned on
   # debsumm, train_summ_target.py:from_ende48m); its drafter starts from pretrained/debsumm's
   # distilled one made to read the 48M encoder (t5_growth.follow_grown_encoder, as `grown` does for
-  # ende48m). Same sources and lengths as `debsumm` (the main job's); the 48M target generates
-  # ~3-4x slower than the 13.5M one (~20 min per temperature on 2 cores, estimated).
+  # ende48m). Same sources and lengths as `debsumm` (the main job's). Shipped: run with
+  # `:debsumm48m,num_train_sources=4000,num_train_steps=800,eval_every=400` (the 48M target's
+  # outputs for 3,881 sources took ~5 min per temperature on 2 cores).
   _debsumm(c)
   c.teacher = str(_ROOT / 'pretrained' / 'debsumm48m' / 'target')
   c.init_from = str(_ROOT / 'pretrained' / 'debsumm' / 'distilled')
