@@ -74,8 +74,10 @@ def test_iteration_timer_keeps_every_drafter_output_layer():
     num_decoder_layers=1, encoder_dim=target_config.d_model,
   )  # fmt: skip
   target, drafter = (helpers.tiny_t5(config, seed) for seed, config in enumerate(configs))
+  ids = jnp.full((1, 8), 3, jnp.int32)
   args = [*step_models.as_step_model(target), *step_models.as_step_model(drafter)]
-  args += [*step_models.encoder_of(drafter, target), jnp.full((1, 8), 3, jnp.int32)]
+  args += [timing._cache(target, None, ids, 16), timing._cache(drafter, target, ids, 16)]
+  args += [jnp.full((1,), 4, jnp.int32)]
   text = (
     timing._repeated_iterations.lower(*args, gamma=3, cache_len=16, calls=jnp.int32(2))
     .compile()
