@@ -107,7 +107,7 @@ def _fine_tuned(base: t5.T5Model, scale: float = 0.02, seed: int = 5) -> t5.T5Mo
   return t5.T5Model(config=base.config, params=jax.tree.unflatten(treedef, moved))
 
 
-@pytest.mark.parametrize('bits', [8, 6])
+@pytest.mark.parametrize('bits', [pytest.param(8, marks=pytest.mark.slow), 6])  # 6: the shipped
 def test_orbax_int8_delta_storage(tmp_path, bits):
   """A fine-tune stored as an int8 delta from its (bfloat16-stored) base: each weight within
   max|row delta| / (2 (2^(bits-1) - 1)) of the float32 one, and weights and logits nearer the

@@ -535,7 +535,7 @@ def _shared_encoder_prefixes(target, verifier):
   return _t5_drafter_prefixes(target, _shared_encoder_drafter, verifier, seed=4)
 
 
-@pytest.mark.parametrize('verifier', ['token', 'block'])
+@pytest.mark.parametrize('verifier', ['token', pytest.param('block', marks=pytest.mark.slow)])
 def test_shared_encoder_drafter_is_lossless(verifier, tiny_pair):
   """50k rows through the jitted loop: the first 3 tokens match the target's exact joint."""
   samples, stats, exact = _shared_encoder_prefixes(tiny_pair[0], verifier)
