@@ -3,8 +3,9 @@
 A model call timed from Python includes jit dispatch (~0.3-0.5 ms for a T5's params pytree on a
 small CPU), which the decode loops never pay: they run inside one jit. `step_seconds` therefore
 times a model call inside a jitted `fori_loop` and takes the difference of two loop lengths, which
-cancels dispatch; the encoder and the cache set-up run once before, outside the timed programs. Costs of the drafter (c) and of the (gamma+1)-position target
-pass are measured this way by the main job and the benchmarks.
+cancels dispatch; the encoder and the cache set-up run once before, outside the timed programs.
+Costs of the drafter (c) and of the (gamma+1)-position target pass are measured this way by the main
+job and the benchmarks.
 
 Axis legend: B batch, S source length, T query length.
 """

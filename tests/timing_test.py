@@ -115,3 +115,32 @@ def test_timers_run_a_drafter_that_reads_the_target_states(fake_clock, tiny_pair
   # Fails if c leaves out the pass (3.5), is not per drafter call (4) or is c_alone (1).
   assert costs['c'] == pytest.approx((_ITERATION - 3 * _STEP) / 2 / _STEP)
   assert costs['c_alone'] == pytest.approx(1.0) and costs['pass_cost'] == pytest.approx(3.0)
+
+
+def _has_source_self_attention(compiled_text: str, source_length: int) -> bool:
+  """Whether a compiled program holds [.., S, S] attention scores: the encoder's self-attention
+  over the source (the decoder's cross-attention scores are [.., T, S] with T < S here)."""
+  return re.search(rf'f32\[[0-9,]*{source_length},{source_length}\]', compiled_text) is not None
+
+
+def test_timed_loops_do_not_run_the_encoder(tiny_pair):
+  # The encoder once ran inside both loop lengths; at source 256 its noise swamped the difference
+  # of cheap drafter calls (c_alone read 0). It now runs once in `_init_cache`, before timing.
+  target, drafter = tiny_pair
+  source = 24  # a size no other axis has
+  ids = jnp.full((1, source), 3, jnp.int32)
+  steps, params = step_models.as_step_model(target)
+  cache = timing._cache(target, None, ids, 16)
+  position = jnp.full((1,), 4, jnp.int32)
+  lowered = timing._repeated_steps.lower(
+    steps, params, cache, position, num_tokens=1, calls=jnp.int32(2)
+  )
+  assert not _has_source_self_attention(lowered.compile().as_text(), source)
+  args = [*step_models.as_step_model(target), *step_models.as_step_model(drafter)]
+  args += [cache, timing._cache(drafter, target, ids, 16), position]
+  lowered = timing._repeated_iterations.lower(*args, gamma=2, cache_len=16, calls=jnp.int32(2))
+  assert not _has_source_self_attention(lowered.compile().as_text(), source)
+  # Negative control: the set-up program, which encodes the source, has them.
+  encoder = step_models.encoder_of(target)
+  setup = timing._init_cache.lower(steps, params, *encoder, ids, cache_len=16).compile()
+  assert _has_source_self_attention(setup.as_text(), source)
