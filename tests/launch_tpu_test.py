@@ -1,4 +1,4 @@
-"""Tests of scripts/launch_tpu.py: the exact gcloud commands, that --dry_run runs nothing, the
+"""Tests of scripts/launch_tpu.py and scripts/tpu_commands.py: the exact gcloud commands, that --dry_run runs nothing, the
 polling loop against a fake gcloud, and the detached job script run here with bash."""
 
 import os
@@ -13,7 +13,7 @@ import pytest
 from absl import app, flags
 from absl.testing import flagsaver
 
-from scripts import launch_tpu
+from scripts import launch_tpu, tpu_commands
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 _TPU_VM = ['gcloud', 'compute', 'tpus', 'tpu-vm']
@@ -55,7 +55,7 @@ def _whats(steps):
 
 
 def test_repo_root_is_this_repo():
-  assert launch_tpu.REPO_ROOT == _REPO and launch_tpu.Job().repo_dir == str(_REPO)
+  assert tpu_commands.REPO_ROOT == _REPO and tpu_commands.Job().repo_dir == str(_REPO)
 
 
 @pytest.mark.parametrize(
@@ -75,24 +75,26 @@ def test_repo_root_is_this_repo():
   ],
 )
 def test_num_workers_from_the_accelerator_type(accelerator_type, workers):
-  assert launch_tpu.num_workers(accelerator_type) == workers
-  assert launch_tpu.TpuVm(name='t', zone='z', accelerator_type=accelerator_type).workers == workers
+  assert tpu_commands.num_workers(accelerator_type) == workers
+  assert (
+    tpu_commands.TpuVm(name='t', zone='z', accelerator_type=accelerator_type).workers == workers
+  )
 
 
 @pytest.mark.parametrize('accelerator_type', ['v3-8', 'v4-12', 'v4-4', 'v5litepod-2', 'v6e-8'])
 def test_unknown_accelerator_type_needs_num_workers(accelerator_type):
   with pytest.raises(ValueError, match='pass --num_workers'):
-    launch_tpu.TpuVm(name='t', zone='z', accelerator_type=accelerator_type)
-  vm = launch_tpu.TpuVm(name='t', zone='z', accelerator_type=accelerator_type, workers=3)
+    tpu_commands.TpuVm(name='t', zone='z', accelerator_type=accelerator_type)
+  vm = tpu_commands.TpuVm(name='t', zone='z', accelerator_type=accelerator_type, workers=3)
   assert vm.workers == 3
 
 
 def test_v4_8_dry_run_commands():
-  vm = launch_tpu.TpuVm(name='specdec-v4-8', zone='us-central2-b', accelerator_type='v4-8')
-  job = launch_tpu.Job(env=(('A', 'two words'),))
+  vm = tpu_commands.TpuVm(name='specdec-v4-8', zone='us-central2-b', accelerator_type='v4-8')
+  job = tpu_commands.Job(env=(('A', 'two words'),))
   zone = '--zone=us-central2-b'
   ssh = _TPU_VM + ['ssh', 'specdec-v4-8']
-  steps = launch_tpu.plan(vm, job, delete_after=True)
+  steps = tpu_commands.plan(vm, job, delete_after=True)
   assert [(step.what, step.argv) for step in steps] == [
     (
       'create',
@@ -131,15 +133,15 @@ def test_v4_8_dry_run_commands():
 
 
 def test_v4_32_pod_slice_polls_and_fetches_every_worker():
-  vm = launch_tpu.TpuVm(
+  vm = tpu_commands.TpuVm(
     name='pod',
     zone='us-central2-b',
     accelerator_type='v4-32',
     version='tpu-vm-v4-base',
     project='my-project',
   )
-  job = launch_tpu.Job(results_dir='/tmp/out', local_dir='/tmp/here', env=(('A', 'two words'),))
-  steps = launch_tpu.plan(vm, job, delete_after=True)
+  job = tpu_commands.Job(results_dir='/tmp/out', local_dir='/tmp/here', env=(('A', 'two words'),))
+  steps = tpu_commands.plan(vm, job, delete_after=True)
   assert _whats(steps) == (
     ['create', 'copy', 'install', 'start'] + ['poll'] * 4 + ['tail'] + ['fetch'] * 4 + ['delete']
   )
@@ -151,8 +153,8 @@ def test_v4_32_pod_slice_polls_and_fetches_every_worker():
   # Every host of the slice gets the code, the install and the job; each is polled and fetched.
   for argv in (copy, install, start):
     assert '--worker=all' in argv
-  assert start[start.index('--command') + 1] == launch_tpu.start_script(job)
-  assert "; export A='two words'; python -m experiments.translate" in launch_tpu.job_script(job)
+  assert start[start.index('--command') + 1] == tpu_commands.start_script(job)
+  assert "; export A='two words'; python -m experiments.translate" in tpu_commands.job_script(job)
   polls = [step.argv for step in steps if step.what == 'poll']
   fetches = [step.argv for step in steps if step.what == 'fetch']
   for i in range(4):
@@ -169,8 +171,8 @@ def test_v4_32_pod_slice_polls_and_fetches_every_worker():
 
 
 def test_spot_and_queued_resources():
-  spot = launch_tpu.TpuVm(name='t', zone='z', spot=True)
-  assert launch_tpu.create_command(spot) == _TPU_VM + [
+  spot = tpu_commands.TpuVm(name='t', zone='z', spot=True)
+  assert tpu_commands.create_command(spot) == _TPU_VM + [
     'create',
     't',
     '--accelerator-type=v4-8',
@@ -178,8 +180,8 @@ def test_spot_and_queued_resources():
     '--spot',
     '--zone=z',
   ]
-  vm = launch_tpu.TpuVm(name='t', zone='z', accelerator_type='v4-32', spot=True, queued=True)
-  steps = launch_tpu.plan(vm, launch_tpu.Job(), delete_after=True)
+  vm = tpu_commands.TpuVm(name='t', zone='z', accelerator_type='v4-32', spot=True, queued=True)
+  steps = tpu_commands.plan(vm, tpu_commands.Job(), delete_after=True)
   assert _whats(steps)[:3] == ['create', 'wait', 'copy']
   assert steps[0].argv == _QUEUED + [
     'create',
@@ -197,15 +199,15 @@ def test_spot_and_queued_resources():
 
 
 def test_detach_only_stops_after_start_and_attach_begins_at_poll():
-  vm = launch_tpu.TpuVm(name='t', zone='z', accelerator_type='v4-16')
-  job = launch_tpu.Job()
-  assert _whats(launch_tpu.plan(vm, job, delete_after=False, detach_only=True)) == [
+  vm = tpu_commands.TpuVm(name='t', zone='z', accelerator_type='v4-16')
+  job = tpu_commands.Job()
+  assert _whats(tpu_commands.plan(vm, job, delete_after=False, detach_only=True)) == [
     'create',
     'copy',
     'install',
     'start',
   ]
-  assert _whats(launch_tpu.plan(vm, job, delete_after=True, attach=True)) == [
+  assert _whats(tpu_commands.plan(vm, job, delete_after=True, attach=True)) == [
     'poll',
     'poll',
     'tail',
@@ -214,21 +216,21 @@ def test_detach_only_stops_after_start_and_attach_begins_at_poll():
     'delete',
   ]
   with pytest.raises(ValueError, match='pass one of them'):
-    launch_tpu.plan(vm, job, delete_after=False, detach_only=True, attach=True)
+    tpu_commands.plan(vm, job, delete_after=False, detach_only=True, attach=True)
   with pytest.raises(ValueError, match='delete the VM under the running job'):
-    launch_tpu.plan(vm, job, delete_after=True, detach_only=True)
+    tpu_commands.plan(vm, job, delete_after=True, detach_only=True)
 
 
 def test_stage_checkpoint_to_a_bucket_runs_here_before_create():
-  job = launch_tpu.Job(checkpoint='/ckpt/xxl', checkpoint_to='gs://bucket/xxl')
-  steps = launch_tpu.plan(launch_tpu.TpuVm(name='t', zone='z'), job, delete_after=False)
+  job = tpu_commands.Job(checkpoint='/ckpt/xxl', checkpoint_to='gs://bucket/xxl')
+  steps = tpu_commands.plan(tpu_commands.TpuVm(name='t', zone='z'), job, delete_after=False)
   assert _whats(steps)[:2] == ['stage', 'create'] and _whats(steps).count('stage') == 1
   assert steps[0].argv == ['gcloud', 'storage', 'cp', '-r', '/ckpt/xxl', 'gs://bucket/xxl']
 
 
 def test_stage_checkpoint_from_a_bucket_onto_every_worker():
-  job = launch_tpu.Job(checkpoint='gs://bucket/xxl', checkpoint_to='/data/ckpt dir/xxl')
-  steps = launch_tpu.plan(launch_tpu.TpuVm(name='t', zone='z'), job, delete_after=False)
+  job = tpu_commands.Job(checkpoint='gs://bucket/xxl', checkpoint_to='/data/ckpt dir/xxl')
+  steps = tpu_commands.plan(tpu_commands.TpuVm(name='t', zone='z'), job, delete_after=False)
   assert _whats(steps)[:5] == ['create', 'copy', 'install', 'stage', 'start']
   stage = steps[3].argv
   assert stage[4:7] == ['ssh', 't', '--worker=all']
@@ -247,11 +249,11 @@ def test_stage_checkpoint_from_a_bucket_onto_every_worker():
 )
 def test_bad_staging_raises(checkpoint, checkpoint_to, message):
   with pytest.raises(ValueError, match=message):
-    launch_tpu.Job(checkpoint=checkpoint, checkpoint_to=checkpoint_to)
+    tpu_commands.Job(checkpoint=checkpoint, checkpoint_to=checkpoint_to)
 
 
 def test_parse_env_keeps_values_whole():
-  assert launch_tpu.parse_env(['A=1', 'B_2=x=y', '_C=', 'D=two words']) == (
+  assert tpu_commands.parse_env(['A=1', 'B_2=x=y', '_C=', 'D=two words']) == (
     ('A', '1'),
     ('B_2', 'x=y'),
     ('_C', ''),
@@ -272,19 +274,19 @@ def test_parse_env_keeps_values_whole():
 )
 def test_malformed_env_raises(item, message):
   with pytest.raises(ValueError, match=message):
-    launch_tpu.parse_env([item])
+    tpu_commands.parse_env([item])
   with pytest.raises(app.UsageError, match=message):
     _main('--name=t', '--zone=z', f'--env={item}', '--dry_run')
 
 
 def test_remote_command_is_one_argument_quoted_with_shlex():
   command = """python -c 'import jax; print(jax.devices())' && echo "a b" > out.txt"""
-  job = launch_tpu.Job(command=command, remote_dir='my repo', python='/opt/py 3/bin/python')
-  vm = launch_tpu.TpuVm(name='t', zone='z')
-  _, _, install, start, *_ = (step.argv for step in launch_tpu.plan(vm, job, delete_after=False))
+  job = tpu_commands.Job(command=command, remote_dir='my repo', python='/opt/py 3/bin/python')
+  vm = tpu_commands.TpuVm(name='t', zone='z')
+  _, _, install, start, *_ = (step.argv for step in tpu_commands.plan(vm, job, delete_after=False))
   install_script = install[install.index('--command') + 1]
   # What we insert is quoted for the remote shell; the user's command is passed on verbatim.
-  assert launch_tpu.job_script(job).startswith(
+  assert tpu_commands.job_script(job).startswith(
     f"( cd 'my repo' || exit; . ~/specdec_venv/bin/activate || exit; {command} ); "
   )
   assert "'/opt/py 3/bin/python' -m venv ~/specdec_venv && cd 'my repo' && " in install_script
@@ -295,11 +297,11 @@ def test_remote_command_is_one_argument_quoted_with_shlex():
 
 
 def test_no_apt_packages_installs_none():
-  script = launch_tpu.install_script(launch_tpu.Job(apt_packages=()))
+  script = tpu_commands.install_script(tpu_commands.Job(apt_packages=()))
   assert 'apt-get' not in script and script.startswith('python3.11 -m venv ~/specdec_venv && ')
 
 
-def _start_here(home: pathlib.Path, job: launch_tpu.Job) -> int:
+def _start_here(home: pathlib.Path, job: tpu_commands.Job) -> int:
   """Runs the start script as the ssh would, in `home` with a fake venv; returns its session id.
 
   The script must pass `bash -n` and return while the job runs on.
@@ -307,7 +309,7 @@ def _start_here(home: pathlib.Path, job: launch_tpu.Job) -> int:
   (home / 'specdec_venv' / 'bin').mkdir(parents=True, exist_ok=True)
   (home / 'specdec_venv' / 'bin' / 'activate').write_text('export FROM_VENV=yes\n')
   (home / job.remote_dir).mkdir(exist_ok=True)
-  script = launch_tpu.start_script(job)
+  script = tpu_commands.start_script(job)
   subprocess.run(['bash', '-n', '-c', script], check=True)
   env = dict(os.environ, HOME=str(home))
   start = subprocess.Popen(['bash', '-c', script], cwd=home, env=env, start_new_session=True)
@@ -336,7 +338,7 @@ def test_detached_job_keeps_env_values_and_writes_log_and_status(tmp_path):
   env = tuple((f'V{i}', value) for i, value in enumerate(_NASTY))
   command = '; '.join(f'printf "<%s>\\n" "${key}"' for key, _ in env)
   command += '; echo "venv=$FROM_VENV pwd=$(basename "$PWD")"'
-  job = launch_tpu.Job(
+  job = tpu_commands.Job(
     command=_gated(command, 'go'), env=env, results_dir=str(tmp_path / 'results')
   )
   try:
@@ -355,17 +357,17 @@ def test_detached_job_keeps_env_values_and_writes_log_and_status(tmp_path):
   log = (tmp_path / job.log_file).read_text()
   assert log == ''.join(f'<{value}>\n' for value in _NASTY) + 'venv=yes pwd=specdec_jax\n'
   assert (tmp_path / 'results').is_dir()
-  assert (tmp_path / 'specdec_job' / 'run.sh').read_text() == launch_tpu.job_script(job) + '\n'
+  assert (tmp_path / 'specdec_job' / 'run.sh').read_text() == tpu_commands.job_script(job) + '\n'
   assert int((tmp_path / 'specdec_job' / 'pid').read_text()) > 0
 
 
 def test_detached_job_records_a_failing_exit_status_and_restarts_clean(tmp_path):
-  job = launch_tpu.Job(command='echo failing >&2; exit 3', results_dir=str(tmp_path / 'out'))
+  job = tpu_commands.Job(command='echo failing >&2; exit 3', results_dir=str(tmp_path / 'out'))
   _start_here(tmp_path, job)
   assert _wait_for(tmp_path / job.status_file) == '3\n'
   assert (tmp_path / job.log_file).read_text() == 'failing\n'
   # A second start clears the old status first, so a poll never reads the previous job's.
-  job = launch_tpu.Job(command=_gated('cd /nonexistent', 'go'), results_dir=str(tmp_path / 'out'))
+  job = tpu_commands.Job(command=_gated('cd /nonexistent', 'go'), results_dir=str(tmp_path / 'out'))
   try:
     _start_here(tmp_path, job)
     assert not (tmp_path / job.status_file).exists()
@@ -412,13 +414,13 @@ def sleeps(monkeypatch):
 def test_launch_polls_until_every_worker_has_a_status_then_fetches_each(
   monkeypatch, tmp_path, sleeps
 ):
-  vm = launch_tpu.TpuVm(name='t', zone='z', accelerator_type='v4-16')
-  job = launch_tpu.Job(local_dir=str(tmp_path / 'results'))
+  vm = tpu_commands.TpuVm(name='t', zone='z', accelerator_type='v4-16')
+  job = tpu_commands.Job(local_dir=str(tmp_path / 'results'))
   gcloud = _FakeGcloud(statuses={0: ['', '0\n'], 1: ['0\n']})
   monkeypatch.setattr(subprocess, 'run', gcloud)
   launch_tpu.launch(vm, job, delete_after=True, dry_run=False, poll_interval=7, log_lines=5)
   create, copy, install, start, poll0, poll1, tail, fetch0, fetch1, delete = (
-    step.argv for step in launch_tpu.plan(vm, job, delete_after=True, log_lines=5)
+    step.argv for step in tpu_commands.plan(vm, job, delete_after=True, log_lines=5)
   )
   # Round 1: worker 1 is done, worker 0 runs; round 2 polls only worker 0.
   assert gcloud.calls == [
@@ -442,21 +444,26 @@ def test_launch_polls_until_every_worker_has_a_status_then_fetches_each(
 
 
 def test_a_failed_worker_fails_the_launch_after_every_fetch(monkeypatch, tmp_path, sleeps):
-  vm = launch_tpu.TpuVm(name='t', zone='z', accelerator_type='v4-16')
-  job = launch_tpu.Job(local_dir=str(tmp_path))
+  vm = tpu_commands.TpuVm(name='t', zone='z', accelerator_type='v4-16')
+  job = tpu_commands.Job(local_dir=str(tmp_path))
   gcloud = _FakeGcloud(statuses={0: ['0'], 1: ['137']})
   monkeypatch.setattr(subprocess, 'run', gcloud)
   with pytest.raises(launch_tpu.JobFailedError, match=r'workers \[1\] \(exit status \{1: 137\}'):
     launch_tpu.launch(vm, job, delete_after=True, dry_run=False)
-  *_, fetch0, fetch1, delete = (step.argv for step in launch_tpu.plan(vm, job, delete_after=True))
-  assert gcloud.calls[-4:] == [fetch0, fetch1, launch_tpu.log_tail_command(vm, job, 1, 20), delete]
+  *_, fetch0, fetch1, delete = (step.argv for step in tpu_commands.plan(vm, job, delete_after=True))
+  assert gcloud.calls[-4:] == [
+    fetch0,
+    fetch1,
+    tpu_commands.log_tail_command(vm, job, 1, 20),
+    delete,
+  ]
   assert sleeps == []
 
 
 def test_a_failed_fetch_still_fetches_the_other_workers_and_deletes(monkeypatch, tmp_path, sleeps):
-  vm = launch_tpu.TpuVm(name='t', zone='z', accelerator_type='v4-24')
-  job = launch_tpu.Job(local_dir=str(tmp_path))
-  fetch1 = launch_tpu.fetch_command(vm, job, 1)
+  vm = tpu_commands.TpuVm(name='t', zone='z', accelerator_type='v4-24')
+  job = tpu_commands.Job(local_dir=str(tmp_path))
+  fetch1 = tpu_commands.fetch_command(vm, job, 1)
   gcloud = _FakeGcloud(statuses={0: ['0'], 1: ['0'], 2: ['0']}, fails=lambda argv: argv == fetch1)
   monkeypatch.setattr(subprocess, 'run', gcloud)
   with pytest.raises(
@@ -464,19 +471,19 @@ def test_a_failed_fetch_still_fetches_the_other_workers_and_deletes(monkeypatch,
   ):
     launch_tpu.launch(vm, job, delete_after=True, dry_run=False)
   *_, fetch0, _, fetch2, delete = (
-    step.argv for step in launch_tpu.plan(vm, job, delete_after=True)
+    step.argv for step in tpu_commands.plan(vm, job, delete_after=True)
   )
   assert gcloud.calls[-4:] == [fetch0, fetch1, fetch2, delete]
 
 
 def test_poll_survives_dropped_ssh_but_gives_up_on_a_gone_vm(monkeypatch, tmp_path, sleeps):
-  vm = launch_tpu.TpuVm(name='t', zone='z')
-  job = launch_tpu.Job(local_dir=str(tmp_path))
+  vm = tpu_commands.TpuVm(name='t', zone='z')
+  job = tpu_commands.Job(local_dir=str(tmp_path))
   gcloud = _FakeGcloud(statuses={0: [None, None, '', '0']})
   monkeypatch.setattr(subprocess, 'run', gcloud)
   launch_tpu.launch(vm, job, delete_after=False, dry_run=False, attach=True, poll_interval=1)
   assert sleeps == [1, 1, 1]
-  assert gcloud.calls[-1] == launch_tpu.fetch_command(vm, job, 0)
+  assert gcloud.calls[-1] == tpu_commands.fetch_command(vm, job, 0)
   sleeps.clear()
   gone = launch_tpu.MAX_POLL_FAILURES * [None]
   monkeypatch.setattr(subprocess, 'run', _FakeGcloud(statuses={0: gone}))
@@ -487,53 +494,55 @@ def test_poll_survives_dropped_ssh_but_gives_up_on_a_gone_vm(monkeypatch, tmp_pa
 
 def test_garbage_status_is_an_error(monkeypatch, tmp_path, sleeps):
   monkeypatch.setattr(subprocess, 'run', _FakeGcloud(statuses={0: ['oops']}))
-  vm = launch_tpu.TpuVm(name='t', zone='z')
+  vm = tpu_commands.TpuVm(name='t', zone='z')
   with pytest.raises(RuntimeError, match="wrote 'oops' to specdec_job/status"):
     launch_tpu.launch(
-      vm, launch_tpu.Job(local_dir=str(tmp_path)), delete_after=False, dry_run=False
+      vm, tpu_commands.Job(local_dir=str(tmp_path)), delete_after=False, dry_run=False
     )
 
 
 def test_queued_launch_waits_for_active(monkeypatch, tmp_path, sleeps):
-  vm = launch_tpu.TpuVm(name='t', zone='z', queued=True)
-  job = launch_tpu.Job(local_dir=str(tmp_path))
+  vm = tpu_commands.TpuVm(name='t', zone='z', queued=True)
+  job = tpu_commands.Job(local_dir=str(tmp_path))
   gcloud = _FakeGcloud(
     statuses={0: ['0']}, states=['WAITING_FOR_RESOURCES', 'PROVISIONING', 'ACTIVE']
   )
   monkeypatch.setattr(subprocess, 'run', gcloud)
   launch_tpu.launch(vm, job, delete_after=True, dry_run=False, poll_interval=30)
-  wait = launch_tpu.queued_state_command(vm)
+  wait = tpu_commands.queued_state_command(vm)
   assert gcloud.calls[:5] == [
-    launch_tpu.create_command(vm),
+    tpu_commands.create_command(vm),
     wait,
     wait,
     wait,
-    launch_tpu.copy_repo_command(vm, job),
+    tpu_commands.copy_repo_command(vm, job),
   ]
   assert sleeps == [30, 30]
-  assert gcloud.calls[-1] == launch_tpu.delete_command(vm)
+  assert gcloud.calls[-1] == tpu_commands.delete_command(vm)
 
 
 def test_failed_queued_resource_is_deleted(monkeypatch, tmp_path, sleeps):
-  vm = launch_tpu.TpuVm(name='t', zone='z', queued=True)
+  vm = tpu_commands.TpuVm(name='t', zone='z', queued=True)
   gcloud = _FakeGcloud(states=['WAITING_FOR_RESOURCES', 'FAILED'])
   monkeypatch.setattr(subprocess, 'run', gcloud)
   with pytest.raises(RuntimeError, match='queued resource t-qr is FAILED'):
-    launch_tpu.launch(vm, launch_tpu.Job(local_dir=str(tmp_path)), delete_after=True, dry_run=False)
+    launch_tpu.launch(
+      vm, tpu_commands.Job(local_dir=str(tmp_path)), delete_after=True, dry_run=False
+    )
   assert gcloud.calls[-1] == _QUEUED + ['delete', 't-qr', '--force', '--quiet', '--zone=z']
   assert len(gcloud.calls) == 4
 
 
 def test_failed_start_still_deletes_the_vm(monkeypatch, tmp_path):
-  vm = launch_tpu.TpuVm(name='t', zone='z')
-  job = launch_tpu.Job(local_dir=str(tmp_path))
-  start = launch_tpu.ssh_command(vm, launch_tpu.start_script(job))
+  vm = tpu_commands.TpuVm(name='t', zone='z')
+  job = tpu_commands.Job(local_dir=str(tmp_path))
+  start = tpu_commands.ssh_command(vm, tpu_commands.start_script(job))
   gcloud = _FakeGcloud(fails=lambda argv: argv == start)
   monkeypatch.setattr(subprocess, 'run', gcloud)
   with pytest.raises(subprocess.CalledProcessError):
     launch_tpu.launch(vm, job, delete_after=True, dry_run=False)
   create, copy, install, start, *_, delete = (
-    step.argv for step in launch_tpu.plan(vm, job, delete_after=True)
+    step.argv for step in tpu_commands.plan(vm, job, delete_after=True)
   )
   assert gcloud.calls == [create, copy, install, start, delete]
 
@@ -542,21 +551,23 @@ def test_failed_create_deletes_nothing(monkeypatch, tmp_path):
   """The name may be taken by someone else's VM: deleting it then would be a disaster."""
   gcloud = _FakeGcloud(fails=lambda argv: argv[4] == 'create')
   monkeypatch.setattr(subprocess, 'run', gcloud)
-  vm = launch_tpu.TpuVm(name='t', zone='z')
+  vm = tpu_commands.TpuVm(name='t', zone='z')
   with pytest.raises(subprocess.CalledProcessError):
-    launch_tpu.launch(vm, launch_tpu.Job(local_dir=str(tmp_path)), delete_after=True, dry_run=False)
-  assert gcloud.calls == [launch_tpu.create_command(vm)]
+    launch_tpu.launch(
+      vm, tpu_commands.Job(local_dir=str(tmp_path)), delete_after=True, dry_run=False
+    )
+  assert gcloud.calls == [tpu_commands.create_command(vm)]
 
 
 def test_detach_only_starts_and_prints_the_attach_command(monkeypatch, tmp_path, capsys):
-  vm = launch_tpu.TpuVm(
+  vm = tpu_commands.TpuVm(
     name='t', zone='z', accelerator_type='v5litepod-16', project='p', queued=True
   )
-  job = launch_tpu.Job(results_dir='/tmp/out', local_dir=str(tmp_path), job_dir='jobs/one')
+  job = tpu_commands.Job(results_dir='/tmp/out', local_dir=str(tmp_path), job_dir='jobs/one')
   gcloud = _FakeGcloud(states=['ACTIVE'])
   monkeypatch.setattr(subprocess, 'run', gcloud)
   launch_tpu.launch(vm, job, delete_after=False, dry_run=False, detach_only=True)
-  assert gcloud.calls[-1] == launch_tpu.ssh_command(vm, launch_tpu.start_script(job))
+  assert gcloud.calls[-1] == tpu_commands.ssh_command(vm, tpu_commands.start_script(job))
   attach = (
     capsys.readouterr().out.splitlines()[-1].removeprefix('Started. Poll and fetch later with: ')
   )
@@ -566,7 +577,7 @@ def test_detach_only_starts_and_prints_the_attach_command(monkeypatch, tmp_path,
   monkeypatch.setattr(subprocess, 'run', _fail_if_called)
   _main(*argv[3:], '--dry_run', '--delete_after')
   printed = [line for line in capsys.readouterr().out.splitlines() if not line.startswith('#')]
-  want = launch_tpu.plan(vm, job, delete_after=True, attach=True)
+  want = tpu_commands.plan(vm, job, delete_after=True, attach=True)
   assert printed == [shlex.join(step.argv) for step in want]
   assert _whats(want) == ['poll'] * 4 + ['tail'] + ['fetch'] * 4 + ['delete']
 
@@ -590,16 +601,16 @@ def test_dry_run_prints_every_command_and_executes_nothing(monkeypatch, capsys, 
     '--delete_after',
     '--dry_run',
   )
-  vm = launch_tpu.TpuVm(
+  vm = tpu_commands.TpuVm(
     name='specdec-v4-32', zone='us-central2-b', accelerator_type='v4-32', project='p', spot=True
   )
-  job = launch_tpu.Job(
+  job = tpu_commands.Job(
     local_dir=str(local_dir),
     env=(('MSG', 'it\'s "a b"'), ('N', '1')),
     checkpoint='gs://b/ckpt',
     checkpoint_to='/tmp/ckpt',
   )
-  want = [shlex.join(step.argv) for step in launch_tpu.plan(vm, job, delete_after=True)]
+  want = [shlex.join(step.argv) for step in tpu_commands.plan(vm, job, delete_after=True)]
   comment = '# every 90 s until each worker has written specdec_job/status:'
   lines = capsys.readouterr().out.splitlines()
   assert lines == want[:5] + [comment] + want[5:]
@@ -621,7 +632,7 @@ def test_dry_run_prints_every_command_and_executes_nothing(monkeypatch, capsys, 
 )
 def test_bad_vm_raises(kwargs, message):
   with pytest.raises(ValueError, match=message):
-    launch_tpu.TpuVm(**kwargs)
+    tpu_commands.TpuVm(**kwargs)
 
 
 @pytest.mark.parametrize(
