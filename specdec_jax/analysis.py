@@ -104,6 +104,35 @@ def iteration_speedup(tokens_per_iteration, gamma, c, target_pass_cost) -> np.nd
   return tokens / (c * gamma + target_pass_cost)
 
 
+def call_speedup(loop_speedup, baseline_seconds, baseline_fixed, fixed) -> np.ndarray:
+  """Whole-call speedup when every call also pays seconds outside the decode loop (the encoder
+  over the source, the caches' set-up, dispatch), which the loop formulas above leave out.
+
+  The autoregressive loop takes `baseline_seconds - baseline_fixed`, the speculative loop that
+  over `loop_speedup`, and each method adds its own fixed seconds:
+  `baseline_seconds / (fixed + (baseline_seconds - baseline_fixed) / loop_speedup)`. At no fixed
+  cost it is `loop_speedup`; a fixed cost both pay alike pulls it towards 1.
+
+  Args:
+    loop_speedup: the loop's predicted speedup (`walltime_improvement_measured`), > 0.
+    baseline_seconds: autoregressive decoding's seconds over the calls, > 0.
+    baseline_fixed: its fixed seconds over those calls, in [0, baseline_seconds].
+    fixed: the speculative method's fixed seconds over the same calls, >= 0.
+
+  Returns:
+    float64 array, broadcast shape of the inputs.
+  """
+  loop_speedup = _in_range('loop_speedup', loop_speedup, 0.0)
+  baseline_seconds = _in_range('baseline_seconds', baseline_seconds, 0.0)
+  if np.any(loop_speedup == 0) or np.any(baseline_seconds == 0):
+    raise ValueError('loop_speedup and baseline_seconds must be > 0')
+  baseline_fixed = _in_range('baseline_fixed', baseline_fixed, 0.0)
+  if np.any(baseline_fixed > baseline_seconds):
+    raise ValueError('baseline_fixed must be <= baseline_seconds (a part of them)')
+  fixed = _in_range('fixed', fixed, 0.0)
+  return baseline_seconds / (fixed + (baseline_seconds - baseline_fixed) / loop_speedup)
+
+
 def ops_increase(alpha, gamma, c_hat) -> np.ndarray:
   """Factor by which arithmetic operations grow: `(c_hat gamma + gamma + 1)(1 - alpha) /
   (1 - alpha^(gamma+1))` (Thm 3.11).

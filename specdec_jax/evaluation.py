@@ -74,6 +74,9 @@ class Row:
   c_alone: float | None = None  # a drafter call alone / a target step
   iteration_cost: float | None = None  # a speculative iteration in autoregressive steps (fitted)
   predicted_loop: float | None = None  # block_efficiency / iteration_cost
+  # predicted_speedup for whole calls: each method's fitted fixed seconds per call (the encoder,
+  # the caches' set-up: `loop_costs`) added to the loops (`analysis.call_speedup`).
+  predicted_call: float | None = None
 
   def __getitem__(self, name: str):
     """`row['alpha']`: a Row reads as the rows of results.json do (plots take either)."""
@@ -97,6 +100,7 @@ TABLE = (
   tables.Column('pass_cost', fmt='.2f'),
   tables.Column('speedup', fmt='.2f', suffix='x', width=7),
   tables.Column('predicted_speedup', 'predicted', '.2f'),
+  tables.Column('predicted_call', 'pred_call', '.2f'),
   tables.Column('iteration_cost', 'iter_cost', '.2f'),
   tables.Column('predicted_loop', 'pred_loop', '.2f'),
   tables.Column('bleu', fmt='.2f', width=6),
@@ -487,11 +491,18 @@ def speculative_row(
     predicted = analysis.walltime_improvement_measured(alpha, gamma, cost['c'], cost['pass_cost'])
   else:
     predicted = analysis.iteration_speedup(efficiency, gamma, cost['c'], cost['pass_cost'])
-  # The loops' own per-iteration costs, fitted over the batches: an iteration of this run in
-  # autoregressive steps of its baseline (None for NaN: batches of one iteration count).
-  per_iteration = loop_costs(run.batch_seconds, run.batch_iterations)[1]
-  per_step = loop_costs(baseline.batch_seconds, baseline.batch_iterations)[1]
+  # The loops' own costs, fitted over the batches (NaN: batches of one iteration count): an
+  # iteration of this run in autoregressive steps of its baseline, and each one's fixed seconds
+  # per call, which the formula leaves out.
+  fixed, per_iteration = loop_costs(run.batch_seconds, run.batch_iterations)
+  baseline_fixed, per_step = loop_costs(baseline.batch_seconds, baseline.batch_iterations)
   iteration_cost = per_iteration / per_step if per_iteration > 0 and per_step > 0 else None
+  calls = len(run.batch_seconds)
+  predicted_call = None
+  if 0 <= calls * baseline_fixed <= baseline.seconds and fixed >= 0:  # False for NaN
+    predicted_call = float(
+      analysis.call_speedup(predicted, baseline.seconds, calls * baseline_fixed, calls * fixed)
+    )
   return Row(
     task=plan.task,
     drafter=drafter,
@@ -512,6 +523,7 @@ def speculative_row(
     tokens_per_s=run.tokens / run.seconds,
     iteration_cost=iteration_cost,
     predicted_loop=None if iteration_cost is None else efficiency / iteration_cost,
+    predicted_call=predicted_call,
   )
 
 

@@ -71,6 +71,24 @@ def test_walltime_improvement_measured():
   np.testing.assert_allclose(analysis.iteration_speedup(2.4, 3, 0.1, 2.0), 2.4 / 2.3)
 
 
+def test_call_speedup_adds_each_methods_fixed_seconds_to_the_loops():
+  # 10 s of autoregressive decoding, 2 of them fixed: its loop is 8 s, the speculative loop at
+  # 2x is 4 s, plus its own 2.5 s fixed: 10 / 6.5.
+  np.testing.assert_allclose(analysis.call_speedup(2.0, 10.0, 2.0, 2.5), 10 / 6.5)
+  np.testing.assert_allclose(analysis.call_speedup([1.5, 3.0], 10.0, 0.0, 0.0), [1.5, 3.0])
+  # A fixed cost both pay alike pulls the speedup towards 1, from either side.
+  assert 1 < analysis.call_speedup(2.0, 10.0, 5.0, 5.0) < 2
+  assert 0.5 < analysis.call_speedup(0.5, 10.0, 5.0, 5.0) < 1
+  for bad, match in [
+    ((0.0, 10.0, 1.0, 1.0), 'must be > 0'),
+    ((2.0, 10.0, 11.0, 1.0), 'baseline_fixed must be <= baseline_seconds'),
+    ((2.0, 10.0, 1.0, -1.0), 'fixed must be in'),
+    ((2.0, np.nan, 1.0, 1.0), 'baseline_seconds must be in'),
+  ]:
+    with pytest.raises(ValueError, match=match):
+      analysis.call_speedup(*bad)
+
+
 def test_ops_increase():
   np.testing.assert_allclose(analysis.ops_increase(0.5, 3, 0.1), (0.3 + 3 + 1) / 1.875)
   np.testing.assert_allclose(analysis.ops_increase(1.0, 5, 0.0), 1.0)  # all accepted, free drafter

@@ -3,30 +3,43 @@
 import json
 import math
 import pathlib
+import types
 
+import ml_collections
 import numpy as np
 import pytest
 
 from experiments.configs import debsumm, ende
-from specdec_jax import evaluation, results_io, tables
+from specdec_jax import analysis, decode_stats, evaluation, results_io, tables, timing
+from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
 from tests import helpers
 
 _SHIPPED = helpers.shipped('ende')
 
 
+def _fake_step_costs(target, drafter, *, gamma, **kw):
+  """`timing.step_costs` without its timed loops (~10 CPU-s per drafter): a pass cost that
+  depends on the drafter, so that pooling them (the median over drafters) shows."""
+  pass_cost = 1.0 + gamma / 10 + (0.5 if isinstance(drafter, t5.T5Model) else 0.0)
+  return dict(c=0.05, c_alone=0.04, pass_cost=pass_cost)
+
+
 @helpers.needs_pair('ende')
 @pytest.mark.parametrize(
-  'items',
+  'items, costs',
   [
-    # Default: two drafters (a T5 and an n-gram, so the pass cost is pooled over two), greedy.
-    # Temperature 1 and the bigram are decoded by the timed-in-turn test below.
-    'runlocal,num_examples=3,drafters=distilled,trigram,temperatures=0',
-    pytest.param('runlocal,num_examples=3', marks=pytest.mark.slow),  # the whole runlocal
+    # Default: two drafters (a T5 and an n-gram, so the pass cost is pooled over two), greedy,
+    # the model costs faked (timing_test and distill_test time them). Temperature 1 and the
+    # bigram are decoded by the timed-in-turn test below.
+    ('runlocal,num_examples=3,drafters=distilled,trigram,temperatures=0', 'fake'),
+    pytest.param('runlocal,num_examples=3', 'measured', marks=pytest.mark.slow),  # the whole job
   ],
 )
-def test_runlocal_end_to_end(tmp_path, items):
+def test_runlocal_end_to_end(tmp_path, monkeypatch, items, costs):
   config = ende.get_config(items)
+  if costs == 'fake':
+    monkeypatch.setattr(timing, 'step_costs', _fake_step_costs)
   plan = evaluation.prepare(config)
   writer = results_io.ResultsWriter(str(tmp_path))
   for row in evaluation.rows(plan, progress=False):
@@ -51,6 +64,8 @@ def test_runlocal_end_to_end(tmp_path, items):
   spec = [r for r in rows if r['method'] != 'autoregressive']
   # The pass cost is the target's, pooled over the drafters: one value per gamma.
   assert len({r['pass_cost'] for r in spec}) == len(config.gammas)
+  if costs == 'fake':  # gamma 4: the median of the T5's 1.9 and the n-gram's 1.4 (unpooled: each)
+    assert [r['pass_cost'] for r in spec] == pytest.approx([1.65] * len(spec))
   for r in spec:  # fitted over 3 sentences (None where their iteration counts coincide)
     if r['iteration_cost'] is not None:
       assert r['predicted_loop'] == pytest.approx(r['block_efficiency'] / r['iteration_cost'])
@@ -119,8 +134,12 @@ def test_methods_timed_in_turn_decode_as_alone_and_share_one_baseline(monkeypatc
     with pytest.raises(ValueError, match='methods must be distinct'):
       evaluation.translate_in_turn(*args, methods=methods, **kw)
   # Both verifiers' speedups are over the one baseline timed in turn with them, which is also
-  # the temperature's autoregressive row.
-  config = ende.get_config('runlocal,num_examples=2,drafters=bigram,temperatures=1')
+  # the temperature's autoregressive row. (The shapes above: the compiled programs are reused.)
+  config = ende.get_config(
+    'runlocal,num_examples=2,drafters=bigram,temperatures=1,gammas=3,batch_size=2,'
+    'max_source_length=64,max_new_tokens=16'
+  )
+  monkeypatch.setattr(timing, 'step_costs', _fake_step_costs)
   calls, real = [], evaluation.translate_in_turn
 
   def spy(*a, **k):
@@ -144,6 +163,40 @@ def test_loop_costs_fit_fixed_and_per_iteration_seconds():
   # Calls of one length cannot separate the two: NaN, never a number.
   assert all(math.isnan(x) for x in evaluation.loop_costs([0.1, 0.2], [5, 5]))
   assert all(math.isnan(x) for x in evaluation.loop_costs([0.1], [5]))
+
+
+def _run(fixed, per_iteration, iterations, stats):
+  """A Run whose batch seconds are exactly fixed + per_iteration * iterations."""
+  iterations = np.asarray(iterations)
+  return evaluation.Run(['x'] * len(iterations), 60, stats, fixed + per_iteration * iterations,
+                        iterations)  # fmt: skip
+
+
+def test_speculative_row_predicts_whole_calls_with_each_methods_fixed_seconds():
+  plan = types.SimpleNamespace(task='t', config=ml_collections.ConfigDict(), bleu=lambda h: 0.0)
+  zeros = decode_stats.DecodeStats.zeros(1, 3).summed()
+  stats = zeros.replace(target_calls=20, accepted=40, drafted=60, beta_sum=40.0, beta_count=50)
+  baseline = _run(0.02, 0.010, [10, 20, 30], zeros)
+  cost = dict(c=0.1, c_alone=0.05, pass_cost=1.5)
+  row = evaluation.speculative_row(
+    plan, 'd', 'token', 3, 0.0, _run(0.03, 0.018, [4, 7, 9], stats), baseline, cost
+  )
+  assert row.alpha == pytest.approx(0.8) and row.block_efficiency == pytest.approx(3.0)
+  assert row.iteration_cost == pytest.approx(1.8)
+  predicted = analysis.walltime_improvement_measured(0.8, 3, 0.1, 1.5)
+  assert row.predicted_speedup == pytest.approx(predicted)
+  # The baseline's loop is its 0.66 s less 3 x 0.02 fixed; the speculative call adds 3 x 0.03.
+  assert row.predicted_call == pytest.approx(0.66 / (0.09 + 0.6 / predicted))
+  # Without fixed seconds the call prediction is the loop's; a fit that cannot be made: None.
+  row = evaluation.speculative_row(
+    plan, 'd', 'token', 3, 0.0, _run(0.0, 0.018, [4, 7, 9], stats),
+    _run(0.0, 0.010, [10, 20, 30], zeros), cost,
+  )  # fmt: skip
+  assert row.predicted_call == pytest.approx(predicted)
+  row = evaluation.speculative_row(
+    plan, 'd', 'token', 3, 0.0, _run(0.03, 0.018, [5, 5, 5], stats), baseline, cost
+  )
+  assert row.predicted_call is None and row.iteration_cost is None
 
 
 def test_config_items_apply_in_order_and_lists_hold_any_number():
