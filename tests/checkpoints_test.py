@@ -16,6 +16,7 @@ import pytest
 
 from specdec_jax import checkpoints
 from specdec_jax.models import t5
+from tests import helpers
 
 # Written by T5X itself and shipped in the repo (origin and license: tests/testdata/README.md).
 T5X_TINY = Path(__file__).resolve().parent / 'testdata' / 't5x_tiny' / 'checkpoint_0'
@@ -134,7 +135,7 @@ def test_orbax_int8_delta_storage(tmp_path, bits):
   assert errors['mean_stored'] < errors['mean_bfloat16'], errors
   ids, mask = _source(tuned.config.vocab_size)
   decoder = np.full((2, 5), 3)
-  logits = lambda m: np.asarray(t5.forward(m.params, ids, mask, decoder, config=m.config))
+  logits = lambda m: np.asarray(helpers.forward(m.params, ids, mask, decoder, config=m.config))
   rounded = t5.T5Model(tuned.config, jax.tree.map(lambda x: x.astype(jnp.bfloat16), tuned.params))
   off = lambda m: np.max(np.abs(logits(m) - logits(tuned)))
   assert off(restored) < off(rounded)  # nearer the float32 model's logits than bfloat16 is

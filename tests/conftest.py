@@ -1,9 +1,60 @@
-"""Fixtures shared by the tests; the plain functions behind them are in tests/helpers.py."""
+"""Fixtures shared by the tests, and the run's compilation cache; the plain functions behind the
+fixtures are in tests/helpers.py."""
 
+import os
+import shutil
+import tempfile
+
+import jax
 import pytest
 
 from specdec_jax import pretrained
 from tests import helpers
+
+_CACHE_ENV = 'JAX_COMPILATION_CACHE_DIR'
+
+
+def pytest_configure(config):
+  """One XLA compilation cache for the whole run, empty at its start: the xdist workers and the
+  processes tests start (which inherit the environment) compile each program once and load it
+  from disk after (the same tiny-model loops recur across files, and a negative control's
+  `jax.clear_caches()` would otherwise recompile everything after it). Programs are keyed by
+  their HLO, flags and JAX version, so a hit is the same program. A cache the user set is kept."""
+  if not hasattr(config, 'workerinput') and _CACHE_ENV not in os.environ:
+    config.jit_cache_dir = os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix='specdec_jax_jit_')
+    os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0.2'
+  # This process imported JAX before this hook (through the fixtures' imports): set it here too.
+  jax.config.update('jax_compilation_cache_dir', os.environ[_CACHE_ENV])
+  jax.config.update(
+    'jax_persistent_cache_min_compile_time_secs',
+    float(os.environ.get('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', 1.0)),
+  )
+
+
+# The heaviest files (CPU-minutes, pytest --durations), started first: the two xdist workers take
+# whole files in collection order, and a heavy file left for last runs with the other worker idle.
+_HEAVIEST_FIRST = (
+  'multihost_test.py',
+  'decode_test.py',
+  'translate_test.py',
+  'decode_multipath_test.py',
+  'timing_test.py',
+  'decode_draft_stop_test.py',
+  'decode_spec_test.py',
+  't5_growth_test.py',
+  't5_test.py',
+  'decode_lowering_test.py',
+)
+
+
+def pytest_collection_modifyitems(config, items):
+  rank = {name: i for i, name in enumerate(_HEAVIEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: in-file order kept
+
+
+def pytest_unconfigure(config):
+  if getattr(config, 'jit_cache_dir', None):
+    shutil.rmtree(config.jit_cache_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope='session')

@@ -77,7 +77,7 @@ def test_abstract_inputs_are_still_validated():
 
 # An 11B-style plan in miniature: a tiny T5 pair's params and batch given only as sharded
 # `ShapeDtypeStruct`s on a (data=2, model=4) mesh of 8 CPU devices; the program compiles and its
-# per-device arguments are the sharded sizes (less than the replicated ones).
+# per-device arguments are the sharded sizes (less than all the arguments' bytes).
 _SHARDED_SCRIPT = """
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -88,26 +88,22 @@ from specdec_jax.sampling import SamplingConfig
 assert jax.device_count() == 8, jax.devices()
 mesh = sharding.make_mesh(data=2, model=4)
 
-def abstract(config, mesh):
-  shapes = jax.eval_shape(lambda: t5.init_params(jax.random.key(0), config))
-  if mesh is not None:
-    shardings = sharding.param_shardings(shapes, mesh)
-    shapes = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                          shapes, shardings)
-  return t5.T5Model(config=config, params=shapes)
+def abstract(name):
+  shapes = jax.eval_shape(lambda: t5.init_params(jax.random.key(0), t5.CONFIGS[name]))
+  shardings = sharding.param_shardings(shapes, mesh)
+  return t5.T5Model(config=t5.CONFIGS[name], params=jax.tree.map(
+      lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings))
 
-def plan(mesh):
-  batch = NamedSharding(mesh, P('data', None)) if mesh is not None else None
-  ids = jax.ShapeDtypeStruct((4, 9), jnp.int32, sharding=batch)
-  target, drafter = abstract(t5.CONFIGS['tiny-v1.1'], mesh), abstract(t5.CONFIGS['tiny-v1.0'], mesh)
-  lowered = decode.lower_speculative(target, drafter, ids, ids, gamma=3,
-                                     sampling=SamplingConfig(temperature=1.0), max_new_tokens=12)
-  compiled = lowered.compile()
-  return compiled, compiled.memory_analysis().argument_size_in_bytes
-
+target, drafter = abstract('tiny-v1.1'), abstract('tiny-v1.0')
+ids = jax.ShapeDtypeStruct((4, 9), jnp.int32, sharding=NamedSharding(mesh, P('data', None)))
 with jax.set_mesh(mesh):
-  compiled, sharded = plan(mesh)
-_, replicated = plan(None)
+  compiled = decode.lower_speculative(target, drafter, ids, ids, gamma=3,
+                                      sampling=SamplingConfig(temperature=1.0),
+                                      max_new_tokens=12).compile()
+sharded = compiled.memory_analysis().argument_size_in_bytes
+# Unsharded, one device would hold every byte of the arguments (the one-device plan is compiled
+# by tests/memory_plan_test.py).
+replicated = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((target, drafter, ids, ids)))
 assert 0 < sharded < replicated, (sharded, replicated)
 assert compiled.cost_analysis()['flops'] > 0
 print('LOWER_SHARDED_OK', sharded, replicated)

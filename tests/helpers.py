@@ -23,6 +23,12 @@ import pytest
 from specdec_jax import pretrained
 from specdec_jax.models import t5
 
+# `t5.forward`, `encode` and `decode_forward` jitted: one compiled program per config and
+# shapes, where op-by-op execution compiles each op (hundreds of small programs per call).
+forward = jax.jit(t5.forward, static_argnames=('config',))
+encode = jax.jit(t5.encode, static_argnames=('config',))
+decode_forward = jax.jit(t5.decode_forward, static_argnames=('config',))
+
 
 def tiny_t5(config: str | t5.T5Config = 'tiny-v1.1', seed: int = 0, **overrides) -> t5.T5Model:
   """A T5Model with `t5.init_params(jax.random.key(seed), config)`.

@@ -10,11 +10,9 @@ import pytest
 from specdec_jax.models import t5, t5_growth
 from tests import helpers
 
-_forward = jax.jit(t5.forward, static_argnames=('config',))  # one program, not op by op
-
 
 def _logits(model, ids, mask, dec):
-  return _forward(model.params, ids, mask, dec, config=model.config)
+  return helpers.forward(model.params, ids, mask, dec, config=model.config)
 
 
 SMALL = dataclasses.replace(
@@ -101,9 +99,9 @@ def test_a_drafter_follows_its_grown_target_encoder(follow):
   target, drafter = helpers.tiny_t5(SMALL), helpers.tiny_t5(DRAFTER, seed=2)
   big = t5_growth.grow(target, GROWN, jax.random.key(1))
   ids, mask, dec = _batch()
-  old = t5.encode(target.params, ids, mask, config=target.config)
-  new = t5.encode(big.params, ids, mask, config=big.config)
-  want = t5.decode_forward(drafter.params, old, mask, dec, config=DRAFTER)
+  old = helpers.encode(target.params, ids, mask, config=target.config)
+  new = helpers.encode(big.params, ids, mask, config=big.config)
+  want = helpers.decode_forward(drafter.params, old, mask, dec, config=DRAFTER)
   if follow:
     moved = t5_growth.follow_grown_encoder(drafter, GROWN.d_model, jax.random.key(3))
   else:
@@ -117,7 +115,7 @@ def test_a_drafter_follows_its_grown_target_encoder(follow):
       ),
     )  # fmt: skip
   assert moved.config.encoder_dim == GROWN.d_model
-  got = t5.decode_forward(moved.params, new, mask, dec, config=moved.config)
+  got = helpers.decode_forward(moved.params, new, mask, dec, config=moved.config)
   assert np.allclose(got, want, rtol=1e-4, atol=1e-4) == follow
 
 
@@ -143,9 +141,9 @@ def test_a_tied_drafter_over_the_target_encoder_grows_deeper(identity):
     fresh = t5.init_params(jax.random.key(5), deeper)['decoder']['layers_1']
     big.params['decoder']['layers_1'] = fresh
   ids, mask, dec = _batch()
-  encoded = t5.encode(helpers.tiny_t5(SMALL).params, ids, mask, config=SMALL)
-  want = t5.decode_forward(drafter.params, encoded, mask, dec, config=DRAFTER)
-  got = t5.decode_forward(big.params, encoded, mask, dec, config=deeper)
+  encoded = helpers.encode(helpers.tiny_t5(SMALL).params, ids, mask, config=SMALL)
+  want = helpers.decode_forward(drafter.params, encoded, mask, dec, config=DRAFTER)
+  got = helpers.decode_forward(big.params, encoded, mask, dec, config=deeper)
   assert np.allclose(got, want, rtol=1e-4, atol=1e-4) == identity
 
 
@@ -168,7 +166,7 @@ def test_add_feature_input_keeps_the_function():
   eagle = t5_growth.add_feature_input(small, 10, jax.random.key(2))
   assert eagle.config == dataclasses.replace(SMALL, feature_dim=10)
   ids, mask, dec = _batch()
-  encoded = t5.encode(small.params, ids, mask, config=SMALL)
+  encoded = helpers.encode(small.params, ids, mask, config=SMALL)
   features = jax.random.normal(jax.random.key(3), dec.shape + (10,))
   states = t5.decoder_states(
     eagle.params, encoded, mask, dec, config=eagle.config, features=features

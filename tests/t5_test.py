@@ -14,8 +14,6 @@ from specdec_jax.models import t5, t5_dropout, t5_relpos
 from tests import helpers
 
 _decode = jax.jit(t5.decode, static_argnames=('config',))
-_forward = jax.jit(t5.forward, static_argnames=('config',))
-
 TINY = ('tiny-v1.0', 'tiny-v1.1', 'tiny-t5x')  # tiny-t5x: num_heads * d_kv != d_model
 # Compiling dominates the run time on CPU, so the tests share these shapes (and jit caches):
 # sources [3, 9], decoder sequences [3, 16], caches of 16 slots.
@@ -39,7 +37,7 @@ def _source(config, lengths=(9, 4, 6), seed=0):
 
 @functools.partial(jax.jit, static_argnames=('config', 'max_decode_len'))
 def _prefill(params, ids, mask, *, config, max_decode_len=_MAX_DECODE_LEN):
-  encoded = t5.encode(params, ids, mask, config=config)
+  encoded = helpers.encode(params, ids, mask, config=config)
   return t5.init_cache(params, encoded, mask, config=config, max_decode_len=max_decode_len)
 
 
@@ -91,7 +89,7 @@ def test_chunked_decode_with_rewinds_matches_forward(name):
     tokens = np.where(tokens == old, (tokens + 1) % config.vocab_size, tokens).astype(np.int32)
     logits, cache = _decode(params, jnp.asarray(tokens), cache, config=config)
     np.put_along_axis(seq, positions, tokens, axis=1)
-    reference = np.asarray(_forward(params, ids, mask, jnp.asarray(seq), config=config))
+    reference = np.asarray(helpers.forward(params, ids, mask, jnp.asarray(seq), config=config))
     expected = np.take_along_axis(reference, positions[..., None], axis=1)
     np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=0)
     end = end + t
@@ -105,8 +103,8 @@ def test_forward_is_independent_of_source_padding():
   padded_ids = jnp.pad(ids, ((0, 0), (0, 4)), constant_values=config.pad_token_id)
   padded_mask = jnp.pad(mask, ((0, 0), (0, 4)))
   np.testing.assert_allclose(
-    _forward(params, padded_ids, padded_mask, dec, config=config),
-    _forward(params, ids, mask, dec, config=config),
+    helpers.forward(params, padded_ids, padded_mask, dec, config=config),
+    helpers.forward(params, ids, mask, dec, config=config),
     atol=1e-5,
     rtol=0,
   )
@@ -116,7 +114,7 @@ def test_forward_is_independent_of_source_padding():
 def test_random_model_logits_are_not_degenerate(name):
   config, params = _model(name)
   ids, mask = _source(config)
-  logits = np.asarray(_forward(params, ids, mask, _targets(config), config=config))
+  logits = np.asarray(helpers.forward(params, ids, mask, _targets(config), config=config))
   assert np.all(np.isfinite(logits))
   assert 0.3 < logits.std() < 3.0
   assert len(np.unique(logits.argmax(-1))) > 5
@@ -284,9 +282,9 @@ def test_bfloat16_is_close_to_float32(name):
   bf16 = dataclasses.replace(config, dtype='bfloat16')
   ids, mask = _source(config)
   dec = _targets(config)
-  reference = np.asarray(_forward(params, ids, mask, dec, config=config))
+  reference = np.asarray(helpers.forward(params, ids, mask, dec, config=config))
   atol = 0.1 * reference.std()
-  logits = _forward(params, ids, mask, dec, config=bf16)
+  logits = helpers.forward(params, ids, mask, dec, config=bf16)
   assert logits.dtype == jnp.float32
   np.testing.assert_allclose(logits, reference, atol=atol, rtol=0)
   if name == 'tiny-v1.1':  # params stored in bfloat16, incremental decoding
@@ -395,11 +393,13 @@ def test_forward_dropout_is_off_at_rate_0_and_keyed_otherwise():
   config, params = _model('tiny-v1.1')
   ids = jnp.array([[5, 6, 7, 1], [8, 9, 1, 0]])
   mask, dec = ids > 0, jnp.array([[0, 3, 4], [0, 5, 6]])
-  run = lambda dropout: t5.forward(params, ids, mask, dec, config=config, dropout=dropout)
-  plain = run(None)
-  np.testing.assert_array_equal(run((jax.random.key(0), 0.0)), plain)
-  a, b = run((jax.random.key(0), 0.2)), run((jax.random.key(1), 0.2))
-  np.testing.assert_array_equal(run((jax.random.key(0), 0.2)), a)
+  forward = functools.partial(t5.forward, params, ids, mask, dec, config=config)
+  plain = jax.jit(forward)()
+  # Jitted, one program per rate (the rate is checked in Python, so it is not an argument).
+  run = {rate: jax.jit(lambda key, rate=rate: forward(dropout=(key, rate))) for rate in (0.0, 0.2)}
+  np.testing.assert_array_equal(run[0.0](jax.random.key(0)), plain)
+  a, b = run[0.2](jax.random.key(0)), run[0.2](jax.random.key(1))
+  np.testing.assert_array_equal(run[0.2](jax.random.key(0)), a)
   assert not np.allclose(a, plain, atol=1e-3) and not np.allclose(a, b, atol=1e-3)
 
 
@@ -413,7 +413,7 @@ def test_feature_reading_decoder_chunks_match_teacher_forcing():
   ids, mask = _source(config)
   dec = _targets(config)
   features = jax.random.normal(jax.random.key(4), dec.shape + (12,))
-  encoded = t5.encode(params, ids, mask, config=config)
+  encoded = helpers.encode(params, ids, mask, config=config)
   states = t5.decoder_states(params, encoded, mask, dec, config=config, features=features)
   cache = t5.init_cache(params, encoded, mask, config=config, max_decode_len=_MAX_DECODE_LEN)
   got_logits, got_states = [], []
