@@ -68,7 +68,9 @@ def test_iteration_timer_keeps_every_drafter_output_layer():
   # The timing loop discarded the first drafter call's logits once; XLA then dropped that call's
   # output layer and in-loop c read 2-4x low. Each draft is now the argmax of its call's logits.
   vocab = 1000  # a size no other axis has
-  target_config = dataclasses.replace(t5.CONFIGS['tiny-v1.1'], vocab_size=vocab)
+  target_config = dataclasses.replace(  # one layer a side: the target's depth does not matter here
+    t5.CONFIGS['tiny-v1.1'], vocab_size=vocab, num_encoder_layers=1, num_decoder_layers=1
+  )
   configs = target_config, dataclasses.replace(
     target_config, d_model=8, d_kv=4, num_heads=2, d_ff=16, num_encoder_layers=0,
     num_decoder_layers=1, encoder_dim=target_config.d_model,
