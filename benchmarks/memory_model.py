@@ -214,6 +214,21 @@ def call_cost(
   return CallCost(flops=2.0 * matmul_params * tokens + attention, bytes=weight_bytes + cache_bytes)
 
 
+def abstract_cache(params, config, *, batch: int, buffer_len: int, source_length: int):
+  """The `t5.DecodeCache` that `t5.init_cache` builds over a [batch, source_length] source, as
+  shape structs (nothing allocated); `params` may be shape structs too."""
+  encoded = jax.ShapeDtypeStruct(
+    (batch, source_length, config.encoder_dim or config.d_model), config.dtype
+  )
+  mask = jax.ShapeDtypeStruct((batch, source_length), jnp.int32)
+  return jax.eval_shape(
+    lambda p, e, m: t5.init_cache(p, e, m, config=config, max_decode_len=buffer_len),
+    params,
+    encoded,
+    mask,
+  )
+
+
 def xla_step_cost(model: t5.T5Model, *, batch: int, positions: int, buffer_len: int, source_length):
   """XLA's `cost_analysis()` of one lowered, unsharded decoder call: {'flops', 'bytes accessed'}.
 
@@ -221,15 +236,8 @@ def xla_step_cost(model: t5.T5Model, *, batch: int, positions: int, buffer_len: 
   and its bytes count every operand of every op (activations included).
   """
   config, params = model.config, unsharded(model).params
-  encoded = jax.ShapeDtypeStruct(
-    (batch, source_length, config.encoder_dim or config.d_model), config.dtype
-  )
-  mask = jax.ShapeDtypeStruct((batch, source_length), jnp.int32)
-  cache = jax.eval_shape(
-    lambda p, e, m: t5.init_cache(p, e, m, config=config, max_decode_len=buffer_len),
-    params,
-    encoded,
-    mask,
+  cache = abstract_cache(
+    params, config, batch=batch, buffer_len=buffer_len, source_length=source_length
   )
   tokens = jax.ShapeDtypeStruct((batch, positions), jnp.int32)
   step = jax.jit(lambda p, t, c: t5.decode(p, t, c, config=config))

@@ -69,13 +69,8 @@ def test_cache_bytes_match_the_formula_and_init_cache(batch):
   assert got == {'self': per_slot * buffer_len, 'cross': per_slot * source_length}
   # On one device: the bytes of the arrays `t5.init_cache` builds.
   params = jax.eval_shape(lambda key: t5.init_params(key, config), jax.random.key(0))
-  encoded = jax.ShapeDtypeStruct((batch, source_length, config.d_model), jnp.bfloat16)
-  mask = jax.ShapeDtypeStruct((batch, source_length), jnp.int32)
-  cache = jax.eval_shape(
-    lambda p, e, m: t5.init_cache(p, e, m, config=config, max_decode_len=buffer_len),
-    params,
-    encoded,
-    mask,
+  cache = memory_model.abstract_cache(
+    params, config, batch=batch, buffer_len=buffer_len, source_length=source_length
   )
   whole = memory_model.cache_bytes_per_device(
     config, _ONE, batch=batch, buffer_len=buffer_len, source_length=source_length

@@ -37,7 +37,7 @@ def _source(config, lengths=(9, 4, 6), seed=0):
 
 @functools.partial(jax.jit, static_argnames=('config', 'max_decode_len'))
 def _prefill(params, ids, mask, *, config, max_decode_len=_MAX_DECODE_LEN):
-  encoded = helpers.encode(params, ids, mask, config=config)
+  encoded = t5.encode(params, ids, mask, config=config)
   return t5.init_cache(params, encoded, mask, config=config, max_decode_len=max_decode_len)
 
 
