@@ -17,6 +17,7 @@ rejected; over the main job's 100 sentences the distilled drafter gives 1.10-1.1
 import jax
 from absl import app, flags
 
+import benchmarks
 from specdec_jax import decode, pretrained, timing
 from specdec_jax.sampling import SamplingConfig
 
@@ -33,6 +34,7 @@ def _ms(fn, repeats: int) -> float:
 
 def main(argv):
   del argv
+  benchmarks.start()  # before JAX starts
   pair = pretrained.load(_DIR.value)
   source = pair.test_pairs()[_SENTENCE.value][0]
   ids, mask = pair.tokenizer.encode_batch([source], 64, truncate=True)

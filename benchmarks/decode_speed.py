@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+import benchmarks
 from specdec_jax import decode, drafters, pretrained, timing
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.models import t5
@@ -209,6 +210,7 @@ def _shares(b: profiling.Breakdown) -> str:
 
 def main(argv):
   del argv
+  benchmarks.start()  # before JAX starts
   gamma = _GAMMA.value
   batches = sorted({int(b) for b in _BATCHES.value + _BREAKDOWN.value})
   rows = max(batches + [_ROWS.value])

@@ -29,6 +29,7 @@ drop the output layer of one drafter call per iteration and gave c 2-4x too low)
 import jax
 from absl import app, flags, logging
 
+import benchmarks
 from specdec_jax import analysis, pretrained, timing
 from specdec_jax.models import t5
 
@@ -44,6 +45,7 @@ def _random_t5(seed: int, **shape) -> t5.T5Model:
 
 def main(argv):
   del argv
+  benchmarks.start()  # before JAX starts
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
   pair = pretrained.load('ende')

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+import benchmarks
 from specdec_jax import analysis, decode, pretrained
 from specdec_jax.data import pairs
 from specdec_jax.sampling import SamplingConfig
@@ -124,6 +125,7 @@ def equivalent_alpha(tokens: float, gamma: int) -> float:
 
 def main(argv):
   del argv
+  benchmarks.start()  # before JAX starts
   pair, gamma = pretrained.load(_DIR.value), _GAMMA.value
   tok = pair.tokenizer
   tri = trigram_argmax(pair.drafters['trigram'])

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+import benchmarks
 from specdec_jax import timing
 
 _SHAPES = flags.DEFINE_list(
@@ -56,6 +57,7 @@ def _microseconds(m: int, w: jax.Array, repeats: int) -> float:
 
 def main(argv):
   del argv
+  benchmarks.start()  # before JAX starts
   rows = [int(m) for m in _ROWS.value]
   print('weight [I, O]: us at each M (ratio to M = 1)')
   for shape in _SHAPES.value:

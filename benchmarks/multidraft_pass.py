@@ -35,6 +35,7 @@ layout is the next step where K x (gamma + 1) positions are not free.
 
 from absl import app, flags, logging
 
+import benchmarks
 from specdec_jax import pretrained, timing
 
 _PAIR = flags.DEFINE_string('pair', 'ende48m', 'Shipped pair whose target is measured.')
@@ -45,6 +46,7 @@ _SOURCE_LENGTH = flags.DEFINE_integer('source_length', 32, 'Source tokens (all r
 
 def main(argv):
   del argv
+  benchmarks.start()  # before JAX starts
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   target = pretrained.load(_PAIR.value).target

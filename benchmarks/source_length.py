@@ -18,6 +18,7 @@ of ~2 steps that keeps the debsumm rows below 1x is this machine's, not the long
 
 from absl import app, flags, logging
 
+import benchmarks
 from specdec_jax import decode, pretrained, timing
 
 _DIR = flags.DEFINE_string('pretrained', 'debsumm48m', 'Shipped pair (name or directory).')
@@ -30,6 +31,7 @@ _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Interleaved rounds per length (medi
 
 def main(argv):
   del argv
+  benchmarks.start()  # before JAX starts
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
   pair = pretrained.load(_DIR.value)

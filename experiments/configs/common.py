@@ -134,11 +134,14 @@ def run_experiment(run: Callable[[ml_collections.ConfigDict, str], object]) -> N
   """The absl main of an experiment: defines --config (a config file) and --workdir (overrides
   config.workdir), then calls `run(config, workdir)`. Call it under `if __name__ == '__main__'`:
   the flags are defined then, not on import, so tests can import several experiments at once.
-  Third-party INFO logs show only with --verbosity=0."""
+  Third-party INFO logs show only with --verbosity=0. On a CPU, few-row dots use XLA's own
+  kernels (`xla_cpu.prefer_eigen_dots`; XLA_FLAGS that set the option win)."""
   from absl import app, flags, logging
   from ml_collections import config_flags
 
-  from specdec_jax import sharding
+  from specdec_jax import sharding, xla_cpu
+
+  xla_cpu.prefer_eigen_dots()  # before any backend starts
 
   config_flags.DEFINE_config_file('config', None, 'Experiment config (python file).')
   flags.DEFINE_string('workdir', None, 'Output directory; overrides config.workdir.')
