@@ -6,7 +6,7 @@ import pytest
 from jax.sharding import AbstractMesh
 
 from experiments.configs import ende
-from specdec_jax import checkpoints, evaluation, pretrained, sharding
+from specdec_jax import checkpoints, evaluation, pretrained, sharding, timing
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 _T5X = _REPO / 'tests' / 'testdata' / 't5x_tiny' / 'checkpoint_0'
@@ -42,7 +42,9 @@ def _config(tmp_path, **items):
   return config
 
 
-def test_checkpoint_pair_runs_the_main_job(tmp_path):
+def test_checkpoint_pair_runs_the_main_job(tmp_path, monkeypatch):
+  # The timed model costs are faked (the loops' timers are timing_test's; ~8 CPU-s here).
+  monkeypatch.setattr(timing, 'step_costs', lambda *a, **k: dict(c=0.1, c_alone=0.1, pass_cost=1.5))
   plan = evaluation.prepare(_config(tmp_path))
   assert plan.mesh is None  # 'auto' on CPU: one device, no sharding
   assert list(plan.drafters) == ['drafter']  # the pair's one drafter, whatever config.drafters
@@ -60,6 +62,7 @@ def test_checkpoint_pair_runs_the_main_job(tmp_path):
   # The drafter is the target (same weights): at temperature 0 it drafts the target's argmax,
   # so every draft is accepted.
   assert rows[1]['alpha'] == pytest.approx(1.0)
+  assert rows[1]['pass_cost'] == pytest.approx(1.5)  # the (faked) costs reached the row
 
 
 @pytest.mark.parametrize(

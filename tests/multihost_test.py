@@ -3,7 +3,9 @@
 Each process calls `sharding.maybe_initialize_distributed('localhost:PORT', 2, id)` (gloo
 collectives between the processes), builds a global (data=2, model=4) mesh over all 8 devices,
 and runs the main job (`experiments.translate.run`) on a tiny pair, a global batch of 4 split over
-'data'; the job calls `generate` and `speculative_generate` (both verifiers, temperatures 0 and 1).
+'data'; the job calls `generate` and `speculative_generate` at temperatures 0 and 1, with block
+verification by default (4 programs a process) and with both verifiers and the timed costs under
+`pytest -m slow` (5).
 A third process runs the same on one device. The tokens, lengths and accepted counts of every
 call, and every written row's deterministic columns, must be equal; only process 0 writes files.
 """
@@ -23,13 +25,14 @@ import pytest
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 _PAIR = _REPO / 'pretrained' / 'ende'
 
-# Run as `python script.py PROCESS_ID PORT OUT_DIR PAIR_DIR COSTS` (PROCESS_ID -1: one process, one
-# device; COSTS 'fake': the main job's in-loop cost measurement, dozens of timed loops whose values
-# the comparison ignores, is replaced by fixed numbers). The last line printed is DONE; process 0
-# writes OUT_DIR/decode.json and the main job's files under OUT_DIR/job_0.
+# Run as `python script.py PROCESS_ID PORT OUT_DIR PAIR_DIR COSTS VERIFIERS` (PROCESS_ID -1: one
+# process, one device; COSTS 'fake': the main job's in-loop cost measurement, dozens of timed loops
+# whose values the comparison ignores, is replaced by fixed numbers; VERIFIERS: the config's). The
+# last line printed is DONE; process 0 writes OUT_DIR/decode.json and the main job's files under
+# OUT_DIR/job_0.
 _SCRIPT = r"""
 import json, sys
-pid, port, out, pair_dir, costs = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+pid, port, out, pair_dir, costs, verifiers = int(sys.argv[1]), *sys.argv[2:7]
 from specdec_jax import sharding
 if pid >= 0:
   assert sharding.maybe_initialize_distributed(f'localhost:{port}', 2, pid)
@@ -48,7 +51,7 @@ if multi:  # the batch helper: each process makes only its own two rows
   assert sharding.local_rows(4, mesh) == range(2 * pid, 2 * pid + 2)
 
 # Every generate / speculative_generate call of the main job (warm-ups, paired baselines, each
-# method at each temperature: both verifiers at temperatures 0 and 1), read on every process.
+# method at each temperature), read on every process.
 calls = []
 def record(fn, name):
   def wrapped(*args, **kw):
@@ -65,7 +68,7 @@ decode.generate = record(decode.generate, 'generate')
 decode.speculative_generate = record(decode.speculative_generate, 'speculative')
 config = ende.get_config(
   f'runlocal,pretrained={pair_dir},num_examples=4,batch_size=4,max_source_length=16,'
-  f'max_new_tokens=10,gammas=3,drafters=flatter,timing_rounds=1,'
+  f'max_new_tokens=10,gammas=3,drafters=flatter,timing_rounds=1,verifiers={verifiers},'
   f'mesh={"2x4" if multi else "auto"}')
 rows = translate.run(config, f'{out}/job_{max(pid, 0)}')
 results = dict(rows=len(rows), calls=calls)
@@ -121,8 +124,16 @@ def _tiny_pair(directory: pathlib.Path) -> pathlib.Path:
   return directory
 
 
-@pytest.mark.parametrize('costs', ['fake', pytest.param('measured', marks=pytest.mark.slow)])
-def test_two_processes_decode_and_run_the_main_job_as_one(tmp_path, costs):
+@pytest.mark.parametrize(
+  'costs, verifiers',
+  [
+    # Default: block verification only, 4 programs a process (generate and speculative at each
+    # temperature; compile-bound: each sharded program costs 9-16 s to compile here).
+    ('fake', 'block'),
+    pytest.param('measured', 'token,block', marks=pytest.mark.slow),
+  ],
+)
+def test_two_processes_decode_and_run_the_main_job_as_one(tmp_path, costs, verifiers):
   pair = _tiny_pair(tmp_path / 'pair')
   script = tmp_path / 'script.py'
   script.write_text(_SCRIPT)
@@ -138,7 +149,8 @@ def test_two_processes_decode_and_run_the_main_job_as_one(tmp_path, costs):
   for name, members in runs.items():
     (tmp_path / name).mkdir()
     for run_env, pid in members:
-      args = [sys.executable, str(script), pid, port, str(tmp_path / name), str(pair), costs]
+      args = [sys.executable, str(script), pid, port, str(tmp_path / name), str(pair)]
+      args += [costs, verifiers]
       procs.append(
         subprocess.Popen(
           args, cwd=_REPO, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -161,7 +173,7 @@ def test_two_processes_decode_and_run_the_main_job_as_one(tmp_path, costs):
   assert kinds == {
     (name, verifier, temp)
     for temp in (0.0, 1.0)
-    for name, verifier in (('generate', None), ('speculative', 'token'), ('speculative', 'block'))
+    for name, verifier in [('generate', None)] + [('speculative', v) for v in verifiers.split(',')]
   }
   # Not vacuous: at temperature 1 some drafts were accepted and some rejected (multi-token
   # writes and rewinds both ran).
@@ -171,7 +183,7 @@ def test_two_processes_decode_and_run_the_main_job_as_one(tmp_path, costs):
   # The main job: process 0 alone wrote the results; its rows are the one-device run's.
   written = json.loads((tmp_path / 'multi' / 'job_0' / 'results.json').read_text())
   reference = json.loads((tmp_path / 'one' / 'job_0' / 'results.json').read_text())
-  assert len(written) == len(reference) == one['rows'] == 6
+  assert len(written) == len(reference) == one['rows'] == 2 * (1 + len(verifiers.split(',')))
   for got, want in zip(written, reference):
     for column in _EXACT:
       if isinstance(want[column], float):
