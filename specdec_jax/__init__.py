@@ -34,6 +34,7 @@ Public modules (README.md has a table of them; docs/method.md the formulas they 
   results_io         each experiment's table as CSV / strict JSON, row by row; speedup.png.
   timing             model calls timed as a decode loop sees them.
   profiling          an iteration's time by component, from XLA:CPU's per-op trace.
+  xla_cpu            XLA:CPU's kernels for few-row dots (the main job's `prefer_eigen_dots`).
   traces             a speculative run drawn iteration by iteration (Leviathan et al.'s Figure 1).
   data               the EN->DE and debsumm corpora, pair files, tokenizer, batching.
 """
