@@ -2,13 +2,13 @@
 
 jaxlib 0.10's XLA:CPU hands every dot of more than one row to YNNPACK (a `ynn_fusion` in the
 compiled module) and a 1-row dot to its own gemv. For the speculative loop's (gamma+1)-row target
-pass that choice is costly: YNNPACK packs the weights on every call, so a 4-row dot over the 48M
-target's weights costs 3-4.7x the 1-row one, where the memory-bound kernel XLA uses with YNNPACK's
-dot fusion off (Eigen) costs 1.2-1.7x. Measured on 2 cores of an AMD EPYC Zen 3, debsumm48m,
-source length 256, `timing.step_costs` (the distilled drafter):
+pass that choice is costly on a target whose weights do not fit in cache; with YNNPACK's fusions
+off the same dots run on XLA's own (Eigen) kernels. Measured with
+`python -m benchmarks.source_length --source_lengths=64,256 --gamma=G [--noeigen_dots]`
+(debsumm48m, distilled drafter; 2 cores of an AMD EPYC Zen 3, 2026-11-26; docs/performance.md):
 
-  default:                      pass cost 2.17 (gamma 3) / 2.06-2.16 (gamma 5); target step 13.2-14.3 ms
-  YNN's fusions off (this one): pass cost 1.49-1.62 (gamma 3) / 1.40-1.66 (gamma 5); step 13.0-14.0 ms
+  XLA:CPU's default:       pass cost 2.24 / 1.95 (gamma 3, S 64 / 256), 2.70 / 2.44 (gamma 5)
+  YNN's fusions off (this): pass cost 1.72 / 1.40 (gamma 3, S 64 / 256), 1.80 / 1.60 (gamma 5)
 
 The 1-row step does not change, so both loops' absolute times are what they were but the pass,
 and with it every speculative method, is cheaper. The main job and the decode benchmarks call
