@@ -302,7 +302,10 @@ def _interpolate_trigram(params, before, tokens, bigram_log_probs) -> jax.Array:
   vocab = bigram_log_probs.shape[-1]
   keys = params['tri_keys']
   query = before * vocab + tokens
-  index = jnp.clip(jnp.searchsorted(keys, query), max=keys.shape[0] - 1)
+  # The binary search unrolled: the default method is a loop, and on a GPU each of its ~log2(n)
+  # iterations is a round trip to the host (trigram c 0.30 of a target step on an H200).
+  index = jnp.searchsorted(keys, query, method='scan_unrolled')
+  index = jnp.clip(index, max=keys.shape[0] - 1)
   weight = jnp.where(keys[index] == query, params['tri_weight'][index], 0.0)[..., None]
   b, t = tokens.shape
   rows, cols = jnp.arange(b)[:, None, None], jnp.arange(t)[None, :, None]

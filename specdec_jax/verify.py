@@ -338,6 +338,9 @@ def _block_acceptance(weights, draft_probs, target_probs) -> jax.Array:
   )
   denominator = residual_mass + (1.0 - w_inner)
   h_inner = residual_mass / jnp.where(denominator > 0, denominator, 1.0)  # 0/0 counts as 0
+  # r / (r + 1 - w) <= 1 exactly, but XLA:GPU's division is not correctly rounded: r / r read
+  # 1.0000001 on an H200 (2026-11-26), so the clamp keeps h a probability on every backend.
+  h_inner = jnp.minimum(h_inner, 1.0)
   return jnp.concatenate([h_inner, weights[:, -1:]], axis=1)
 
 
