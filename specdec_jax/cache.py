@@ -20,9 +20,9 @@ class DecoderCache:
   Attributes:
     self_k: [L, B, S_max, N, H] self-attention keys; slot s of row b is valid iff s < end_index[b].
     self_v: [L, B, S_max, N, H] self-attention values, same validity.
-    cross_k: [L, B, N, H, S_enc] encoder-decoder attention keys, computed once from the encoder
-      output (stored as the score dot reads them: `t5.CROSS_LAYOUT`).
-    cross_v: [L, B, N, H, S_enc] encoder-decoder attention values.
+    cross_k: [L, B, S_enc, N, H] encoder-decoder attention keys, computed once from the encoder
+      output.
+    cross_v: [L, B, S_enc, N, H] encoder-decoder attention values.
     encoder_mask: bool[B, S_enc] True at real (non-padding) encoder positions.
     end_index: int32[B] valid decoder positions per row: the slot the next token is written to.
   """

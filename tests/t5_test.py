@@ -131,13 +131,12 @@ def _with_garbage(cache, where_k, where_cross):
   rng = jax.random.key(7)
   garbage = lambda x, i: 1e3 * jax.random.normal(jax.random.fold_in(rng, i), x.shape, x.dtype)
   sel_k = where_k[..., None, None]
-  # Cross keys and values are [L, B, N, H, S_enc] (t5.CROSS_LAYOUT).
-  sel_cross_k = sel_cross_v = where_cross[None, :, None, None, :]
+  sel_cross = where_cross[None, :, :, None, None]
   return cache.replace(
     self_k=jnp.where(sel_k, garbage(cache.self_k, 0), cache.self_k),
     self_v=jnp.where(sel_k, garbage(cache.self_v, 1), cache.self_v),
-    cross_k=jnp.where(sel_cross_k, garbage(cache.cross_k, 2), cache.cross_k),
-    cross_v=jnp.where(sel_cross_v, garbage(cache.cross_v, 3), cache.cross_v),
+    cross_k=jnp.where(sel_cross, garbage(cache.cross_k, 2), cache.cross_k),
+    cross_v=jnp.where(sel_cross, garbage(cache.cross_v, 3), cache.cross_v),
   )
 
 

@@ -162,30 +162,26 @@ def _attention(
   bias: jax.Array | None,
   mask: jax.Array,
   config: T5Config,
-  kv_layout: tuple[str, str] = ('bsnh', 'bsnh'),
 ) -> jax.Array:
   """Multi-head attention and output projection.
 
   Args:
     p: the attention's params (its 'out' kernel is used here).
     q: [B, T, N, H] queries.
-    k: [B, S, N, H] keys (or as `kv_layout` says).
-    v: [B, S, N, H] values (or as `kv_layout` says).
+    k: [B, S, N, H] keys.
+    v: [B, S, N, H] values.
     bias: f32[B|1, N, T, S] relative-position bias, or None.
     mask: bool[B|1, 1, T|1, S] True where a query may attend to a key.
     config: model config.
-    kv_layout: the axes of k and v, as einsum letters: ('bsnh', 'bsnh') for the self-attention
-      cache, `CROSS_LAYOUT` for the cross-attention one.
 
   Returns:
     [B, T, D] in the model dtype.
   """
-  k_axes, v_axes = kv_layout
-  scores = jnp.einsum(f'btnh,{k_axes}->bnts', q, k, preferred_element_type=jnp.float32)
+  scores = jnp.einsum('btnh,bsnh->bnts', q, k, preferred_element_type=jnp.float32)
   if bias is not None:
     scores = scores + bias
   weights = jax.nn.softmax(jnp.where(mask, scores, _MASKED), axis=-1).astype(v.dtype)
-  out = jnp.einsum(f'bnts,{v_axes}->btnh', weights, v)
+  out = jnp.einsum('bnts,bsnh->btnh', weights, v)
   return _dense(out.reshape(*out.shape[:2], -1), p['out'], config)
 
 
@@ -220,24 +216,15 @@ def _logits(params: Params, y: jax.Array, config: T5Config) -> jax.Array:
   return sharding.constrain(logits, ('batch', 'length', 'vocab'))
 
 
-# The cross-attention keys and values are stored as the attention's two dots read them: both
-# [L, B, N, H, S_enc]. Stored [.., S_enc, N, H] like the self-attention
-# cache, XLA:CPU transposed all of them in every decoder call (a 48M target, source 256: 5.7 of a
-# step's 16 ms of op time); written once per source, they cost nothing per call.
-CROSS_LAYOUT = ('bnhs', 'bnhs')
-_CROSS_AXES = ('layers', 'batch', 'heads', 'kv', 'length')
-
-
 def _cross_kv(params: Params, encoded: jax.Array, config: T5Config) -> tuple[jax.Array, jax.Array]:
-  """Encoder-decoder attention keys and values [L, B, N, H, S_enc] of every decoder layer
-  (`CROSS_LAYOUT`)."""
+  """Encoder-decoder attention keys and values of every decoder layer: 2 x [L, B, S_enc, N, H]."""
   layers = [
     params['decoder'][f'layers_{i}']['encoder_decoder_attention']
     for i in range(config.num_decoder_layers)
   ]
-  k = jnp.stack([_heads(a['key'], encoded, config) for a in layers]).transpose(0, 1, 3, 4, 2)
-  v = jnp.stack([_heads(a['value'], encoded, config) for a in layers]).transpose(0, 1, 3, 4, 2)
-  return sharding.constrain(k, _CROSS_AXES), sharding.constrain(v, _CROSS_AXES)
+  k = jnp.stack([_heads(a['key'], encoded, config) for a in layers])
+  v = jnp.stack([_heads(a['value'], encoded, config) for a in layers])
+  return k, v
 
 
 def _decoder(
@@ -257,8 +244,8 @@ def _decoder(
   Args:
     params: model params.
     tokens: int32[B, T] decoder inputs.
-    cross_k: [L, B, N, H, S_enc] encoder-decoder attention keys (`CROSS_LAYOUT`).
-    cross_v: [L, B, N, H, S_enc] encoder-decoder attention values.
+    cross_k: [L, B, S_enc, N, H] encoder-decoder attention keys.
+    cross_v: [L, B, S_enc, N, H] encoder-decoder attention values.
     encoder_mask: bool[B, S_enc] real encoder positions.
     config: model config.
     self_cache: None for teacher forcing (the tokens are positions 0..T-1 and attend only to each
@@ -311,8 +298,7 @@ def _decoder(
     h = _rms_norm(x, layer['pre_cross_attention_layer_norm'], config)
     a = layer['encoder_decoder_attention']
     q = _heads(a['query'], h, config)
-    cross = _attention(a, q, cross_k[i], cross_v[i], None, cross_mask, config, CROSS_LAYOUT)
-    x = x + drop(cross, 3 * i + 2)
+    x = x + drop(_attention(a, q, cross_k[i], cross_v[i], None, cross_mask, config), 3 * i + 2)
     mlp = _mlp(layer['mlp'], _rms_norm(x, layer['pre_mlp_layer_norm'], config), config)
     x = x + drop(mlp, 3 * i + 3)
     x = sharding.constrain(x, ('batch', 'length', 'embed'))
@@ -413,8 +399,8 @@ def init_cache(
   return cache_lib.DecoderCache(
     self_k=zeros(),
     self_v=zeros(),
-    cross_k=cross_k,
-    cross_v=cross_v,
+    cross_k=sharding.constrain(cross_k, kv_axes),
+    cross_v=sharding.constrain(cross_v, kv_axes),
     encoder_mask=input_mask.astype(bool),
     end_index=jnp.zeros((batch,), jnp.int32),
   )
