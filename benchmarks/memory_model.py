@@ -91,8 +91,7 @@ def cache_shapes(
   config: t5.T5Config, *, batch: int, buffer_len: int, source_length: int
 ) -> dict[str, tuple[int, ...]]:
   """Shapes of one decoder cache's keys (values alike): self [L, B, buffer_len, N, H] and
-  cross [L, B, S, N, H] (`t5.init_cache` stores cross as [L, B, N, H, S], `t5.CROSS_LAYOUT`: the
-  same axes permuted, so the same bytes on every device)."""
+  cross [L, B, S, N, H] (`t5.init_cache`)."""
   heads = (config.num_heads, config.d_kv)
   return {
     'self': (config.num_decoder_layers, batch, buffer_len) + heads,

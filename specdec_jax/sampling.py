@@ -79,9 +79,9 @@ def _is_real(x) -> bool:
 def argmax(x: jax.Array) -> jax.Array:
   """`np.argmax(x, axis=-1)` as int32 (lowest index on ties; the first NaN if there is one, as
   `jnp.argmax` on CPU; on XLA:GPU `jnp.argmax` skips NaNs), computed as a max and a min over
-  indices where x hits it. XLA:CPU runs `jnp.argmax` as a
-  two-operand (value, index) reduction that does not vectorize: over [32, 5, 8000] logits it
-  takes 7.0 ms against 1.6 ms for this form, which the greedy loops pay every iteration."""
+  indices where x hits it. XLA:CPU runs `jnp.argmax` as a two-operand (value, index) reduction
+  that does not vectorize: over [32, 5, 8000] logits it takes 7.0 ms against 1.6 ms for this
+  form, which the greedy loops pay every iteration."""
   top = jnp.max(x, axis=-1, keepdims=True)
   index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
   hit = (x == top) | jnp.isnan(x)  # NaN anywhere makes `top` NaN: then the first NaN wins
