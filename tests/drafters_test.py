@@ -163,6 +163,17 @@ def test_trigram_fit_interpolates_with_the_bigram():
   np.testing.assert_allclose(probs[0, 1], bi_probs[0, 1], rtol=1e-5)
 
 
+@pytest.mark.parametrize('order', [1, 2, 3])
+def test_ngram_step_compiles_without_a_loop(order):
+  """An n-gram step is straight-line code: on a GPU each iteration of a loop inside the jitted
+  decode loop is a round trip to the host (the trigram's binary search as a loop cost c 0.30 of
+  a target step on an H200, against 0.04 unrolled)."""
+  drafter = drafters.NGramDrafter.fit(TRIGRAM_SEQS, vocab_size=8, order=order, min_count=1)
+  tokens = jnp.asarray([[0, 3, 4, 5]], jnp.int32)
+  hlo = jax.jit(drafter.steps.step).lower(drafter.params, tokens, _fresh_cache(drafter)).as_text()
+  assert 'while' not in hlo
+
+
 def test_trigram_context_survives_rewinds():
   """Random feeds and rewinds (as the speculative loop makes them) give the same distributions as
   feeding the whole prefix at once: the history restores the context after a rewind."""
