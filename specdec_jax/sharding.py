@@ -196,6 +196,15 @@ def parse_mesh(spec: str, *, platform: str | None = None) -> tuple[int, int]:
   return int(parts[0]), int(parts[1])
 
 
+def mesh_from_spec(spec: str, batch_size: int | None = None, rules: Rules = DEFAULT_RULES) -> Mesh:
+  """The mesh of a `DATAxMODEL` / 'auto' spec (`parse_mesh`) over the first devices; with
+  `batch_size`, raises ValueError unless the batch splits evenly over its 'data' axis."""
+  mesh = make_mesh(*parse_mesh(spec))
+  if batch_size is not None:
+    check_batch(batch_size, mesh, rules)
+  return mesh
+
+
 def replicated(tree, mesh: Mesh):
   """Every array of `tree` copied whole onto every device of `mesh`."""
   return jax.device_put(tree, NamedSharding(mesh, P()))
