@@ -298,8 +298,8 @@ def predict(
 
 
 def abstract_batch(mesh, batch: int, source_length: int, rules=sharding.DEFAULT_RULES):
-  """int32[B, S] input ids / mask as a `ShapeDtypeStruct` split over 'data' as `shard_batch`
-  would place them."""
+  """int32[B, S] input ids / mask as a `ShapeDtypeStruct` split over 'data' as
+  `sharding.global_batch` would place them."""
   shape = (batch, source_length)
   spec = sharding.logical_to_mesh(('batch', None), shape, mesh, rules)
   return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=NamedSharding(mesh, spec))

@@ -192,10 +192,11 @@ def check_shapes(
 # Placement: whole on the default device, or sharded over a mesh.
 
 
-def param_shardings(
+def shardings_by_name(
   config: t5.T5Config, mesh: Mesh, rules: sharding.Rules = sharding.DEFAULT_RULES
 ) -> dict[str, NamedSharding]:
-  """The `NamedSharding` of each parameter of `config` on `mesh`, by '/'-joined path."""
+  """The `NamedSharding` of each parameter of `config` on `mesh`, by '/'-joined path (the flat
+  form of `sharding.param_shardings`, for loaders that read one named array at a time)."""
   abstract = jax.eval_shape(lambda rng: t5.init_params(rng, config), jax.random.key(0))
   return flatten(sharding.param_shardings(abstract, mesh, rules))
 
@@ -246,7 +247,7 @@ def place_params(
   check_dtype('param_dtype', dtype)
   check_shapes(flat, config, names)
   dtype = dtype or config.dtype
-  targets = {} if mesh is None else param_shardings(config, mesh, rules)
+  targets = {} if mesh is None else shardings_by_name(config, mesh, rules)
   return unflatten({ours: place(array, dtype, targets.get(ours)) for ours, array in flat.items()})
 
 

@@ -259,7 +259,7 @@ def restore(
     params = _restore_int8_delta(directory, allow_nonfinite=allow_nonfinite)
     utils.check_shapes(utils.flatten(params), config)
     leaf_dtype = param_dtype or config.dtype
-    targets = None if mesh is None else utils.param_shardings(config, mesh, rules)
+    targets = None if mesh is None else utils.shardings_by_name(config, mesh, rules)
     params = utils.unflatten(
       {
         name: jax.device_put(
@@ -275,7 +275,7 @@ def restore(
   except Exception as e:  # orbax and tensorstore raise many types on damaged files
     raise _damaged(directory, e) from e
   utils.check_shapes(saved, config)
-  targets = {} if mesh is None else utils.param_shardings(config, mesh, rules)
+  targets = {} if mesh is None else utils.shardings_by_name(config, mesh, rules)
   default = SingleDeviceSharding(jax.devices()[0])
   target = {}
   for name, leaf in saved.items():

@@ -6,10 +6,13 @@ batch over 'data', and heads, MLP hidden units and the vocabulary over 'model' (
 tensor parallelism; the model dimension D stays whole):
 
   mesh = sharding.make_mesh(data=2, model=4)
-  params = sharding.shard_params(params, mesh)
-  input_ids, input_mask = sharding.shard_batch((input_ids, input_mask), mesh)
+  params = jax.device_put(params, sharding.param_shardings(params, mesh))
+  input_ids, input_mask = sharding.from_host((input_ids, input_mask), mesh)
   with jax.set_mesh(mesh):  # turns on the activation constraints inside models/t5.py
     logits = jitted_forward(params, input_ids, input_mask, decoder_input_ids)
+
+A train state (params, and an optimizer's moments of each param) is placed the same way:
+`tree_shardings` shards every leaf named like a T5 param by its rule and replicates scalars.
 
 With no mesh set, `constrain` returns its input unchanged, so single-device code traces exactly as
 if this module did not exist. A multi-host run calls `maybe_initialize_distributed()` first thing in
@@ -21,6 +24,7 @@ the flattened heads of the attention kernels), vocab (V), layers (L), relpos_buc
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -74,23 +78,29 @@ def param_logical_axes(params):
     A pytree of the same structure whose leaves are `PartitionSpec`s of logical axis names.
   """
 
-  def axes(path, leaf):
-    names = [str(getattr(key, 'key', key)) for key in path]
-    if names[-1] == 'embedding':
-      spec = ('vocab', 'embed')
-    elif names[-1] == 'rel_embedding':
-      spec = ('heads', 'relpos_buckets')
-    elif names[-1] == 'scale':
-      spec = ('embed',)
-    elif names[-1] == 'kernel' and len(names) > 1 and names[-2] in _KERNEL_AXES:
-      spec = _KERNEL_AXES[names[-2]]
-    else:
-      raise ValueError(f'No logical axes are known for the T5 param {"/".join(names)}.')
-    if len(spec) != leaf.ndim:
-      raise ValueError(f'T5 param {"/".join(names)} has {leaf.ndim} axes, expected {spec}.')
-    return P(*spec)
+  return jax.tree_util.tree_map_with_path(lambda path, leaf: _axes(_names(path), leaf), params)
 
-  return jax.tree_util.tree_map_with_path(axes, params)
+
+def _names(path) -> list[str]:
+  """The keys of a pytree path as strings: dict keys, attribute names, sequence indices."""
+  return [str(getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', k)))) for k in path]
+
+
+def _axes(names: list[str], leaf) -> P:
+  """The logical axes of the T5 param at `names` (by its last one or two names)."""
+  if names[-1] == 'embedding':
+    spec = ('vocab', 'embed')
+  elif names[-1] == 'rel_embedding':
+    spec = ('heads', 'relpos_buckets')
+  elif names[-1] == 'scale':
+    spec = ('embed',)
+  elif names[-1] == 'kernel' and len(names) > 1 and names[-2] in _KERNEL_AXES:
+    spec = _KERNEL_AXES[names[-2]]
+  else:
+    raise ValueError(f'No logical axes are known for the T5 param {"/".join(names)}.')
+  if len(spec) != leaf.ndim:
+    raise ValueError(f'T5 param {"/".join(names)} has {leaf.ndim} axes, expected {spec}.')
+  return P(*spec)
 
 
 def logical_to_mesh(
@@ -151,19 +161,18 @@ def param_shardings(params, mesh: Mesh, rules: Rules = DEFAULT_RULES):
   )
 
 
-def shard_params(params, mesh: Mesh, rules: Rules = DEFAULT_RULES):
-  """`params` placed on `mesh` according to `rules`."""
-  return jax.device_put(params, param_shardings(params, mesh, rules))
+def tree_shardings(tree, mesh: Mesh, rules: Rules = DEFAULT_RULES):
+  """A `NamedSharding` for every array of a pytree that holds T5 params, whole or as copies:
+  a train state, whose optimizer keeps moments of each param under the param's own path end
+  ('.../mu/decoder/layers_0/mlp/wi/kernel'). Such leaves are sharded by their param's rule
+  (`param_logical_axes`), scalars (a step, a count) are replicated, and any other leaf raises.
+  """
 
+  def place(path, leaf):
+    spec = P() if leaf.ndim == 0 else _axes(_names(path), leaf)
+    return NamedSharding(mesh, logical_to_mesh(tuple(spec), leaf.shape, mesh, rules))
 
-def shard_batch(batch, mesh: Mesh, rules: Rules = DEFAULT_RULES):
-  """Every array of the pytree `batch` split along its leading (batch) axis, the rest replicated."""
-
-  def put(x):
-    axes = ('batch',) + (None,) * (x.ndim - 1)
-    return jax.device_put(x, NamedSharding(mesh, logical_to_mesh(axes, x.shape, mesh, rules)))
-
-  return jax.tree.map(put, batch)
+  return jax.tree_util.tree_map_with_path(place, tree)
 
 
 def constrain(x: jax.Array, logical_axes: Sequence[str | None], rules: Rules = DEFAULT_RULES):
@@ -254,16 +263,14 @@ def local_rows(batch_size: int, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> ran
 
 
 def global_batch(
-  make_rows: Callable[[range], tuple[np.ndarray, ...]],
-  batch_size: int,
-  mesh: Mesh,
-  rules: Rules = DEFAULT_RULES,
-) -> tuple[jax.Array, ...]:
+  make_rows: Callable[[range], Any], batch_size: int, mesh: Mesh, rules: Rules = DEFAULT_RULES
+):
   """A batch split over `mesh` whose rows each process makes for itself.
 
   `make_rows(rows)` returns this process's rows (e.g. tokenizes only its share of the sentences):
-  a tuple of arrays of shape [len(rows), ...]. Every process calls this with the same arguments;
-  the result is global `jax.Array`s of shape [batch_size, ...], rows over the 'batch' axis.
+  a pytree (a tuple, a dict) of arrays of shape [len(rows), ...]. Every process calls this with
+  the same arguments; the result is the same pytree of global `jax.Array`s of shape
+  [batch_size, ...], rows over the 'batch' axis.
   """
   rows = local_rows(batch_size, mesh, rules)
   local = make_rows(rows)
@@ -282,7 +289,19 @@ def global_batch(
 
     return jax.make_array_from_callback(shape, sharding, piece)
 
-  return tuple(build(x) for x in local)
+  return jax.tree.map(build, local)
+
+
+def from_host(batch, mesh: Mesh, rules: Rules = DEFAULT_RULES):
+  """A batch that every process holds whole on its host (the same values everywhere, e.g. an
+  evaluation batch) as global arrays split over 'data' (`global_batch`: each process places only
+  its own rows)."""
+  sizes = {len(x) for x in jax.tree.leaves(batch)}
+  if len(sizes) != 1:
+    raise ValueError(f'The arrays of a batch must have as many rows each, got {sorted(sizes)}.')
+  return global_batch(
+    lambda rows: jax.tree.map(lambda x: x[rows.start : rows.stop], batch), sizes.pop(), mesh, rules
+  )
 
 
 def is_main_process() -> bool:

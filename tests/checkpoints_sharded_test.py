@@ -24,7 +24,7 @@ single = checkpoints.load_t5x(tmp / 't5x')
 config = single.config
 mesh = sharding.make_mesh(data=2, model=4)
 flat_single = checkpoint_utils.flatten(single.params)
-expected_shardings = checkpoint_utils.param_shardings(config, mesh)
+expected_shardings = checkpoint_utils.shardings_by_name(config, mesh)
 
 rng = np.random.default_rng(0)
 ids = rng.integers(2, config.vocab_size, (4, 9)).astype(np.int32)

@@ -175,12 +175,12 @@ expected = jax.jit(run)(params, ids, mask, dec)
 assert 'sharding_constraint' not in str(jax.make_jaxpr(run)(params, ids, mask, dec))
 
 mesh = sharding.make_mesh(data=2, model=4)
-sharded = sharding.shard_params(params, mesh)
+sharded = jax.device_put(params, sharding.param_shardings(params, mesh))
 query = sharded['decoder']['layers_0']['self_attention']['query']['kernel']
 assert query.sharding.spec == P(None, 'model'), query.sharding
 assert query.addressable_shards[0].data.shape == (32, 8)
 assert sharded['token_embedder']['embedding'].sharding.spec == P('model', None)
-batch = sharding.shard_batch((ids, mask, dec), mesh)
+batch = sharding.from_host((ids, mask, dec), mesh)
 assert batch[0].sharding.spec == P('data', None)
 with jax.set_mesh(mesh):
   assert 'sharding_constraint' in str(jax.make_jaxpr(run)(sharded, *batch))
@@ -238,8 +238,9 @@ mask = np.arange(9)[None] < np.array([9, 3, 6, 7])[:, None]
 ids = (rng.integers(2, 128, (4, 9)) * mask).astype(np.int32)
 
 mesh = sharding.make_mesh(data=2, model=4)
-shard = lambda m: t5.T5Model(config=m.config, params=sharding.shard_params(m.params, mesh))
-sharded_ids, sharded_mask = sharding.shard_batch((ids, mask), mesh)
+shard = lambda m: t5.T5Model(
+  config=m.config, params=jax.device_put(m.params, sharding.param_shardings(m.params, mesh)))
+sharded_ids, sharded_mask = sharding.from_host((ids, mask), mesh)
 cases = [(own_encoder, 0.0, 'token'), (own_encoder, 1.0, 'block'),
          (target_encoder, 0.0, 'block'), (target_encoder, 1.0, 'token')]
 accepted = []
