@@ -98,14 +98,14 @@ class LoopSpec:
     draft_stop: adaptive draft length, a threshold in (0, 1) or None (always G drafts). Drafting
       stops after the first draft X_i whose probability under the drafter's own softmax (its
       logits before the sampling transform, so greedy drafting stops too) is below it; X_i is
-      kept and the row is verified as a block of i drafts (`verify`'s `lengths`). Lossless: the
+      kept and the row's first i drafts are verified (`verify`'s `lengths`). Lossless: the
       stop reads only the drafted prefix. Needs num_drafts = 1.
     greedy_fast_path: at temperature 0, compare argmax ids instead of forming probabilities (the
       tokens are the same; False runs the general path, for tests and benchmarks).
     trace: record a `SpeculativeTrace` of every iteration.
 
   A new way of drafting or verifying adds its field here with a default that keeps today's
-  program; `draft` and `verify_block` are the steps of `speculative_loop`'s body it changes.
+  program; `draft` and `verify_drafts` are the steps of `speculative_loop`'s body it changes.
   """
 
   sampling: sampling_lib.SamplingConfig
@@ -261,8 +261,8 @@ def speculative_loop(
   score = functools.partial(
     decode_steps.target_pass, target_steps, target_params, with_states=reads_states
   )
-  emit_block = functools.partial(
-    decode_steps.emit_and_rewind,
+  emit_accepted = functools.partial(
+    decode_steps.emit_accepted,
     eos_id=target_steps.eos_id,
     max_new_tokens=spec.max_new_tokens,
     num_paths=k,
@@ -277,12 +277,12 @@ def speculative_loop(
       state.draft_cache, seq, n, draft_rng, target_states=state.target_states
     )
     # 2. One target pass scores the pending token and every draft: p_1..p_{gamma+1}.
-    block = jnp.concatenate([decode_steps.row_slice(seq, n, 1), drafts], axis=1)
-    logits, states, target_cache = score(block, state.target_cache, lengths, state.done)
+    pass_tokens = jnp.concatenate([decode_steps.row_slice(seq, n, 1), drafts], axis=1)
+    logits, states, target_cache = score(pass_tokens, state.target_cache, lengths, state.done)
     # 3. Keep tau drafts, then y from the residual (or from p_{gamma+1} when all were kept);
     #    with K paths, of one path, onto which every copy of the row then moves.
     if k == 1:
-      tau, y, beta, nonfinite = decode_steps.verify_block(
+      tau, y, beta, nonfinite = decode_steps.verify_drafts(
         verify_rng, drafts, q, logits, spec, lengths
       )
     else:
@@ -291,7 +291,7 @@ def speculative_loop(
         path, drafts, target_cache, draft_cache, states, k
       )
     # 4. Emit X_1..X_tau, y; rewind the target to what it keeps.
-    seq, n, done, target_cache = emit_block(
+    seq, n, done, target_cache = emit_accepted(
       state._replace(target_cache=target_cache), drafts, tau, y
     )
     with jax.named_scope('emit'):
@@ -487,7 +487,7 @@ def speculative_generate(
       drafter's one argmax path, so K > 1 adds work and no tokens.
     draft_stop: adaptive draft length: stop drafting after the first draft whose probability
       under the drafter's own softmax is below this threshold in (0, 1), and verify that shorter
-      block (`LoopSpec.draft_stop`); None drafts gamma tokens every iteration. The target pass
+      path (`LoopSpec.draft_stop`); None drafts gamma tokens every iteration. The target pass
       keeps its gamma + 1 positions (its cost does not shrink; the verifier ignores the rest).
     trace: also return a `SpeculativeTrace` (drafts, accepted counts, corrected tokens of every
       iteration) in `out.trace`; off, the loop records nothing.

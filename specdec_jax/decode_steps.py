@@ -1,7 +1,7 @@
 """The steps of one decode-loop iteration, as `decode.speculative_loop` / `autoregressive_loop`
 run them: the drafter's calls (`draft`), the target pass (`target_pass`), verification of one
-block or of K paths (`verify_block`, `verify_paths`, `follow`), and emitting the kept tokens
-(`emit`, `emit_and_rewind`). Pure functions of arrays and step models; `spec` is the loop's
+drafted path or of K paths (`verify_drafts`, `verify_paths`, `follow`), and emitting the kept
+tokens (`emit`, `emit_accepted`). Pure functions of arrays and step models; `spec` is the loop's
 `decode.LoopSpec`, `state` its state. `timing` measures `draft` and `target_pass` as the loop
 runs them.
 
@@ -23,29 +23,29 @@ def row_slice(seq: jax.Array, start: jax.Array, size: int) -> jax.Array:
   return jax.vmap(lambda row, s: jax.lax.dynamic_slice(row, (s,), (size,)))(seq, start)
 
 
-def row_update(seq: jax.Array, block: jax.Array, start: jax.Array) -> jax.Array:
-  """Writes block[b] into seq[b] at start[b]."""
-  return jax.vmap(lambda row, blk, s: jax.lax.dynamic_update_slice(row, blk, (s,)))(
-    seq, block, start
+def row_update(seq: jax.Array, tokens: jax.Array, start: jax.Array) -> jax.Array:
+  """Writes tokens[b] into seq[b] at start[b]."""
+  return jax.vmap(lambda row, new, s: jax.lax.dynamic_update_slice(row, new, (s,)))(
+    seq, tokens, start
   )
 
 
-def emit(seq, n, done, block, num_valid, *, eos_id: int, max_new_tokens: int):
-  """Appends block[b, :num_valid[b]] to each unfinished row, stopping at EOS and the token limit.
+def emit(seq, n, done, tokens, num_valid, *, eos_id: int, max_new_tokens: int):
+  """Appends tokens[b, :num_valid[b]] to each unfinished row, stopping at EOS and the token limit.
 
   Args:
     seq: int32[B, L] decoder inputs; emitted token j (1-based) is at seq[:, j].
     n: int32[B] tokens emitted so far.
     done: bool[B] rows that stopped emitting.
-    block: int32[B, K] candidate tokens; positions >= num_valid are ignored.
+    tokens: int32[B, K] candidate tokens; positions >= num_valid are ignored.
     num_valid: int32[B] in 1..K.
 
   Returns:
     (seq, n, done) updated; finished rows are left unchanged.
   """
-  k = block.shape[1]
+  k = tokens.shape[1]
   pos = jnp.arange(k)
-  is_eos = (block == eos_id) & (pos < num_valid[:, None])
+  is_eos = (tokens == eos_id) & (pos < num_valid[:, None])
   # Tokens up to and including the first EOS, capped by the room left.
   first_eos = jnp.argmax(is_eos, axis=1)
   has_eos = is_eos.any(axis=1)
@@ -53,7 +53,7 @@ def emit(seq, n, done, block, num_valid, *, eos_id: int, max_new_tokens: int):
   count = jnp.minimum(count, max_new_tokens - n)
   count = jnp.where(done, 0, count)
   # Finished rows write to seq too, but only past their end, where nothing is read.
-  seq = row_update(seq, block, n + 1)
+  seq = row_update(seq, tokens, n + 1)
   new_n = n + count
   done = done | has_eos | (new_n >= max_new_tokens)
   return seq, new_n, done
@@ -247,7 +247,7 @@ def init_caches(
   )
 
 
-def verify_block(rng, drafts, q, logits, spec, lengths=None):
+def verify_drafts(rng, drafts, q, logits, spec, lengths=None):
   """Step 3 of an iteration: how many drafts the target keeps, and the token after them.
 
   Args:
@@ -264,7 +264,7 @@ def verify_block(rng, drafts, q, logits, spec, lengths=None):
       target_ids = sampling_lib.argmax(logits)
     with jax.named_scope('verify'):
       tau, y = verify.greedy_verify(drafts, target_ids)
-      if lengths is not None:  # a shorter block: the target's argmax after its last draft
+      if lengths is not None:  # fewer drafts: the target's argmax after the row's last one
         tau = jnp.minimum(tau, lengths)
         y = jnp.take_along_axis(target_ids, tau[:, None], axis=1)[:, 0]
       beta = (drafts == target_ids[:, : spec.gamma]).astype(jnp.float32)
@@ -286,8 +286,8 @@ def verify_paths(rng, drafts, q, logits, spec):
     logits: float32[B*K, G + 1, V].
 
   Returns:
-    (path int32[B] the path kept, tau, y, beta, nonfinite) as `verify_block`'s, with beta measured on
-    path 0 (each path alone is a single-draft block, so alpha keeps its meaning).
+    (path int32[B] the path kept, tau, y, beta, nonfinite) as `verify_drafts`'s, with beta
+    measured on path 0 (each path alone is one drafted path, so alpha keeps its meaning).
   """
   k, g = spec.num_drafts, spec.gamma
   per_row = lambda x: None if x is None else x.reshape((-1, k) + x.shape[1:])
@@ -324,7 +324,7 @@ def follow(path, drafts, target_cache, draft_cache, states, num_paths: int):
 
 
 @jax.named_scope('emit')
-def emit_and_rewind(state, drafts, tau, y, *, eos_id: int, max_new_tokens: int, num_paths: int = 1):
+def emit_accepted(state, drafts, tau, y, *, eos_id: int, max_new_tokens: int, num_paths: int = 1):
   """Step 4 of an iteration: appends X_1..X_tau, y to each row; rewinds the target's cache.
 
   Returns (seq, n, done, target_cache) updated: the target keeps [.., seq[n], X_1..X_tau]
@@ -332,10 +332,10 @@ def emit_and_rewind(state, drafts, tau, y, *, eos_id: int, max_new_tokens: int, 
   at its next call.
   """
   gamma = drafts.shape[1]
-  block = jnp.where(
+  accepted = jnp.where(
     jnp.arange(gamma + 1) < tau[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), y[:, None]
   )
   seq, n, done = emit(
-    state.seq, state.n, state.done, block, tau + 1, eos_id=eos_id, max_new_tokens=max_new_tokens
+    state.seq, state.n, state.done, accepted, tau + 1, eos_id=eos_id, max_new_tokens=max_new_tokens
   )
   return seq, n, done, state.target_cache.replace(end_index=repeat_paths(n, num_paths))

@@ -59,7 +59,7 @@ def test_draft_stop_is_lossless(verifier, sampling):
   assert 0 < int(stats.accepted.sum()) < int(stats.drafted.sum())
 
 
-_VERIFY = decode_steps.verify_block
+_VERIFY = decode_steps.verify_drafts
 
 
 def _drop_the_unsure_draft(rng, drafts, q, logits, spec, lengths=None):
@@ -70,7 +70,7 @@ def _drop_the_unsure_draft(rng, drafts, q, logits, spec, lengths=None):
 
 def test_negative_control_dropping_the_unsure_draft_fails(monkeypatch):
   sampling = sampling_lib.SamplingConfig(temperature=1.0)
-  monkeypatch.setattr(decode_steps, 'verify_block', _drop_the_unsure_draft)
+  monkeypatch.setattr(decode_steps, 'verify_drafts', _drop_the_unsure_draft)
   jax.clear_caches()  # the loop must be traced again with the bug
   tokens, _ = _prefixes('block', sampling)
   monkeypatch.undo()
