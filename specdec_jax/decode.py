@@ -292,7 +292,7 @@ def speculative_loop(
       )
     # 4. Emit X_1..X_tau, y; rewind the target to what it keeps.
     seq, n, done, target_cache = emit_accepted(
-      state._replace(target_cache=target_cache), drafts, tau, y
+      state.seq, state.n, state.done, target_cache, drafts, tau, y
     )
     with jax.named_scope('emit'):
       return state._replace(

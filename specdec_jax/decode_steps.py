@@ -2,8 +2,7 @@
 run them: the drafter's calls (`draft`), the target pass (`target_pass`), verification of one
 drafted path or of K paths (`verify_drafts`, `verify_paths`, `follow`), and emitting the kept
 tokens (`emit`, `emit_accepted`). Pure functions of arrays and step models; `spec` is the loop's
-`decode.LoopSpec`, `state` its state. `timing` measures `draft` and `target_pass` as the loop
-runs them.
+`decode.LoopSpec`. `timing` measures `draft` and `target_pass` as the loop runs them.
 
 Axis legend: B batch, G gamma, K draft paths, V vocab, L buffer length.
 """
@@ -324,8 +323,26 @@ def follow(path, drafts, target_cache, draft_cache, states, num_paths: int):
 
 
 @jax.named_scope('emit')
-def emit_accepted(state, drafts, tau, y, *, eos_id: int, max_new_tokens: int, num_paths: int = 1):
+def emit_accepted(
+  seq,
+  n,
+  done,
+  target_cache,
+  drafts,
+  tau,
+  y,
+  *,
+  eos_id: int,
+  max_new_tokens: int,
+  num_paths: int = 1,
+):
   """Step 4 of an iteration: appends X_1..X_tau, y to each row; rewinds the target's cache.
+
+  Args:
+    seq, n, done: the loop's token buffer int32[B, L], tokens emitted int32[B], rows done bool[B]
+      (as `emit`'s).
+    target_cache: the target's cache after the pass, with `num_paths` rows per row.
+    drafts: int32[B, G]; tau: int32[B] drafts accepted; y: int32[B] the token after them.
 
   Returns (seq, n, done, target_cache) updated: the target keeps [.., seq[n], X_1..X_tau]
   (positions < the new n, in each of a row's `num_paths` cache rows); the drafter rewinds itself
@@ -335,7 +352,5 @@ def emit_accepted(state, drafts, tau, y, *, eos_id: int, max_new_tokens: int, nu
   accepted = jnp.where(
     jnp.arange(gamma + 1) < tau[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), y[:, None]
   )
-  seq, n, done = emit(
-    state.seq, state.n, state.done, accepted, tau + 1, eos_id=eos_id, max_new_tokens=max_new_tokens
-  )
-  return seq, n, done, state.target_cache.replace(end_index=repeat_paths(n, num_paths))
+  seq, n, done = emit(seq, n, done, accepted, tau + 1, eos_id=eos_id, max_new_tokens=max_new_tokens)
+  return seq, n, done, target_cache.replace(end_index=repeat_paths(n, num_paths))
