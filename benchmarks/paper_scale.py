@@ -1,0 +1,368 @@
+r"""The engine at the paper's scale: public T5 shapes, timed in the loop, against the HBM bound.
+
+  python -m benchmarks.paper_scale --target=t5-11b --drafters=t5-small,one-layer   # on a GPU / TPU
+  python -m benchmarks.paper_scale --target=tiny-v1.1 --drafters=tiny-v1.0,one-layer:tiny-v1.0 \
+      --dtype=float32 --rounds=1 --hbm_bandwidth=100      # CPU smoke run (tests/paper_scale_test.py)
+
+Models of `t5.CONFIGS` shapes with constant weights (`--weights=random` for T5X's initialisers;
+the time of a call does not depend on the values), batch 1, one device. A drafter is a
+`t5.CONFIGS` name (a T5 with its own encoder, e.g. `t5-small`, the paper's) or `one-layer[:NAME]`:
+one decoder layer of NAME's width (default t5-small) over the target's encoder, the shape of our
+shipped `distilled` drafters. Four tables, every time from the project's timers
+(`specdec_jax.timing`: model calls inside a jitted loop, dispatch cancelled):
+
+1. target: the step and the (gamma+1)-position pass at each of --gammas, against the HBM bound,
+   the bytes a call reads (`memory_model.call_cost`: decoder weights, the tied embedding, both
+   caches) over the chip's bandwidth (`HBM_CHIPS`, picked by `jax.devices()[0].device_kind`;
+   `--hbm_bandwidth` for another chip). `pass cost` is pass / step, the paper assumes 1.
+2. drafters: each drafter's step alone (`c alone`) and inside a chained iteration of gamma
+   drafter calls and one target pass (`c`: (iteration - pass) / gamma / step, what the walltime
+   formula needs; `timing.step_costs`), and `c at bound`, the drafter's bytes over the target's:
+   what c would be if both ran at the HBM bound.
+3. loop: the decode loops themselves (`decode.generate`, `decode.speculative_generate`, greedy),
+   seconds per iteration from whole calls at --max_new_tokens and at 1 token (the difference
+   cancels the encoder, the caches' set-up and dispatch), against the same iteration's model
+   calls; `loop share` is the rest, the loop's own work (sampling, verification, bookkeeping and,
+   on a GPU, kernel launches between model calls).
+4. speedup: the walltime formula (`analysis.walltime_improvement_measured`: measured c and pass
+   cost) at each gamma, the best of them, and the paper's formula's best gamma over 1..64 (pass
+   cost 1, `analysis.optimal_gamma`), at the paper's alpha (T5-small under T5-XXL on EnDe, 0.75
+   greedy / 0.62 at T=1) and at our drafters' (`memory_model.ALPHAS`, docs/results.md section 2).
+
+Results on an accelerator: docs/results.md ("Paper-scale costs"). On a CPU every number is this
+machine's (XLA:CPU runs bfloat16 weights in float32; use --dtype=float32 there).
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+import benchmarks
+from benchmarks import memory_model
+from specdec_jax import analysis, decode, sharding, tables, timing
+from specdec_jax.models import t5
+from specdec_jax.sampling import SamplingConfig
+
+_TARGET = flags.DEFINE_string('target', 't5-11b', 'Target shape: a name in t5.CONFIGS.')
+_DRAFTERS = flags.DEFINE_list(
+  'drafters', ['t5-small', 'one-layer'], 't5.CONFIGS names, or one-layer[:NAME] (see above).'
+)
+_DTYPE = flags.DEFINE_enum('dtype', 'bfloat16', ['bfloat16', 'float32'], 'Params and compute.')
+_WEIGHTS = flags.DEFINE_enum('weights', 'constant', ['constant', 'random'], 'Param values.')
+_BATCH = flags.DEFINE_integer('batch', 1, 'Rows per call.')
+_SOURCE_LENGTH = flags.DEFINE_integer('source_length', 64, 'Source tokens (all real).')
+_MAX_NEW = flags.DEFINE_integer('max_new_tokens', 64, 'Sets the decoder caches (and table 3).')
+_GAMMAS = flags.DEFINE_list('gammas', ['3', '5', '7'], 'Draft lengths.')
+_LOOP_GAMMA = flags.DEFINE_integer('loop_gamma', 5, 'Gamma of table 3 (0: skip table 3).')
+_ROUNDS = flags.DEFINE_integer('rounds', 3, 'Rounds of `timing.step_costs` (median).')
+_REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls of each loop in table 3 (median).')
+_HBM = flags.DEFINE_float(
+  'hbm_bandwidth', None, 'HBM GB/s of this device (default: HBM_CHIPS by device_kind).'
+)
+
+# H200: NVIDIA's H200 datasheet, "GPU memory bandwidth 4.8TB/s" (SXM and NVL); its bf16 Tensor
+# Cores are H100 SXM's (989 dense TFLOPS). H100 SXM, TPU v4, TPU v5e: memory_model (3.35 TB/s,
+# 1.2 TB/s, 819 GB/s), each with its source.
+H200 = memory_model.Chip('H200', peak_flops=989e12, hbm_bandwidth=4.8e12)
+# Chips by a part of `jax.devices()[0].device_kind` as JAX reports it, tried in order. An H100
+# PCIe ('NVIDIA H100 PCIe', 2 TB/s) or NVL is not an SXM: it matches nothing.
+HBM_CHIPS = (
+  ('H100 80GB HBM3', memory_model.H100),
+  ('H200', H200),
+  ('TPU v4', memory_model.TPU_V4),
+  ('TPU v5 lite', memory_model.TPU_V5E),
+  ('TPU v5e', memory_model.TPU_V5E),
+)
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+def chip_for(device_kind: str) -> memory_model.Chip | None:
+  """The chip of `HBM_CHIPS` whose name part `device_kind` contains, or None (a CPU)."""
+  return next((chip for part, chip in HBM_CHIPS if part in device_kind), None)
+
+
+def drafter_config(name: str, target: t5.T5Config) -> t5.T5Config:
+  """A drafter's shape: a `t5.CONFIGS` name, or `one-layer[:NAME]` (one decoder layer of NAME's
+  width, default t5-small, over the target's encoder, in the target's vocabulary)."""
+  kind, _, width = name.partition(':')
+  if kind == 'one-layer':
+    base = _config(width or 't5-small')
+    return dataclasses.replace(
+      base,
+      vocab_size=target.vocab_size,
+      num_encoder_layers=0,
+      num_decoder_layers=1,
+      encoder_dim=target.d_model,
+    )
+  config = _config(name)
+  if config.vocab_size != target.vocab_size:
+    raise ValueError(
+      f'Drafter {name!r} has vocabulary {config.vocab_size}, the target {target.vocab_size}: '
+      'a drafter must share the target vocabulary.'
+    )
+  return config
+
+
+def _config(name: str) -> t5.T5Config:
+  if name not in t5.CONFIGS:
+    raise ValueError(f'Unknown T5 shape {name!r}; one of: {", ".join(t5.CONFIGS)}.')
+  return t5.CONFIGS[name]
+
+
+def make_model(config: t5.T5Config, *, dtype: str, weights: str, seed: int) -> t5.T5Model:
+  """`config` in `dtype` with constant params (every matrix 1/sqrt(its rows), vectors 1: built
+  from `jax.eval_shape`, no initialiser runs) or T5X's random ones."""
+  config = dataclasses.replace(config, dtype=dtype)
+  if weights == 'random':
+    init = jax.jit(lambda key: jax.tree.map(lambda x: x.astype(dtype), t5.init_params(key, config)))
+    return t5.T5Model(config=config, params=init(jax.random.key(seed)))
+  shapes = jax.eval_shape(lambda key: t5.init_params(key, config), jax.random.key(0))
+  fill = lambda s: jnp.full(s.shape, s.shape[0] ** -0.5 if len(s.shape) > 1 else 1.0, dtype)
+  return t5.T5Model(config=config, params=jax.jit(lambda: jax.tree.map(fill, shapes))())
+
+
+def call_bytes(model: t5.T5Model, *, positions: int, cache_len: int) -> float:
+  """HBM bytes one decoder call reads at batch --batch (`memory_model.call_cost`, one device)."""
+  mesh = sharding.make_mesh(1, 1)
+  abstract = memory_model.abstract_model(model.config, mesh, param_dtype=_DTYPE.value, shard=False)
+  cost = memory_model.call_cost(
+    abstract,
+    mesh,
+    batch=_BATCH.value,
+    positions=positions,
+    buffer_len=cache_len,
+    source_length=_SOURCE_LENGTH.value,
+  )
+  return cost.bytes
+
+
+def loop_seconds(target, drafter, *, gamma: int, max_new_tokens: int) -> tuple[float, float]:
+  """(seconds per iteration of a greedy decode loop, tokens per iteration): `generate` (drafter
+  None) or `speculative_generate`, timed whole at `max_new_tokens` and at 1 (one iteration: the
+  encoder, the caches, dispatch), the difference over the iterations between."""
+  ids = jnp.full((_BATCH.value, _SOURCE_LENGTH.value), 3, jnp.int32)
+  mask = jnp.ones_like(ids)
+  kw = dict(sampling=GREEDY, rng=jax.random.key(0), check_finite=False)
+
+  def run(m):
+    if drafter is None:
+      return decode.generate(target, ids, mask, max_new_tokens=m, **kw)
+    return decode.speculative_generate(
+      target, drafter, ids, mask, gamma=gamma, max_new_tokens=m, **kw
+    )
+
+  lengths = (1, max_new_tokens)
+  outs = [run(m) for m in lengths]  # compiles
+  seconds = [timing.time_call(lambda m=m: run(m).tokens, _REPEATS.value)[1] for m in lengths]
+  iterations = [int(out.stats.target_calls.max()) for out in outs]
+  steps = max(iterations[1] - iterations[0], 1)
+  return max(seconds[1] - seconds[0], 0.0) / steps, int(outs[1].lengths.max()) / iterations[1]
+
+
+def main(argv):
+  del argv
+  benchmarks.start()  # before JAX starts
+  gammas = sorted({int(g) for g in _GAMMAS.value})
+  if min(gammas) < 1 or _LOOP_GAMMA.value < 0:
+    raise ValueError(
+      f'--gammas must be >= 1 and --loop_gamma >= 0, got {gammas}, {_LOOP_GAMMA.value}.'
+    )
+  target_config = _config(_TARGET.value)
+  drafter_configs = {name: drafter_config(name, target_config) for name in _DRAFTERS.value}
+  kind = jax.devices()[0].device_kind
+  chip = chip_for(kind)
+  if _HBM.value:
+    bandwidth, hbm = _HBM.value * 1e9, f'HBM {_HBM.value:g} GB/s (--hbm_bandwidth)'
+  elif chip:
+    bandwidth, hbm = chip.hbm_bandwidth, f'HBM {chip.hbm_bandwidth / 1e9:.0f} GB/s ({chip.name})'
+  else:
+    bandwidth, hbm = None, 'HBM bandwidth unknown: --hbm_bandwidth'
+  models = dict(dtype=_DTYPE.value, weights=_WEIGHTS.value)
+  target = make_model(target_config, seed=0, **models)
+  found = {
+    name: make_model(config, seed=i + 1, **models)
+    for i, (name, config) in enumerate(drafter_configs.items())
+  }
+  print(
+    f'device: {kind} ({hbm}), jax {jax.__version__}; target {_TARGET.value} '
+    f'{t5.param_count(target.params) / 1e6:.1f}M params, {_DTYPE.value}, {_WEIGHTS.value} '
+    f'weights; batch {_BATCH.value}, source {_SOURCE_LENGTH.value}, {_MAX_NEW.value} new tokens; '
+    f'timing.step_costs rounds {_ROUNDS.value}',
+    flush=True,
+  )
+  costs = {
+    (name, g): timing.step_costs(
+      target, drafter, gamma=g, cache_len=_cache_len(g), rounds=_ROUNDS.value, **_shape()
+    )
+    for g in gammas
+    for name, drafter in found.items()
+  }
+  # The target's costs, pooled over the drafters' measurements.
+  step = float(np.median([c['target_step'] for c in costs.values()]))
+  passes = {g: float(np.median([costs[n, g]['target_pass'] for n in found])) for g in gammas}
+  pass_cost = {g: float(np.median([costs[n, g]['pass_cost'] for n in found])) for g in gammas}
+  step_bytes = call_bytes(target, positions=1, cache_len=_cache_len(0))
+
+  rows = [_bound_row('step', 1, step, 1.0, step_bytes, bandwidth)]
+  for g in gammas:
+    pass_bytes = call_bytes(target, positions=g + 1, cache_len=_cache_len(g))
+    rows.append(_bound_row(f'pass-{g + 1}', g + 1, passes[g], pass_cost[g], pass_bytes, bandwidth))
+  _print('1. target calls (ms; HBM bound: bytes read / bandwidth)', rows, TARGET_COLUMNS)
+
+  rows = [
+    dict(
+      drafter=name,
+      params=t5.param_count(found[name].params) / 1e6,
+      gamma=g,
+      step=c['drafter_step'] * 1e3,
+      c_alone=c['c_alone'],
+      c=c['c'],
+      c_bound=call_bytes(found[name], positions=1, cache_len=_cache_len(g)) / step_bytes,
+      iteration=c['iteration'] * 1e3,
+    )
+    for (name, g), c in costs.items()
+  ]
+  _print('2. drafters (ms; c in target steps)', rows, DRAFTER_COLUMNS)
+
+  if _LOOP_GAMMA.value:
+    title = f'3. decode loops, greedy, gamma {_LOOP_GAMMA.value} (ms per iteration)'
+    _print(title, _loop_rows(target, found, _LOOP_GAMMA.value), LOOP_COLUMNS)
+
+  rows = _speedup_rows(costs, pass_cost, found, gammas)
+  gamma_columns = tuple(_Col(f'gamma_{g}', f'gamma {g}', '.2f', 7, suffix='x') for g in gammas)
+  columns = SPEEDUP_COLUMNS[:4] + gamma_columns + SPEEDUP_COLUMNS[4:]
+  title = '4. speedup by the formula (measured c, pass cost); paper: pass cost 1, best gamma 1..64'
+  _print(title, rows, columns)
+
+
+def _shape() -> dict:
+  return dict(batch_size=_BATCH.value, source_length=_SOURCE_LENGTH.value)
+
+
+def _cache_len(gamma: int) -> int:
+  """Decoder slots of a loop at --max_new_tokens: the autoregressive one's at gamma 0."""
+  return decode.buffer_length(_MAX_NEW.value, gamma)
+
+
+def _loop_rows(target, found: dict, gamma: int) -> list[dict]:
+  """Table 3: each loop's seconds per iteration against its model calls."""
+  kw = dict(gamma=gamma, max_new_tokens=_MAX_NEW.value)
+  seconds, tokens = loop_seconds(target, None, **kw)
+  calls = timing.step_seconds(target, cache_len=_cache_len(0), **_shape())
+  rows = [_loop_row('autoregressive', seconds, calls, tokens)]
+  for name, drafter in found.items():
+    seconds, tokens = loop_seconds(target, drafter, **kw)
+    calls = timing.iteration_seconds(
+      target, drafter, gamma=gamma, cache_len=_cache_len(gamma), **_shape()
+    )
+    rows.append(_loop_row(name, seconds, calls, tokens))
+  return rows
+
+
+def _speedup_rows(costs: dict, pass_cost: dict, found: dict, gammas: list[int]) -> list[dict]:
+  """Table 4: the formula at each drafter's measured c and the pooled pass cost, per alpha."""
+  rows = []
+  for name in found:
+    for label, *alphas in memory_model.ALPHAS:
+      for temperature, alpha in zip((0, 1), alphas):
+        by_gamma = {
+          g: float(
+            analysis.walltime_improvement_measured(alpha, g, costs[name, g]['c'], pass_cost[g])
+          )
+          for g in gammas
+        }
+        best = max(by_gamma, key=by_gamma.get)
+        c_best = costs[name, best]['c']
+        paper_gamma = int(analysis.optimal_gamma(alpha, c_best))
+        rows.append(
+          dict(
+            drafter=name,
+            alpha_of=label.replace(' ', '-'),
+            temp=temperature,
+            alpha=alpha,
+            **{f'gamma_{g}': s for g, s in by_gamma.items()},
+            best_gamma=best,
+            best=by_gamma[best],
+            paper_gamma=paper_gamma,
+            paper=float(analysis.walltime_improvement(alpha, paper_gamma, c_best)),
+          )
+        )
+  return rows
+
+
+def _print(title: str, rows: list[dict], columns) -> None:
+  """A blank line, the title and the table, its first (name) column as wide as its names."""
+  first = columns[0]
+  width = max([first.width] + [len(str(row[first.name])) for row in rows])
+  columns = (dataclasses.replace(first, width=width),) + tuple(columns[1:])
+  print(f'\n{title}\n{tables.format_table(rows, columns)}', flush=True)
+
+
+def _bound_row(call, positions, seconds, pass_cost, nbytes, bandwidth) -> dict:
+  bound = nbytes / bandwidth if bandwidth else None
+  return dict(
+    call=call,
+    positions=positions,
+    ms=seconds * 1e3,
+    pass_cost=pass_cost,
+    mbytes=nbytes / 1e6,
+    bound=None if bound is None else bound * 1e3,
+    of_bound=None if bound is None else 100 * bound / seconds if seconds else None,
+  )
+
+
+def _loop_row(name, per_iteration, model_calls, tokens) -> dict:
+  share = 100 * (1 - model_calls / per_iteration) if per_iteration else None
+  return dict(
+    loop=name,
+    iteration=per_iteration * 1e3,
+    model_calls=model_calls * 1e3,
+    loop_share=share,
+    tokens=tokens,
+  )
+
+
+_Col = tables.Column
+TARGET_COLUMNS = (
+  _Col('call', align='<', width=14),
+  _Col('positions', fmt='d', width=9),
+  _Col('ms', fmt='.4g', width=9),
+  _Col('pass_cost', 'pass cost', '.2f'),
+  _Col('mbytes', 'MB read', '.1f', 10),
+  _Col('bound', 'HBM bound ms', '.4g'),
+  _Col('of_bound', 'of bound', '.0f', 8, suffix='%'),
+)
+DRAFTER_COLUMNS = (
+  _Col('drafter', align='<', width=14),
+  _Col('params', 'params M', '.1f', 9),
+  _Col('gamma', fmt='d', width=5),
+  _Col('step', 'step ms', '.4g'),
+  _Col('c_alone', 'c alone', '.3f', 8),
+  _Col('c', fmt='.3f', width=7),
+  _Col('c_bound', 'c at bound', '.4g'),
+  _Col('iteration', 'iteration ms', '.4g'),
+)
+LOOP_COLUMNS = (
+  _Col('loop', align='<', width=14),
+  _Col('iteration', 'loop ms', '.4g'),
+  _Col('model_calls', 'model calls ms', '.4g'),
+  _Col('loop_share', 'loop share', '.0f', suffix='%'),
+  _Col('tokens', 'tokens/iteration', '.2f'),
+)
+SPEEDUP_COLUMNS = (
+  _Col('drafter', align='<', width=14),
+  _Col('alpha_of', 'alpha of', align='<', width=24),
+  _Col('temp', 'T', 'd', 2),
+  _Col('alpha', fmt='.2f', width=5),
+  _Col('best_gamma', 'best gamma', 'd'),
+  _Col('best', 'best', '.2f', 6, suffix='x'),
+  _Col('paper_gamma', 'paper gamma', 'd'),
+  _Col('paper', 'paper', '.2f', 6, suffix='x'),
+)
+
+
+if __name__ == '__main__':
+  app.run(main)

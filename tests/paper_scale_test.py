@@ -1,0 +1,239 @@
+"""benchmarks/paper_scale.py: a CPU smoke run at tiny shapes, its four tables parsed and checked
+against each other, against the bytes a decoder call reads and against the formula; the drafter
+shapes, the constant weights and the chip table."""
+
+import contextlib
+import dataclasses
+import io
+import math
+
+import jax
+import numpy as np
+import pytest
+from absl import flags
+from absl.testing import flagsaver
+
+from benchmarks import memory_model, paper_scale
+from specdec_jax import analysis, decode
+from specdec_jax.models import t5
+
+# The shipped 13.5M EN->DE target's shape with 2 layers a side: each call takes long enough
+# (~0.5 ms here) that its in-loop time stands clear of a loaded CPU's noise; the drafter is one
+# decoder layer of T5-small's width (the default `one-layer`), in the target's vocabulary.
+_TARGET, _DRAFTER = 'smoke-target', 'one-layer'
+_SMOKE = dataclasses.replace(
+  t5.CONFIGS['t5_1_1-small'],
+  vocab_size=8000,
+  d_model=256,
+  d_ff=1024,
+  num_heads=4,
+  num_encoder_layers=2,
+  num_decoder_layers=2,
+)
+_GAMMA, _MAX_NEW, _SOURCE, _BANDWIDTH = 3, 32, 8, 100.0  # GB/s
+
+
+@pytest.fixture(scope='module')
+def printed() -> str:
+  out = io.StringIO()
+  with (
+    pytest.MonkeyPatch.context() as patch,
+    flagsaver.flagsaver(),
+    contextlib.redirect_stdout(out),
+  ):
+    patch.setitem(t5.CONFIGS, _TARGET, _SMOKE)
+    flags.FLAGS(
+      [
+        'paper_scale',
+        f'--target={_TARGET}',
+        f'--drafters={_DRAFTER}',
+        '--dtype=float32',
+        f'--gammas={_GAMMA}',
+        f'--loop_gamma={_GAMMA}',
+        f'--max_new_tokens={_MAX_NEW}',
+        f'--source_length={_SOURCE}',
+        f'--hbm_bandwidth={_BANDWIDTH:g}',
+        '--rounds=1',
+        '--repeats=3',
+        '--noeigen_dots',  # this worker's XLA flags stay as they are
+      ]
+    )
+    paper_scale.main(['paper_scale'])
+  return out.getvalue()
+
+
+def _table(text: str, number: int, columns) -> list[dict]:
+  """The rows of table `number` as {column name: float or str}; every numeric cell finite."""
+  lines = text.splitlines()
+  start = next(i for i, line in enumerate(lines) if line.startswith(f'{number}. '))
+  header, rows = lines[start + 1], []
+  assert header.split() == ' '.join(c.title for c in columns).split()
+  for line in lines[start + 2 :]:
+    if not line.strip():
+      break
+    cells = line.split()
+    assert len(cells) == len(columns), line
+    rows.append({c.name: _value(cell, c) for cell, c in zip(cells, columns)})
+  return rows
+
+
+def _value(cell: str, column):
+  if not column.fmt:
+    return cell
+  assert cell != '-', f'{column.name} is missing'
+  value = float(cell.removesuffix(column.suffix))
+  assert math.isfinite(value), (column.name, cell)
+  return value
+
+
+def _read_bytes(config: t5.T5Config, *, positions: int, cache_len: int) -> int:
+  """What a float32 decoder call reads, by `memory_model.call_cost`'s rule: every decoder param
+  but the cross-attention key / value kernels, the embedding rows gathered (v1.1: untied), both
+  caches whole."""
+  params = jax.eval_shape(lambda key: t5.init_params(key, config), jax.random.key(0))
+  weights = 0
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params['decoder']):
+    names = [str(getattr(k, 'key', k)) for k in path]
+    if not ('encoder_decoder_attention' in names and names[-2] in ('key', 'value')):
+      weights += int(np.prod(leaf.shape))
+  assert not config.tie_word_embeddings
+  rows = positions * config.d_model
+  kv = config.num_heads * config.d_kv * config.num_decoder_layers
+  caches = 2 * kv * (cache_len + _SOURCE)
+  return 4 * (weights + rows + caches)
+
+
+def _cache_len(gamma):
+  return decode.buffer_length(_MAX_NEW, gamma)
+
+
+def test_header_names_the_device_and_the_bandwidth(printed):
+  first = printed.splitlines()[0]
+  assert first.startswith(f'device: cpu (HBM {_BANDWIDTH:g} GB/s (--hbm_bandwidth)), jax ')
+  assert f'target {_TARGET}' in first and 'float32, constant weights' in first
+
+
+def test_target_calls_against_the_bytes_they_read(printed):
+  rows = _table(printed, 1, paper_scale.TARGET_COLUMNS)
+  assert [r['call'] for r in rows] == ['step', f'pass-{_GAMMA + 1}']
+  assert [r['positions'] for r in rows] == [1, _GAMMA + 1]
+  config = _SMOKE
+  for row, cache_len in zip(rows, (_cache_len(0), _cache_len(_GAMMA))):
+    nbytes = _read_bytes(config, positions=row['positions'], cache_len=cache_len)
+    assert row['mbytes'] == pytest.approx(nbytes / 1e6, abs=0.051)
+    assert row['bound'] == pytest.approx(nbytes / (_BANDWIDTH * 1e9) * 1e3, rel=1e-3)
+    assert row['ms'] > 0
+    assert row['of_bound'] == pytest.approx(100 * row['bound'] / row['ms'], rel=0.01, abs=0.51)
+  step, pass_ = rows
+  assert step['pass_cost'] == 1.0
+  # One drafter and one round: the pass cost is the ratio of the two printed times.
+  assert pass_['pass_cost'] == pytest.approx(pass_['ms'] / step['ms'], rel=1e-3, abs=0.0051)
+
+
+def test_drafter_costs(printed):
+  (target_step, _), (row,) = (
+    _table(printed, 1, paper_scale.TARGET_COLUMNS),
+    _table(printed, 2, paper_scale.DRAFTER_COLUMNS),
+  )
+  assert row['drafter'] == _DRAFTER and row['gamma'] == _GAMMA
+  drafter = paper_scale.drafter_config(_DRAFTER, _SMOKE)
+  assert row['params'] == pytest.approx(
+    t5.param_count(jax.eval_shape(lambda k: t5.init_params(k, drafter), jax.random.key(0))) / 1e6,
+    abs=0.051,
+  )
+  assert row['step'] > 0 and row['iteration'] > 0 and row['c'] >= 0
+  assert row['c_alone'] == pytest.approx(row['step'] / target_step['ms'], rel=1e-3, abs=5e-4)
+  target_bytes = _read_bytes(_SMOKE, positions=1, cache_len=_cache_len(0))
+  # The drafter reads its own one layer and caches (its cross cache over the target's encoder).
+  drafter_bytes = memory_model.call_cost(
+    memory_model.abstract_model(
+      drafter, paper_scale.sharding.make_mesh(1, 1), param_dtype='float32', shard=False
+    ),
+    paper_scale.sharding.make_mesh(1, 1),
+    batch=1,
+    positions=1,
+    buffer_len=_cache_len(_GAMMA),
+    source_length=_SOURCE,
+  ).bytes
+  assert drafter_bytes > 0
+  assert row['c_bound'] == pytest.approx(drafter_bytes / target_bytes, rel=1e-3)
+
+
+def test_loops_against_their_model_calls(printed):
+  rows = _table(printed, 3, paper_scale.LOOP_COLUMNS)
+  assert [r['loop'] for r in rows] == ['autoregressive', _DRAFTER]
+  autoregressive, speculative = rows
+  assert autoregressive['tokens'] == 1.0
+  # Constant weights: every argmax is token 0, so the drafts are the target's, all accepted.
+  assert speculative['tokens'] == pytest.approx((_GAMMA + 1), abs=0.01)
+  for row in rows:
+    assert row['iteration'] > 0 and row['model_calls'] > 0
+    share = 100 * (1 - row['model_calls'] / row['iteration'])
+    assert row['loop_share'] == pytest.approx(share, abs=0.6 + abs(share) * 1e-3)
+
+
+def test_speedups_are_the_formula_at_the_printed_costs(printed):
+  pass_cost = _table(printed, 1, paper_scale.TARGET_COLUMNS)[1]['pass_cost']
+  c = _table(printed, 2, paper_scale.DRAFTER_COLUMNS)[0]['c']
+  gamma_column = paper_scale.tables.Column(f'gamma_{_GAMMA}', f'gamma {_GAMMA}', '.2f', suffix='x')
+  columns = paper_scale.SPEEDUP_COLUMNS
+  rows = _table(printed, 4, columns[:4] + (gamma_column,) + columns[4:])
+  expected = [
+    (label.replace(' ', '-'), t, a)
+    for label, *alphas in memory_model.ALPHAS
+    for t, a in enumerate(alphas)
+  ]
+  assert [(r['alpha_of'], r['temp'], r['alpha']) for r in rows] == expected
+  assert ('paper-T5-small-(EnDe)', 0, 0.75) in expected and (
+    'paper-T5-small-(EnDe)',
+    1,
+    0.62,
+  ) in expected
+  for row in rows:
+    alpha = row['alpha']
+    formula = analysis.walltime_improvement_measured(alpha, _GAMMA, c, pass_cost)
+    assert row[f'gamma_{_GAMMA}'] == pytest.approx(formula, rel=0.02, abs=0.011)
+    assert row['best_gamma'] == _GAMMA and row['best'] == row[f'gamma_{_GAMMA}']
+    # The paper's pick: the best of gamma 1..64 at pass cost 1.
+    best = max(analysis.walltime_improvement(alpha, g, c) for g in range(1, 65))
+    assert row['paper'] == pytest.approx(best, rel=0.02, abs=0.011)
+    assert 1 <= row['paper_gamma'] <= 64
+
+
+def test_drafter_shapes():
+  target = t5.CONFIGS['t5-11b']
+  one_layer = paper_scale.drafter_config('one-layer', target)
+  small = t5.CONFIGS['t5-small']
+  assert (one_layer.num_encoder_layers, one_layer.num_decoder_layers) == (0, 1)
+  assert one_layer.encoder_dim == target.d_model and one_layer.vocab_size == target.vocab_size
+  assert (one_layer.d_model, one_layer.d_ff, one_layer.num_heads) == (
+    small.d_model,
+    small.d_ff,
+    small.num_heads,
+  )
+  assert paper_scale.drafter_config('t5-small', target) == small
+  assert paper_scale.drafter_config('one-layer:tiny-v1.0', target).d_model == 32
+  with pytest.raises(ValueError, match='share the target vocabulary'):
+    paper_scale.drafter_config('tiny-v1.0', target)
+  with pytest.raises(ValueError, match="Unknown T5 shape 't5-huge'"):
+    paper_scale.drafter_config('t5-huge', target)
+
+
+def test_constant_weights():
+  model = paper_scale.make_model(
+    t5.CONFIGS['tiny-v1.0'], dtype='bfloat16', weights='constant', seed=0
+  )
+  assert model.config.dtype == 'bfloat16'
+  for leaf in jax.tree.leaves(model.params):
+    assert leaf.dtype == np.dtype('bfloat16')
+    want = leaf.shape[0] ** -0.5 if leaf.ndim > 1 else 1.0
+    np.testing.assert_allclose(np.asarray(leaf, np.float32), want, rtol=1e-2)
+
+
+def test_chip_by_device_kind():
+  assert paper_scale.chip_for('NVIDIA H100 80GB HBM3').hbm_bandwidth == 3.35e12
+  assert paper_scale.chip_for('NVIDIA H200').hbm_bandwidth == 4.8e12
+  assert paper_scale.chip_for('TPU v4').hbm_bandwidth == 1.2e12
+  assert paper_scale.chip_for('TPU v5 lite').hbm_bandwidth == 819e9
+  for unknown in ('cpu', 'NVIDIA H100 PCIe', 'NVIDIA A100-SXM4-40GB'):
+    assert paper_scale.chip_for(unknown) is None
