@@ -12,8 +12,9 @@ setuptools.setup(
   package_data={'specdec_jax.data': ['*.md']},
   python_requires='>=3.11',
   install_requires=[
-    'jax==0.10.2',
-    'jaxlib==0.10.2',
+    # Tested: 0.10.2 (CPU, the suite) and 0.11.2 (an NVIDIA H200 with CUDA 13, docs/performance.md).
+    'jax>=0.10.2,<0.12',
+    'jaxlib>=0.10.2,<0.12',
     'flax==0.12.8',
     'optax==0.2.8',
     'orbax-checkpoint==0.12.8',
@@ -29,6 +30,9 @@ setuptools.setup(
     'matplotlib',
   ],
   extras_require={
+    # On an accelerator: pip install -e '.[cuda]' (NVIDIA, CUDA 13 wheels) or '.[tpu]' (a TPU VM).
+    'cuda': ['jax[cuda13]>=0.10.2,<0.12'],
+    'tpu': ['jax[tpu]>=0.10.2,<0.12'],
     'test': [
       'pytest',
       'pytest-xdist',
