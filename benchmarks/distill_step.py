@@ -55,13 +55,13 @@ def main(argv):
     )  # fmt: skip
   cached = dict(live, **cache.fields(index, length, length))
   optimizer = training.OptimizerConfig()
-  state = training.init_state_jit(jax.random.key(0), student_config, optimizer)
+  state = training.init_state(jax.random.key(0), student_config, optimizer)
   kw = dict(student_config=student_config, optimizer_config=optimizer, divergence='fkl')
   times = {'live': [], 'cached': []}
   for i in range(_STEPS.value + 1):
     for mode, batch in (('live', live), ('cached', cached)):
       start = time.perf_counter()
-      state, metrics = distill.distill_step(state, batch, teacher, **kw)
+      state, metrics = distill.jit_distill_step(state, batch, teacher, **kw)
       jax.block_until_ready(metrics)
       if i:  # step 0 compiles
         times[mode].append(time.perf_counter() - start)

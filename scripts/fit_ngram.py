@@ -17,7 +17,7 @@ lookup per step (c ~ 0); load it with `drafters.NGramDrafter.load`.
 import numpy as np
 from absl import app, flags
 
-from specdec_jax import distill, distill_data, drafters
+from specdec_jax import distill_data, drafters, pretrained
 from specdec_jax.data import batching, pairs
 from specdec_jax.data import tokenizer as tokenizer_lib
 
@@ -43,7 +43,7 @@ def target_outputs(tok) -> list[np.ndarray]:
   """The target's outputs (EOS included) on the sources of --pairs, one per temperature."""
   if not _WORKDIR.value:
     raise app.UsageError('--target needs --workdir (where its outputs are cached).')
-  target = distill.load_model(_TARGET.value)
+  target = pretrained.load_model(_TARGET.value)
   data = pairs.load_pairs(_PAIRS.value)[: _NUM_SOURCES.value or None]
   sources, _ = batching.encode_pairs(
     data,

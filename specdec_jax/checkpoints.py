@@ -110,11 +110,17 @@ def save(
   1.2e-2, mean 1.3e-4 against 1.0e-4) in 31 MB instead of 70 MB.
   `delta.json` names the base by its path relative to `path` and its fingerprint; `restore`
   rebuilds the weights from it.
+
+  Params sharded over the devices of several processes (a multi-host mesh): every process calls
+  `save` with the same path, a directory they all see, and writes its own shards (orbax); process
+  0 writes the rest.
   """
   import orbax.checkpoint as ocp  # ~1 s of imports that HF / T5X users never need
 
   directory = Path(path).absolute()
-  if directory.exists():
+  exists = directory.exists()
+  sharding.barrier(f'save {directory}: checked')  # before process 0 makes it
+  if exists:
     raise FileExistsError(f'{directory} already exists; save writes a new directory.')
   if storage_dtype not in STORAGE_DTYPES:
     raise ValueError(f'storage_dtype must be one of {STORAGE_DTYPES}, got {storage_dtype!r}.')
@@ -138,15 +144,20 @@ def save(
       'base': os.path.relpath(base_dir, directory),
       'base_fingerprint': fingerprint(base.params),
     }
-  directory.mkdir(parents=True)
+  main = sharding.is_main_process()
+  if main:
+    directory.mkdir(parents=True)
+  sharding.barrier(f'save {directory}: made')
   with ocp.StandardCheckpointer() as checkpointer:
     checkpointer.save(directory / 'params', params)
-  if delta:
+  if main and delta:
     (directory / 'delta.json').write_text(json.dumps(delta, indent=2) + '\n')
   # Written last, so a directory with a config.json holds a complete checkpoint.
-  (directory / 'config.json').write_text(
-    json.dumps(dataclasses.asdict(model.config), indent=2) + '\n'
-  )
+  if main:
+    (directory / 'config.json').write_text(
+      json.dumps(dataclasses.asdict(model.config), indent=2) + '\n'
+    )
+  sharding.barrier(f'save {directory}: done')
 
 
 def fingerprint(params: Params) -> str:

@@ -9,6 +9,10 @@ Each shard records a fingerprint of what it was computed from (the target's para
 sources, the settings); a rerun reuses a shard only if it matches and raises otherwise, so a
 workdir pointed at another target or source file never serves stale data.
 
+With a `mesh` (the target placed on it) each batch is split over its 'data' axis, every process
+runs the sharded computation, the results are gathered to every process (each needs any pair's
+rows later: the batch order is global), and process 0 alone writes the shard files.
+
 Axis legend: B batch, S source length, T target length, D model dim.
 """
 
@@ -20,7 +24,7 @@ import os
 import jax
 import numpy as np
 
-from specdec_jax import decode
+from specdec_jax import decode, sharding
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.data import batching
 from specdec_jax.models import t5
@@ -39,38 +43,20 @@ def _digest(*parts) -> str:
   return h.hexdigest()
 
 
-# T5Config fields added after fingerprints were first written, with their defaults: left out of a
-# config's fingerprint while at the default, so that adding a field keeps every cache valid.
-_NEWER_CONFIG_FIELDS = {'feature_dim': None}
-
-
-class _Verbatim(str):
-  """A string hashed as it is (`_digest` hashes other objects by their repr)."""
-
-  __repr__ = str.__str__
-
-
 def model_digest(model: t5.T5Model) -> str:
-  """A fingerprint of a model: its config and every parameter's bytes."""
-  config = model.config
-  fields = [
-    f'{f.name}={getattr(config, f.name)!r}'
-    for f in dataclasses.fields(config)
-    if _NEWER_CONFIG_FIELDS.get(f.name, object()) != getattr(config, f.name)
-  ]
-  config_repr = _Verbatim(f'{type(config).__name__}({", ".join(fields)})')
-  return _digest(config_repr, *jax.tree.leaves(model.params))
+  """A fingerprint of a model: its config and every parameter's bytes (each gathered to the host
+  in turn: a sharded 11B target never sits whole in host memory)."""
+  return _digest(model.config, *[_digest(decode.to_host(x)) for x in jax.tree.leaves(model.params)])
 
 
 def _load_shard(path: str, digest: str) -> dict | None:
-  """The arrays of the shard at `path` if it exists; raises if it was made from other inputs
-  (shards written before fingerprints existed are taken as they are)."""
+  """The arrays of the shard at `path` if it exists; raises if it was made from other inputs."""
+  sharding.barrier(f'shard {path}')  # every process sees the same files
   if not os.path.exists(path):
     return None
   with np.load(path) as f:
     arrays = dict(f)
-  found = str(arrays.pop('digest', digest))
-  if found != digest:
+  if str(arrays.pop('digest', '')) != digest:
     raise ValueError(
       f'{path} was computed from other sources, another target or other settings than this '
       "run's; point the run at a new workdir (or delete that directory) to compute it afresh."
@@ -79,8 +65,15 @@ def _load_shard(path: str, digest: str) -> dict | None:
 
 
 def _save_shard(path: str, digest: str, **arrays) -> None:
-  np.savez(path + '.tmp.npz', digest=np.array(digest), **arrays)
-  os.replace(path + '.tmp.npz', path)
+  """Writes the shard (process 0; whole or not at all)."""
+  if sharding.is_main_process():
+    np.savez(path + '.tmp.npz', digest=np.array(digest), **arrays)
+    os.replace(path + '.tmp.npz', path)
+
+
+def _on(mesh, *arrays):
+  """Host arrays (the same on every process) split over `mesh`'s 'data' axis, or as they are."""
+  return arrays if mesh is None else sharding.from_host(arrays, mesh)
 
 
 def generate_outputs(
@@ -95,8 +88,10 @@ def generate_outputs(
   shard_size: int = 4096,
   width_step: int = 32,
   progress: bool = True,
+  mesh=None,
 ) -> batching.EncodedPairs:
-  """The target's outputs on `data`'s sources, as new pairs (source, output).
+  """The target's outputs on `data`'s sources, as new pairs (source, output); `mesh`: see the
+  module docstring (`batch_size` must split over its 'data' axis).
 
   Generated in shards of `shard_size` sources saved to `shard_dir` (`shard_00000.npz`, ...); a
   rerun reuses the shards already written, so an interrupted generation resumes. Sources are
@@ -104,7 +99,8 @@ def generate_outputs(
   to its longest source (rounded up to `width_step`): long-tailed sources such as debsumm's
   (median 87, up to 256 tokens) cost their own length, not the widest one's.
   """
-  os.makedirs(shard_dir, exist_ok=True)
+  if sharding.is_main_process():
+    os.makedirs(shard_dir, exist_ok=True)
   sampling = sampling_lib.SamplingConfig(temperature=temperature)
   outputs = np.zeros((len(data), max_new_tokens), np.int32)
   lengths = np.zeros(len(data), np.int32)
@@ -132,14 +128,14 @@ def generate_outputs(
         mask = np.arange(ids.shape[1]) < data.input_lengths[pad, None]
         out = decode.generate(
           teacher,
-          ids,
-          mask.astype(np.int32),
+          *_on(mesh, ids, mask.astype(np.int32)),
           sampling=sampling,
           max_new_tokens=max_new_tokens,
           rng=jax.random.key(hash((seed, shard, b)) % 2**31),
         )
-        tokens.append(np.asarray(out.tokens)[: len(rows)])
-        n.append(np.asarray(out.lengths)[: len(rows)])
+        out = decode.to_host(out)
+        tokens.append(out.tokens[: len(rows)])
+        n.append(out.lengths[: len(rows)])
         bar.update(len(rows))
       tokens, n = np.concatenate(tokens), np.concatenate(n)
       _save_shard(path, digest, tokens=tokens, lengths=n)
@@ -186,10 +182,13 @@ class TeacherStates:
     shard_dir: str,
     shard_size: int = 4096,
     progress: bool = True,
+    mesh=None,
   ) -> 'TeacherStates':
     """Runs the target over `data` in batches of similar length (one compiled shape per bucket of
-    `buckets`), in shards saved to `shard_dir` so that an interrupted run resumes."""
-    os.makedirs(shard_dir, exist_ok=True)
+    `buckets`), in shards saved to `shard_dir` so that an interrupted run resumes; `mesh`: see
+    the module docstring."""
+    if sharding.is_main_process():
+      os.makedirs(shard_dir, exist_ok=True)
     pair_length = np.maximum(data.input_lengths, data.target_lengths)
     order = np.argsort(pair_length, kind='stable')
     decoder, encoder = [None] * len(data), ([None] * len(data) if with_encoder else None)
@@ -211,13 +210,12 @@ class TeacherStates:
           pad = np.concatenate([rows, np.full(batch_size - len(rows), rows[-1])])
           length = buckets[np.searchsorted(buckets, pair_length[rows].max())]
           cut = (min(length, data.inputs.shape[1]), min(length, data.targets.shape[1]))
-          enc, dec = _teacher_states(
-            teacher.params,
-            batching.batch_arrays(data, pad, *cut),
-            config=teacher.config,
-            with_encoder=with_encoder,
+          batch = batching.batch_arrays(data, pad, *cut)
+          if mesh is not None:
+            batch = sharding.from_host(batch, mesh)
+          enc, dec = decode.to_host(
+            _teacher_states(teacher.params, batch, config=teacher.config, with_encoder=with_encoder)
           )
-          dec, enc = np.asarray(dec), None if enc is None else np.asarray(enc)
           for r, i in enumerate(rows):
             arrays[f'd{i}'] = dec[r, : data.target_lengths[i]]
             if enc is not None:
@@ -253,5 +251,9 @@ def progress_bar(total: int, description: str, enabled: bool):
   from tqdm.auto import tqdm  # a dependency of transformers/orbax; imported here only
 
   return tqdm(
-    total=total, desc=description, disable=not enabled, dynamic_ncols=True, mininterval=5.0
+    total=total,
+    desc=description,
+    disable=not enabled or not sharding.is_main_process(),
+    dynamic_ncols=True,
+    mininterval=5.0,
   )

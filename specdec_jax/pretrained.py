@@ -118,9 +118,7 @@ def load_model(
       return model
     return dataclasses.replace(model, params=sharding.replicated(model.params, mesh))
   sharding.check_placement(how)
-  if how == 'auto':
-    how = 'model' if _param_count(path, kind) >= sharding.REPLICATE_BELOW else 'replicated'
-  rules = sharding.DEFAULT_RULES if how == 'model' else sharding.REPLICATED_RULES
+  rules = sharding.rules_for(how, _param_count(path, kind) if how == 'auto' else 0)
   load = {'ours': checkpoints.restore, 'hf': checkpoints.load_hf_t5, 't5x': checkpoints.load_t5x}
   return load[kind](path, mesh=mesh, rules=rules, param_dtype=param_dtype)
 
@@ -225,9 +223,11 @@ def load(
       f'{manifest_file}: recommended drafter {manifest["recommended"]!r} is not '
       f'among its drafters {sorted(manifest["drafters"])}.'
     )
-  target = load_model(directory / manifest['target'], mesh=mesh, how='model')
+  # Paths relative to the directory; absolute ones and URLs (gs://...) as they are.
+  where = lambda rel: rel if '://' in rel else directory / rel
+  target = load_model(where(manifest['target']), mesh=mesh, how='model')
   found = {
-    name: load_drafter(directory / rel, mesh=mesh, how=drafter_sharding)
+    name: load_drafter(where(rel), mesh=mesh, how=drafter_sharding)
     for name, rel in manifest['drafters'].items()
   }
   _check_vocab(target, found)

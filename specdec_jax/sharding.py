@@ -232,6 +232,14 @@ def check_placement(how: str, what: str = 'placement') -> None:
     raise ValueError(f"{what} must be 'model', 'replicated' or 'auto', got {how!r}.")
 
 
+def rules_for(how: str, num_params: int) -> Rules:
+  """The rules that place a model of `num_params` params as `how` (one of `PLACEMENTS`) says."""
+  check_placement(how)
+  if how == 'auto':
+    how = 'model' if num_params >= REPLICATE_BELOW else 'replicated'
+  return DEFAULT_RULES if how == 'model' else REPLICATED_RULES
+
+
 def batch_sharding(mesh: Mesh, ndim: int = 2, rules: Rules = DEFAULT_RULES) -> NamedSharding:
   """The sharding of a [B, ...] batch: rows over the mesh axis of 'batch' ('data'), rest whole."""
   axis = dict(rules).get('batch')

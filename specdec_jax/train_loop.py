@@ -15,6 +15,11 @@ and an evaluation every `eval_every` steps, all three at the last step too. A re
 latest checkpoint, drops the records written after it and goes on: the same batches (the step
 function reads the step number) give the same updates.
 
+Several processes (a multi-host mesh) run the same loop on the same workdir, a directory they all
+see: each writes its own shards of every checkpoint and export (orbax), process 0 alone writes
+metrics.jsonl, best.json and the progress lines; every decision (resume step, best so far) reads
+the same files or the same replicated values, so all processes take it alike.
+
 Not clu's `metric_writers` / `periodic_actions` (the flax examples'): `clu.metric_writers` imports
 TensorFlow on import (its SummaryWriter), and what is needed here is a JSONL file and a modulo.
 """
@@ -32,11 +37,14 @@ import jax
 import ml_collections
 import numpy as np
 
+from specdec_jax import sharding
+
 # (state, step) -> (new state, metrics: scalars averaged over each log window, counts: host
 # numbers summed over it and reported per second, e.g. {'examples': 64, 'tokens': 900.0}).
 StepFn = Callable[[Any, int], tuple[Any, dict, dict]]
 EvalFn = Callable[[Any], dict]  # params -> {'valid_...': float}
-# (params, directory): writes the directory whole or not at all (aside, then renamed into place).
+# (params, directory): writes the directory whole or not at all (aside, then renamed into place);
+# with several processes every one calls it.
 ExportFn = Callable[[Any, str], None]
 
 
@@ -105,17 +113,20 @@ class Workdir:
     self._metrics_file = None
 
   def restore(self, state):
-    """The latest checkpoint restored into `state`'s structure (`state` itself if there is none),
-    on the default device; drops the metric records written after that checkpoint."""
+    """The latest checkpoint restored into `state`'s structure and shardings (`state` itself if
+    there is none; a checkpoint written on another mesh or process count comes back on this one);
+    drops the metric records written after that checkpoint."""
     latest = self.manager.latest_step()
     if latest is not None:
-      state = self.manager.restore(latest, args=self._ocp.args.StandardRestore(state))
-      print(f'resumed from step {int(state.step)}', flush=True)
-    # Restored arrays are committed to a device, fresh ones are not; jit keys on that, so commit
-    # both alike and a resumed run reuses the compiled step.
-    state = jax.device_put(state, jax.devices()[0])
-    truncate_records(self.metrics_path, after_step=int(state.step))
-    self._metrics_file = open(self.metrics_path, 'a', encoding='utf-8')
+      target = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
+      )
+      state = self.manager.restore(latest, args=self._ocp.args.StandardRestore(target))
+      _say(None, f'resumed from step {int(state.step)}')
+    if sharding.is_main_process():
+      truncate_records(self.metrics_path, after_step=int(state.step))
+      self._metrics_file = open(self.metrics_path, 'a', encoding='utf-8')
+    sharding.barrier('train_loop: records truncated')
     return state
 
   def save(self, step: int, state) -> None:
@@ -126,8 +137,9 @@ class Workdir:
     self.manager.wait_until_finished()
 
   def log(self, record: dict) -> None:
-    self._metrics_file.write(json.dumps(record) + '\n')
-    self._metrics_file.flush()
+    if self._metrics_file is not None:  # process 0
+      self._metrics_file.write(json.dumps(record) + '\n')
+      self._metrics_file.flush()
 
   def evaluated(self, record: dict, params) -> None:
     """Logs an eval record; exports `params` to best/ (with the record as best.json) if its
@@ -137,8 +149,10 @@ class Workdir:
     if self.best.improves(value, self.best_value):
       self.best_value = value
       self.export(params, self.best_path)
-      with open(os.path.join(self.best_path, 'best.json'), 'w') as f:
-        json.dump(record, f)
+      if sharding.is_main_process():
+        with open(os.path.join(self.best_path, 'best.json'), 'w') as f:
+          json.dump(record, f)
+      sharding.barrier('train_loop: best.json written')
 
   def export(self, params, path: str) -> None:
     self._export(params, path)
@@ -248,10 +262,10 @@ def run(
     last_eval = last_record(files.metrics_path, 'eval', step) or run_eval(step)
   if step > first_step or not files.has_final():
     files.export(state.params, files.final_path)
-  print(
+  _say(
+    None,
     f'exported {files.final_path} (step {step}); {files.best_path} has {best.metric} '
     f'{files.best_value:.4f}',
-    flush=True,
   )
   files.close()
   return last_eval
@@ -264,15 +278,17 @@ def _progress_bar(total: int, initial: int, description: str):
     total=total,
     initial=initial,
     desc=description,
-    disable=not description,
+    disable=not description or not sharding.is_main_process(),
     dynamic_ncols=True,
     mininterval=5.0,
   )
 
 
 def _say(bar, line: str) -> None:
-  """Prints a log line, above the progress bar if one is shown."""
-  if bar.disable:
+  """Prints a log line on process 0, above the progress bar if one is shown."""
+  if not sharding.is_main_process():
+    return
+  if bar is None or bar.disable:
     print(line, flush=True)
   else:
     bar.write(line)

@@ -1,17 +1,28 @@
 """Teacher-forced training of T5 translation models (target and drafter) on sentence pairs.
 
-Library half of `scripts/train.py`: the train state, the label-smoothed cross-entropy, the jitted
-step, evaluation (valid loss and greedy BLEU via `decode.generate`), and `train_and_evaluate`,
-which runs them in `train_loop.run` (checkpoints, resume, metrics, exports). Configs live in
+Library half of `scripts/train.py`: the train state, the label-smoothed cross-entropy, the step,
+evaluation (valid loss and greedy BLEU via `decode.generate`), and `train_and_evaluate`, which
+runs them in `train_loop.run` (checkpoints, resume, metrics, exports). Configs live in
 `experiments/configs/train_*.py`; nothing here reads flags.
+
+On a ('data', 'model') mesh (`config.mesh`, as the main job's; one device by default), as T5X's
+partitioned trainer does: the state lives where `state_shardings` puts it (the params by the
+rules of `sharding` or replicated, per `config.model_sharding`; each optimizer moment as its
+param; scalars replicated), each step is one jit with explicit in and out shardings
+(`compile_step`: XLA reduces the gradients over 'data'), and each process builds only its own
+rows of every batch (`sharding.global_batch`). The order of batches is a function of the step
+alone, so any mesh, process count or resume sees the same batches and, up to float summation
+order, the same losses.
 
 Axes: B batch, S source length, T target length, V vocab.
 """
 
 import dataclasses
+import functools
 import math
 import os
 import shutil
+from collections.abc import Callable
 from typing import Any
 
 import flax.struct
@@ -21,8 +32,10 @@ import ml_collections
 import numpy as np
 import optax
 import sacrebleu
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from specdec_jax import checkpoints, decode, sampling, train_loop
+from specdec_jax import checkpoints, decode, sampling, sharding, train_loop
 from specdec_jax.data import batching, pairs
 from specdec_jax.data import tokenizer as tokenizer_lib
 from specdec_jax.models import t5, t5_growth
@@ -165,7 +178,8 @@ def train_step(
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
-_train_step_jit = jax.jit(
+# `train_step` on one device (the loop compiles it on its mesh: `compile_step`).
+jit_train_step = jax.jit(
   train_step,
   static_argnames=('model_config', 'optimizer_config', 'label_smoothing', 'dropout_rate'),
   donate_argnames=('state',),
@@ -174,21 +188,80 @@ _loss_terms_jit = jax.jit(_loss_terms, static_argnames=('model_config', 'label_s
 
 
 def init_state(
-  rng: jax.Array, model_config: t5.T5Config, optimizer_config: OptimizerConfig
+  rng: jax.Array, model_config: t5.T5Config, optimizer_config: OptimizerConfig, params=None
 ) -> TrainState:
-  """Step 0: random params (`t5.init_params`) and a fresh optimizer state."""
-  params = t5.init_params(rng, model_config)
+  """Step 0: `params` (random ones, `t5.init_params`, if None) and a fresh optimizer state."""
+  if params is None:
+    params = t5.init_params(rng, model_config)
   opt_state = make_optimizer(optimizer_config).init(params)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
 
 
-init_state_jit = jax.jit(init_state, static_argnames=('model_config', 'optimizer_config'))
+def state_shardings(state, mesh: Mesh, how: str = 'auto') -> TrainState:
+  """Where each array of a train state (or of its `jax.eval_shape`) lives on `mesh`: the params
+  sharded by `sharding.DEFAULT_RULES` ('model'), whole on every device ('replicated') or by their
+  count ('auto', `sharding.rules_for`); each optimizer moment as its param; scalars replicated."""
+  rules = sharding.rules_for(how, t5.param_count(state.params))
+  return sharding.tree_shardings(state, mesh, rules)
 
 
-def evaluate_loss(params, batches, *, model_config: t5.T5Config) -> float:
-  """Mean per-token negative log-likelihood over `batching.eval_batches` output."""
+def create_state(
+  rng: jax.Array,
+  model_config: t5.T5Config,
+  optimizer_config: OptimizerConfig,
+  mesh: Mesh,
+  how: str = 'auto',
+  params=None,
+) -> tuple[TrainState, TrainState]:
+  """(step-0 state, its shardings): built in place on `mesh` (`state_shardings`), each device
+  computing only its shards of the random params and optimizer state. `params` (host arrays, the
+  same on every process) start it instead of random ones.
+  """
+  init = functools.partial(init_state, model_config=model_config, optimizer_config=optimizer_config)
+  shardings = state_shardings(jax.eval_shape(init, rng, params=params), mesh, how)
+  if params is not None:
+    params = jax.device_put(params, shardings.params)
+  state = jax.jit(init, out_shardings=shardings)(rng, params=params)
+  return state, shardings
+
+
+def compile_step(step, mesh: Mesh, shardings: TrainState, *extra_shardings):
+  """`step(state, batch, *extra) -> (state, metrics)` as one jit on `mesh` with explicit
+  shardings: the state stays where `shardings` put it (and is donated), the batch arrives split
+  over 'data' (each leaf's first axis), `extra` (e.g. a frozen teacher) as `extra_shardings`
+  say, and the metrics come back replicated. XLA adds the collectives, e.g. the gradients'
+  reduction over 'data'. Calls run under `jax.set_mesh(mesh)` (the models' activation
+  constraints)."""
+  rows = sharding.batch_sharding(mesh, 1)  # a prefix: axis 0 of every leaf, whatever its rank
+  jitted = jax.jit(
+    step,
+    in_shardings=(shardings, rows, *extra_shardings),
+    out_shardings=(shardings, NamedSharding(mesh, P())),
+    donate_argnums=0,
+  )
+
+  def run(*args):
+    with jax.set_mesh(mesh):
+      return jitted(*args)
+
+  return run
+
+
+def global_batch(make_rows: Callable[[np.ndarray], dict], index: np.ndarray, mesh: Mesh) -> dict:
+  """The training batch of the pairs `index`, split over `mesh`'s 'data' axis: each process calls
+  `make_rows` on its own share of `index` only (`sharding.global_batch`)."""
+  return sharding.global_batch(
+    lambda rows: make_rows(index[rows.start : rows.stop]), len(index), mesh
+  )
+
+
+def evaluate_loss(params, batches, *, model_config: t5.T5Config, mesh: Mesh | None = None) -> float:
+  """Mean per-token negative log-likelihood over `batching.eval_batches` output (each batch split
+  over `mesh`'s 'data' axis when given)."""
   nll_sum = tokens = 0.0
   for batch in batches:
+    if mesh is not None:
+      batch = sharding.from_host(batch, mesh)
     _, nll, n = _loss_terms_jit(params, batch, model_config=model_config, label_smoothing=0.0)
     nll_sum, tokens = nll_sum + float(nll), tokens + float(n)
   return nll_sum / max(tokens, 1.0)
@@ -202,21 +275,20 @@ def evaluate_bleu(
   *,
   batch_size: int,
   max_new_tokens: int,
+  mesh: Mesh | None = None,
 ) -> tuple[float, list[str]]:
-  """Greedy-decodes the sources of `data`; returns (corpus BLEU vs `references`, hypotheses)."""
+  """Greedy-decodes the sources of `data` (each batch split over `mesh`'s 'data' axis when
+  given); returns (corpus BLEU vs `references`, hypotheses)."""
   hypotheses = []
   greedy = sampling.SamplingConfig(temperature=0.0)
   for batch in batching.eval_batches(data, batch_size):
+    inputs = batch['inputs'], batch['input_mask']
+    if mesh is not None:
+      inputs = sharding.from_host(inputs, mesh)
     out = decode.generate(
-      model,
-      batch['inputs'],
-      batch['input_mask'],
-      sampling=greedy,
-      max_new_tokens=max_new_tokens,
-      rng=jax.random.key(0),
+      model, *inputs, sampling=greedy, max_new_tokens=max_new_tokens, rng=jax.random.key(0)
     )
-    tokens = np.asarray(out.tokens)
-    hypotheses.extend(tokenizer.decode(row) for row in tokens)
+    hypotheses.extend(tokenizer.decode(row) for row in decode.to_host(out.tokens))
   hypotheses = hypotheses[: len(references)]
   return sacrebleu.corpus_bleu(hypotheses, [references]).score, hypotheses
 
@@ -236,13 +308,18 @@ def _paths(config: ml_collections.ConfigDict) -> dict[str, str]:
 
 def export(model: t5.T5Model, path: str, tokenizer_path: str) -> None:
   """checkpoints.save into a fresh `path` (replacing an older export) plus the tokenizer as
-  `spm.model`."""
+  `spm.model`. With several processes every one calls it (each saves its shards); process 0
+  moves the files."""
   tmp = path + '.tmp'
-  shutil.rmtree(tmp, ignore_errors=True)
+  if sharding.is_main_process():
+    shutil.rmtree(tmp, ignore_errors=True)
+  sharding.barrier(f'export {tmp}: cleared')
   checkpoints.save(model, tmp)
-  shutil.copy(tokenizer_path, os.path.join(tmp, 'spm.model'))
-  shutil.rmtree(path, ignore_errors=True)
-  os.rename(tmp, path)
+  if sharding.is_main_process():
+    shutil.copy(tokenizer_path, os.path.join(tmp, 'spm.model'))
+    shutil.rmtree(path, ignore_errors=True)
+    os.rename(tmp, path)
+  sharding.barrier(f'export {path}: renamed')
 
 
 def exporter(model_config: t5.T5Config, tokenizer_path: str) -> train_loop.ExportFn:
@@ -253,13 +330,19 @@ def exporter(model_config: t5.T5Config, tokenizer_path: str) -> train_loop.Expor
 
 
 def _initial_params(init_from: str, model_config: t5.T5Config, seed: int):
-  """The params of the `checkpoints.save` directory `init_from`: as they are if its config is
-  `model_config`, else grown to it by `t5_growth.grow` (same function, larger shape)."""
+  """The params (host arrays) of the `checkpoints.save` directory `init_from`: as they are if its
+  config is `model_config`, else grown to it by `t5_growth.grow` (same function, larger shape)."""
   init = checkpoints.restore(init_from)
-  if init.config == model_config:
-    return init.params
-  print(f'growing {init_from} ({t5.param_count(init.params):,} params) to the model shape')
-  return t5_growth.grow(init, model_config, jax.random.key(seed + 1)).params
+  if init.config != model_config:
+    say(f'growing {init_from} ({t5.param_count(init.params):,} params) to the model shape')
+    init = t5_growth.grow(init, model_config, jax.random.key(seed + 1))
+  return jax.device_get(init.params)
+
+
+def say(*args) -> None:
+  """print, on process 0 only (every process runs the same program)."""
+  if sharding.is_main_process():
+    print(*args, flush=True)
 
 
 def _data(config: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenizer) -> dict:
@@ -281,11 +364,10 @@ def _data(config: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenizer) -> di
   batches = batching.BucketedBatches(
     train_data, batch_size=config.batch_size, buckets=config.length_buckets, seed=config.seed
   )
-  print(
+  say(
     f'train: {len(train_data)} pairs ({dropped} too long), {batches.num_batches_per_epoch} '
     f'batches/epoch; valid: {len(valid_data)} pairs for loss ({valid_dropped} too long), '
-    f'{len(bleu_pairs)} for BLEU',
-    flush=True,
+    f'{len(bleu_pairs)} for BLEU'
   )
   return {
     'train': batches,
@@ -300,7 +382,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   Writes (`train_loop.run`) `workdir/metrics.jsonl` (train and eval records), orbax checkpoints
   of the full train state every `checkpoint_every` steps, `workdir/best/` (lowest valid loss so
   far) and, at the end, `workdir/final/`: both `checkpoints.save` directories with the tokenizer
-  as `spm.model`.
+  as `spm.model`. On a mesh of several processes every process runs this (module docstring);
+  the workdir must be one directory they all see.
 
   Returns:
     The last evaluation's record.
@@ -312,34 +395,53 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     raise ValueError(
       f'tokenizer has {tok.vocab_size} pieces, model vocab_size is {model_config.vocab_size}'
     )
+  mesh = sharding.mesh_from_spec(config.mesh, config.batch_size)
+  sharding.check_batch(config.eval_batch_size, mesh)
+  sharding.check_placement(config.model_sharding, 'config.model_sharding')
   data = _data(config, tok)
   optimizer_config = OptimizerConfig.from_config(config)
-  state = init_state_jit(jax.random.key(config.seed), model_config, optimizer_config)
+  init_params = None
   if config.init_from:
-    state = state.replace(params=_initial_params(config.init_from, model_config, config.seed))
-    state = state.replace(opt_state=make_optimizer(optimizer_config).init(state.params))
-  print(f'model: {t5.param_count(state.params):,} params, {model_config}', flush=True)
-
-  def train_step(state, step):
-    batch = data['train'].batch(step)
-    state, metrics = _train_step_jit(
-      state,
-      batch,
+    init_params = _initial_params(config.init_from, model_config, config.seed)
+  state, shardings = create_state(
+    jax.random.key(config.seed),
+    model_config,
+    optimizer_config,
+    mesh,
+    config.model_sharding,
+    init_params,
+  )
+  say(f'model: {t5.param_count(state.params):,} params, {model_config}; mesh {dict(mesh.shape)}')
+  step_fn = compile_step(
+    functools.partial(
+      train_step,
       model_config=model_config,
       optimizer_config=optimizer_config,
       label_smoothing=config.label_smoothing,
       dropout_rate=config.dropout_rate,
+    ),
+    mesh,
+    shardings,
+  )
+
+  pairs = data['train'].data
+
+  def step(state, step):
+    index, source_length, target_length = data['train'].batch_index(step)
+    batch = global_batch(
+      lambda rows: batching.batch_arrays(pairs, rows, source_length, target_length), index, mesh
     )
-    del metrics['tokens']  # counted below, source and target
+    state, metrics = step_fn(state, batch)
+    del metrics['tokens']  # counted below (on the host: no sync), source and target
     counts = {
-      'examples': batch['inputs'].shape[0],
-      'tokens': float(batch['input_mask'].sum() + batch['target_mask'].sum()),
-      'padded_tokens': batch['inputs'].size + batch['targets'].size,
+      'examples': len(index),
+      'tokens': float(pairs.input_lengths[index].sum() + pairs.target_lengths[index].sum()),
+      'padded_tokens': len(index) * (source_length + target_length),
     }
     return state, metrics, counts
 
   def evaluate(params):
-    valid_nll = evaluate_loss(params, data['valid'], model_config=model_config)
+    valid_nll = evaluate_loss(params, data['valid'], model_config=model_config, mesh=mesh)
     bleu_data, bleu_pairs = data['bleu']
     bleu, hyps = evaluate_bleu(
       t5.T5Model(config=model_config, params=params),
@@ -348,18 +450,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       tok,
       batch_size=config.eval_batch_size,
       max_new_tokens=config.max_target_length,
+      mesh=mesh,
     )
-    print(f'  e.g. {bleu_pairs[0][0]!r} -> {hyps[0]!r}', flush=True)
+    say(f'  e.g. {bleu_pairs[0][0]!r} -> {hyps[0]!r}')
     return {'valid_nll': valid_nll, 'valid_ppl': math.exp(min(valid_nll, 50)), 'valid_bleu': bleu}
 
   schedule = learning_rate_schedule(optimizer_config)
-  return train_loop.run(
-    state,
-    train_step,
-    evaluate,
-    cadence=train_loop.Cadence.from_config(config),
-    workdir=workdir,
-    export=exporter(model_config, paths['tokenizer']),
-    best=train_loop.Best('valid_nll'),
-    log_extra=lambda step: {'learning_rate': float(schedule(step - 1))},
-  )
+  with jax.set_mesh(mesh):
+    return train_loop.run(
+      state,
+      step,
+      evaluate,
+      cadence=train_loop.Cadence.from_config(config),
+      workdir=workdir,
+      export=exporter(model_config, paths['tokenizer']),
+      best=train_loop.Best('valid_nll'),
+      log_extra=lambda step: {'learning_rate': float(schedule(step - 1))},
+    )

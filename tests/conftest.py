@@ -41,6 +41,7 @@ def pytest_configure(config):
 # the two xdist workers take whole files in collection order, and a heavy file left for last runs
 # while the other worker has nothing left to take.
 _HEAVIEST_FIRST = (
+  'multihost_training_test.py',
   'multihost_test.py',
   'decode_test.py',
   'translate_test.py',

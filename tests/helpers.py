@@ -14,6 +14,7 @@ Fixtures built on them (a loaded shipped pair, the tiny target/drafter pair) are
 import dataclasses
 import os
 import pathlib
+import random
 import subprocess
 import sys
 
@@ -43,6 +44,28 @@ def tiny_t5(config: str | t5.T5Config = 'tiny-v1.1', seed: int = 0, **overrides)
   if overrides:
     config = dataclasses.replace(config, **overrides)
   return t5.T5Model(config=config, params=t5.init_params(jax.random.key(seed), config))
+
+
+_EN = {'red': 'rote', 'big': 'große', 'old': 'alte', 'small': 'kleine'}
+_NOUNS = {'cat': 'Katze', 'house': 'Haus', 'dog': 'Hund', 'tree': 'Baum'}
+_VERBS = {'sees': 'sieht', 'likes': 'mag', 'finds': 'findet'}
+
+
+def fixture_pairs(n: int, seed: int) -> list[tuple[str, str]]:
+  """`n` synthetic EN->DE sentence pairs ('The red cat sees 12 birds.' -> 'Die rote Katze sieht
+  12 Vögel.'): a corpus a tiny model learns in a few steps."""
+  rng = random.Random(seed)
+  out = []
+  for _ in range(n):
+    adj, noun, verb = rng.choice(list(_EN)), rng.choice(list(_NOUNS)), rng.choice(list(_VERBS))
+    count = rng.randint(2, 99)
+    out.append(
+      (
+        f'The {adj} {noun} {verb} {count} birds.',
+        f'Die {_EN[adj]} {_NOUNS[noun]} {_VERBS[verb]} {count} Vögel.',
+      )
+    )
+  return out
 
 
 def shipped(name: str = 'ende') -> bool:

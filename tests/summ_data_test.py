@@ -385,7 +385,7 @@ def test_train_step_with_targets_shorter_than_sources():
     'targets': rng.integers(3, 300, (4, 32)).astype(np.int32),
     'target_mask': np.ones((4, 32), bool),
   }
-  state, metrics = training._train_step_jit(
+  state, metrics = training.jit_train_step(
     state,
     batch,
     model_config=model_config,

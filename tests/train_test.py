@@ -7,7 +7,6 @@ tokenizer written to tmp, then reruns it to check that training resumes from the
 import dataclasses
 import functools
 import json
-import random
 import shutil
 
 import jax
@@ -21,31 +20,12 @@ from specdec_jax.data import batching, pairs, tokenizer
 from specdec_jax.models import t5
 from tests import helpers
 
-_EN = {'red': 'rote', 'big': 'große', 'old': 'alte', 'small': 'kleine'}
-_NOUNS = {'cat': 'Katze', 'house': 'Haus', 'dog': 'Hund', 'tree': 'Baum'}
-_VERBS = {'sees': 'sieht', 'likes': 'mag', 'finds': 'findet'}
-
-
-def _fixture_pairs(n, seed):
-  rng = random.Random(seed)
-  out = []
-  for _ in range(n):
-    adj, noun, verb = rng.choice(list(_EN)), rng.choice(list(_NOUNS)), rng.choice(list(_VERBS))
-    count = rng.randint(2, 99)
-    out.append(
-      (
-        f'The {adj} {noun} {verb} {count} birds.',
-        f'Die {_EN[adj]} {_NOUNS[noun]} {_VERBS[verb]} {count} Vögel.',
-      )
-    )
-  return out
-
 
 @pytest.fixture(scope='module')
 def corpus(tmp_path_factory):
   """data_dir with train.tsv, valid.tsv and spm_ende_8k.model (a tiny vocabulary)."""
   data_dir = tmp_path_factory.mktemp('ende')
-  train, valid = _fixture_pairs(200, seed=0), _fixture_pairs(16, seed=1)
+  train, valid = helpers.fixture_pairs(200, seed=0), helpers.fixture_pairs(16, seed=1)
   pairs.write_tsv(train, data_dir / 'train.tsv')
   pairs.write_tsv(valid, data_dir / 'valid.tsv')
   tok = tokenizer.train_tokenizer([s for p in train for s in p], vocab_size=320)
@@ -104,13 +84,13 @@ def test_train_step_fits_a_fixed_batch(corpus, dropout_rate):
   )
   model_config = training.model_config_from(config)
   data, _ = batching.encode_pairs(
-    _fixture_pairs(8, seed=2), tok, max_source_length=32, max_target_length=32
+    helpers.fixture_pairs(8, seed=2), tok, max_source_length=32, max_target_length=32
   )
   batch = batching.batch_arrays(data, np.arange(8), 32, 32)
   optimizer_config = training.OptimizerConfig.from_config(config)
   state = training.init_state(jax.random.key(0), model_config, optimizer_config)
   step = functools.partial(
-    training._train_step_jit,
+    training.jit_train_step,
     model_config=model_config,
     optimizer_config=optimizer_config,
     label_smoothing=0.0,
@@ -145,7 +125,7 @@ def test_cross_entropy_matches_numpy(label_smoothing):
 
 def test_bucketed_batches_deterministic_fixed_shapes(corpus):
   _, tok = corpus
-  unique = list(dict.fromkeys(_fixture_pairs(120, seed=3)))[:100]
+  unique = list(dict.fromkeys(helpers.fixture_pairs(120, seed=3)))[:100]
   data, dropped = batching.encode_pairs(unique, tok, max_source_length=32, max_target_length=32)
   assert dropped == 0
   a = batching.BucketedBatches(data, batch_size=8, buckets=(12, 16, 32), seed=5)
@@ -171,7 +151,7 @@ def test_bucketed_batches_deterministic_fixed_shapes(corpus):
 def test_eval_batches_pad_last_batch_with_weightless_rows(corpus):
   _, tok = corpus
   data, dropped = batching.encode_pairs(
-    _fixture_pairs(10, seed=4), tok, max_source_length=32, max_target_length=30
+    helpers.fixture_pairs(10, seed=4), tok, max_source_length=32, max_target_length=30
   )
   assert dropped == 0
   batches = batching.eval_batches(data, 4)

@@ -116,13 +116,16 @@ def _runlocal(c):
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  c = train_common.base_config()
+  c = train_common.base_config(placement='student_sharding')
   c.teacher = str(_ROOT / 'pretrained' / 'ende' / 'target')
   c.tokenizer = str(_ROOT / 'pretrained' / 'ende' / 'spm.model')
   c.train_file = str(_ROOT / 'data' / 'ende' / 'train.tsv')  # sources; references are unused
   c.valid_file = str(_ROOT / 'data' / 'ende' / 'valid.tsv')
   c.num_train_sources = 20_000  # 0: all
   c.num_valid_sources = 256
+  # The held-out pairs of the pair directory the run writes (<workdir>/pair/test.tsv, what the
+  # main job decodes); '' copies valid_file.
+  c.test_file = str(_ROOT / 'pretrained' / 'ende' / 'test.tsv')
   c.data_temperatures = (0.0, 1.0)  # one target output per source per temperature
   c.generate_batch_size = 64
   c.divergence = 'fkl'  # 'fkl' | 'rkl' | 'tvd' (specdec_jax.distill.DIVERGENCES)

@@ -7,8 +7,9 @@ checkpointing) is here, so the target and its drafter are trained the same way o
 import ml_collections
 
 
-def base_config() -> ml_collections.ConfigDict:
-  """Data, optimizer and loop settings (`shrink` makes them a smoke test)."""
+def base_config(placement: str = 'model_sharding') -> ml_collections.ConfigDict:
+  """Data, optimizer and loop settings (`shrink` makes them a smoke test); `placement` names the
+  field that places the trained model on the mesh ('student_sharding' in distillation)."""
   c = ml_collections.ConfigDict()
   c.data_dir = './data/ende'
   c.train_file = ''  # default <data_dir>/train.tsv; any load_pairs file (TSV / JSONL) works
@@ -35,6 +36,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.grad_clip_norm = 1.0
   c.label_smoothing = 0.1
   c.dropout_rate = 0.0  # T5's residual dropout (t5.forward); T5 itself used 0.1
+
+  # The device mesh: 'DATAxMODEL' (e.g. '4x4' on a v4-32) or 'auto' (1x1 on CPU, 1xN on an
+  # accelerator), as the main job's; batch sizes must split over 'data'. Every process of a
+  # multi-host slice runs the same command on a workdir they all see.
+  c.mesh = 'auto'
+  # Where the trained model's params and optimizer state live: 'replicated' on every device,
+  # 'model' (sharded by specdec_jax.sharding.DEFAULT_RULES) or 'auto' (replicated under 1B params).
+  c[placement] = 'auto'
 
   c.log_every = 100
   c.eval_every = 1_000

@@ -108,7 +108,7 @@ class BucketedBatches:
       raise ValueError(f'largest bucket {buckets[-1]} < longest pair ({longest} tokens)')
     if batch_size < 1:
       raise ValueError(f'batch_size must be >= 1, got {batch_size}')
-    self._data, self._batch_size, self._seed = data, batch_size, seed
+    self.data, self._batch_size, self._seed = data, batch_size, seed
     pair_length = np.maximum(data.input_lengths, data.target_lengths)
     which = np.searchsorted(buckets, pair_length)  # smallest bucket >= length
     self._buckets = [(length, np.flatnonzero(which == b)) for b, length in enumerate(buckets)]
@@ -135,11 +135,11 @@ class BucketedBatches:
     length, index = self._epoch_order(epoch)[i]
     # A bucket bounds both sides; a side whose maximum is shorter (summaries: 256 source tokens,
     # 32 target tokens) is cut to that maximum instead of padded to the bucket.
-    return index, min(length, self._data.inputs.shape[1]), min(length, self._data.targets.shape[1])
+    return index, min(length, self.data.inputs.shape[1]), min(length, self.data.targets.shape[1])
 
   def batch(self, step: int) -> dict[str, np.ndarray]:
     """The batch of training step `step` (0-based); see `batch_arrays` for the fields."""
-    return batch_arrays(self._data, *self.batch_index(step))
+    return batch_arrays(self.data, *self.batch_index(step))
 
 
 def eval_batches(data: EncodedPairs, batch_size: int) -> list[dict[str, np.ndarray]]:
