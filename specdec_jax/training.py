@@ -230,21 +230,15 @@ def compile_step(step, mesh: Mesh, shardings: TrainState, *extra_shardings):
   shardings: the state stays where `shardings` put it (and is donated), the batch arrives split
   over 'data' (each leaf's first axis), `extra` (e.g. a frozen teacher) as `extra_shardings`
   say, and the metrics come back replicated. XLA adds the collectives, e.g. the gradients'
-  reduction over 'data'. Calls run under `jax.set_mesh(mesh)` (the models' activation
-  constraints)."""
+  reduction over 'data'. Call (or lower) it under `jax.set_mesh(mesh)`, which turns on the
+  models' activation constraints."""
   rows = sharding.batch_sharding(mesh, 1)  # a prefix: axis 0 of every leaf, whatever its rank
-  jitted = jax.jit(
+  return jax.jit(
     step,
     in_shardings=(shardings, rows, *extra_shardings),
     out_shardings=(shardings, NamedSharding(mesh, P())),
     donate_argnums=0,
   )
-
-  def run(*args):
-    with jax.set_mesh(mesh):
-      return jitted(*args)
-
-  return run
 
 
 def global_batch(make_rows: Callable[[np.ndarray], dict], index: np.ndarray, mesh: Mesh) -> dict:
