@@ -30,6 +30,7 @@ Axis legend: B batch, S source length, M max_new_tokens.
 
 import contextlib
 import dataclasses
+import itertools
 import math
 import numbers
 import time
@@ -39,7 +40,7 @@ import jax
 import numpy as np
 import sacrebleu
 
-from specdec_jax import analysis, decode, pretrained, sharding, tables, timing, verify
+from specdec_jax import analysis, decode, pretrained, sharding, tables, timing
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.data import tokenizer as tokenizer_lib
 
@@ -121,6 +122,8 @@ class Run:
   # With `trace=True`: tau (drafts accepted) of every iteration in which a row was still
   # emitting, over all rows (int32[iterations]); else None.
   accepted_lengths: np.ndarray | None = None
+  # Each source's emitted token ids (int32[its length]), in order: what losslessness compares.
+  outputs: list[np.ndarray] = dataclasses.field(default_factory=list)
 
   @property
   def seconds(self) -> float:
@@ -182,12 +185,7 @@ def translate_in_turn(
   'data' axis and every process tokenizes only the rows its devices hold; outputs are gathered to
   every process, and each timed call starts after a barrier of all processes.
   """
-  unknown = [m for m in methods if m != AUTOREGRESSIVE and m not in verify.VERIFIERS]
-  if not methods or unknown or len(set(methods)) != len(methods):
-    raise ValueError(
-      f"methods must be distinct, each 'autoregressive' or one of {sorted(verify.VERIFIERS)}; "
-      f'got {tuple(methods)}.'
-    )
+  check_methods(methods)
   if trace and AUTOREGRESSIVE in methods:
     raise ValueError('trace=True needs speculative methods only (verifier names).')
   chunks = [sources[i : i + batch_size] for i in range(0, len(sources), batch_size)]
@@ -234,9 +232,10 @@ def translate_in_turn(
 
 def _gather(batches, tokenizer, trace: bool) -> Run:
   """One method's Run from its batches: (host output, seconds, real rows) each."""
-  hyps, lengths, stats, accepted = [], [], [], []
+  hyps, lengths, stats, accepted, outputs = [], [], [], [], []
   for out, _, n in batches:
     hyps += [tokenizer.decode(row) for row in out.tokens[:n]]
+    outputs += [row[:length] for row, length in zip(out.tokens[:n], out.lengths[:n])]
     lengths.append(out.lengths[:n])
     stats.append(jax.tree.map(lambda x: x[:n], out.stats))
     if trace:  # live iterations: a row still emitting appends at least one token
@@ -249,6 +248,7 @@ def _gather(batches, tokenizer, trace: bool) -> Run:
     np.asarray([seconds for _, seconds, _ in batches]),
     np.asarray([int(np.max(out.stats.target_calls)) for out, _, _ in batches]),
     np.concatenate(accepted) if trace else None,
+    outputs,
   )
 
 
@@ -307,51 +307,23 @@ class Plan:
     )
 
 
-def _positive_int(config, name: str) -> None:
-  value = config[name]
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-    raise ValueError(f'config.{name} must be an int >= 1, got {value!r}.')
-
-
 def prepare(config) -> Plan:
-  """Checks every setting and loads the pair and the test set, before anything is decoded.
+  """Checks every setting (`check_config`), then places the pair on its mesh and reads the test
+  set, before anything is decoded.
 
   `config` fields: pretrained (pair name or directory), task (the rows' task name; optional),
-  drafters (names, or ('all',)),
-  num_examples, batch_size, max_source_length, max_new_tokens, temperatures, gammas, verifiers,
-  seed; optional: num_drafts (K draft paths per iteration, default 1), draft_stop (adaptive draft
-  length threshold, default None).
+  drafters (names, or ('all',)), num_examples, batch_size, max_source_length, max_new_tokens,
+  temperatures, gammas, verifiers, seed; optional: num_drafts (K draft paths per iteration,
+  default 1), draft_stop (adaptive draft length threshold, default None), mesh ('DATAxMODEL' or
+  'auto'), drafter_sharding, and a pair given by checkpoints: target, drafter, tokenizer,
+  test_file (all four), source_prefix, param_dtype.
 
   Raises:
     ValueError (or FileNotFoundError for a missing pair) naming the bad setting.
   """
-  for name in ('num_examples', 'batch_size', 'max_source_length', 'max_new_tokens'):
-    _positive_int(config, name)
-  _positive_int({'num_drafts': num_drafts(config)}, 'num_drafts')
-  decode.LoopSpec(  # raises on a bad draft_stop, or one beside num_drafts > 1
-    sampling=sampling_lib.SamplingConfig(temperature=1.0),
-    max_new_tokens=1,
-    gamma=1,
-    num_drafts=num_drafts(config),
-    draft_stop=config.get('draft_stop'),
-  )
-  for name in ('temperatures', 'gammas', 'verifiers'):
-    if not config[name]:
-      raise ValueError(f'config.{name} is empty.')
-  for t in config.temperatures:
-    sampling_lib.SamplingConfig(temperature=t)  # raises on a bad temperature
-  for g in config.gammas:
-    if isinstance(g, bool) or not isinstance(g, numbers.Integral) or g < 1:
-      raise ValueError(f'config.gammas must hold ints >= 1, got {tuple(config.gammas)}.')
-  if len(set(config.verifiers)) != len(config.verifiers):
-    raise ValueError(f'config.verifiers has repeated names: {tuple(config.verifiers)}.')
-  unknown = set(config.verifiers) - set(verify.VERIFIERS)
-  if unknown:
-    raise ValueError(
-      f'Unknown verifier(s) {sorted(unknown)} in config.verifiers; choose from '
-      f'{sorted(verify.VERIFIERS)}.'
-    )
-  mesh = make_mesh(config)
+  check_config(config)
+  mesh = sharding.mesh_from_spec(config.get('mesh', 'auto'), config.batch_size)
+  mesh = None if mesh.size == 1 else mesh  # one device: the loops run unsharded
   pair = load_pair(config, mesh)
   if config.get('target') or tuple(config.drafters) == ('all',):
     names = list(pair.drafters)  # a pair given by checkpoints has its one drafter
@@ -387,44 +359,75 @@ def prepare(config) -> Plan:
   )
 
 
+def check_config(config) -> None:
+  """Raises ValueError naming the first bad setting of a main-job config (`prepare`'s fields)
+  that can be told without loading anything. Each loop setting is checked by the loop's own
+  `decode.LoopSpec`, for every (temperature, gamma, verifier) the rows will run."""
+  for name in ('num_examples', 'batch_size', 'max_source_length', 'max_new_tokens'):
+    _positive_int(name, config[name])
+  _positive_int('num_drafts', num_drafts(config))
+  for name in ('temperatures', 'gammas', 'verifiers'):
+    if not config[name]:
+      raise ValueError(f'config.{name} is empty.')
+  for g in config.gammas:
+    if isinstance(g, bool) or not isinstance(g, numbers.Integral) or g < 1:
+      raise ValueError(f'config.gammas must hold ints >= 1, got {tuple(config.gammas)}.')
+  check_methods(config.verifiers, 'config.verifiers')
+  for temperature, gamma, verifier in itertools.product(
+    config.temperatures, config.gammas, config.verifiers
+  ):
+    decode.LoopSpec(  # raises on a bad temperature, draft_stop, or draft_stop beside K > 1
+      sampling=sampling_lib.SamplingConfig(temperature=temperature),
+      max_new_tokens=config.max_new_tokens,
+      gamma=gamma,
+      verifier=verifier,
+      num_drafts=num_drafts(config),
+      draft_stop=config.get('draft_stop'),
+    )
+  sharding.check_placement(config.get('drafter_sharding', 'auto'), 'config.drafter_sharding')
+  given = [k for k in ('drafter', 'tokenizer', 'test_file') if config.get(k)]
+  if config.get('target') and len(given) < 3:
+    missing = [k for k in ('drafter', 'tokenizer', 'test_file') if k not in given]
+    raise ValueError(f'config.target is set: also set config.{", config.".join(missing)}.')
+  if given and not config.get('target'):
+    raise ValueError(f'config.{given[0]} needs config.target (a pair given by checkpoints).')
+
+
+def check_methods(methods: Sequence[str], what: str = 'methods') -> None:
+  """Raises ValueError unless `methods` are distinct, each 'autoregressive' or a verifier name
+  (`decode.LoopSpec` checks the names: `verify.VERIFIERS`)."""
+  if not methods or len(set(methods)) != len(methods):
+    raise ValueError(f'{what} must be distinct names, at least one; got {tuple(methods)}.')
+  for method in methods:
+    if method != AUTOREGRESSIVE:
+      decode.LoopSpec(sampling=sampling_lib.SamplingConfig(), max_new_tokens=1, verifier=method)
+
+
+def _positive_int(name: str, value) -> None:
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+    raise ValueError(f'config.{name} must be an int >= 1, got {value!r}.')
+
+
 def num_drafts(config) -> int:
   """K, the draft paths per iteration of every speculative row: `config.num_drafts` (default 1)."""
   return config.get('num_drafts', 1)
 
 
-def make_mesh(config):
-  """The device mesh of `config.mesh` ('DATAxMODEL' or 'auto'), or None for one device (the
-  default on CPU: no sharding at all). Raises ValueError if the batch does not split over
-  'data' or the mesh needs more devices than there are."""
-  data, model = sharding.parse_mesh(config.get('mesh', 'auto'))
-  if data * model == 1:
-    return None
-  mesh = sharding.make_mesh(data, model)
-  sharding.check_batch(config.batch_size, mesh)
-  return mesh
-
-
 def load_pair(config, mesh) -> pretrained.Pair:
-  """The pair of `config`: `config.target` (+ `drafter`, `tokenizer`, `test_file`) checkpoints of
-  any format, or else the pair directory `config.pretrained`; placed on `mesh` as it loads (the
-  target sharded, drafters per `config.drafter_sharding`)."""
-  how = config.get('drafter_sharding', 'auto')
-  sharding.check_placement(how, 'config.drafter_sharding')
+  """The pair of a checked `config` placed on `mesh` as it loads (the target sharded, drafters
+  per `config.drafter_sharding`): checkpoints of any format (`config.target`, `drafter`,
+  `tokenizer`, `test_file`: `pretrained.from_checkpoints`), else the pair directory
+  `config.pretrained` (`pretrained.load`)."""
+  how, prefix = config.get('drafter_sharding', 'auto'), config.get('source_prefix', '')
   if not config.get('target'):
-    extra = [k for k in ('drafter', 'tokenizer', 'test_file') if config.get(k)]
-    if extra:
-      raise ValueError(f'config.{extra[0]} needs config.target (a pair given by checkpoints).')
     pair = pretrained.load(config.pretrained, mesh=mesh, drafter_sharding=how)
-    return dataclasses.replace(pair, source_prefix=config.get('source_prefix', ''))
-  missing = [k for k in ('drafter', 'tokenizer', 'test_file') if not config.get(k)]
-  if missing:
-    raise ValueError(f'config.target is set: also set config.{", config.".join(missing)}.')
+    return dataclasses.replace(pair, source_prefix=prefix)
   return pretrained.from_checkpoints(
     config.target,
     {'drafter': config.drafter},
     tokenizer=config.tokenizer,
     test_file=config.test_file,
-    source_prefix=config.get('source_prefix', ''),
+    source_prefix=prefix,
     mesh=mesh,
     drafter_sharding=how,
     param_dtype=config.get('param_dtype') or None,

@@ -64,39 +64,63 @@ class ResultsWriter:
     return self.paths
 
 
-def plot_speedup(table: Sequence[Row | Mapping], path: str) -> None:
-  """speedup.png: measured and predicted speedup vs gamma, one panel per temperature."""
+def plot_speedup(table: Sequence[Mapping], path: str) -> None:
+  """speedup.png: speedup over autoregressive decoding against gamma, one panel per temperature.
+
+  One colour per drafter and one marker per verifier; measured solid with filled markers, the
+  formula's prediction (`predicted_speedup`) dashed with open ones, so each measured line sits
+  beside its own prediction. Ticks at the gammas run; the legend outside the panels.
+  """
   import matplotlib
 
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
+  from matplotlib.lines import Line2D
 
-  temps = sorted({r['temp'] for r in table})
-  fig, axes = plt.subplots(1, len(temps), figsize=(5.5 * len(temps), 4), squeeze=False)
+  spec = [r for r in table if r['method'] != AUTOREGRESSIVE]
+  temps = sorted({r['temp'] for r in spec})
+  drafters = list(dict.fromkeys(r['drafter'] for r in spec))  # the table's order
+  verifiers = sorted({r['method'] for r in spec}, key=lambda v: (v != 'token', v))
+  colors = dict(zip(drafters, plt.get_cmap('tab10').colors))
+  markers = dict(zip(verifiers, 'osD^v'))
+  shift = {v: 0.06 * (i - (len(verifiers) - 1) / 2) for i, v in enumerate(verifiers)}
+  fig, axes = plt.subplots(
+    1, len(temps), figsize=(4.2 * len(temps), 3.6), squeeze=False, sharey=True
+  )
   for ax, temp in zip(axes[0], temps):
-    spec = [r for r in table if r['temp'] == temp and r['method'] != AUTOREGRESSIVE]
-    for drafter in sorted({r['drafter'] for r in spec}):
-      for method, style in (('token', '-o'), ('block', '--s')):
+    rows = [r for r in spec if r['temp'] == temp]
+    for drafter in drafters:
+      for verifier in verifiers:
         pts = sorted(
           (r['gamma'], r['speedup'], r['predicted_speedup'])
-          for r in spec
-          if r['drafter'] == drafter and r['method'] == method
+          for r in rows
+          if r['drafter'] == drafter and r['method'] == verifier
         )
-        if pts:
-          g, s, p = zip(*pts)
-          (line,) = ax.plot(g, s, style, label=f'{drafter} / {method} (measured)')
-          ax.plot(
-            g,
-            p,
-            style[1:],
-            color=line.get_color(),
-            alpha=0.35,
-            label=f'{drafter} / {method} (predicted)',
-          )
-    ax.axhline(1.0, color='gray', lw=0.8)
-    task = spec[0]['task'] if spec else ''
-    ax.set(title=f'{task}, temperature {temp}', xlabel='gamma', ylabel='walltime speedup vs AR')
-    ax.legend(fontsize=7)
+        if not pts:
+          continue
+        gamma, measured, predicted = zip(*pts)
+        x = [g + shift[verifier] for g in gamma]
+        style = dict(color=colors[drafter], marker=markers[verifier], markersize=6)
+        ax.plot(x, measured, '-', **style)
+        if all(p is not None for p in predicted):
+          ax.plot(x, predicted, '--', markerfacecolor='white', alpha=0.8, **style)
+    ax.axhline(1.0, color='gray', lw=0.8, zorder=0)
+    gammas = sorted({r['gamma'] for r in rows})
+    ax.set_xticks(gammas)
+    ax.set_xlim(gammas[0] - 0.5, gammas[-1] + 0.5)
+    ax.set(title=f'{rows[0]["task"]}, temperature {temp:g}', xlabel='gamma (drafts per iteration)')
+    ax.grid(axis='y', alpha=0.3)
+  axes[0][0].set_ylabel('speedup over autoregressive')
+  handles = [Line2D([], [], color=colors[d], lw=2, label=f'drafter: {d}') for d in drafters]
+  handles += [
+    Line2D([], [], color='black', marker=markers[v], ls='none', label=f'verifier: {v}')
+    for v in verifiers
+  ]
+  handles += [
+    Line2D([], [], color='black', ls='-', marker='o', label='measured'),
+    Line2D([], [], color='black', ls='--', marker='o', markerfacecolor='white', label='predicted'),
+  ]
+  fig.legend(handles=handles, loc='center left', bbox_to_anchor=(1.0, 0.5), frameon=False)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  fig.savefig(path, dpi=110, bbox_inches='tight')
   plt.close(fig)

@@ -4,13 +4,16 @@ A model call timed from Python includes jit dispatch (~0.3-0.5 ms for a T5's par
 small CPU), which the decode loops never pay: they run inside one jit. `step_seconds` therefore
 times a model call inside a jitted `fori_loop` and takes the difference of two loop lengths, which
 cancels dispatch; the encoder and the cache set-up run once before, outside the timed programs.
-Costs of the drafter (c) and of the (gamma+1)-position target pass are measured this way by the main
-job and the benchmarks.
+The drafter's cost in the loop (c) is measured inside the loop's own iteration, run with and
+without its drafter calls (`drafter_seconds`). Loops timed together run in turn and the fastest
+run of each counts, so that a shared machine's load moves them alike (`step_costs`, which the
+main job and the benchmarks use).
 
 Axis legend: B batch, S source length, T query length.
 """
 
 import functools
+import math
 import time
 from collections.abc import Callable
 
@@ -88,10 +91,13 @@ def _repeated_iterations(
   gamma,
   cache_len,
   calls,
+  drafting=True,
 ):
   """`calls` iterations of the speculative loop's model calls, by the loop's own functions: the
   drafter's gamma calls (`decode_steps.draft`, greedy) and one (gamma+1)-position target pass,
-  every iteration from `position` [B] of the caches."""
+  every iteration from `position` [B] of the caches. `calls` and `drafting` are traced: one
+  program for every loop length, with its drafter calls made or skipped (`drafting` False: the
+  pass scores fixed drafts; the rest of the iteration is the same program)."""
   batch = position.shape[0]
   reads_states = getattr(drafter_steps, 'reads_target_states', False)
   states = None
@@ -106,18 +112,24 @@ def _repeated_iterations(
     # layer, and c came out 2-4x too low).
     pending = (jnp.argmax(logits[:, -1], -1) + i) % 7 + 2
     seq = jnp.broadcast_to(pending[:, None], (batch, cache_len))
-    drafts, _, drafter_cache, _ = decode_steps.draft(
-      drafter_steps,
-      drafter_params,
-      drafter_cache,
-      seq,
-      position,
-      jax.random.key(0),  # unused when greedy, as in the loop
-      gamma=gamma,
-      sampling=None,
-      greedy=True,
-      target_states=None if states is None else (states, position - 1),
-    )
+
+    def run_drafter(drafter_cache):
+      drafts, _, drafter_cache, _ = decode_steps.draft(
+        drafter_steps,
+        drafter_params,
+        drafter_cache,
+        seq,
+        position,
+        jax.random.key(0),  # unused when greedy, as in the loop
+        gamma=gamma,
+        sampling=None,
+        greedy=True,
+        target_states=None if states is None else (states, position - 1),
+      )
+      return drafts, drafter_cache
+
+    skip_drafter = lambda drafter_cache: (seq[:, :gamma], drafter_cache)
+    drafts, drafter_cache = jax.lax.cond(drafting, run_drafter, skip_drafter, drafter_cache)
     logits, states, target_cache = decode_steps.target_pass(
       target_steps,
       target_params,
@@ -132,12 +144,66 @@ def _repeated_iterations(
   return jax.lax.fori_loop(0, calls, body, carry)[2]
 
 
+def _fastest(runs: dict, repeats: int) -> dict:
+  """{key: seconds of the fastest of `repeats` runs of `runs[key]()`}: each zero-argument function
+  runs once untimed (compiles, warms), then all of them in turn, `repeats` times. In turn, a slow
+  spell of a shared machine falls on every one alike; the fastest run of each is the one it
+  disturbed least, and unlike the median it does not move with how busy the machine was."""
+  for run in runs.values():
+    jax.block_until_ready(run())
+  best = dict.fromkeys(runs, math.inf)
+  for _ in range(repeats):
+    for key, run in runs.items():
+      start = time.perf_counter()
+      jax.block_until_ready(run())
+      best[key] = min(best[key], time.perf_counter() - start)
+  return best
+
+
+def _slope(seconds: dict, name, calls: tuple[int, int]) -> float:
+  """Seconds per call of a loop from its fastest runs at two lengths, `seconds[name, k]`: the
+  difference over the difference of lengths, which cancels dispatch and set-up."""
+  short, long = calls
+  return max(seconds[name, long] - seconds[name, short], 0.0) / (long - short)
+
+
 def _per_call(run: Callable[[int], object], calls: tuple[int, int], repeats: int) -> float:
-  """Seconds per call of a jitted loop `run(k)` of k calls: the difference of the median times of
-  two loop lengths over the difference of lengths, which cancels dispatch and setup. The loop
-  length is a traced argument, so both lengths run one compiled program."""
-  short, long = (time_call(lambda k=k: run(jnp.int32(k)), repeats)[1] for k in calls)
-  return max(long - short, 0.0) / (calls[1] - calls[0])
+  """Seconds per call of a jitted loop `run(k)` of k calls, from two loop lengths (`_slope`). The
+  loop length is a traced argument, so both lengths run one compiled program."""
+  runs = {('loop', k): functools.partial(run, k) for k in calls}
+  return _slope(_fastest(runs, repeats), 'loop', calls)
+
+
+def _step_loop(model, *, batch_size, source_length, num_tokens=1, cache_len=64, target=None):
+  """`run(k)`: k in-loop calls of `model`, each scoring `num_tokens` positions per row."""
+  steps, params = step_models.as_step_model(model)
+  ids = jnp.full((batch_size, source_length), 3, jnp.int32)
+  cache = _cache(model, target, ids, cache_len)
+  position = jnp.full((batch_size,), cache_len // 4, jnp.int32)
+  return lambda k: _repeated_steps(
+    steps, params, cache, position, num_tokens=num_tokens, calls=jnp.int32(k)
+  )
+
+
+def _iteration_loop(target, drafter, *, batch_size, source_length, gamma, cache_len=64):
+  """`run(k, drafting=True)`: k iterations of the loop's model calls (`_repeated_iterations`)."""
+  target_steps, target_params = step_models.as_step_model(target)
+  drafter_steps, drafter_params = step_models.as_step_model(drafter)
+  ids = jnp.full((batch_size, source_length), 3, jnp.int32)
+  caches = _cache(target, None, ids, cache_len), _cache(drafter, target, ids, cache_len)
+  position = jnp.full((batch_size,), cache_len // 4, jnp.int32)
+  return lambda k, drafting=True: _repeated_iterations(
+    target_steps,
+    target_params,
+    drafter_steps,
+    drafter_params,
+    *caches,
+    position,
+    gamma=gamma,
+    cache_len=cache_len,
+    calls=jnp.int32(k),
+    drafting=jnp.bool_(drafting),
+  )
 
 
 def iteration_seconds(
@@ -155,23 +221,40 @@ def iteration_seconds(
   (gamma+1)-position target pass, each depending on the last), by the difference of two loop
   lengths as `step_seconds`. Unlike the sum of their bare costs, it includes what the calls cost
   each other: the target's pass evicts the drafter's weights from the CPU caches."""
-  target_steps, target_params = step_models.as_step_model(target)
-  drafter_steps, drafter_params = step_models.as_step_model(drafter)
-  ids = jnp.full((batch_size, source_length), 3, jnp.int32)
-  caches = _cache(target, None, ids, cache_len), _cache(drafter, target, ids, cache_len)
-  position = jnp.full((batch_size,), cache_len // 4, jnp.int32)
-  run = lambda k: _repeated_iterations(
-    target_steps,
-    target_params,
-    drafter_steps,
-    drafter_params,
-    *caches,
-    position,
-    gamma=gamma,
+  run = _iteration_loop(
+    target, drafter, batch_size=batch_size, source_length=source_length, gamma=gamma,
     cache_len=cache_len,
-    calls=k,
-  )
+  )  # fmt: skip
   return _per_call(run, calls, repeats)
+
+
+def drafter_seconds(
+  target,
+  drafter,
+  *,
+  batch_size: int,
+  source_length: int,
+  gamma: int,
+  cache_len: int = 64,
+  calls: int = 36,
+  repeats: int = 7,
+) -> float:
+  """Seconds that an iteration's gamma drafter calls add to it, measured where they are spent:
+  the loop of `iteration_seconds` (one compiled program) run for `calls` iterations with its
+  drafter calls and with them skipped (the pass then scores fixed drafts), in turn `repeats`
+  times; the difference of the fastest runs, over `calls`.
+
+  The two runs differ in the drafter's calls alone: same program, loop length, caches and target
+  pass, so dispatch, set-up and the pass cancel, and what remains includes what the calls cost
+  in the loop and not alone (the reload of the drafter's weights that each pass evicted).
+  """
+  run = _iteration_loop(
+    target, drafter, batch_size=batch_size, source_length=source_length, gamma=gamma,
+    cache_len=cache_len,
+  )  # fmt: skip
+  runs = {drafting: functools.partial(run, calls, drafting) for drafting in (True, False)}
+  seconds = _fastest(runs, repeats)
+  return max(seconds[True] - seconds[False], 0.0) / calls
 
 
 def step_seconds(
@@ -193,16 +276,15 @@ def step_seconds(
     source_length: S of the (all-real) source.
     num_tokens: T, positions scored per call (1 for a step, gamma + 1 for a target pass).
     cache_len: decoder slots; calls start at position cache_len // 4.
-    calls: two loop lengths; the cost is the difference of their median times per extra call.
-    repeats: timed runs of each loop length.
+    calls: two loop lengths; the cost is the difference of their fastest times per extra call.
+    repeats: timed runs of each loop length, in turn.
     target: the target, for a drafter that reads the target's encoder output (its cache is built
       from the target's `encode`, as the decode loops build it; the encoder is not timed).
   """
-  steps, params = step_models.as_step_model(model)
-  ids = jnp.full((batch_size, source_length), 3, jnp.int32)
-  cache = _cache(model, target, ids, cache_len)
-  position = jnp.full((batch_size,), cache_len // 4, jnp.int32)
-  run = lambda k: _repeated_steps(steps, params, cache, position, num_tokens=num_tokens, calls=k)
+  run = _step_loop(
+    model, batch_size=batch_size, source_length=source_length, num_tokens=num_tokens,
+    cache_len=cache_len, target=target,
+  )  # fmt: skip
   return _per_call(run, calls, repeats)
 
 
@@ -216,44 +298,55 @@ def step_costs(
   cache_len: int = 64,
   rounds: int = 3,
   num_paths: int = 1,
+  calls: tuple[int, int] = (4, 36),
+  repeats: int = 7,
 ) -> dict[str, float]:
-  """In-loop seconds of a target step (T=1), a (gamma+1)-position target pass, a drafter step
-  alone, and a whole iteration's model calls (`iteration_seconds`); and the ratios
-  `pass_cost` (pass / target step), `c_alone` (drafter step alone / target step) and `c`, the
-  drafter's cost per call *within* an iteration: (iteration - pass) / gamma / target step. `c`
-  is what the walltime formula needs: a drafter's weights are evicted by each target pass on a
-  CPU, so its calls cost more in the loop than alone (on a TPU the two agree).
+  """What the walltime formula needs, in seconds and in target steps, all timed in turn.
 
-  The four are measured one after another, `rounds` times; each ratio is the median of its
-  per-round ratios, so a slow spell of a shared machine shifts numerator and denominator together
-  instead of skewing one of them.
+  Seconds (each in-loop, from two loop lengths as `step_seconds`): `target_step` (T=1),
+  `target_pass` (gamma+1 positions), `drafter_step` (the drafter alone) and `iteration` (a whole
+  iteration's model calls, `iteration_seconds`). Ratios: `pass_cost` (pass / target step),
+  `c_alone` (drafter step alone / target step) and `c`, a drafter call as the loop pays it:
+  `drafter_seconds` (what the gamma calls add to the iteration) / gamma / target step. `c` is
+  what the formula needs: on a CPU each target pass evicts the drafter's weights, so its calls
+  cost more in the loop than alone (on a TPU the two agree).
+
+  Every loop runs in turn with the others (`repeats` times; the fastest run of each counts), so
+  the numerator and denominator of each ratio see the same machine. `rounds` repeats the whole
+  measurement; each value is the median over the rounds.
 
   With `num_paths` K > 1 (a multi-draft loop, `speculative_generate(..., num_drafts=K)`, which
   runs each row as K rows of both models) the pass, the drafter and the iteration are measured at
   K x batch_size rows and the target step at batch_size rows: the costs of a K-path iteration in
   the autoregressive loop's steps.
   """
-  kw = dict(batch_size=batch_size, source_length=source_length, cache_len=cache_len)
-  paths_kw = dict(kw, batch_size=batch_size * num_paths)
-  rounds_measured = []
+  kw = dict(source_length=source_length, cache_len=cache_len)
+  rows = dict(kw, batch_size=batch_size * num_paths)
+  loops = dict(
+    target_step=_step_loop(target, batch_size=batch_size, **kw),
+    target_pass=_step_loop(target, num_tokens=gamma + 1, **rows),
+    drafter_step=_step_loop(drafter, target=target, **rows),
+    iteration=_iteration_loop(target, drafter, gamma=gamma, **rows),
+  )
+  runs = {(name, k): functools.partial(loop, k) for name, loop in loops.items() for k in calls}
+  runs['without_drafter', calls[1]] = functools.partial(loops['iteration'], calls[1], False)
+  measured = []
   for _ in range(rounds):
-    step = step_seconds(target, **kw)
-    rounds_measured.append(
-      (
-        step,
-        step_seconds(target, num_tokens=gamma + 1, **paths_kw),
-        step_seconds(drafter, target=target, **paths_kw),
-        iteration_seconds(target, drafter, gamma=gamma, **paths_kw),
-      )
+    seconds = _fastest(runs, repeats)
+    per_call = {name: _slope(seconds, name, calls) for name in loops}
+    drafting = seconds['iteration', calls[1]] - seconds['without_drafter', calls[1]]
+    per_call['drafter_in_loop'] = max(drafting, 0.0) / calls[1] / gamma
+    measured.append(per_call)
+  if min(m['target_step'] for m in measured) <= 0:
+    raise RuntimeError(
+      f'A target step timed at 0 s ({calls[1] - calls[0]} extra calls did not take measurably '
+      'longer): the target is too cheap to time here; pass longer `calls`.'
     )
-  step, target_pass, drafter_step, iteration = np.asarray(rounds_measured).T
-  in_loop = np.maximum(iteration - target_pass, 0.0) / gamma
+  median = lambda f: float(np.median([f(m) for m in measured]))
+  step = lambda m: m['target_step']
   return {
-    'target_step': float(np.median(step)),
-    'target_pass': float(np.median(target_pass)),
-    'drafter_step': float(np.median(drafter_step)),
-    'iteration': float(np.median(iteration)),
-    'c_alone': float(np.median(drafter_step / step)),
-    'c': float(np.median(in_loop / step)),
-    'pass_cost': float(np.median(target_pass / step)),
+    **{name: median(lambda m, name=name: m[name]) for name in loops},
+    'c_alone': median(lambda m: m['drafter_step'] / step(m)),
+    'c': median(lambda m: m['drafter_in_loop'] / step(m)),
+    'pass_cost': median(lambda m: m['target_pass'] / step(m)),
   }

@@ -14,8 +14,16 @@ from specdec_jax.models import t5
 from tests import helpers
 
 # Fake seconds of a timing loop run: fixed setup, plus per call of the loop _STEP per position a
-# model call scores (`_repeated_steps`) or _ITERATION per iteration (`_repeated_iterations`).
-_SETUP, _STEP, _ITERATION = 0.5, 1e-3, 7e-3
+# model call scores (`_repeated_steps`), or per iteration (`_repeated_iterations`) _PASS_IN_LOOP
+# and, when it drafts, _DRAFT per drafter call. _PASS_IN_LOOP is not (gamma+1) * _STEP, so a c
+# taken as (iteration - separately timed pass) / gamma reads another value than _DRAFT / _STEP.
+_SETUP, _STEP, _PASS_IN_LOOP, _DRAFT = 0.5, 1e-3, 5e-3, 4e-4
+_ITERATION_2 = _PASS_IN_LOOP + 2 * _DRAFT  # a fake iteration at gamma 2
+
+
+def _iteration_seconds(kw):
+  """Fake seconds of one iteration of `_repeated_iterations(**kw)`."""
+  return _PASS_IN_LOOP + bool(kw.get('drafting', True)) * kw['gamma'] * _DRAFT
 
 
 @pytest.fixture
@@ -35,7 +43,7 @@ def fake_clock(monkeypatch):
   monkeypatch.setattr(timing, 'time', types.SimpleNamespace(perf_counter=lambda: now[0]))
   steps, iterations = timing._repeated_steps, timing._repeated_iterations
   monkeypatch.setattr(timing, '_repeated_steps', spy(steps, lambda kw: _STEP * kw['num_tokens']))
-  monkeypatch.setattr(timing, '_repeated_iterations', spy(iterations, lambda kw: _ITERATION))
+  monkeypatch.setattr(timing, '_repeated_iterations', spy(iterations, _iteration_seconds))
   return steps, iterations  # the real jitted loops
 
 
@@ -51,11 +59,45 @@ def test_step_and_iteration_timers_compile_once_per_shape(fake_clock, tiny_pair)
     # lengths are swapped (clamped to 0).
     assert timing.step_seconds(target, calls=calls, **kw) == pytest.approx(_STEP)
     assert timing.iteration_seconds(target, drafter, gamma=2, calls=calls, **kw) == pytest.approx(
-      _ITERATION
+      _ITERATION_2
     )
-  # Two loop lengths per call and two calls: still one program each.
+    # The drafter's calls in the loop: the same program with and without them.
+    drafting = timing.drafter_seconds(target, drafter, gamma=2, calls=calls[1], **kw)
+    assert drafting == pytest.approx(2 * _DRAFT)
+  # Two loop lengths per call, two calls, drafting on and off: still one program each.
   assert repeated_steps._cache_size() == steps_before + 1
   assert repeated_iterations._cache_size() == iterations_before + 1
+
+
+def test_step_costs_c_is_the_drafters_calls_in_the_loop(fake_clock, tiny_pair):
+  target, drafter = tiny_pair
+  costs = timing.step_costs(
+    target, drafter, batch_size=1, source_length=8, gamma=2, cache_len=32, rounds=2, repeats=2,
+    calls=(2, 6),
+  )  # fmt: skip
+  assert costs['target_step'] == pytest.approx(_STEP)
+  assert costs['target_pass'] == pytest.approx(3 * _STEP)
+  assert costs['iteration'] == pytest.approx(_ITERATION_2)
+  # c: what the 2 drafter calls add to an iteration, per call, in target steps (0.4). Fails if
+  # it is taken from the separately timed pass ((7 - 3) / 2 = 2.0), is not per drafter call
+  # (0.8), is c_alone (1.0) or clamps a positive difference to 0.
+  assert costs['c'] == pytest.approx(_DRAFT / _STEP)
+  assert costs['c_alone'] == pytest.approx(1.0) and costs['pass_cost'] == pytest.approx(3.0)
+
+
+def test_a_deeper_drafter_reads_a_larger_c(tiny_pair):
+  """Real clock: c of a drafter with 8 decoder layers against the same drafter with 1 (same
+  target, gamma, shapes). Its calls cost ~5x more; a c that did not measure the drafter's calls
+  (noise around a difference of separately timed programs, a fixed per-iteration cost) fails."""
+  target, _ = tiny_pair
+  kw = dict(batch_size=1, source_length=8, gamma=3, cache_len=32, rounds=1, repeats=5)
+  c = {
+    layers: timing.step_costs(
+      target, helpers.tiny_t5('tiny-v1.0', seed=1, num_decoder_layers=layers), **kw
+    )['c']
+    for layers in (1, 8)
+  }
+  assert c[8] > 2 * c[1] > 0, c
 
 
 def _computes_two_position_logits(compiled_text: str, vocab: int) -> bool:
@@ -111,11 +153,9 @@ def test_timers_run_a_drafter_that_reads_the_target_states(fake_clock, tiny_pair
   )  # fmt: skip
   kw = dict(batch_size=1, source_length=8, cache_len=32, repeats=1, calls=(1, 3))
   assert timing.step_seconds(drafter, target=target, **kw) == pytest.approx(_STEP)
-  assert timing.iteration_seconds(target, drafter, gamma=3, **kw) == pytest.approx(_ITERATION)
-  costs = timing.step_costs(target, drafter, batch_size=1, source_length=8, gamma=2, rounds=1)
-  # Step 1 ms, 3-position pass 3 ms, drafter step 1 ms, iteration 7 ms: c = (7 - 3) / 2 / 1.
-  # Fails if c leaves out the pass (3.5), is not per drafter call (4) or is c_alone (1).
-  assert costs['c'] == pytest.approx((_ITERATION - 3 * _STEP) / 2 / _STEP)
+  assert timing.iteration_seconds(target, drafter, gamma=2, **kw) == pytest.approx(_ITERATION_2)
+  costs = timing.step_costs(target, drafter, gamma=2, rounds=1, **kw)
+  assert costs['c'] == pytest.approx(_DRAFT / _STEP)
   assert costs['c_alone'] == pytest.approx(1.0) and costs['pass_cost'] == pytest.approx(3.0)
 
 

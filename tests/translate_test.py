@@ -25,6 +25,32 @@ def _fake_step_costs(target, drafter, *, gamma, **kw):
   return dict(c=0.05, c_alone=0.04, pass_cost=pass_cost)
 
 
+def _spy_decodings(monkeypatch) -> list:
+  """(temperature, {method: Run}) of every `evaluation.translate_in_turn` call, as it is made."""
+  decoded, real = [], evaluation.translate_in_turn
+
+  def spy(*args, **kwargs):
+    decoded.append((kwargs['sampling'].temperature, runs := real(*args, **kwargs)))
+    return runs
+
+  monkeypatch.setattr(evaluation, 'translate_in_turn', spy)
+  return decoded
+
+
+def _assert_greedy_outputs_identical(decoded, num_sources: int) -> None:
+  """Lossless at temperature 0: every speculative method emitted the baseline's token ids, row for
+  row (and the ids are real outputs, not empty rows)."""
+  greedy = [runs for temperature, runs in decoded if temperature == 0]
+  assert greedy
+  for runs in greedy:
+    want = runs['autoregressive'].outputs
+    assert len(want) == num_sources and all(len(ids) > 1 for ids in want)
+    for method, run in runs.items():
+      assert len(run.outputs) == num_sources, method
+      for got, expected in zip(run.outputs, want):
+        np.testing.assert_array_equal(got, expected, err_msg=method)
+
+
 @helpers.needs_pair('ende')
 @pytest.mark.parametrize(
   'items, costs',
@@ -41,13 +67,14 @@ def test_runlocal_end_to_end(tmp_path, monkeypatch, items, costs):
   if costs == 'fake':
     monkeypatch.setattr(timing, 'step_costs', _fake_step_costs)
   plan = evaluation.prepare(config)
+  decoded = _spy_decodings(monkeypatch)
   writer = results_io.ResultsWriter(str(tmp_path))
   for row in evaluation.rows(plan, progress=False):
     assert isinstance(row, evaluation.Row)
     writer.add(row)
     # Each finished row is on disk at once, as strict JSON (null for missing values).
     on_disk = json.loads(pathlib.Path(writer.paths['json']).read_text())
-    assert on_disk[-1]['method'] == row['method']
+    assert on_disk[-1]['method'] == row.method
   rows = writer.rows
   methods = {(r['drafter'], r['method'], r['temp']) for r in rows}
   want = [('-', 'autoregressive')] + [(d, v) for d in config.drafters for v in config.verifiers]
@@ -59,7 +86,9 @@ def test_runlocal_end_to_end(tmp_path, monkeypatch, items, costs):
       assert 0 <= row['alpha'] <= 1 and 1 <= row['block_efficiency'] <= config.gammas[0] + 1
     else:
       assert row['alpha'] is None
-  # Greedy speculative decoding is lossless token for token: same BLEU as greedy autoregressive.
+  # Greedy speculative decoding is lossless: the same tokens as greedy autoregressive, row for
+  # row, in every (drafter, gamma) group; so the same BLEU in every temperature-0 row.
+  _assert_greedy_outputs_identical(decoded, config.num_examples)
   assert len({r['bleu'] for r in rows if r['temp'] == 0.0}) == 1
   spec = [r for r in rows if r['method'] != 'autoregressive']
   # The pass cost is the target's, pooled over the drafters: one value per gamma.
@@ -97,20 +126,21 @@ def test_multidraft_and_draft_stop_rows(item, column, value):
       evaluation.prepare(ende.get_config(f'{items},verifiers=block,{item}')), progress=False
     )
   )
-  assert [r[column] for r in rows] == [None, value]
+  assert [getattr(r, column) for r in rows] == [None, value]
   r = rows[1]
   assert r.predicted_speedup == pytest.approx(r.block_efficiency / (r.gamma * r.c + r.pass_cost))
 
 
 @pytest.mark.slow  # ~25 CPU-s
 @helpers.needs_pair('debsumm48m')
-def test_debsumm_runlocal_gives_its_rows():
+def test_debsumm_runlocal_gives_its_rows(monkeypatch):
   config = debsumm.get_config('runlocal,num_examples=2,temperatures=0')
   plan = evaluation.prepare(config)
   assert plan.truncated <= 1  # the 2nd test source is longer than 256 tokens: cut, not refused
+  decoded = _spy_decodings(monkeypatch)
   rows = list(evaluation.rows(plan, progress=False))
-  assert len(rows) == plan.num_methods and {r['task'] for r in rows} == {'DebSumm'}
-  assert len({r['bleu'] for r in rows if r['temp'] == 0.0}) == 1  # greedy: lossless
+  assert len(rows) == plan.num_methods and {r.task for r in rows} == {'DebSumm'}
+  _assert_greedy_outputs_identical(decoded, config.num_examples)
 
 
 def test_methods_timed_in_turn_decode_as_alone_and_share_one_baseline(monkeypatch, ende_pair):
@@ -130,8 +160,12 @@ def test_methods_timed_in_turn_decode_as_alone_and_share_one_baseline(monkeypatc
     assert run.batch_seconds.shape == run.batch_iterations.shape == (2,)
     assert np.all(run.batch_seconds > 0) and np.all(run.batch_iterations >= 1)
   assert runs['token'].batch_iterations.sum() >= runs['token'].stats.target_calls / 2  # 2 rows
-  for methods in (('token', 'token'), ('autoregressive', 'nope'), ()):
-    with pytest.raises(ValueError, match='methods must be distinct'):
+  for methods, match in [
+    (('token', 'token'), 'methods must be distinct'),
+    ((), 'methods must be distinct'),
+    (('autoregressive', 'nope'), "Unknown verifier 'nope'"),
+  ]:
+    with pytest.raises(ValueError, match=match):
       evaluation.translate_in_turn(*args, methods=methods, **kw)
   # Both verifiers' speedups are over the one baseline timed in turn with them, which is also
   # the temperature's autoregressive row. (The shapes above: the compiled programs are reused.)
@@ -140,15 +174,9 @@ def test_methods_timed_in_turn_decode_as_alone_and_share_one_baseline(monkeypatc
     'max_source_length=64,max_new_tokens=16'
   )
   monkeypatch.setattr(timing, 'step_costs', _fake_step_costs)
-  calls, real = [], evaluation.translate_in_turn
-
-  def spy(*a, **k):
-    calls.append(runs := real(*a, **k))
-    return runs
-
-  monkeypatch.setattr(evaluation, 'translate_in_turn', spy)
+  decoded = _spy_decodings(monkeypatch)
   auto, token, block = evaluation.rows(evaluation.prepare(config), progress=False)
-  (runs,) = calls  # one (drafter, gamma, temperature)
+  ((_, runs),) = decoded  # one (drafter, gamma, temperature)
   assert (auto.method, token.method, block.method) == ('autoregressive', 'token', 'block')
   assert auto.seconds == runs['autoregressive'].seconds
   assert token.speedup == runs['autoregressive'].seconds / runs['token'].seconds
@@ -220,8 +248,12 @@ def test_config_items_apply_in_order_and_lists_hold_any_number():
     ('num_drafts=0', 'num_drafts must be an int >= 1'),
     ('draft_stop=1.5', r'draft_stop must be a number in \(0, 1\)'),
     ('num_drafts=2,draft_stop=0.3', 'draft_stop needs num_drafts=1'),
-    ('verifiers=token,nope', 'Unknown verifier'),
-    ('verifiers=token,token', 'repeated names'),
+    ('verifiers=token,nope', "Unknown verifier 'nope'"),
+    ('drafter_sharding=nope', 'drafter_sharding must be'),
+    ('tokenizer=/x.model', 'config.tokenizer needs config.target'),
+    ('target=/x', r'also set config.drafter, config.tokenizer, config.test_file'),
+    ('mesh=3x1', 'mesh'),
+    ('verifiers=token,token', 'verifiers must be distinct'),
     ('temperatures=-1', 'temperature must be >= 0'),
     ('num_examples=100000', 'has only'),
   ],
