@@ -6,19 +6,21 @@ For each temperature, drafter and gamma: decode the test set batch by batch, eac
 autoregressively and then with each verifier in turn (token, block), every call timed with
 compilation excluded, so that one autoregressive baseline serves both verifiers and every speedup
 compares methods under the same machine load. Each row (`Row`) reports alpha (measured, mean beta
-over verified positions), block efficiency, c (drafter call / target step, measured inside an
-iteration of the loop's model calls; `c_alone`: the drafter's calls alone), the walltime speedup,
-the speedup the paper's formula predicts from the measured alpha, c and (gamma+1)-position pass
-cost (the pass cost is a property of the target and gamma: the median over every drafter's
-measurement), and BLEU. Then what the loops themselves cost: `iteration_cost`, a speculative
-iteration in autoregressive steps, each fitted over the batches (`loop_costs`: seconds ~ fixed +
-per iteration x iterations, the work around the model calls included), and `predicted_loop` =
-block efficiency / iteration_cost, the speedup before the per-call fixed costs (encoder, cache
-set-up) dilute it. Where `speedup` falls short of `predicted_speedup`, these two say whether the
-iteration (loop overhead, the pass) or the tokens per iteration (alpha's i.i.d. assumption, EOS)
-is why. No flags here: experiments/translate.py and notebooks call `prepare` and `rows`.
+over verified positions), block efficiency, c (a drafter call in target steps: what the gamma
+calls add to an iteration of the loop's model calls, `timing.step_costs`; `c_alone`: a call
+alone), the walltime speedup, the speedup the paper's formula predicts from the measured alpha, c
+and (gamma+1)-position pass cost (the pass cost is a property of the target and gamma: the median
+over every drafter's measurement), and BLEU. Then what the loops themselves cost:
+`iteration_cost`, a speculative iteration in autoregressive steps, each fitted over the batches
+(`loop_costs`: seconds ~ fixed + per iteration x iterations, the work around the model calls
+included), and `predicted_loop` = block efficiency / iteration_cost, the speedup before the
+per-call fixed costs (encoder, cache set-up) dilute it. Where `speedup` falls short of
+`predicted_speedup`, these two say whether the iteration (loop overhead, the pass) or the tokens
+per iteration (alpha's i.i.d. assumption, EOS) is why. `prepare` checks a config (`check_config`)
+and loads what it names; no flags here: experiments/translate.py and notebooks call `prepare` and
+`rows`.
 
-  plan = evaluation.prepare(config)        # validates the config, loads every model: fails early
+  plan = evaluation.prepare(config)        # checks the config, loads every model: fails early
   writer = results_io.ResultsWriter(workdir)
   print(tables.format_header(evaluation.TABLE))
   for row in evaluation.rows(plan):        # each Row as soon as it is measured
@@ -434,6 +436,12 @@ def load_pair(config, mesh) -> pretrained.Pair:
   )
 
 
+# Timed runs of each cost loop per round (`timing.step_costs`; its default is 7). c is a small
+# difference of two iteration times, and the fastest of more runs moves less with a shared
+# machine's load.
+_TIMING_REPEATS = 15
+
+
 def model_costs(plan: Plan) -> dict[tuple[str, int], dict[str, float]]:
   """c, c_alone and pass_cost of every (drafter name, gamma) of the plan, measured in the loop
   (`timing.step_costs`, `config.timing_rounds` rounds). The pass cost is the target's, not the
@@ -451,6 +459,7 @@ def model_costs(plan: Plan) -> dict[tuple[str, int], dict[str, float]]:
         cache_len=decode.buffer_length(c.max_new_tokens, gamma),
         rounds=c.timing_rounds,
         num_paths=num_drafts(c),
+        repeats=_TIMING_REPEATS,
       )
       for name, drafter in plan.drafters.items()
       for gamma in c.gammas

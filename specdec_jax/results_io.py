@@ -68,8 +68,9 @@ def plot_speedup(table: Sequence[Mapping], path: str) -> None:
   """speedup.png: speedup over autoregressive decoding against gamma, one panel per temperature.
 
   One colour per drafter and one marker per verifier; measured solid with filled markers, the
-  formula's prediction (`predicted_speedup`) dashed with open ones, so each measured line sits
-  beside its own prediction. Ticks at the gammas run; the legend outside the panels.
+  formula's prediction (`predicted_speedup`) dashed with open ones at the same x, so each
+  measurement sits above or below its own prediction. Ticks at the gammas run; the legend outside
+  the panels.
   """
   import matplotlib
 
@@ -83,7 +84,12 @@ def plot_speedup(table: Sequence[Mapping], path: str) -> None:
   verifiers = sorted({r['method'] for r in spec}, key=lambda v: (v != 'token', v))
   colors = dict(zip(drafters, plt.get_cmap('tab10').colors))
   markers = dict(zip(verifiers, 'osD^v'))
-  shift = {v: 0.06 * (i - (len(verifiers) - 1) / 2) for i, v in enumerate(verifiers)}
+  # Each (drafter, verifier) a little aside of the gamma it ran, its prediction straight above or
+  # below its measurement: methods that measured alike (token and block at temperature 0) stay
+  # apart.
+  methods = [(d, v) for d in drafters for v in verifiers]
+  spread = min(0.4, 0.08 * (len(methods) - 1))
+  shift = {m: spread * (i / max(len(methods) - 1, 1) - 0.5) for i, m in enumerate(methods)}
   fig, axes = plt.subplots(
     1, len(temps), figsize=(4.2 * len(temps), 3.6), squeeze=False, sharey=True
   )
@@ -99,7 +105,7 @@ def plot_speedup(table: Sequence[Mapping], path: str) -> None:
         if not pts:
           continue
         gamma, measured, predicted = zip(*pts)
-        x = [g + shift[verifier] for g in gamma]
+        x = [g + shift[drafter, verifier] for g in gamma]
         style = dict(color=colors[drafter], marker=markers[verifier], markersize=6)
         ax.plot(x, measured, '-', **style)
         if all(p is not None for p in predicted):
