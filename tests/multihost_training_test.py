@@ -3,8 +3,8 @@
 Two processes join over localhost (`sharding.maybe_initialize_distributed`, gloo collectives),
 each with 4 CPU devices, and run `training.train_and_evaluate` (the tiny target, its params and
 optimizer state sharded over 'model') and then `distill.distill_and_evaluate` (a tiny target
-sharded over 'model', a one-layer student over its encoder replicated) on a global (data=2,
-model=4) mesh. Each run is interrupted right after its checkpoint at step 2 and rerun, which
+sharded over 'model' and run live in each step, a one-layer student over its encoder
+replicated, every other batch the student's own samples) on a global (data=2, model=4) mesh. Each run is interrupted right after its checkpoint at step 2 and rerun, which
 resumes there. A third process runs both jobs on one device, uninterrupted. Then:
 - every step's losses (metrics.jsonl) and every evaluation agree with the one-device run's
   (float32; only the order of float sums differs), and the target's outputs generated on the
@@ -97,6 +97,9 @@ config = distill_drafter.get_config(
   f'runlocal,teacher={teacher},tokenizer={data_dir}/spm_ende_8k.model,'
   f'train_file={data_dir}/train.tsv,valid_file={data_dir}/valid.tsv,test_file=,{steps},'
   f'mesh={mesh},student_sharding=replicated,data_temperatures=0,eval_temperatures=0,'
+  # The target runs live in every step, as it would at 11B (its states are not cached), and
+  # every other step trains on the student's own samples (on_policy_every=2 of runlocal).
+  'cache_teacher=false,'
   'student.d_model=32,student.d_kv=8,student.d_ff=64,num_valid_sources=8')
 interrupted_and_resumed(distill.distill_and_evaluate, config, f'{out}/distill')
 print('DONE')
