@@ -1,9 +1,12 @@
-"""Per-device memory and a roofline of the decode loops, from abstract sharded models: the library
-part of `python -m benchmarks.memory_plan` (which simulates the devices, reads its flags and prints;
-its docstring has the method and the constants' sources).
+"""Per-device memory and a roofline of the decode loops and of a distillation step, from abstract
+sharded models: the library part of `python -m benchmarks.memory_plan` and
+`python -m benchmarks.distill_plan` (which simulate the devices, read their flags and print; their
+docstrings have the method and the constants' sources).
 """
 
 import dataclasses
+import functools
+import time
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +14,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from specdec_jax import analysis, decode, sharding
+from specdec_jax import analysis, decode, distill, sharding, training
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.models import t5
 
@@ -40,6 +43,28 @@ TPU_V5E = Chip('TPU v5e', peak_flops=197e12, hbm_bandwidth=819e9)
 # dense; 3.35 TB/s HBM3.
 H100 = Chip('H100 SXM', peak_flops=989e12, hbm_bandwidth=3.35e12)
 CHIPS = {'v4': TPU_V4, 'v5e': TPU_V5E, 'h100': H100}
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+  """`chips` chips of one kind, each one JAX device with `hbm` bytes (a key of `HBM_BYTES`)."""
+
+  name: str
+  chip: Chip
+  chips: int
+  hbm: str
+
+
+# Chips per machine. A TPU v4 slice is named by its TensorCores, two per chip: v4-8 is 4 chips on
+# one host, v4-32 16 chips on 4 hosts (https://cloud.google.com/tpu/docs/v4, "each TPU v4 chip
+# contains two TensorCores"; scripts/launch_tpu.py). A v5e slice is named by its chips: v5e-8
+# (v5litepod-8) is 8 chips, one TensorCore each (https://cloud.google.com/tpu/docs/v5e).
+MACHINES = {
+  'v4-8': Machine('v4-8', TPU_V4, 4, 'TPU v4'),
+  'v4-32': Machine('v4-32', TPU_V4, 16, 'TPU v4'),
+  'v5e-8': Machine('v5e-8', TPU_V5E, 8, 'TPU v5e'),
+  'h100': Machine('H100', H100, 1, 'H100'),
+}
 
 # (label, alpha at temperature 0, alpha at temperature 1).
 ALPHAS = (
@@ -400,4 +425,242 @@ def memory_rows(target, drafter, mesh, compiled: dict | None, **shape) -> list[d
     else:
       row['fits'] = fits(params + caches, params + caches)
     rows.append(row)
+  return rows
+
+
+# Distillation (`distill.distill_step` compiled by `training.compile_step`, as `distill` runs it).
+
+
+def with_shardings(shapes, shardings):
+  """`jax.ShapeDtypeStruct`s of `shapes` (a pytree of them), each carrying its `shardings` leaf."""
+  return jax.tree.map(
+    lambda s, h: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=h), shapes, shardings
+  )
+
+
+def abstract_state(
+  student_config: t5.T5Config,
+  optimizer_config: training.OptimizerConfig,
+  mesh,
+  how: str,
+) -> tuple[training.TrainState, training.TrainState]:
+  """(the step-0 `training.TrainState` of the student as shape structs carrying their shardings,
+  those shardings): `jax.eval_shape` of `training.init_state`, placed by
+  `training.state_shardings(..., how)` as `training.create_state` places it. Nothing allocated."""
+  init = functools.partial(
+    training.init_state, model_config=student_config, optimizer_config=optimizer_config
+  )
+  shapes = jax.eval_shape(init, jax.random.key(0))
+  shardings = training.state_shardings(shapes, mesh, how)
+  return with_shardings(shapes, shardings), shardings
+
+
+def abstract_distill_batch(mesh, *, batch: int, source_length: int, target_length: int) -> dict:
+  """A live-teacher distillation batch (`batching.batch_arrays`' fields: int32 inputs / targets,
+  bool masks) as shape structs split over 'data' as `training.compile_step` takes it."""
+  fields = {
+    'inputs': ((batch, source_length), jnp.int32),
+    'input_mask': ((batch, source_length), jnp.bool_),
+    'targets': ((batch, target_length), jnp.int32),
+    'target_mask': ((batch, target_length), jnp.bool_),
+  }
+  return {
+    name: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.batch_sharding(mesh, len(shape)))
+    for name, (shape, dtype) in fields.items()
+  }
+
+
+def compile_distill_step(
+  teacher: t5.T5Model,
+  state: training.TrainState,
+  shardings: training.TrainState,
+  mesh,
+  *,
+  student_config: t5.T5Config,
+  optimizer_config: training.OptimizerConfig,
+  divergence: str,
+  batch: int,
+  source_length: int,
+  target_length: int,
+) -> dict:
+  """`memory_analysis()` of one distillation step with the live teacher (its encoder and decoder
+  run in the step), compiled for `mesh` as `distill.distill_and_evaluate` compiles it.
+
+  Args:
+    teacher: an `abstract_model` (params carrying their shardings).
+    state, shardings: `abstract_state`'s.
+
+  Returns:
+    Bytes per device of the compiled program: argument, output, alias (the state is donated:
+    its output aliases its argument), temp.
+  """
+  step = training.compile_step(
+    functools.partial(
+      distill.distill_step,
+      student_config=student_config,
+      optimizer_config=optimizer_config,
+      divergence=divergence,
+    ),
+    mesh,
+    shardings,
+    jax.tree.map(lambda x: x.sharding, teacher),
+  )
+  rows = abstract_distill_batch(
+    mesh, batch=batch, source_length=source_length, target_length=target_length
+  )
+  with jax.set_mesh(mesh):
+    stats = step.lower(state, rows, teacher).compile().memory_analysis()
+  return dict(
+    argument=stats.argument_size_in_bytes,
+    output=stats.output_size_in_bytes,
+    alias=stats.alias_size_in_bytes,
+    temp=stats.temp_size_in_bytes,
+  )
+
+
+def forward_cost(
+  model: t5.T5Model,
+  mesh,
+  *,
+  batch: int,
+  source_length: int,
+  target_length: int,
+  rules=sharding.DEFAULT_RULES,
+) -> CallCost:
+  """FLOPs and HBM bytes per chip of one teacher-forced forward (`t5.forward`: the encoder over
+  S source tokens, the decoder and output layer over T target tokens per row), as the live
+  teacher of a distillation step runs it.
+
+  FLOPs: 2 x the chip's share of each kernel x the tokens it multiplies (encoder kernels: the
+  encoder tokens; the cross-attention key / value kernels: the encoder tokens; every other
+  decoder kernel and the tied embedding as output layer: the decoder tokens) + attention, 2
+  matmuls of 2 x queries x keys x N x H per row and layer (encoder S x S, decoder self T x T,
+  cross T x S). Bytes: the chip's shard of every param, read once (activations are not counted:
+  at these batches the call is compute-bound, as `CallCost.bound` says).
+  """
+  config = model.config
+  local_batch, local_heads = NamedSharding(
+    mesh, sharding.logical_to_mesh(('batch', 'heads'), (batch, config.num_heads), mesh, rules)
+  ).shard_shape((batch, config.num_heads))
+  source_tokens, target_tokens = local_batch * source_length, local_batch * target_length
+  flops = weight_bytes = 0
+  for path, leaf in jax.tree_util.tree_leaves_with_path(model.params):
+    names = [str(getattr(k, 'key', k)) for k in path]
+    size = int(np.prod(local_shape(leaf)))
+    weight_bytes += size * jnp.dtype(leaf.dtype).itemsize
+    if names[0] == 'encoder' or (
+      'encoder_decoder_attention' in names and names[-2] in ('key', 'value')
+    ):
+      tokens = source_tokens
+    elif names[0] == 'decoder' or (names[-1] == 'embedding' and config.tie_word_embeddings):
+      tokens = target_tokens
+    else:
+      tokens = 0  # the input embedding: a gather
+    if names[-1] in ('kernel', 'embedding'):
+      flops += 2.0 * size * tokens
+  per_row = config.num_encoder_layers * source_length**2 + config.num_decoder_layers * (
+    target_length**2 + target_length * source_length
+  )
+  flops += 4.0 * local_batch * local_heads * config.d_kv * per_row
+  return CallCost(flops=flops, bytes=weight_bytes)
+
+
+def xla_forward_cost(model: t5.T5Model, *, batch: int, source_length: int, target_length: int):
+  """XLA's `cost_analysis()` of the lowered, unsharded `t5.forward`: {'flops', 'bytes accessed'}
+  (global, one device; to check `forward_cost` on a 1x1 mesh; XLA also counts elementwise
+  work)."""
+  config, params = model.config, unsharded(model).params
+  source = jax.ShapeDtypeStruct((batch, source_length), jnp.int32)
+  target = jax.ShapeDtypeStruct((batch, target_length), jnp.int32)
+  forward = jax.jit(lambda p, s, t: t5.forward(p, s, s, t, config=config))
+  cost = forward.lower(params, source, target).cost_analysis()
+  return {k: float(cost[k]) for k in ('flops', 'bytes accessed')}
+
+
+def distill_rows(
+  teacher_config: t5.T5Config,
+  distill_config,
+  machines: list[tuple[str, int, int]],
+  batches: list[int],
+  *,
+  teacher_param_dtype: str,
+  source_length: int,
+  target_length: int,
+  compile_dtype: str | None = 'float32',
+  log=lambda row: None,
+) -> list[dict]:
+  """The distillation plan: a row per (machine, DATAxMODEL mesh) of `machines` (keys of
+  `MACHINES`) and batch size, bytes per device.
+
+  The teacher has `teacher_config`'s shapes (and compute dtype), params in `teacher_param_dtype`
+  sharded by `sharding.DEFAULT_RULES`; the student, its optimizer, divergence and placement are
+  `distill_config`'s (a `distill_drafter` config, completed by `distill.student_config_for`).
+
+  Args:
+    compile_dtype: compile the step with the teacher's params in 'float32' (XLA:CPU would
+      otherwise hold a float32 copy of the bf16 weights among its temporaries; the teacher
+      computes in float32 either way, so the temporaries are the planned program's activations),
+      'params' (as planned), or None (no compilation).
+    log: called with each row as it is made.
+
+  Returns:
+    Dicts: machine, mesh, batch; teacher (its params), state (the student's params, AdamW
+    moments and step counters), batch_bytes (the rows: int32 ids, bool masks); with a compile,
+    the compiled argument / output / alias / temp and total = teacher + state + batch_bytes +
+    output + temp - alias (the compiled program's own total when compiled as planned), and
+    compile_seconds; fits on the machine's chip, `fits(teacher + state + batch_bytes, total)`;
+    forward, the teacher's `forward_cost`, with forward_seconds and forward_bound on the chip.
+  """
+  optimizer_config = training.OptimizerConfig.from_config(distill_config)
+  rows = []
+  for name, data, model in machines:
+    machine = MACHINES[name]
+    if data * model != machine.chips:
+      raise ValueError(
+        f'{name} has {machine.chips} chips; a {data}x{model} mesh has {data * model}.'
+      )
+    mesh = sharding.make_mesh(data, model)
+    teacher = abstract_model(teacher_config, mesh, param_dtype=teacher_param_dtype, shard=True)
+    student_config = distill.student_config_for(distill_config, teacher)
+    state, shardings = abstract_state(
+      student_config, optimizer_config, mesh, distill_config.student_sharding
+    )
+    for batch in batches:
+      sharding.check_batch(batch, mesh)
+      shape = dict(batch=batch, source_length=source_length, target_length=target_length)
+      row = dict(machine=machine.name, mesh=f'{data}x{model}', batch=batch)
+      row.update(
+        teacher=bytes_per_device(teacher.params),
+        state=bytes_per_device(state),
+        batch_bytes=bytes_per_device(abstract_distill_batch(mesh, **shape)),
+      )
+      lower = row['teacher'] + row['state'] + row['batch_bytes']
+      if compile_dtype is not None:
+        start = time.time()
+        compiled_teacher = (
+          teacher if compile_dtype == 'params' else with_dtype(teacher, compile_dtype)
+        )
+        row.update(
+          compile_distill_step(
+            compiled_teacher,
+            state,
+            shardings,
+            mesh,
+            student_config=student_config,
+            optimizer_config=optimizer_config,
+            divergence=distill_config.divergence,
+            **shape,
+          ),
+          compile_seconds=time.time() - start,
+        )
+        row['total'] = lower + row['output'] + row['temp'] - row['alias']
+      row['fits'] = fits(lower, max(lower, row.get('total', lower)))[machine.hbm]
+      cost = forward_cost(teacher, mesh, **shape)
+      row.update(
+        forward=cost,
+        forward_seconds=cost.seconds(machine.chip),
+        forward_bound=cost.bound(machine.chip),
+      )
+      log(row)
+      rows.append(row)
   return rows

@@ -1,5 +1,6 @@
-"""Tests of benchmarks/memory_plan.py and memory_model.py: per-device bytes, cache bytes, fits, the roofline, and the
-compiled plan of tiny models on a (2, 2) mesh of 4 simulated CPU devices."""
+"""Tests of benchmarks/memory_plan.py and memory_model.py: per-device bytes, cache bytes, fits, the
+roofline, the compiled decode plan of tiny models on a (2, 2) mesh of 4 simulated CPU devices, and
+the distillation plan (benchmarks/distill_plan.py) of a tiny teacher on 8 of them."""
 
 import dataclasses
 
@@ -10,6 +11,7 @@ from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from benchmarks import memory_model, memory_plan
+from experiments.configs import distill_drafter
 from specdec_jax import sharding
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
@@ -50,9 +52,12 @@ def test_param_bytes_per_device_replicated_and_sharded():
   total = 2 * t5.param_count(replicated.params)
   assert memory_model.bytes_per_device(replicated.params) == total
   sharded = _model('tiny-v1.1', param_dtype='bfloat16')
-  per_device = memory_model.bytes_per_device(sharded.params)
-  # Only 'model' shards params (4 ways), and the norm scales and relpos tables stay whole.
-  assert total / 4 < per_device < total / 2
+  # 'model' (4 ways) splits every param but the norm scales: vocab 128, joined heads 32, MLP 48
+  # and the relpos tables' 4 heads all divide by 4. Scales: 2 per encoder layer and 3 per decoder
+  # layer, plus each stack's final norm, of D = 32 each.
+  scales = (2 * 2 + 1 + 3 * 3 + 1) * 32
+  expected = 2 * ((t5.param_count(sharded.params) - scales) // 4 + scales)
+  assert memory_model.bytes_per_device(sharded.params) == expected
 
 
 @pytest.mark.parametrize('batch', [4, 3])  # 3 rows do not split over data=2: replicated
@@ -133,6 +138,42 @@ def test_call_cost_per_chip_is_the_global_cost_split_over_the_mesh():
   whole = memory_model.call_cost(_model('tiny-v1.0', _ONE), _ONE, **common)
   chip = memory_model.call_cost(_model('tiny-v1.0'), _MESH, **common)
   assert chip.flops * 8 == whole.flops
+
+
+def test_forward_cost_of_a_hand_case():
+  # tiny-v1.0: D 32, N 4, H 8 (N*H 32), F 64 (ReLU), 2 + 2 layers, V 128 tied, f32.
+  model = _model('tiny-v1.0', _ONE)
+  batch, source, target = 2, 6, 3
+  cost = memory_model.forward_cost(
+    model, _ONE, batch=batch, source_length=source, target_length=target
+  )
+  attention, mlp = 4 * 32 * 32, 2 * 32 * 64  # q, k, v, o; wi, wo
+  encoder = 2 * (attention + mlp)  # x the source tokens
+  cross_kv = 2 * 2 * 32 * 32  # the cross-attention keys and values of the source
+  decoder = 2 * (attention + 2 * 32 * 32 + mlp) + 128 * 32  # self, cross q / o, MLP; output layer
+  matmuls = encoder * batch * source + cross_kv * batch * source + decoder * batch * target
+  # 2 matmuls of 2 x queries x keys x N x H: encoder 6 x 6, decoder self 3 x 3 and cross 3 x 6.
+  scores = 2 * 2 * 4 * 8 * batch * (2 * source * source + 2 * (target * target + target * source))
+  assert cost.flops == 2 * matmuls + scores
+  norms, relpos = (2 * 2 + 1 + 2 * 3 + 1) * 32, 2 * 4 * 32  # scales; N x buckets per stack
+  assert cost.bytes == 4 * (encoder + cross_kv + decoder + norms + relpos)
+
+
+def test_forward_cost_per_chip_is_the_global_cost_split_over_the_mesh():
+  # Batch 2 over data=2; heads, N*H, d_ff and vocab over model=4: every FLOP splits 8 ways.
+  common = dict(batch=2, source_length=6, target_length=3)
+  whole = memory_model.forward_cost(_model('tiny-v1.0', _ONE), _ONE, **common)
+  chip = memory_model.forward_cost(_model('tiny-v1.0'), _MESH, **common)
+  assert chip.flops * 8 == whole.flops
+
+
+def test_forward_cost_flops_agree_with_xla_cost_analysis():
+  model = _model('tiny-v1.1', _ONE)
+  common = dict(batch=2, source_length=8, target_length=5)
+  ours = memory_model.forward_cost(model, _ONE, **common).flops
+  xla = memory_model.xla_forward_cost(model, **common)['flops']
+  # XLA also counts the elementwise work (norms, softmax, GELU): a few percent more.
+  assert 1.0 <= xla / ours < 1.15, (xla, ours)
 
 
 def test_call_cost_flops_agree_with_xla_cost_analysis():
@@ -220,3 +261,95 @@ print('PLAN_OK')
 @pytest.mark.slow  # ~20 s idle: a subprocess, JAX start-up and two compiles
 def test_compiled_plan_on_4_simulated_devices():
   helpers.run_on_cpu_devices(_COMPILED_PLAN_SCRIPT, 'PLAN_OK', devices=4)
+
+
+# The distillation plan: a tiny teacher (tiny-v1.0, bf16) and the `paper` student shrunk.
+_STUDENT = 'paper,student.d_model=16,student.num_heads=2,student.d_kv=8,student.d_ff=32'
+# Its params (V 128, D 16, N*H 16, F 32 gated, one layer over the teacher's D 32 encoder, tied):
+# embedding, relpos (N x 32 buckets), self q k v o, cross q o, cross k v (from D 32), MLP, scales.
+_STUDENT_PARAMS = 128 * 16 + 2 * 32 + 4 * 16 * 16 + 2 * 16 * 16 + 2 * 32 * 16 + 3 * 16 * 32 + 4 * 16
+_TEACHER_SCALES = (2 * 2 + 1 + 2 * 3 + 1) * 32  # tiny-v1.0's norm scales
+_PLAN_SHAPE = dict(source_length=16, target_length=8)
+
+
+def _distill_rows(machines, *, student_sharding='replicated', compile_dtype=None, batch=8):
+  config = distill_drafter.get_config(f'{_STUDENT},student_sharding={student_sharding}')
+  return memory_model.distill_rows(
+    t5.CONFIGS['tiny-v1.0'],
+    config,
+    machines,
+    [batch],
+    teacher_param_dtype='bfloat16',
+    compile_dtype=compile_dtype,
+    **_PLAN_SHAPE,
+  )
+
+
+def _state_bytes(params_per_device: int) -> int:
+  """params and AdamW's two moments in float32, and 3 int32 counters (the step, Adam's count,
+  the schedule's count)."""
+  return 3 * 4 * params_per_device + 3 * 4
+
+
+def test_distill_plan_bytes_on_one_device():
+  (row,) = _distill_rows([('h100', 1, 1)])
+  teacher = t5.CONFIGS['tiny-v1.0']
+  shapes = jax.eval_shape(lambda key: t5.init_params(key, teacher), jax.random.key(0))
+  assert row['teacher'] == 2 * t5.param_count(shapes)
+  assert row['state'] == _state_bytes(_STUDENT_PARAMS)
+  assert row['batch_bytes'] == 8 * (16 + 8) * (4 + 1)  # int32 ids and bool masks
+  assert row['fits'] == 'yes' and 'total' not in row
+  assert row['forward'] == memory_model.forward_cost(
+    _model('tiny-v1.0', _ONE, param_dtype='bfloat16'), _ONE, batch=8, **_PLAN_SHAPE
+  )
+
+
+def test_distill_plan_rejects_a_mesh_of_another_size():
+  with pytest.raises(ValueError, match='v4-8 has 4 chips; a 2x4 mesh has 8'):
+    _distill_rows([('v4-8', 2, 4)])
+
+
+def _check_distill_plan():
+  """On a 2x4 mesh (v5e-8): every byte count is what the shardings imply, and the compiled step's
+  arguments are those bytes."""
+  teacher_params = t5.param_count(
+    jax.eval_shape(lambda key: t5.init_params(key, t5.CONFIGS['tiny-v1.0']), jax.random.key(0))
+  )
+  # Every teacher param but the norm scales splits over model = 4 (vocab 128, N*H 32, F 64, and
+  # the relpos tables' 4 heads); the batch's 8 rows over data = 2.
+  teacher = 2 * ((teacher_params - _TEACHER_SCALES) // 4 + _TEACHER_SCALES)
+  batch = 4 * (16 + 8) * (4 + 1)
+  (replicated,) = _distill_rows([('v5e-8', 2, 4)], compile_dtype='params')
+  assert (replicated['teacher'], replicated['batch_bytes']) == (teacher, batch)
+  assert replicated['state'] == _state_bytes(_STUDENT_PARAMS)
+  assert replicated['argument'] == teacher + _state_bytes(_STUDENT_PARAMS) + batch
+  assert replicated['total'] == (
+    replicated['argument'] + replicated['output'] + replicated['temp'] - replicated['alias']
+  )
+  # Sharded over model = 4: all but the relpos table (2 heads) and the scales (D = 16).
+  (sharded,) = _distill_rows([('v5e-8', 2, 4)], student_sharding='model', compile_dtype='float32')
+  whole = 2 * 32 + 4 * 16
+  state = _state_bytes((_STUDENT_PARAMS - whole) // 4 + whole)
+  assert (sharded['teacher'], sharded['state']) == (teacher, state)
+  # Compiled with the teacher in float32: its params take twice the planned bytes there.
+  assert sharded['argument'] == 2 * teacher + state + batch
+  assert (
+    sharded['total']
+    == teacher + state + batch + sharded['output'] + sharded['temp'] - (sharded['alias'])
+  )
+  for row in (replicated, sharded):
+    assert row['alias'] == row['state'] and row['fits'] == 'yes', row
+
+
+_DISTILL_PLAN_SCRIPT = """
+import jax
+from tests import memory_plan_test
+
+assert jax.device_count() == 8, jax.devices()
+memory_plan_test._check_distill_plan()
+print('DISTILL_PLAN_OK')
+"""
+
+
+def test_distill_plan_on_8_simulated_devices():  # ~15 CPU-seconds: two small compiles
+  helpers.run_on_cpu_devices(_DISTILL_PLAN_SCRIPT, 'DISTILL_PLAN_OK', devices=8)

@@ -15,6 +15,8 @@ r"""Distil a drafter from the shipped target (DistillSpec-style; `specdec_jax.di
       --workdir=workdir/distill_debsumm                # for pretrained/debsumm (dropped; see _debsumm)
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:debsumm48m \
       --workdir=workdir/distill_debsumm48m             # for pretrained/debsumm48m's (issue 27)
+  python -m scripts.distill --config=experiments/configs/distill_drafter.py:paper \
+      --workdir=/mnt/shared/distill_t5_11b             # T5 11B's, on a v4-32 (see _paper)
   # your own pair: --config.teacher=/path/to/t5 (ours, HF or T5X) --config.tokenizer=spm.model
   #                --config.train_file=sources.tsv --config.valid_file=valid.tsv
 
@@ -30,7 +32,8 @@ import pathlib
 
 import ml_collections
 
-from experiments.configs import common, train_common
+from experiments.configs import common, ende, train_common
+from specdec_jax.models import t5
 
 _ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -103,6 +106,59 @@ def _debsumm48m(c):
   _debsumm(c)
   c.teacher = str(_ROOT / 'pretrained' / 'debsumm48m' / 'target')
   c.init_from = str(_ROOT / 'pretrained' / 'debsumm' / 'distilled')
+
+
+def _paper(c):
+  """A one-layer drafter over the encoder of the public T5 (v1.0) 11B, the target of
+  `ende.py:paper` (its T5X checkpoint read from gs:// slice by slice, its vocabulary and WMT14
+  test set), distilled on a v4-32: 16 chips on 4 hosts, mesh 4x4 (the teacher sharded over
+  'model' = 4 chips, 4 data-parallel replicas), the student and its AdamW state replicated. Stage
+  the vocabulary and the WMT sources on every host (the test set as ende.py:paper says):
+
+    gcloud storage cp gs://t5-data/vocabs/cc_all.32000/sentencepiece.model /tmp/t5/spm.model
+    P='translate English to German: '   # distill reads sources as they are: prefix them here
+    sacrebleu -t wmt08,wmt09,wmt10,wmt11,wmt12,wmt13 -l en-de --echo src ref | tr -s ' ' | \
+        awk -F'\t' -v OFS='\t' -v p="$P" 'NF == 2 {print p $1, $2}' > /tmp/t5/wmt_ende_train.tsv
+    sacrebleu -t wmt15 -l en-de --echo src ref | tr -s ' ' | \
+        awk -F'\t' -v OFS='\t' -v p="$P" 'NF == 2 {print p $1, $2}' > /tmp/t5/wmt15_ende.tsv
+
+  (newstest2008-2013, about 16,000 sources; any more WMT-style sources can go in the same file),
+  then on every host (scripts/launch_tpu.py does it: README, "On a TPU slice"):
+
+    python -m scripts.distill --config=experiments/configs/distill_drafter.py:paper \
+        --workdir=/mnt/shared/distill_t5_11b
+
+  The workdir must be one directory all 4 hosts see (the same mount on each). The drafter it
+  writes (<workdir>/best) then drafts for the target in the main job:
+  `experiments/configs/ende.py:paper,drafter=<workdir>/best`. Not run yet: the settings below
+  are planned (docs/results/memory_plan.md, "Distillation"), not tuned.
+
+  Memory per chip (python -m benchmarks.distill_plan): the teacher is loaded in float32 (distill
+  passes no param_dtype to pretrained.load_model, and a T5X checkpoint loads in its inferred
+  config's float32): 45 GB, 11.3 GB per chip over model = 4, within a v4 chip's 32 GiB with the
+  step's activations.
+
+  cache_teacher=False. Cached, the teacher's states take 4 bytes x d_model 1024 x (source +
+  target tokens) per pair: up to 1 MiB a pair at 128 + 128 tokens, up to 31 GiB for the 32,000
+  pairs of 16,000 sources at 2 temperatures, held whole in every host's RAM and as much written
+  to the shared workdir. Live, the teacher's forward costs 86 ms per step of batch 128 on the v4
+  roofline (memory_model.forward_cost, 4x4, source and target 128): 4.3 minutes over 3,000
+  steps, all the cache could save (less the pass that fills it), so the teacher runs in every
+  step.
+  """
+  paper = ende.get_config('paper')
+  staged = pathlib.Path(paper.tokenizer).parent  # where ende.py:paper stages its files
+  c.teacher, c.tokenizer, c.test_file = paper.target, paper.tokenizer, paper.test_file
+  c.train_file = str(staged / 'wmt_ende_train.tsv')
+  c.valid_file = str(staged / 'wmt15_ende.tsv')
+  c.num_train_sources = 0  # all
+  c.max_source_length, c.max_target_length = paper.max_source_length, paper.max_new_tokens
+  c.length_buckets = (32, 64, 128)  # one compiled step each
+  c.mesh, c.student_sharding, c.cache_teacher = '4x4', 'replicated', False
+  c.batch_size = 128
+  c.learning_rate, c.warmup_steps = 1e-3, 300  # a 1024-wide student: half the default rate
+  teacher = t5.CONFIGS['t5-11b']  # the shapes of paper.target (checkpoints_t5x infers them)
+  c.student.update(d_model=teacher.d_model, num_heads=16, d_kv=64, d_ff=4 * teacher.d_model)
 
 
 def _runlocal(c):
@@ -182,5 +238,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       'eagle': _eagle,
       'debsumm': _debsumm,
       'debsumm48m': _debsumm48m,
+      'paper': _paper,
     },
   )

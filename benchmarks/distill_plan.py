@@ -1,0 +1,203 @@
+r"""A memory and cost plan for distilling a drafter from a large teacher, without the hardware.
+
+  python -m benchmarks.distill_plan --teacher=t5-11b --distill_config=paper --batch=32,128 \
+    --source_length=512 --target_length=128 \
+    --machines=v4-8:1x4,v4-8:2x2,v4-32:4x4,v5e-8:1x8,v5e-8:2x4,h100:1x1
+
+The student, its optimizer and its placement are those of
+`experiments/configs/distill_drafter.py:<--distill_config>` (`paper`: one decoder layer at the
+teacher's width over the teacher's encoder, AdamW, replicated), completed for the teacher by
+`distill.student_config_for`; the teacher has the public shapes `t5.CONFIGS[--teacher]` (`t5-11b`:
+T5 v1.0 11B, the checkpoint `ende.py:paper` and `distill_drafter.py:paper` read), params in
+--teacher_param_dtype computing in float32 (what `pretrained.load_model` gives for a T5X
+checkpoint), sharded by `sharding.DEFAULT_RULES` over 'model' as `distill` shards it.
+
+Run as a script it simulates as many XLA:CPU devices as the largest machine has (it sets
+`XLA_FLAGS=--xla_force_host_platform_device_count=N` before JAX starts). For each machine and
+DATAxMODEL mesh of --machines and each batch size it builds, with nothing allocated, the teacher's
+params (`memory_model.abstract_model`), the student's step-0 train state (`jax.eval_shape` of
+`training.init_state`, placed by `training.state_shardings`) and a batch split over 'data', each a
+`jax.ShapeDtypeStruct` carrying its `NamedSharding`; lowers `training.compile_step` of
+`distill.distill_step` (the live-teacher step, `cache_teacher=False`: the teacher's encoder and
+decoder run in every step) and compiles it. Per device it prints:
+
+  teacher   bytes of the teacher's params (its shard of every leaf);
+  state     bytes of the student's params and AdamW moments (float32) and the step counters;
+  batch     bytes of the batch's rows (int32 ids, bool masks);
+  compiled  the step's `memory_analysis()`: argument (= teacher + state + batch), output, temp,
+            and total = argument + output + temp - alias (the state is donated), the bound;
+  fits      whether the total fits one chip's HBM (`memory_model.HBM_BYTES`): 'yes', 'no' if
+            even teacher + state + batch do not, 'maybe' in between;
+  forward   the teacher's forward per step on the roofline of the machine's chip
+            (`memory_model.forward_cost`: max(FLOPs / peak, weight bytes / HBM bandwidth) per
+            chip; the chips' constants and their sources are in memory_model.py). Not modelled:
+            the model-parallel collectives, the student's own step (a small share: see the
+            docs), and the MXU's efficiency (the roofline is a lower bound on the time).
+
+XLA:CPU compiles the program the step runs on an accelerator (same shapes, shardings and
+dtypes: the teacher computes in float32 from its bf16 weights there too), so its buffer sizes are
+the plan; the CPU's own scheduling decides the temporaries, an accelerator's may differ.
+
+The computations live in `benchmarks/memory_model.py` (no flags); this file simulates the devices,
+reads the flags and prints. Results, with the exact command and the CPU:
+docs/results/memory_plan.md.
+"""
+
+import os
+import sys
+
+_MACHINES_FLAG = '--machines='
+DEFAULT_MACHINES = 'v4-8:1x4,v4-8:2x2,v4-32:4x4,v5e-8:1x8,v5e-8:2x4,h100:1x1'
+
+
+def parse_machines(text: str) -> list[tuple[str, int, int]]:
+  """'v4-8:1x4,h100:1x1' -> [('v4-8', 1, 4), ('h100', 1, 1)] (names checked in main)."""
+  out = []
+  for item in text.split(','):
+    name, _, mesh = item.partition(':')
+    parts = mesh.lower().split('x')
+    if not name or len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+      raise ValueError(f'--machines items are MACHINE:DATAxMODEL (e.g. v4-8:2x2), got {item!r}.')
+    out.append((name, int(parts[0]), int(parts[1])))
+  return out
+
+
+def _simulate_devices(argv) -> None:
+  """Asks XLA:CPU for as many devices as the largest mesh of --machines; before JAX starts."""
+  text = next((a[len(_MACHINES_FLAG) :] for a in argv if a.startswith(_MACHINES_FLAG)), None)
+  devices = max(data * model for _, data, model in parse_machines(text or DEFAULT_MACHINES))
+  flags = os.environ.get('XLA_FLAGS', '')
+  os.environ['XLA_FLAGS'] = f'{flags} --xla_force_host_platform_device_count={devices}'
+  os.environ['JAX_PLATFORMS'] = 'cpu'
+
+
+if __name__ == '__main__':
+  _simulate_devices(sys.argv)
+
+import dataclasses  # noqa: E402
+
+import jax  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+from benchmarks import memory_model  # noqa: E402
+from experiments.configs import distill_drafter  # noqa: E402
+from specdec_jax import distill, sharding  # noqa: E402
+from specdec_jax.models import t5  # noqa: E402
+
+_TEACHER = flags.DEFINE_string('teacher', 't5-11b', 'Teacher shapes: a key of t5.CONFIGS.')
+_TEACHER_PARAM_DTYPE = flags.DEFINE_enum(
+  'teacher_param_dtype', 'bfloat16', ['float32', 'bfloat16'], "The teacher's params on device."
+)
+_DISTILL_CONFIG = flags.DEFINE_string(
+  'distill_config',
+  'paper',
+  'Items of experiments/configs/distill_drafter.py (e.g. "paper,student.d_ff=2048"): the '
+  "student's shape, optimizer, divergence and student_sharding.",
+)
+_MACHINES = flags.DEFINE_string(
+  'machines',
+  DEFAULT_MACHINES,
+  f'MACHINE:DATAxMODEL items, MACHINE one of {sorted(memory_model.MACHINES)} (simulated devices).',
+)
+_BATCH = flags.DEFINE_list('batch', ['32', '128'], 'Batch sizes (global rows per step).')
+_SOURCE_LENGTH = flags.DEFINE_integer('source_length', 512, 'Source tokens per row.')
+_TARGET_LENGTH = flags.DEFINE_integer('target_length', 128, 'Target tokens per row.')
+_COMPILE = flags.DEFINE_bool('compile', True, 'Compile the step (off: shapes and roofline only).')
+_COMPILE_DTYPE = flags.DEFINE_enum(
+  'compile_dtype',
+  'float32',
+  ['float32', 'params'],
+  "Compile with the teacher's params in float32 (its temporaries are then the activations "
+  'alone) or as planned (--teacher_param_dtype: XLA:CPU then adds a float32 copy of the bf16 '
+  'weights to the temporaries).',
+)
+
+
+def _gib(n: float) -> str:
+  return f'{n / memory_model.GiB:.2f}'
+
+
+def _print_row(row: dict) -> None:
+  compiled = [row.get(k) for k in ('argument', 'output', 'temp', 'total')]
+  cells = [row['machine'], row['mesh'], str(row['batch'])]
+  cells += [_gib(row[k]) for k in ('teacher', 'state', 'batch_bytes')]
+  cells += ['-' if v is None else _gib(v) for v in compiled]
+  cells += [row['fits'], f'{row["forward_seconds"] * 1e3:.1f}', row['forward_bound']]
+  cells += [f'{row.get("compile_seconds", 0):.0f}']
+  print('| ' + ' | '.join(cells) + ' |', flush=True)
+
+
+def main(argv):
+  del argv
+  machines = parse_machines(_MACHINES.value)
+  for name, data, model in machines:
+    if name not in memory_model.MACHINES:
+      raise app.UsageError(
+        f'Unknown machine {name!r}; choose one of {sorted(memory_model.MACHINES)}.'
+      )
+    if data * model != memory_model.MACHINES[name].chips:
+      raise app.UsageError(
+        f'{name} has {memory_model.MACHINES[name].chips} chips; the mesh {data}x{model} has '
+        f'{data * model}.'
+      )
+    if data * model > jax.device_count():
+      raise app.UsageError(
+        f'{name}:{data}x{model} needs {data * model} devices, JAX has {jax.device_count()}: run '
+        'as `python -m benchmarks.distill_plan`, which simulates them.'
+      )
+  if _TEACHER.value not in t5.CONFIGS:
+    raise app.UsageError(f'Unknown teacher {_TEACHER.value!r}; choose one of {sorted(t5.CONFIGS)}.')
+  teacher_config = dataclasses.replace(t5.CONFIGS[_TEACHER.value], dtype='float32')
+  config = distill_drafter.get_config(_DISTILL_CONFIG.value)
+  one = sharding.make_mesh(1, 1)
+  teacher = memory_model.abstract_model(
+    teacher_config, one, param_dtype=_TEACHER_PARAM_DTYPE.value, shard=True
+  )
+  student = distill.student_config_for(config, teacher)
+  student_params = jax.eval_shape(lambda key: t5.init_params(key, student), jax.random.key(0))
+  batches = [int(b) for b in _BATCH.value]
+  shape = dict(source_length=_SOURCE_LENGTH.value, target_length=_TARGET_LENGTH.value)
+  compile_dtype = _COMPILE_DTYPE.value if _COMPILE.value else None
+  print(
+    f'teacher {_TEACHER.value} ({t5.param_count(teacher.params) / 1e9:.2f}B params, '
+    f'{_TEACHER_PARAM_DTYPE.value}, computing in float32, sharded over model); student '
+    f'distill_drafter.py:{_DISTILL_CONFIG.value} ({t5.param_count(student_params) / 1e6:.1f}M '
+    f'params, float32, AdamW, {config.student_sharding}, divergence {config.divergence}): '
+    f'{student}; source {shape["source_length"]}, target {shape["target_length"]}; '
+    f'{jax.device_count()} simulated {jax.devices()[0].platform} devices; step compiled with the '
+    f"teacher's params in {compile_dtype or '-'}."
+  )
+  print(
+    '\nGiB per device. argument / output / temp: the compiled step; total = teacher + student '
+    'state + batch + output + temp - alias. Teacher forward: per step on the roofline of the '
+    "machine's chip."
+  )
+  print(
+    '\n| machine | mesh | batch | teacher | student state | batch | argument | output | temp | '
+    'total | fits | teacher forward (ms) | bound | compile (s) |'
+  )
+  print('|---|---|' + '---:|' * 12)
+  memory_model.distill_rows(
+    teacher_config,
+    config,
+    machines,
+    batches,
+    teacher_param_dtype=_TEACHER_PARAM_DTYPE.value,
+    compile_dtype=compile_dtype,
+    log=_print_row,
+    **shape,
+  )
+
+  print('\nCross-check (global, unsharded teacher forward): analytic FLOPs vs XLA cost_analysis')
+  for batch in batches:
+    ours = memory_model.forward_cost(teacher, one, batch=batch, **shape)
+    xla = memory_model.xla_forward_cost(teacher, batch=batch, **shape)
+    print(
+      f'  B={batch}: analytic {ours.flops:.4g} FLOPs, XLA {xla["flops"]:.4g} '
+      f'({xla["flops"] / ours.flops:.3f}x)',
+      flush=True,
+    )
+
+
+if __name__ == '__main__':
+  app.run(main)

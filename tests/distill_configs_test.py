@@ -1,0 +1,70 @@
+"""Tests of experiments/configs/distill_drafter.py: every variant parses, and `paper` (T5 11B's
+one-layer drafter on a v4-32) is consistent with the target of ende.py:paper and with its mesh."""
+
+import pathlib
+
+import pytest
+
+from benchmarks import memory_model
+from experiments.configs import distill_drafter, ende
+from specdec_jax import distill, sharding, training
+from specdec_jax.models import t5
+
+_VARIANTS = (
+  'runlocal',
+  'independent',
+  'grown',
+  'deeper',
+  'eagle',
+  'debsumm',
+  'debsumm48m',
+  'paper',
+)
+
+
+@pytest.mark.parametrize('variant', _VARIANTS)
+def test_every_variant_parses(variant):
+  config = distill_drafter.get_config(variant)
+  assert config.divergence in distill.DIVERGENCES
+  training.OptimizerConfig.from_config(config)  # raises on a bad schedule
+
+
+def test_paper_reads_the_target_files_of_ende_paper():
+  config, paper = distill_drafter.get_config('paper'), ende.get_config('paper')
+  assert (config.teacher, config.tokenizer, config.test_file) == (
+    paper.target,
+    paper.tokenizer,
+    paper.test_file,
+  )
+  assert config.teacher.startswith('gs://') and 't5_11B' in config.teacher
+  staged = pathlib.Path(paper.tokenizer).parent
+  assert {pathlib.Path(config.train_file).parent, pathlib.Path(config.valid_file).parent} == {
+    staged
+  }
+  assert (config.max_source_length, config.max_target_length) == (
+    paper.max_source_length,
+    paper.max_new_tokens,
+  )
+
+
+def test_paper_fits_a_v4_32_mesh():
+  config = distill_drafter.get_config('paper')
+  data, model = sharding.parse_mesh(config.mesh)
+  assert data * model == memory_model.MACHINES['v4-32'].chips == 16
+  for name in ('batch_size', 'generate_batch_size', 'eval_batch_size'):
+    assert config[name] % data == 0, (name, config[name], data)
+  sharding.check_placement(config.student_sharding)
+  assert config.student_sharding == 'replicated' and not config.cache_teacher
+  buckets = tuple(config.length_buckets)
+  assert buckets == tuple(sorted(buckets))
+  assert buckets[-1] >= max(config.max_source_length, config.max_target_length)
+
+
+def test_paper_student_is_one_layer_at_the_teachers_width_over_its_encoder():
+  config = distill_drafter.get_config('paper')
+  teacher = t5.T5Model(config=t5.CONFIGS['t5-11b'], params={})
+  student = distill.student_config_for(config, teacher)
+  assert student.d_model == student.encoder_dim == teacher.config.d_model == 1024
+  assert (student.num_encoder_layers, student.num_decoder_layers) == (0, 1)
+  assert student.num_heads * student.d_kv == student.d_model
+  assert student.vocab_size == teacher.config.vocab_size and student.feature_dim is None
