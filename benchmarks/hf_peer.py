@@ -1,0 +1,395 @@
+r"""Ours beside HF transformers on the same weights: greedy tokens/s, ratios, identical outputs.
+
+  python -m benchmarks.hf_peer                                     # pretrained/ende, on a CPU
+  python -m benchmarks.hf_peer --random_weights --target=t5-11b --drafters=t5-small \
+      --dtype=bfloat16                                             # the paper's shapes, on a GPU
+
+The target and each T5 drafter go to transformers' `T5ForConditionalGeneration` with the same
+weights: a shipped pair through `checkpoints.save_hf_t5` and `from_pretrained` (a user's path);
+random weights (`--random_weights`, shapes from `t5.CONFIGS`, the end-of-sequence token's output
+weights zeroed so that every row decodes --max_new_tokens tokens) through the state dict
+`save_hf_t5` would write (`checkpoints_hf.params_to_hf_state_dict`), without the file (44 GB in
+float32 for T5 11B). Every method decodes the same sentences one at a time (batch 1, the paper's
+setting), each source padded to --source_length with its mask, greedy, up to --max_new_tokens:
+
+  ours         autoregressive (`decode.generate`); speculative with each drafter at --gamma
+               (`decode.speculative_generate`; token and block verification are one program
+               when greedy)
+  transformers `generate`: default cache; `cache_implementation='static'` (compilation off); the
+               static cache with `torch.compile` (--compile; transformers' own `CompileConfig`,
+               on any device); assisted generation with each drafter (`assistant_model=`, exactly
+               --gamma drafts an iteration: a constant schedule and no confidence stop)
+
+Each method decodes the first sentence once untimed (compilation, lazy set-up), then every
+sentence in turn, timed; tokens/s counts the tokens emitted (EOS included) over that time.
+`identical` counts the sentences whose tokens equal ours autoregressive. A method that raises
+gets its row with the error instead of numbers; a drafter transformers cannot run as an
+assistant (a decoder over the target's encoder, `num_encoder_layers=0`, such as the shipped
+`distilled` drafters; an n-gram) gets a row saying so. `--drafters=target` drafts with the target
+itself, a sanity row. One timed pass per method, in turn: on a shared machine the ratios are
+noisy, and torch's threads compete with the rest of the machine (--torch_threads).
+"""
+
+import dataclasses
+import os
+import pathlib
+import tempfile
+import time
+
+import jax
+import numpy as np
+import torch
+import transformers
+from absl import app, flags, logging
+
+import benchmarks
+from specdec_jax import checkpoints, checkpoints_hf, decode, pretrained, tables
+from specdec_jax.models import t5
+from specdec_jax.sampling import SamplingConfig
+
+_DIR = flags.DEFINE_string('pretrained', 'ende', 'Shipped pair (name or directory).')
+_DRAFTERS = flags.DEFINE_list(
+  'drafters',
+  None,
+  "Drafters: the pair's names (default: its T5 drafters) or, with --random_weights, t5.CONFIGS "
+  "names (default: t5-small); 'target' drafts with the target itself.",
+)
+_GAMMA = flags.DEFINE_integer('gamma', None, "Drafts per iteration (default: the pair's greedy).")
+_NUM = flags.DEFINE_integer('num_sentences', 30, 'Sentences (test sentences of the pair).')
+_MAX_NEW = flags.DEFINE_integer('max_new_tokens', 64, 'Most new tokens per sentence.')
+_SOURCE_LENGTH = flags.DEFINE_integer('source_length', 64, 'Padded source length.')
+_DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Params and compute.')
+_RANDOM = flags.DEFINE_bool('random_weights', False, 'Random models of --target / --drafters.')
+_TARGET = flags.DEFINE_string('target', 't5-11b', 'With --random_weights: a t5.CONFIGS name.')
+_COMPILE = flags.DEFINE_bool('compile', True, "Also transformers' static cache + torch.compile.")
+_THREADS = flags.DEFINE_integer('torch_threads', 0, "torch's CPU threads (0: torch's default).")
+_DEVICE = flags.DEFINE_string('torch_device', None, "torch's device (default: cuda if present).")
+
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+@dataclasses.dataclass
+class Result:
+  """One row: a method's outputs (token ids per sentence, EOS included) and timed seconds, or
+  why it has none."""
+
+  system: str
+  method: str
+  drafter: str = '-'
+  outputs: list[list[int]] | None = None
+  seconds: float = 0.0
+  note: str = ''
+
+
+def random_model(config: t5.T5Config, *, dtype: str, seed: int) -> t5.T5Model:
+  """`config` in `dtype` with random params drawn leaf by leaf (no float32 copy of the whole):
+  embedding ~ N(0, 1), matrices N(0, 1 / rows), norm scales 1; the EOS token's output weights
+  zero, so its logit is 0, below the largest of the others (whose mean is 0): no row stops."""
+  config = dataclasses.replace(config, dtype=dtype)
+  shapes = jax.eval_shape(lambda key: t5.init_params(key, config), jax.random.key(0))
+  paths, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  keys = jax.random.split(jax.random.key(seed), len(paths))
+  normal = jax.jit(
+    lambda key, scale, shape: jax.random.normal(key, shape, dtype) * scale, static_argnums=2
+  )
+  leaves = []
+  for key, (path, leaf) in zip(keys, paths):
+    name = jax.tree_util.keystr(path)
+    if leaf.ndim == 1:
+      leaves.append(jax.numpy.ones(leaf.shape, dtype))
+    else:
+      scale = 1.0 if 'embedding' in name else leaf.shape[0] ** -0.5
+      leaves.append(normal(key, scale, leaf.shape))
+  params = jax.tree.unflatten(treedef, leaves)
+  eos = config.eos_token_id
+  if config.tie_word_embeddings:
+    table = params['token_embedder']['embedding']
+    params['token_embedder']['embedding'] = table.at[eos].set(0)
+  else:
+    kernel = params['decoder']['logits_dense']['kernel']
+    params['decoder']['logits_dense']['kernel'] = kernel.at[:, eos].set(0)
+  return t5.T5Model(config=config, params=params)
+
+
+def with_dtype(model, dtype: str):
+  """A `T5Model` with params and activations in `dtype` (anything else as it is)."""
+  if not isinstance(model, t5.T5Model) or model.config.dtype == dtype:
+    return model
+  params = jax.tree.map(lambda x: x.astype(dtype), model.params)
+  return t5.T5Model(config=dataclasses.replace(model.config, dtype=dtype), params=params)
+
+
+def hf_runnable(drafter) -> str | None:
+  """Why transformers cannot run `drafter` as an assistant model, or None if it can."""
+  if not isinstance(drafter, t5.T5Model):
+    return f'{type(drafter).__name__}: transformers has no such assistant'
+  if not drafter.has_encoder:
+    return "a decoder over the target's encoder (num_encoder_layers=0): no HF equivalent"
+  return None
+
+
+def hf_from_directory(directory, *, device, dtype):
+  """transformers' model of a `checkpoints.save_hf_t5` directory."""
+  model = transformers.T5ForConditionalGeneration.from_pretrained(directory)
+  return model.to(device=device, dtype=getattr(torch, dtype)).eval()
+
+
+def hf_from_params(model: t5.T5Model, *, device, dtype):
+  """transformers' model of `model`, from the state dict `save_hf_t5` writes, built on the meta
+  device and filled leaf by leaf (no file, no random init, no float32 copy on the device)."""
+  config = transformers.T5Config(**checkpoints_hf.config_to_hf(model.config))
+  with torch.device('meta'):
+    hf = transformers.T5ForConditionalGeneration(config)
+  state = {
+    name: torch.from_numpy(np.array(array, np.float32)).to(device, getattr(torch, dtype))
+    for name, array in checkpoints_hf.params_to_hf_state_dict(model.params, model.config).items()
+  }
+  # The copies transformers ties to `shared.weight` (`tie_weights` would tie the output layer
+  # too: transformers 5's T5Config reads every T5 as tied).
+  tied = ['encoder.embed_tokens.weight', 'decoder.embed_tokens.weight']
+  if model.config.tie_word_embeddings:
+    tied.append('lm_head.weight')
+  state.update({name: state['shared.weight'] for name in tied})
+  hf.load_state_dict(state, strict=True, assign=True)
+  left = [name for name, x in [*hf.named_parameters(), *hf.named_buffers()] if x.is_meta]
+  if left:
+    raise ValueError(f'transformers T5 from our params: {left} left unset.')
+  return hf.eval()
+
+
+def timed(decode_one, sources) -> tuple[list[list[int]], float]:
+  """Outputs of `decode_one(i)` for every source (after one untimed call on the first) and the
+  seconds they took."""
+  decode_one(0)
+  start = time.perf_counter()
+  outputs = [decode_one(i) for i in range(len(sources))]
+  return outputs, time.perf_counter() - start
+
+
+def ours(target, drafter, ids, mask, *, gamma: int, max_new_tokens: int):
+  """`decode_one(i)` of our autoregressive (drafter None) or speculative loop."""
+  kw = dict(sampling=GREEDY, max_new_tokens=max_new_tokens, rng=jax.random.key(0))
+
+  def decode_one(i):
+    row = (ids[i : i + 1], mask[i : i + 1])
+    if drafter is None:
+      out = decode.generate(target, *row, **kw)
+    else:
+      out = decode.speculative_generate(target, drafter, *row, gamma=gamma, **kw)
+    return np.asarray(out.tokens[0, : int(out.lengths[0])]).tolist()
+
+  return decode_one
+
+
+def hf(model, ids, mask, *, max_new_tokens: int, eos_id: int, **kwargs):
+  """`decode_one(i)` of transformers' greedy `generate` with `kwargs`; the tokens after the
+  decoder start, cut after the first EOS."""
+  device = model.device
+
+  def decode_one(i):
+    with torch.no_grad():
+      out = model.generate(
+        input_ids=torch.as_tensor(ids[i : i + 1], device=device),
+        attention_mask=torch.as_tensor(mask[i : i + 1].astype(np.int64), device=device),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        **kwargs,
+      )
+    tokens = out[0, 1:].tolist()
+    return tokens[: tokens.index(eos_id) + 1] if eos_id in tokens else tokens
+
+  return decode_one
+
+
+def as_assistant(model, gamma: int):
+  """`model` set to draft exactly `gamma` tokens an iteration (transformers reads these from the
+  assistant's own generation config, not from `generate`'s arguments)."""
+  model.generation_config.num_assistant_tokens = gamma
+  model.generation_config.num_assistant_tokens_schedule = 'constant'
+  model.generation_config.assistant_confidence_threshold = 0.0
+  return model
+
+
+def run(result: Result, make_decode_one, sources) -> Result:
+  """`result` with the outputs and seconds of `make_decode_one()`'s decoder, or the error it
+  raised (loading a model included): a transformers row."""
+  try:
+    result.outputs, result.seconds = timed(make_decode_one(), sources)
+  except Exception as error:  # noqa: BLE001 (a peer's failure is a result, not a crash)
+    first = str(error).strip().splitlines()
+    result.note = f'failed: {type(error).__name__}: {first[0] if first else ""}'[:160]
+  return result
+
+
+def _models_and_sources():
+  """(target, {drafter name: drafter}, ids int32[N, S], mask int32[N, S], gamma, label)."""
+  names = _DRAFTERS.value
+  s, n = _SOURCE_LENGTH.value, _NUM.value
+  if _RANDOM.value:
+    target_config = _config(_TARGET.value)
+    configs = {
+      name: target_config if name == 'target' else _config(name) for name in names or ['t5-small']
+    }
+    for name, config in configs.items():
+      if config.vocab_size != target_config.vocab_size:
+        raise ValueError(f'Drafter {name!r} does not share the target vocabulary.')
+    target = random_model(target_config, dtype=_DTYPE.value, seed=0)
+    found = {
+      name: target if name == 'target' else random_model(config, dtype=_DTYPE.value, seed=i + 1)
+      for i, (name, config) in enumerate(configs.items())
+    }
+    vocab = target.config.vocab_size
+    ids = np.random.default_rng(0).integers(2, vocab, (n, s), dtype=np.int32)
+    label = f'random {_TARGET.value}'
+    return target, found, ids, np.ones_like(ids), _GAMMA.value or 4, label
+  pair = pretrained.load(_DIR.value)
+  default = [name for name, d in pair.drafters.items() if isinstance(d, t5.T5Model)]
+  found = {}
+  for name in names or default:
+    if name != 'target' and name not in pair.drafters:
+      raise ValueError(f'{pair.directory} has no drafter {name!r}; it has {sorted(pair.drafters)}.')
+    found[name] = pair.target if name == 'target' else pair.drafters[name]
+  found = {name: with_dtype(d, _DTYPE.value) for name, d in found.items()}
+  sources = [src for src, _ in pair.test_pairs()[:n]]
+  ids, mask = pair.tokenizer.encode_batch(sources, s, truncate=True)
+  target = with_dtype(pair.target, _DTYPE.value)
+  gamma = _GAMMA.value or pair.gamma(0.0)
+  return target, found, ids, mask.astype(np.int32), gamma, str(pair.directory.name)
+
+
+def _config(name: str) -> t5.T5Config:
+  if name not in t5.CONFIGS:
+    raise ValueError(f'Unknown T5 shape {name!r}; one of: {", ".join(t5.CONFIGS)}.')
+  return t5.CONFIGS[name]
+
+
+def transformers_results(
+  target, found: dict, ids, mask, tmp: pathlib.Path, device: str, *, gamma: int, max_new_tokens: int
+) -> list[Result]:
+  """transformers' rows: greedy `generate` (default cache, static, static + compile) and
+  assisted generation with each drafter it can run; each model loaded when its row first needs it
+  (a load that fails fails its rows)."""
+  loaded = {}
+
+  def load(model, name):
+    if name not in loaded:
+      if _RANDOM.value:
+        loaded[name] = hf_from_params(model, device=device, dtype=_DTYPE.value)
+      else:
+        checkpoints.save_hf_t5(model, tmp / name)
+        loaded[name] = hf_from_directory(tmp / name, device=device, dtype=_DTYPE.value)
+    return loaded[name]
+
+  decoding = dict(max_new_tokens=max_new_tokens, eos_id=target.config.eos_token_id)
+  compile_config = transformers.CompileConfig()
+  compile_config._compile_all_devices = True  # transformers compiles only on accelerators
+  variants = {
+    'greedy': {},
+    'greedy-static': dict(cache_implementation='static', disable_compile=True),
+    'greedy-static-compiled': dict(cache_implementation='static', compile_config=compile_config),
+  }
+  if not _COMPILE.value:
+    del variants['greedy-static-compiled']
+  results = []
+  for method, kwargs in variants.items():
+    make = lambda kwargs=kwargs: hf(load(target, 'target'), ids, mask, **decoding, **kwargs)
+    results.append(run(Result('transformers', method), make, ids))
+  for name, drafter in found.items():
+    result = Result('transformers', 'assisted', name, note=hf_runnable(drafter) or '')
+    if result.note:
+      results.append(result)
+      continue
+
+    def make(drafter=drafter, name=name):
+      # Its own instance even for the target drafting itself: the assistant's settings are its
+      # generation config's.
+      assistant = as_assistant(load(drafter, f'assistant-{name}'), gamma)
+      return hf(load(target, 'target'), ids, mask, assistant_model=assistant, **decoding)
+
+    results.append(run(result, make, ids))
+  return results
+
+
+def main(argv):
+  del argv
+  # JAX and torch share an accelerator: JAX takes memory as it needs it, not 75% up front.
+  os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
+  benchmarks.start()  # before JAX starts
+  if not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
+  if _THREADS.value:
+    torch.set_num_threads(_THREADS.value)
+  device = _DEVICE.value or ('cuda' if torch.cuda.is_available() else 'cpu')
+  target, found, ids, mask, gamma, label = _models_and_sources()
+  max_new, kw = _MAX_NEW.value, dict(gamma=gamma, max_new_tokens=_MAX_NEW.value)
+  hf_kind = torch.cuda.get_device_name() if device == 'cuda' else 'cpu'
+  print(
+    f'{label}: {len(ids)} sentences, source {ids.shape[1]}, up to {max_new} new tokens, greedy, '
+    f'batch 1, {_DTYPE.value}, gamma {gamma}; JAX {jax.__version__} on '
+    f'{jax.devices()[0].device_kind}, transformers {transformers.__version__} / torch '
+    f'{torch.__version__} on {hf_kind} ({torch.get_num_threads()} CPU threads)',
+    flush=True,
+  )
+  # Ours raise (a failure of ours is a bug); transformers' failures are rows.
+  results = [
+    Result('ours', 'autoregressive', '-', *timed(ours(target, None, ids, mask, **kw), ids))
+  ]
+  for name, drafter in found.items():
+    outputs, seconds = timed(ours(target, drafter, ids, mask, **kw), ids)
+    results.append(Result('ours', 'speculative', name, outputs, seconds))
+  with tempfile.TemporaryDirectory() as tmp:
+    results += transformers_results(target, found, ids, mask, pathlib.Path(tmp), device, **kw)
+  print(tables.format_table(summary_rows(results), COLUMNS), flush=True)
+
+
+def summary_rows(results: list[Result]) -> list[dict]:
+  """The printed rows: tokens/s, ms a token, ratios to ours autoregressive and to transformers'
+  default greedy, and sentences identical to ours autoregressive."""
+
+  def speed(result):
+    if result.outputs is None:
+      return None
+    return sum(map(len, result.outputs)) / result.seconds if result.seconds else None
+
+  reference = results[0].outputs
+  base = speed(results[0])
+  hf_greedy = next((speed(r) for r in results if r.method == 'greedy'), None)
+  rows = []
+  for r in results:
+    tps = speed(r)
+    same = None
+    if r.outputs is not None:
+      same = f'{sum(a == b for a, b in zip(r.outputs, reference))}/{len(reference)}'
+    rows.append(
+      dict(
+        system=r.system,
+        method=r.method,
+        drafter=r.drafter,
+        tokens_per_s=tps,
+        ms_per_token=1e3 / tps if tps else None,
+        vs_ours=tps / base if tps and base else None,
+        vs_hf=tps / hf_greedy if tps and hf_greedy else None,
+        identical=same,
+        note=r.note,
+      )
+    )
+  return rows
+
+
+_Col = tables.Column
+COLUMNS = (
+  _Col('system', align='<', width=12),
+  _Col('method', align='<', width=22),
+  _Col('drafter', align='<', width=9),
+  _Col('tokens_per_s', 'tokens/s', '.1f', 9),
+  _Col('ms_per_token', 'ms/token', '.3f', 9),
+  _Col('vs_ours', 'vs ours AR', '.2f', suffix='x'),
+  _Col('vs_hf', 'vs HF greedy', '.2f', suffix='x'),
+  _Col('identical', align='>', width=9),
+  _Col('note', align='<', width=4),
+)
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,160 @@
+"""benchmarks/hf_peer.py: a CPU smoke run on the shipped 13.5M pair (rows present, greedy outputs
+identical to ours, ratios consistent), a failing method as a row, and the HF models built from our
+params (the random-weights path) against `save_hf_t5` + `from_pretrained`."""
+
+import contextlib
+import io
+import math
+
+import jax
+import numpy as np
+import pytest
+import torch
+from absl import flags
+from absl.testing import flagsaver
+
+from benchmarks import hf_peer
+from specdec_jax import checkpoints, decode
+from specdec_jax.models import t5
+from specdec_jax.sampling import SamplingConfig
+
+_SENTENCES = 2
+
+
+@pytest.fixture(scope='module')
+def rows() -> list[dict]:
+  out = io.StringIO()
+  threads = torch.get_num_threads()
+  with (
+    pytest.MonkeyPatch.context() as patch,
+    flagsaver.flagsaver(),
+    contextlib.redirect_stdout(out),
+  ):
+    patch.setenv('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')  # main sets it; restored after
+    flags.FLAGS(
+      [
+        'hf_peer',
+        '--pretrained=ende',
+        '--drafters=small-t5,distilled',
+        f'--num_sentences={_SENTENCES}',
+        '--max_new_tokens=10',
+        '--source_length=48',
+        '--nocompile',
+        '--torch_threads=1',  # torch's spinning threads would fight the other workers
+        '--noeigen_dots',  # this worker's XLA flags stay as they are
+      ]
+    )
+    try:
+      hf_peer.main(['hf_peer'])
+    finally:
+      torch.set_num_threads(threads)
+  lines = out.getvalue().splitlines()
+  assert lines[0].startswith(f'ende: {_SENTENCES} sentences, source 48, up to 10 new tokens')
+  start = next(i for i, line in enumerate(lines) if line.startswith('system '))
+  assert lines[start].split() == ' '.join(c.title for c in hf_peer.COLUMNS).split()
+  parsed = []
+  for line in lines[start + 1 :]:
+    cells = line.split(maxsplit=len(hf_peer.COLUMNS) - 1)
+    parsed.append(dict(zip([c.name for c in hf_peer.COLUMNS], cells + [''])))
+  return parsed
+
+
+def _number(cell: str) -> float:
+  value = float(cell.rstrip('x'))
+  assert math.isfinite(value) and value > 0, cell
+  return value
+
+
+def test_every_method_has_its_row(rows):
+  assert [(r['system'], r['method'], r['drafter']) for r in rows] == [
+    ('ours', 'autoregressive', '-'),
+    ('ours', 'speculative', 'small-t5'),
+    ('ours', 'speculative', 'distilled'),
+    ('transformers', 'greedy', '-'),
+    ('transformers', 'greedy-static', '-'),
+    ('transformers', 'assisted', 'small-t5'),
+    ('transformers', 'assisted', 'distilled'),
+  ]
+
+
+def test_greedy_outputs_are_identical_to_ours(rows):
+  for row in rows[:5]:
+    assert row['identical'] == f'{_SENTENCES}/{_SENTENCES}', row
+  assisted = rows[5]
+  # Assisted generation is greedy too: identical where it runs (it raised on a GPU before).
+  assert assisted['identical'] == f'{_SENTENCES}/{_SENTENCES}' or assisted['note'].startswith(
+    'failed: '
+  )
+
+
+def test_ratios_are_those_of_the_speeds(rows):
+  ours, hf_greedy = _number(rows[0]['tokens_per_s']), _number(rows[3]['tokens_per_s'])
+  for row in rows:
+    if row['tokens_per_s'] == '-':
+      continue
+    speed = _number(row['tokens_per_s'])
+    assert _number(row['ms_per_token']) == pytest.approx(1e3 / speed, rel=2e-3, abs=2e-3)
+    assert _number(row['vs_ours']) == pytest.approx(speed / ours, rel=0.01, abs=0.006)
+    assert _number(row['vs_hf']) == pytest.approx(speed / hf_greedy, rel=0.01, abs=0.006)
+
+
+def test_a_drafter_over_the_targets_encoder_has_no_hf_row(rows):
+  row = rows[6]
+  assert row['tokens_per_s'] == row['identical'] == '-'
+  assert 'num_encoder_layers=0' in row['note'] and 'no HF equivalent' in row['note']
+
+
+def test_a_method_that_raises_is_a_row_with_its_error():
+  def make():
+    def decode_one(i):
+      raise TypeError("'NoneType' object is not subscriptable")
+
+    return decode_one
+
+  result = hf_peer.run(hf_peer.Result('transformers', 'assisted', 'small-t5'), make, [0])
+  assert result.outputs is None
+  assert result.note == "failed: TypeError: 'NoneType' object is not subscriptable"
+  good = hf_peer.Result('ours', 'autoregressive', outputs=[[5, 1]], seconds=0.5)
+  row = hf_peer.summary_rows([good, result])[1]
+  assert row['tokens_per_s'] is None and row['identical'] is None and row['note'] == result.note
+
+
+@pytest.mark.parametrize('name', ['tiny-v1.0', 'tiny-v1.1'])  # tied and untied output layers
+def test_hf_from_params_is_the_exported_model(name, tmp_path):
+  model = hf_peer.random_model(t5.CONFIGS[name], dtype='float32', seed=3)
+  checkpoints.save_hf_t5(model, tmp_path)
+  want = hf_peer.hf_from_directory(tmp_path, device='cpu', dtype='float32').state_dict()
+  got = hf_peer.hf_from_params(model, device='cpu', dtype='float32').state_dict()
+  assert sorted(got) == sorted(want)
+  for key, tensor in want.items():
+    torch.testing.assert_close(got[key], tensor, rtol=0, atol=0, msg=key)
+
+
+def test_random_models_never_stop():
+  model = hf_peer.random_model(t5.CONFIGS['tiny-v1.0'], dtype='float32', seed=1)
+  assert not np.asarray(model.params['token_embedder']['embedding'][1]).any()  # EOS's row
+  ids = jax.numpy.asarray(np.random.default_rng(0).integers(2, 128, (4, 6)), jax.numpy.int32)
+  out = decode.generate(
+    model,
+    ids,
+    jax.numpy.ones_like(ids),
+    sampling=SamplingConfig(temperature=0.0),
+    max_new_tokens=12,
+    rng=jax.random.key(0),
+  )
+  np.testing.assert_array_equal(out.lengths, 12)
+
+
+def test_random_weights_models_and_sources():
+  with flagsaver.flagsaver():
+    flags.FLAGS(
+      ['hf_peer', '--random_weights', '--target=tiny-v1.1', '--drafters=tiny-v1.0,target']
+      + ['--num_sentences=3', '--source_length=5']
+    )
+    target, found, ids, mask, gamma, label = hf_peer._models_and_sources()
+    assert label == 'random tiny-v1.1' and gamma == 4
+    assert found['target'] is target and found['tiny-v1.0'].config == t5.CONFIGS['tiny-v1.0']
+    assert ids.shape == mask.shape == (3, 5) and mask.all() and (ids >= 2).all()
+    flags.FLAGS(['hf_peer', '--random_weights', '--target=t5-small', '--drafters=tiny-v1.0'])
+    with pytest.raises(ValueError, match="'tiny-v1.0' does not share the target vocabulary"):
+      hf_peer._models_and_sources()
