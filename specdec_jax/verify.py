@@ -31,6 +31,13 @@ never emits with probability 1 (`q = onehot(stop)`, `p(stop) = 0`): then `w_i = 
 stop, `r_g = w_g` gives `h_g = w_g`, and the residual at g is `p_{g+1}`. So it is lossless
 whenever the stop depends on the drafter's side only (tests/verify_test.py checks it exactly).
 
+Building blocks. The formulas the kernels are made of are public, one function each, named in
+docs/method.md beside the formula: `probs_of_drafts`, `token_acceptance`, `block_weights`,
+`block_acceptance`, `accepted_prefix_length`, `longest_accepted_block` and `sample_next` (the
+draw of Y). `verify_multipath` builds its recursive rejection on `token_acceptance` and runs
+`block_verify` itself on the path it selects; tests assemble verifiers from these pieces to plant
+bugs in one of them (negative controls).
+
 Axes: B batch, G gamma (drafted tokens), V vocab.
 """
 
@@ -82,13 +89,13 @@ def token_verify(
   """
   draft_probs, target_probs = _check_and_cast(draft_tokens, draft_probs, target_probs)
   draft_probs, target_probs, in_block = _replace_outside_block(draft_probs, target_probs, lengths)
-  p_x, q_x = _probs_of_drafts(draft_tokens, draft_probs, target_probs)
+  p_x, q_x = probs_of_drafts(draft_tokens, draft_probs, target_probs)
   eta_rng, next_rng = jax.random.split(rng)
   # h = 0 at a non-finite position or past the block (module docstring): the prefix stops there.
-  accepted = (_uniform_like(eta_rng, p_x) < _token_acceptance(p_x, q_x)) & in_block
-  num_accepted = _accepted_prefix_length(accepted)
+  accepted = (_uniform_like(eta_rng, p_x) < token_acceptance(p_x, q_x)) & in_block
+  num_accepted = accepted_prefix_length(accepted)
   no_weight = jnp.ones(num_accepted.shape, jnp.float32)
-  next_token = _sample_next(next_rng, num_accepted, no_weight, draft_probs, target_probs)
+  next_token = sample_next(next_rng, num_accepted, no_weight, draft_probs, target_probs)
   return VerifyResult(num_accepted, next_token)
 
 
@@ -121,18 +128,18 @@ def block_verify(
   """
   draft_probs, target_probs = _check_and_cast(draft_tokens, draft_probs, target_probs)
   draft_probs, target_probs, in_block = _replace_outside_block(draft_probs, target_probs, lengths)
-  p_x, q_x = _probs_of_drafts(draft_tokens, draft_probs, target_probs)
-  weights = _block_weights(p_x, q_x)
+  p_x, q_x = probs_of_drafts(draft_tokens, draft_probs, target_probs)
+  weights = block_weights(p_x, q_x)
   eta_rng, next_rng = jax.random.split(rng)
   acceptance = _truncated_block_acceptance(
-    _block_acceptance(weights, draft_probs, target_probs),
+    block_acceptance(weights, draft_probs, target_probs),
     weights,
-    _accepted_prefix_length(in_block),
+    accepted_prefix_length(in_block),
   )
   accepted = _uniform_like(eta_rng, p_x) < acceptance
-  num_accepted = _longest_accepted_block(accepted)
+  num_accepted = longest_accepted_block(accepted)
   weight = jnp.take_along_axis(weights, num_accepted[:, None], axis=1)[:, 0]
-  next_token = _sample_next(next_rng, num_accepted, weight, draft_probs, target_probs)
+  next_token = sample_next(next_rng, num_accepted, weight, draft_probs, target_probs)
   return VerifyResult(num_accepted, next_token)
 
 
@@ -194,9 +201,112 @@ def greedy_verify(draft_tokens: jax.Array, target_ids: jax.Array) -> VerifyResul
       f'greedy_verify needs draft_tokens [B, G] and target_ids [B, G+1], got '
       f'{draft_tokens.shape} and {target_ids.shape}'
     )
-  num_accepted = _accepted_prefix_length(draft_tokens == target_ids[:, :-1])
+  num_accepted = accepted_prefix_length(draft_tokens == target_ids[:, :-1])
   next_token = jnp.take_along_axis(target_ids, num_accepted[:, None], axis=1)[:, 0]
   return VerifyResult(num_accepted, next_token.astype(jnp.int32))
+
+
+# ----------------------------------------------------------------------------------------------
+# Building blocks: each implements one formula of docs/method.md sections 3-4, on arrays whose
+# shapes the kernels above have checked. `verify_multipath` and the tests' negative controls
+# assemble verifiers from them.
+
+
+def probs_of_drafts(draft_tokens, draft_probs, target_probs) -> tuple[jax.Array, jax.Array]:
+  """Returns `p_i(X_i)` and `q_i(X_i)`, each f32[B, G]."""
+  index = draft_tokens[..., None].astype(jnp.int32)
+  p_x = jnp.take_along_axis(target_probs[:, :-1], index, axis=-1)[..., 0]
+  q_x = jnp.take_along_axis(draft_probs, index, axis=-1)[..., 0]
+  return p_x, q_x
+
+
+def token_acceptance(p_x: jax.Array, q_x: jax.Array) -> jax.Array:
+  """`h_i = min(1, p_i(X_i) / q_i(X_i))`, f32[B, G].
+
+  A draft with `q_i(X_i) = 0` cannot have been drafted; it gets h = 1 unless the target also
+  gives it zero probability (a token the target cannot emit is never accepted).
+  """
+  below_one = q_x > p_x
+  ratio = p_x / jnp.where(below_one, q_x, 1.0)
+  return jnp.where(below_one, ratio, jnp.where(p_x > 0, 1.0, 0.0))
+
+
+def block_weights(p_x: jax.Array, q_x: jax.Array) -> jax.Array:
+  """`w_0..w_G` with `w_i = min(1, w_{i-1} p_i(X_i) / q_i(X_i))`, f32[B, G+1].
+
+  In log space `log w_i = S_i - max_{j<=i} S_j` with `S_i = sum_{k<=i} log(p_k(X_k)/q_k(X_k))`
+  and `S_0 = 0`: a cumulative sum and a cumulative max instead of a sequential loop.
+  """
+  # q(X) = 0 cannot happen for a drafted token; clamping keeps the log finite, so the cumulative
+  # sum only ever meets -inf (from p(X) = 0) and never inf - inf.
+  tiny = jnp.finfo(jnp.float32).tiny
+  log_ratio = jnp.log(p_x) - jnp.log(jnp.maximum(q_x, tiny))
+  log_ratio = jnp.pad(log_ratio, ((0, 0), (1, 0)))
+  partial_sums = jnp.cumsum(log_ratio, axis=1)
+  return jnp.exp(partial_sums - jax.lax.cummax(partial_sums, axis=1))
+
+
+def block_acceptance(weights, draft_probs, target_probs) -> jax.Array:
+  """`h_1..h_G` of block verification, f32[B, G].
+
+  Args:
+    weights: f32[B, G+1], `w_0..w_G` from `block_weights`.
+    draft_probs: f32[B, G, V].
+    target_probs: f32[B, G+1, V].
+  """
+  w_inner = weights[:, 1:-1]  # w_1..w_{G-1}
+  residual_mass = jnp.sum(
+    jnp.maximum(w_inner[..., None] * target_probs[:, 1:-1] - draft_probs[:, 1:], 0.0), axis=-1
+  )
+  denominator = residual_mass + (1.0 - w_inner)
+  h_inner = residual_mass / jnp.where(denominator > 0, denominator, 1.0)  # 0/0 counts as 0
+  # r / (r + 1 - w) <= 1 exactly, but XLA:GPU's division is not correctly rounded: r / r read
+  # 1.0000001 on an H200 (2026-11-26), so the clamp keeps h a probability on every backend.
+  h_inner = jnp.minimum(h_inner, 1.0)
+  return jnp.concatenate([h_inner, weights[:, -1:]], axis=1)
+
+
+def accepted_prefix_length(accepted: jax.Array) -> jax.Array:
+  """Number of leading True entries per row: bool[B, G] -> i32[B]."""
+  return jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)
+
+
+def longest_accepted_block(accepted: jax.Array) -> jax.Array:
+  """Largest i (1-based) with accepted[:, i-1], or 0: bool[B, G] -> i32[B]."""
+  lengths = jnp.arange(1, accepted.shape[1] + 1, dtype=jnp.int32)
+  return jnp.max(jnp.where(accepted, lengths, 0), axis=1)
+
+
+def sample_next(rng, num_accepted, weight, draft_probs, target_probs) -> jax.Array:
+  """Draws Y from `norm(max(0, w p_{tau+1} - q_{tau+1}))`, with `q_{G+1} = 0`.
+
+  At `tau == G` this is `p_{G+1}`. A residual that is zero everywhere (`p == q` there) falls back
+  to `p_{tau+1}`, as docs/method.md prescribes for tau = 0; every positive residual entry has
+  `p_{tau+1}(x) > 0`, so Y is never a token the target gives zero probability.
+
+  Args:
+    rng: PRNG key.
+    num_accepted: i32[B], tau.
+    weight: f32[B], `w_tau` (1 for token verification).
+    draft_probs: f32[B, G, V].
+    target_probs: f32[B, G+1, V].
+
+  Returns:
+    i32[B].
+  """
+  gamma = draft_probs.shape[1]
+  tau = num_accepted[:, None, None]
+  p = jnp.take_along_axis(target_probs, tau, axis=1)[:, 0]
+  q = jnp.take_along_axis(draft_probs, jnp.minimum(tau, gamma - 1), axis=1)[:, 0]
+  q = jnp.where(tau[:, 0] < gamma, q, 0.0)
+  weight = jnp.where(num_accepted < gamma, weight, 1.0)
+  residual = jnp.maximum(weight[:, None] * p - q, 0.0)
+  has_residual = jnp.sum(residual, axis=-1, keepdims=True) > 0
+  return sampling.sample(rng, jnp.where(has_residual, residual, p))
+
+
+# ----------------------------------------------------------------------------------------------
+# Private helpers: input checks, non-finite and shortened rows, the uniforms.
 
 
 def _check_and_cast(draft_tokens, draft_probs, target_probs) -> tuple[jax.Array, jax.Array]:
@@ -285,63 +395,9 @@ def _is_finite_vector(x: jax.Array) -> jax.Array:
   return jnp.isfinite(jnp.sum(x, axis=-1))
 
 
-def _probs_of_drafts(draft_tokens, draft_probs, target_probs) -> tuple[jax.Array, jax.Array]:
-  """Returns `p_i(X_i)` and `q_i(X_i)`, each f32[B, G]."""
-  index = draft_tokens[..., None].astype(jnp.int32)
-  p_x = jnp.take_along_axis(target_probs[:, :-1], index, axis=-1)[..., 0]
-  q_x = jnp.take_along_axis(draft_probs, index, axis=-1)[..., 0]
-  return p_x, q_x
-
-
 def _uniform_like(rng, x: jax.Array) -> jax.Array:
   """U[0, 1) draws shaped like x. Accept iff `eta < h`: h = 0 never accepts, h = 1 always does."""
   return jax.random.uniform(rng, x.shape, jnp.float32)
-
-
-def _token_acceptance(p_x: jax.Array, q_x: jax.Array) -> jax.Array:
-  """`h_i = min(1, p_i(X_i) / q_i(X_i))`, f32[B, G].
-
-  A draft with `q_i(X_i) = 0` cannot have been drafted; it gets h = 1 unless the target also
-  gives it zero probability (a token the target cannot emit is never accepted).
-  """
-  below_one = q_x > p_x
-  ratio = p_x / jnp.where(below_one, q_x, 1.0)
-  return jnp.where(below_one, ratio, jnp.where(p_x > 0, 1.0, 0.0))
-
-
-def _block_weights(p_x: jax.Array, q_x: jax.Array) -> jax.Array:
-  """`w_0..w_G` with `w_i = min(1, w_{i-1} p_i(X_i) / q_i(X_i))`, f32[B, G+1].
-
-  In log space `log w_i = S_i - max_{j<=i} S_j` with `S_i = sum_{k<=i} log(p_k(X_k)/q_k(X_k))`
-  and `S_0 = 0`: a cumulative sum and a cumulative max instead of a sequential loop.
-  """
-  # q(X) = 0 cannot happen for a drafted token; clamping keeps the log finite, so the cumulative
-  # sum only ever meets -inf (from p(X) = 0) and never inf - inf.
-  tiny = jnp.finfo(jnp.float32).tiny
-  log_ratio = jnp.log(p_x) - jnp.log(jnp.maximum(q_x, tiny))
-  log_ratio = jnp.pad(log_ratio, ((0, 0), (1, 0)))
-  partial_sums = jnp.cumsum(log_ratio, axis=1)
-  return jnp.exp(partial_sums - jax.lax.cummax(partial_sums, axis=1))
-
-
-def _block_acceptance(weights, draft_probs, target_probs) -> jax.Array:
-  """`h_1..h_G` of block verification, f32[B, G].
-
-  Args:
-    weights: f32[B, G+1], `w_0..w_G` from `_block_weights`.
-    draft_probs: f32[B, G, V].
-    target_probs: f32[B, G+1, V].
-  """
-  w_inner = weights[:, 1:-1]  # w_1..w_{G-1}
-  residual_mass = jnp.sum(
-    jnp.maximum(w_inner[..., None] * target_probs[:, 1:-1] - draft_probs[:, 1:], 0.0), axis=-1
-  )
-  denominator = residual_mass + (1.0 - w_inner)
-  h_inner = residual_mass / jnp.where(denominator > 0, denominator, 1.0)  # 0/0 counts as 0
-  # r / (r + 1 - w) <= 1 exactly, but XLA:GPU's division is not correctly rounded: r / r read
-  # 1.0000001 on an H200 (2026-11-26), so the clamp keeps h a probability on every backend.
-  h_inner = jnp.minimum(h_inner, 1.0)
-  return jnp.concatenate([h_inner, weights[:, -1:]], axis=1)
 
 
 def _truncated_block_acceptance(acceptance, weights, lengths) -> jax.Array:
@@ -352,49 +408,10 @@ def _truncated_block_acceptance(acceptance, weights, lengths) -> jax.Array:
   The entries replaced are the ones that read a vector `_replace_nonfinite` replaced.
 
   Args:
-    acceptance: f32[B, G], `h_1..h_G` from `_block_acceptance`.
+    acceptance: f32[B, G], `h_1..h_G` from `block_acceptance`.
     weights: f32[B, G+1], `w_0..w_G`.
     lengths: i32[B], g in 0..G.
   """
   sub_block = jnp.arange(1, acceptance.shape[1] + 1)
   g = lengths[:, None]
   return jnp.where(sub_block < g, acceptance, jnp.where(sub_block == g, weights[:, 1:], 0.0))
-
-
-def _accepted_prefix_length(accepted: jax.Array) -> jax.Array:
-  """Number of leading True entries per row: bool[B, G] -> i32[B]."""
-  return jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1)
-
-
-def _longest_accepted_block(accepted: jax.Array) -> jax.Array:
-  """Largest i (1-based) with accepted[:, i-1], or 0: bool[B, G] -> i32[B]."""
-  lengths = jnp.arange(1, accepted.shape[1] + 1, dtype=jnp.int32)
-  return jnp.max(jnp.where(accepted, lengths, 0), axis=1)
-
-
-def _sample_next(rng, num_accepted, weight, draft_probs, target_probs) -> jax.Array:
-  """Draws Y from `norm(max(0, w p_{tau+1} - q_{tau+1}))`, with `q_{G+1} = 0`.
-
-  At `tau == G` this is `p_{G+1}`. A residual that is zero everywhere (`p == q` there) falls back
-  to `p_{tau+1}`, as docs/method.md prescribes for tau = 0; every positive residual entry has
-  `p_{tau+1}(x) > 0`, so Y is never a token the target gives zero probability.
-
-  Args:
-    rng: PRNG key.
-    num_accepted: i32[B], tau.
-    weight: f32[B], `w_tau` (1 for token verification).
-    draft_probs: f32[B, G, V].
-    target_probs: f32[B, G+1, V].
-
-  Returns:
-    i32[B].
-  """
-  gamma = draft_probs.shape[1]
-  tau = num_accepted[:, None, None]
-  p = jnp.take_along_axis(target_probs, tau, axis=1)[:, 0]
-  q = jnp.take_along_axis(draft_probs, jnp.minimum(tau, gamma - 1), axis=1)[:, 0]
-  q = jnp.where(tau[:, 0] < gamma, q, 0.0)
-  weight = jnp.where(num_accepted < gamma, weight, 1.0)
-  residual = jnp.maximum(weight[:, None] * p - q, 0.0)
-  has_residual = jnp.sum(residual, axis=-1, keepdims=True) > 0
-  return sampling.sample(rng, jnp.where(has_residual, residual, p))

@@ -83,8 +83,8 @@ def multipath_block_verify(
      evaluated in log space with the second form (no cancellation; finite for K <= 8 and any V),
      and then `alpha' = a_X / b_X`, `beta' = beta q_v(X) / b_X` at the selected child X. K = 1
      gives `q_hat = q` (used as is).
-  3. `verify.block_verify`'s formulas on `X*` with `q_hat` in place of `q` everywhere (weights,
-     acceptance, residual).
+  3. `verify.block_verify` on `X*` with `q_hat` as the draft law: `q_hat` in place of `q`
+     everywhere (weights, acceptance, residual).
 
   Order: measured exactly (rational enumeration, tests/verify_multipath_test.py::
   test_order_efficiency; G = 2, 20 random context-dependent models): mean E[tau] capped vs ratio
@@ -105,7 +105,7 @@ def multipath_block_verify(
   """
   draft_probs, target_probs = _check_and_cast(draft_tokens, draft_probs, target_probs, order)
   path, selected, q_hat, p_selected = select_path(draft_tokens, draft_probs, target_probs, order)
-  num_accepted, next_token = block_verify_path(rng, selected, q_hat, p_selected)
+  num_accepted, next_token = verify.block_verify(rng, selected, q_hat, p_selected)
   return MultipathResult(path, num_accepted, next_token)
 
 
@@ -142,7 +142,31 @@ def multipath_token_verify(
     MultipathResult with i32[B] fields.
   """
   draft_probs, target_probs = _check_and_cast(draft_tokens, draft_probs, target_probs, 'ratio')
-  return recursive_rejection(rng, draft_tokens, draft_probs, target_probs)
+  batch, num_paths, gamma = draft_tokens.shape
+  eta_rng, next_rng = jax.random.split(rng)
+  # One uniform per (depth, path); the [B, G * K] draw makes K = 1 use token_verify's numbers.
+  uniforms = jax.random.uniform(eta_rng, (batch, gamma * num_paths), jnp.float32)
+  uniforms = uniforms.reshape(batch, gamma, num_paths)
+  alive = jnp.ones((batch, num_paths), bool)
+  stopped = jnp.zeros((batch,), bool)
+  num_accepted = jnp.zeros((batch,), jnp.int32)
+  next_probs = jnp.zeros((batch, target_probs.shape[-1]), jnp.float32)
+  for depth in range(gamma):
+    children = draft_tokens[:, :, depth]
+    p_node = _node_rows(target_probs[:, :, depth], alive, depth)
+    acceptance, residual = node_trials(p_node, draft_probs[:, :, depth], children, alive)
+    accepted = uniforms[:, depth] < acceptance
+    any_accepted = jnp.any(accepted, axis=1)
+    child = jnp.take_along_axis(children, jnp.argmax(accepted, axis=1)[:, None], axis=1)
+    stops_here = ~stopped & ~any_accepted
+    next_probs = jnp.where(stops_here[:, None], residual, next_probs)
+    num_accepted = num_accepted + (~stopped & any_accepted).astype(jnp.int32)
+    alive = jnp.where((stopped | stops_here)[:, None], alive, alive & (children == child))
+    stopped = stopped | stops_here
+  leaf = _node_rows(target_probs[:, :, gamma], alive, gamma)
+  next_probs = jnp.where(stopped[:, None], next_probs, leaf)
+  next_token = sampling.sample(next_rng, next_probs)
+  return MultipathResult(_first(alive), num_accepted, next_token)
 
 
 @jax.jit
@@ -181,7 +205,8 @@ VERIFIERS = {'token': multipath_token_verify, 'block': multipath_block_verify}
 
 
 # ----------------------------------------------------------------------------------------------
-# GBV pieces (pure functions on arrays; tests assemble negative controls from them).
+# The kernels' pieces: pure functions on checked float32 arrays (tests assemble the kernels from
+# them, with one piece changed, as negative controls).
 
 
 def order_key(p: jax.Array, q: jax.Array, order: str) -> jax.Array:
@@ -197,25 +222,23 @@ def order_key(p: jax.Array, q: jax.Array, order: str) -> jax.Array:
   return jnp.minimum(p / q, 1.0)
 
 
-def select_child(children, keys, p_node, alive) -> jax.Array:
+def select_child(children, keys, alive) -> jax.Array:
   """The largest present child under `(key, id)`.
 
   Args:
     children: i32[B, K], each path's child.
     keys: f32[B, V], `order_key` at the node.
-    p_node: f32[B, V], the target's row (unused; a negative control selects by it).
     alive: bool[B, K], the paths through the node.
 
   Returns:
     i32[B].
   """
-  del p_node
   child_keys = jnp.take_along_axis(keys, children, axis=1)
   best = jnp.max(jnp.where(alive, child_keys, -jnp.inf), axis=1, keepdims=True)
   return jnp.max(jnp.where(alive & (child_keys == best), children, -1), axis=1)
 
 
-def select_path(draft_tokens, draft_probs, target_probs, order: str, select_fn=select_child):
+def select_path(draft_tokens, draft_probs, target_probs, order: str):
   """Steps 1 and 2 of `multipath_block_verify`: the selected path and its law.
 
   Args:
@@ -223,7 +246,6 @@ def select_path(draft_tokens, draft_probs, target_probs, order: str, select_fn=s
     draft_probs: f32[B, K, G, V].
     target_probs: f32[B, K, G+1, V].
     order: 'ratio' or 'capped'.
-    select_fn: `select_child`'s signature; swapped only by the tests' negative controls.
 
   Returns:
     (path i32[B], selected tokens i32[B, G], q_hat f32[B, G, V], p along the path f32[B, G+1, V]).
@@ -238,12 +260,11 @@ def select_path(draft_tokens, draft_probs, target_probs, order: str, select_fn=s
     p_node = _node_rows(target_probs[:, :, depth], alive, depth)
     q_node = _node_rows(draft_probs[:, :, depth], alive, depth)
     keys = order_key(p_node, q_node, order)
-    child = select_fn(children, keys, p_node, alive)
+    child = select_child(children, keys, alive)
     if num_paths == 1:
       q_hat = q_node  # the maximum of one path is that path: F^1 = F
     else:
-      below = _mass_below(keys, q_node)
-      q_hat, alpha, beta = skew_row(q_node, below, alpha, beta, child, num_paths)
+      q_hat, alpha, beta = skew_row(q_node, keys, alpha, beta, child, num_paths)
     alive = alive & (children == child[:, None])
     selected.append(child)
     q_hats.append(q_hat)
@@ -252,12 +273,12 @@ def select_path(draft_tokens, draft_probs, target_probs, order: str, select_fn=s
   return _first(alive), jnp.stack(selected, 1), jnp.stack(q_hats, 1), jnp.stack(p_rows, 1)
 
 
-def skew_row(q_row, below, alpha, beta, child, num_paths: int):
+def skew_row(q_row, keys, alpha, beta, child, num_paths: int):
   """`q_hat_v` and the next `(alpha, beta)` (`multipath_block_verify` step 2).
 
   Args:
     q_row: f32[B, V], q_v.
-    below: f32[B, V], `sum_{s <_v t} q_v(s)` per token t.
+    keys: f32[B, V], `order_key` at the node: the order `(key, id)` the law is taken under.
     alpha, beta: f32[B], the node's normalized mass below its subtree and of its subtree.
     child: i32[B], the selected child.
     num_paths: K.
@@ -265,7 +286,7 @@ def skew_row(q_row, below, alpha, beta, child, num_paths: int):
   Returns:
     (q_hat f32[B, V] normalized, alpha f32[B], beta f32[B]) of the child.
   """
-  a = alpha[:, None] + beta[:, None] * below
+  a = alpha[:, None] + beta[:, None] * _mass_below(keys, q_row)
   b = a + beta[:, None] * q_row  # b >= a: no cancellation anywhere below
   ratio = jnp.where(b > 0, a / jnp.where(b > 0, b, 1.0), 0.0)
   geometric = jnp.ones_like(ratio)
@@ -300,31 +321,6 @@ def _mass_below(keys: jax.Array, q_row: jax.Array) -> jax.Array:
   return jnp.put_along_axis(jnp.zeros_like(q_row), perm, exclusive, axis=-1, inplace=False)
 
 
-def block_acceptance(selected, q_hat, p_selected):
-  """Block verification's weights `w_0..w_G` f32[B, G+1] and `h_1..h_G` f32[B, G] on the path."""
-  p_x, q_x = verify._probs_of_drafts(selected, q_hat, p_selected)
-  weights = verify._block_weights(p_x, q_x)
-  return weights, verify._block_acceptance(weights, q_hat, p_selected)
-
-
-def block_verify_path(rng, selected, q_hat, p_selected, residual_q=None):
-  """Step 3: `verify.block_verify`'s draws on the selected path with draft law `q_hat`.
-
-  `residual_q` replaces `q_hat` in Y's residual only for the tests' negative control.
-  """
-  weights, acceptance = block_acceptance(selected, q_hat, p_selected)
-  eta_rng, next_rng = jax.random.split(rng)
-  accepted = verify._uniform_like(eta_rng, acceptance) < acceptance
-  num_accepted = verify._longest_accepted_block(accepted)
-  weight = jnp.take_along_axis(weights, num_accepted[:, None], axis=1)[:, 0]
-  residual_q = q_hat if residual_q is None else residual_q
-  return num_accepted, verify._sample_next(next_rng, num_accepted, weight, residual_q, p_selected)
-
-
-# ----------------------------------------------------------------------------------------------
-# Recursive rejection pieces.
-
-
 def node_trials(p_node, q_paths, children, alive):
   """The trials of `multipath_token_verify` at one node, each assuming the earlier ones failed.
 
@@ -345,7 +341,7 @@ def node_trials(p_node, q_paths, children, alive):
     child = children[:, k : k + 1]
     p_x = jnp.take_along_axis(residual, child, axis=1)[:, 0]
     q_x = jnp.take_along_axis(q_paths[:, k], child, axis=1)[:, 0]
-    acceptances.append(jnp.where(alive[:, k], verify._token_acceptance(p_x, q_x), 0.0))
+    acceptances.append(jnp.where(alive[:, k], verify.token_acceptance(p_x, q_x), 0.0))
     left = jnp.maximum(residual - q_paths[:, k], 0.0)
     mass = jnp.sum(left, axis=-1, keepdims=True)
     # A zero residual (p_j = q_k) has rejection probability 0; keep p_j for the fallback draw.
@@ -353,37 +349,6 @@ def node_trials(p_node, q_paths, children, alive):
     draw_from = jnp.where(tried, jnp.where(mass > 0, left, residual), draw_from)
     residual = jnp.where(tried & (mass > 0), left / jnp.where(mass > 0, mass, 1.0), residual)
   return jnp.stack(acceptances, axis=1), draw_from
-
-
-def recursive_rejection(rng, draft_tokens, draft_probs, target_probs, trials_fn=None):
-  """`multipath_token_verify` on checked float32 inputs; `trials_fn` (`node_trials`'s signature)
-  is swapped only by the tests' negative controls."""
-  trials_fn = trials_fn or node_trials
-  batch, num_paths, gamma = draft_tokens.shape
-  eta_rng, next_rng = jax.random.split(rng)
-  # One uniform per (depth, path); the [B, G * K] draw makes K = 1 use token_verify's numbers.
-  uniforms = jax.random.uniform(eta_rng, (batch, gamma * num_paths), jnp.float32)
-  uniforms = uniforms.reshape(batch, gamma, num_paths)
-  alive = jnp.ones((batch, num_paths), bool)
-  stopped = jnp.zeros((batch,), bool)
-  num_accepted = jnp.zeros((batch,), jnp.int32)
-  next_probs = jnp.zeros((batch, target_probs.shape[-1]), jnp.float32)
-  for depth in range(gamma):
-    children = draft_tokens[:, :, depth]
-    p_node = _node_rows(target_probs[:, :, depth], alive, depth)
-    acceptance, residual = trials_fn(p_node, draft_probs[:, :, depth], children, alive)
-    accepted = uniforms[:, depth] < acceptance
-    any_accepted = jnp.any(accepted, axis=1)
-    child = jnp.take_along_axis(children, jnp.argmax(accepted, axis=1)[:, None], axis=1)
-    stops_here = ~stopped & ~any_accepted
-    next_probs = jnp.where(stops_here[:, None], residual, next_probs)
-    num_accepted = num_accepted + (~stopped & any_accepted).astype(jnp.int32)
-    alive = jnp.where((stopped | stops_here)[:, None], alive, alive & (children == child))
-    stopped = stopped | stops_here
-  leaf = _node_rows(target_probs[:, :, gamma], alive, gamma)
-  next_probs = jnp.where(stopped[:, None], next_probs, leaf)
-  next_token = sampling.sample(next_rng, next_probs)
-  return MultipathResult(_first(alive), num_accepted, next_token)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 from specdec_jax import decode, decode_steps, drafters
 from specdec_jax import sampling as sampling_lib
 from specdec_jax import verify_multipath as vm
-from tests import fakes
+from tests import fakes, verify_multipath_test
 from tests.decode_test import (
   DRAFTER,
   GREEDY,
@@ -78,16 +78,11 @@ def test_more_paths_accept_more():
   assert two > one + 0.03, (one, two)
 
 
-def _select_by_p(children, keys, p_node, alive):
-  """Bug: select the child the target likes most, while the law assumes the ratio order."""
-  return vm.select_child(children, jnp.log(p_node), p_node, alive)
-
-
 @jax.jit
 def _gbv_select_by_p(rng, tokens, q, p):
-  path, selected, q_hat, p_selected = vm.select_path(tokens, q, p, 'ratio', _select_by_p)
-  tau, y = vm.block_verify_path(rng, selected, q_hat, p_selected)
-  return vm.MultipathResult(path, tau, y)
+  """Bug: select the child the target likes most, while the law assumes the ratio order
+  (tests/verify_multipath_test.py's control, run through the loop)."""
+  return verify_multipath_test._run_variant('block/select_by_p', rng, tokens, q, p)
 
 
 _FOLLOW = decode_steps.follow

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import verify
+from specdec_jax import sampling, verify
 from specdec_jax import verify_multipath as vm
 from tests import multipath_oracle as mo
 from tests import verify_oracle as oracle
@@ -157,10 +157,88 @@ def test_order_efficiency():
 # 2. Kernel math on every K-tuple.
 
 
-def _code_tie_select(children, keys, p_node, alive):
+# The kernels assembled from their public pieces (verify_multipath's and verify's), so that a
+# negative control changes one piece and nothing else; test_assembly_is_the_public_kernels checks
+# that the assembly with no piece changed is the public kernels, bit for bit.
+
+
+def _node_rows(rows, alive):
+  """A node's row, read from its lowest-index path: f32[B, K, V] -> f32[B, V]."""
+  return jnp.take_along_axis(rows, jnp.argmax(alive, axis=1)[:, None, None], axis=1)[:, 0]
+
+
+def _select_path(tokens, q, p, order, select=vm.select_child, select_keys=None):
+  """`vm.select_path` assembled: at each node `select(children, keys, alive)` picks the child
+  under `select_keys(p_node, q_node)` (default: the keys of `order`, which the law always uses)."""
+  batch, num_paths, gamma = tokens.shape
+  alive = jnp.ones((batch, num_paths), bool)
+  alpha, beta = jnp.zeros((batch,), jnp.float32), jnp.ones((batch,), jnp.float32)
+  selected, q_hats, p_rows = [], [], []
+  for depth in range(gamma):
+    children = tokens[:, :, depth]
+    p_node, q_node = _node_rows(p[:, :, depth], alive), _node_rows(q[:, :, depth], alive)
+    keys = vm.order_key(p_node, q_node, order)
+    child = select(children, keys if select_keys is None else select_keys(p_node, q_node), alive)
+    if num_paths == 1:
+      q_hat = q_node
+    else:
+      q_hat, alpha, beta = vm.skew_row(q_node, keys, alpha, beta, child, num_paths)
+    alive = alive & (children == child[:, None])
+    selected.append(child)
+    q_hats.append(q_hat)
+    p_rows.append(p_node)
+  p_rows.append(_node_rows(p[:, :, gamma], alive))
+  path = jnp.argmax(alive, axis=1).astype(jnp.int32)
+  return path, jnp.stack(selected, 1), jnp.stack(q_hats, 1), jnp.stack(p_rows, 1)
+
+
+def _block_verify(rng, selected, q_hat, p_selected, residual_q):
+  """`verify.block_verify` assembled, with Y's residual taken from `residual_q`."""
+  weights, acceptance = _block_acceptance(selected, q_hat, p_selected)
+  eta_rng, next_rng = jax.random.split(rng)
+  accepted = jax.random.uniform(eta_rng, acceptance.shape, jnp.float32) < acceptance
+  tau = verify.longest_accepted_block(accepted)
+  weight = jnp.take_along_axis(weights, tau[:, None], axis=1)[:, 0]
+  return tau, verify.sample_next(next_rng, tau, weight, residual_q, p_selected)
+
+
+def _block_acceptance(selected, q_hat, p_selected):
+  """Block verification's weights `w_0..w_G` and `h_1..h_G` on the selected path."""
+  weights = verify.block_weights(*verify.probs_of_drafts(selected, q_hat, p_selected))
+  return weights, verify.block_acceptance(weights, q_hat, p_selected)
+
+
+def _token_verify(rng, tokens, q, p, trials=vm.node_trials):
+  """`vm.multipath_token_verify` assembled, with the node rule `trials` (`vm.node_trials`')."""
+  batch, num_paths, gamma = tokens.shape
+  eta_rng, next_rng = jax.random.split(rng)
+  uniforms = jax.random.uniform(eta_rng, (batch, gamma * num_paths), jnp.float32)
+  uniforms = uniforms.reshape(batch, gamma, num_paths)
+  alive = jnp.ones((batch, num_paths), bool)
+  stopped = jnp.zeros((batch,), bool)
+  num_accepted = jnp.zeros((batch,), jnp.int32)
+  next_probs = jnp.zeros((batch, p.shape[-1]), jnp.float32)
+  for depth in range(gamma):
+    children = tokens[:, :, depth]
+    acceptance, residual = trials(
+      _node_rows(p[:, :, depth], alive), q[:, :, depth], children, alive
+    )
+    accepted = uniforms[:, depth] < acceptance
+    any_accepted = jnp.any(accepted, axis=1)
+    child = jnp.take_along_axis(children, jnp.argmax(accepted, axis=1)[:, None], axis=1)
+    stops_here = ~stopped & ~any_accepted
+    next_probs = jnp.where(stops_here[:, None], residual, next_probs)
+    num_accepted = num_accepted + (~stopped & any_accepted).astype(jnp.int32)
+    alive = jnp.where((stopped | stops_here)[:, None], alive, alive & (children == child))
+    stopped = stopped | stops_here
+  next_probs = jnp.where(stopped[:, None], next_probs, _node_rows(p[:, :, gamma], alive))
+  path = jnp.argmax(alive, axis=1).astype(jnp.int32)
+  return vm.MultipathResult(path, num_accepted, sampling.sample(next_rng, next_probs))
+
+
+def _code_tie_select(children, keys, alive):
   """The public reference code's selection: the first child in path order with a strictly larger
   ratio (ties go to the earlier path, while the law breaks them by token id)."""
-  del p_node
   child_keys = jnp.take_along_axis(keys, children, axis=1)
   best, best_key = jnp.full(children.shape[:1], -1), jnp.full(children.shape[:1], -jnp.inf)
   for k in range(children.shape[1]):
@@ -170,35 +248,40 @@ def _code_tie_select(children, keys, p_node, alive):
   return best
 
 
-def _select_by_p(children, keys, p_node, alive):
-  """Bug: select the child the target likes most, while the law assumes the ratio order."""
-  return vm.select_child(children, jnp.log(p_node), p_node, alive)
+def _log_p(p_node, q_node):
+  """Bug (with `select_keys`): select the child the target likes most, while the law assumes
+  the ratio order."""
+  del q_node
+  return jnp.log(p_node)
 
 
-# name: (order, select_fn, residual from the drafter's own q instead of q_hat)
+# name: (order, select, select_keys, residual from the drafter's own q instead of q_hat)
 GBV_VARIANTS = {
-  'block': ('ratio', vm.select_child, False),
-  'block/capped': ('capped', vm.select_child, False),
-  'block/code_tie_rule': ('capped', _code_tie_select, False),
-  'block/residual_from_q': ('ratio', vm.select_child, True),
-  'block/select_by_p': ('ratio', _select_by_p, False),
+  'block': ('ratio', vm.select_child, None, False),
+  'block/capped': ('capped', vm.select_child, None, False),
+  'block/code_tie_rule': ('capped', _code_tie_select, None, False),
+  'block/residual_from_q': ('ratio', vm.select_child, None, True),
+  'block/select_by_p': ('ratio', vm.select_child, _log_p, False),
 }
 
 
 @functools.partial(jax.jit, static_argnames=('variant',))
 def _gbv_plan(tokens, q, p, variant):
-  order, select_fn, residual_from_q = GBV_VARIANTS[variant]
-  path, selected, q_hat, p_selected = vm.select_path(tokens, q, p, order, select_fn)
+  order, select, select_keys, residual_from_q = GBV_VARIANTS[variant]
+  if variant in ('block', 'block/capped'):  # the public selection itself
+    path, selected, q_hat, p_selected = vm.select_path(tokens, q, p, order)
+  else:
+    path, selected, q_hat, p_selected = _select_path(tokens, q, p, order, select, select_keys)
   q_raw = jnp.take_along_axis(q, path[:, None, None, None], axis=1)[:, 0]
   residual_q = q_raw if residual_from_q else q_hat
-  weights, acceptance = vm.block_acceptance(selected, q_hat, p_selected)
+  weights, acceptance = _block_acceptance(selected, q_hat, p_selected)
   return path, selected, q_hat, p_selected, residual_q, weights, acceptance
 
 
 @functools.partial(jax.jit, static_argnames=('variant',))
 def _gbv_run(rng, tokens, q, p, variant):
   path, selected, q_hat, p_selected, residual_q, _, _ = _gbv_plan(tokens, q, p, variant)
-  tau, y = vm.block_verify_path(rng, selected, q_hat, p_selected, residual_q)
+  tau, y = _block_verify(rng, selected, q_hat, p_selected, residual_q)
   return vm.MultipathResult(path, tau, y)
 
 
@@ -213,7 +296,7 @@ def _no_update_trials(p_node, q_paths, children, alive):
   """Bug: every trial compares with the target's row p_v, not with the updated residual."""
   p_x = jnp.take_along_axis(p_node, children, axis=1)
   q_x = jnp.take_along_axis(q_paths, children[..., None], axis=2)[..., 0]
-  acceptance = jnp.where(alive, verify._token_acceptance(p_x, q_x), 0.0)
+  acceptance = jnp.where(alive, verify.token_acceptance(p_x, q_x), 0.0)
   _, single_draft_residual = vm.node_trials(p_node, q_paths[:, :1], children[:, :1], alive[:, :1])
   return acceptance, single_draft_residual
 
@@ -230,10 +313,16 @@ _JITTED_TRIALS = {name: jax.jit(fn) for name, fn in TOKEN_VARIANTS.items()}
 
 @functools.partial(jax.jit, static_argnames=('variant',))
 def _token_run(rng, tokens, q, p, variant):
-  return vm.recursive_rejection(rng, tokens, q, p, TOKEN_VARIANTS[variant])
+  return _token_verify(rng, tokens, q, p, TOKEN_VARIANTS[variant])
+
+
+PUBLIC_KERNELS = {'block': vm.multipath_block_verify, 'token': vm.multipath_token_verify}
 
 
 def _run_variant(variant, rng, tokens, q, p):
+  """The public kernel for 'block' / 'token'; an assembly with one piece changed otherwise."""
+  if variant in PUBLIC_KERNELS:
+    return PUBLIC_KERNELS[variant](rng, tokens, q, p)
   if variant.startswith('token'):
     return _token_run(rng, tokens, q, p, variant)
   return _gbv_run(rng, tokens, q, p, variant)
@@ -413,20 +502,28 @@ def test_chi_square_lossless(variant, num_paths):
   assert pvalue > SIGNIFICANCE, f'{variant} K={num_paths}: chi-square p = {pvalue:.2e}'
 
 
-@pytest.mark.slow
-def test_public_kernels_equal_assembled_ones():
-  """The assembly the chi-square tests and controls run is the public kernels, bit for bit."""
+@jax.jit
+def _assembled_block_verify(rng, tokens, q, p):
+  path, selected, q_hat, p_selected = _select_path(tokens, q, p, 'ratio')
+  return vm.MultipathResult(path, *_block_verify(rng, selected, q_hat, p_selected, q_hat))
+
+
+def test_assembly_is_the_public_kernels():
+  """The controls' assembly with no piece changed is the public kernels, bit for bit (on the
+  chi-square tests' rows, and every 3-tuple of the spec's toy for the selection in both orders),
+  so each control differs from a public kernel by its planted bug alone."""
   key = jax.random.key(3)
-  for variant, public in [
-    ('block', vm.multipath_block_verify),
-    ('token', vm.multipath_token_verify),
-  ]:
+  for variant, assembled in [('block', _assembled_block_verify), ('token', jax.jit(_token_verify))]:
     tokens, q, p = _draft_paths(_pair_for(variant), 2, seed=1)  # the chi-square test's shapes
-    expected, actual = (
-      public(key, tokens, q, p),
-      _run_variant(variant, key, jnp.asarray(tokens), q, p),
-    )
-    for e, a in zip(expected, actual):
+    expected = PUBLIC_KERNELS[variant](key, tokens, q, p)
+    for e, a in zip(expected, assembled(key, jnp.asarray(tokens), q, p), strict=True):
+      np.testing.assert_array_equal(e, a)
+  pair = _spec_markov_pair()
+  tokens, q, p, _ = mo.all_tuples(pair.target, pair.drafter, GAMMA, 3)
+  for order in ('ratio', 'capped'):
+    expected = jax.jit(vm.select_path, static_argnames='order')(tokens, q, p, order)
+    assembled = jax.jit(_select_path, static_argnames='order')(tokens, q, p, order)
+    for e, a in zip(expected, assembled, strict=True):
       np.testing.assert_array_equal(e, a)
 
 

@@ -180,13 +180,13 @@ def _next_unnormalized(rng, tau, weight, draft_probs, target_probs):
 def _inverted_token_acceptance(p_x, q_x, *unused):
   """Bug: the ratio upside down, min(1, q/p)."""
   del unused
-  return verify._token_acceptance(q_x, p_x)
+  return verify.token_acceptance(q_x, p_x)
 
 
 def _token_acceptance_in_block(p_x, q_x, *unused):
   """Bug: block selection with the token-verification h_i = min(1, p_i(X_i)/q_i(X_i))."""
   del unused
-  return verify._token_acceptance(p_x, q_x)
+  return verify.token_acceptance(p_x, q_x)
 
 
 def _unnormalized_block_acceptance(p_x, q_x, weights, draft_probs, target_probs):
@@ -199,15 +199,15 @@ def _unnormalized_block_acceptance(p_x, q_x, weights, draft_probs, target_probs)
 
 def _token_acceptance(p_x, q_x, *unused):
   del unused
-  return verify._token_acceptance(p_x, q_x)
+  return verify.token_acceptance(p_x, q_x)
 
 
 def _block_acceptance(p_x, q_x, weights, draft_probs, target_probs):
   del p_x, q_x
-  return verify._block_acceptance(weights, draft_probs, target_probs)
+  return verify.block_acceptance(weights, draft_probs, target_probs)
 
 
-def _make_verifier(method, acceptance=None, sample_next=verify._sample_next):
+def _make_verifier(method, acceptance=None, sample_next=verify.sample_next):
   """A token or block verifier assembled from verify's pieces, with the acceptance probabilities
   `acceptance(p_x, q_x, weights, draft_probs, target_probs) -> h [B, G]` and the draw of Y
   replaceable."""
@@ -216,17 +216,17 @@ def _make_verifier(method, acceptance=None, sample_next=verify._sample_next):
 
   @jax.jit
   def verify_fn(rng, draft_tokens, draft_probs, target_probs):
-    p_x, q_x = verify._probs_of_drafts(draft_tokens, draft_probs, target_probs)
-    weights = verify._block_weights(p_x, q_x)
+    p_x, q_x = verify.probs_of_drafts(draft_tokens, draft_probs, target_probs)
+    weights = verify.block_weights(p_x, q_x)
     eta_rng, next_rng = jax.random.split(rng)
-    accepted = verify._uniform_like(eta_rng, p_x) < acceptance(
+    accepted = jax.random.uniform(eta_rng, p_x.shape, jnp.float32) < acceptance(
       p_x, q_x, weights, draft_probs, target_probs
     )
     if method == 'token':
-      num_accepted = verify._accepted_prefix_length(accepted)
+      num_accepted = verify.accepted_prefix_length(accepted)
       weight = jnp.ones(num_accepted.shape)
     else:
-      num_accepted = verify._longest_accepted_block(accepted)
+      num_accepted = verify.longest_accepted_block(accepted)
       weight = jnp.take_along_axis(weights, num_accepted[:, None], axis=1)[:, 0]
     next_token = sample_next(next_rng, num_accepted, weight, draft_probs, target_probs)
     return verify.VerifyResult(num_accepted, next_token)
@@ -528,12 +528,12 @@ def test_degenerate_inputs(gamma, vocab, data):
 
 @jax.jit
 def _acceptance_probabilities(draft_tokens, draft_probs, target_probs):
-  p_x, q_x = verify._probs_of_drafts(draft_tokens, draft_probs, target_probs)
-  weights = verify._block_weights(p_x, q_x)
+  p_x, q_x = verify.probs_of_drafts(draft_tokens, draft_probs, target_probs)
+  weights = verify.block_weights(p_x, q_x)
   return {
-    'token h': verify._token_acceptance(p_x, q_x),
+    'token h': verify.token_acceptance(p_x, q_x),
     'block w': weights,
-    'block h': verify._block_acceptance(weights, draft_probs, target_probs),
+    'block h': verify.block_acceptance(weights, draft_probs, target_probs),
   }
 
 
