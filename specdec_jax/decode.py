@@ -129,10 +129,7 @@ class LoopSpec:
       if self.num_drafts != 1:
         raise ValueError(f'draft_stop needs num_drafts=1, got num_drafts={self.num_drafts}.')
       object.__setattr__(self, 'draft_stop', float(stop))
-    if not isinstance(self.verifier, str) or self.verifier not in verify.VERIFIERS:
-      raise ValueError(
-        f'Unknown verifier {self.verifier!r}; choose one of {sorted(verify.VERIFIERS)}.'
-      )
+    verify.check_verifier(self.verifier)
     if self.greedy:  # one program for both verifiers: they keep the same tokens
       object.__setattr__(self, 'verifier', 'token')
 
@@ -379,8 +376,7 @@ def _speculative_call(
 ):
   """Validates `speculative_generate`'s arguments: (the loop's arguments before rng, LoopSpec)."""
   gamma = validation.as_int('gamma', gamma, 1)
-  if not isinstance(verifier, str) or verifier not in verify.VERIFIERS:
-    raise ValueError(f'Unknown verifier {verifier!r}; choose one of {sorted(verify.VERIFIERS)}.')
+  verify.check_verifier(verifier)
   validation.check_sampling(sampling)
   target_steps, target_params = step_models.as_step_model(target)
   draft_steps, draft_params = step_models.as_step_model(drafter)

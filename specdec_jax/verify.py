@@ -146,6 +146,15 @@ def block_verify(
 VERIFIERS = {'token': token_verify, 'block': block_verify}
 
 
+def check_verifier(name) -> str:
+  """Returns `name` if it names a verifier (a key of `VERIFIERS`, which
+  `verify_multipath.VERIFIERS` shares), else raises one ValueError naming the choices. Every
+  verifier name the package takes (the decode loops, the main job's config) is checked here."""
+  if not isinstance(name, str) or name not in VERIFIERS:
+    raise ValueError(f'Unknown verifier {name!r}; choose one of {sorted(VERIFIERS)}.')
+  return name
+
+
 @jax.jit
 def nonfinite_rows(draft_probs: jax.Array, target_probs: jax.Array) -> jax.Array:
   """Rows that `token_verify` / `block_verify` verified with non-finite inputs.

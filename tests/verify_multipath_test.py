@@ -717,6 +717,11 @@ def test_bad_shapes(tokens_shape, q_shape, p_shape, message):
     )
 
 
+def test_verifier_names_are_verifys():
+  """`decode` checks a verifier's name once (verify.check_verifier) for both registries."""
+  assert set(vm.VERIFIERS) == set(verify.VERIFIERS)
+
+
 def test_bonus_token_comes_from_the_leaf():
   """Identical models accept every draft (tau = G); Y is then drawn from the leaf's target row."""
   shape = (512, 3, 3)  # test_temperature_zero_accepts_longest_argmax_prefix's: compiled once
