@@ -31,8 +31,9 @@ decoder run in every step) and compiles it. Per device it prints:
   forward   the teacher's forward per step on the roofline of the machine's chip
             (`memory_model.forward_cost`: max(FLOPs / peak, weight bytes / HBM bandwidth) per
             chip; the chips' constants and their sources are in memory_model.py). Not modelled:
-            the model-parallel collectives, the student's own step (a small share: see the
-            docs), and the MXU's efficiency (the roofline is a lower bound on the time).
+            the model-parallel collectives, the student's own step (its FLOPs per chip are
+            printed beside it, the student / teacher column), and the chip's efficiency (the
+            roofline is a lower bound on the time).
 
 XLA:CPU compiles the program the step runs on an accelerator (same shapes, shardings and
 dtypes: the teacher computes in float32 from its bf16 weights there too), so its buffer sizes are
@@ -123,6 +124,7 @@ def _print_row(row: dict) -> None:
   cells += [_gib(row[k]) for k in ('teacher', 'state', 'batch_bytes')]
   cells += ['-' if v is None else _gib(v) for v in compiled]
   cells += [row['fits'], f'{row["forward_seconds"] * 1e3:.1f}', row['forward_bound']]
+  cells += [f'{300 * row["student_forward"].flops / row["forward"].flops:.1f}%']
   cells += [f'{row.get("compile_seconds", 0):.0f}']
   print('| ' + ' | '.join(cells) + ' |', flush=True)
 
@@ -170,13 +172,14 @@ def main(argv):
   print(
     '\nGiB per device. argument / output / temp: the compiled step; total = teacher + student '
     'state + batch + output + temp - alias. Teacher forward: per step on the roofline of the '
-    "machine's chip."
+    "machine's chip. Student / teacher: the student's forward and backward (3 x its forward) "
+    "in FLOPs per chip, against the teacher's forward."
   )
   print(
     '\n| machine | mesh | batch | teacher | student state | batch | argument | output | temp | '
-    'total | fits | teacher forward (ms) | bound | compile (s) |'
+    'total | fits | teacher forward (ms) | bound | student / teacher | compile (s) |'
   )
-  print('|---|---|' + '---:|' * 12)
+  print('|---|---|' + '---:|' * 13)
   memory_model.distill_rows(
     teacher_config,
     config,

@@ -609,7 +609,8 @@ def distill_rows(
     the compiled argument / output / alias / temp and total = teacher + state + batch_bytes +
     output + temp - alias (the compiled program's own total when compiled as planned), and
     compile_seconds; fits on the machine's chip, `fits(teacher + state + batch_bytes, total)`;
-    forward, the teacher's `forward_cost`, with forward_seconds and forward_bound on the chip.
+    forward, the teacher's `forward_cost`, with forward_seconds and forward_bound on the chip;
+    student_forward, the student's (its backward costs about twice as much again).
   """
   optimizer_config = training.OptimizerConfig.from_config(distill_config)
   rows = []
@@ -660,6 +661,7 @@ def distill_rows(
         forward=cost,
         forward_seconds=cost.seconds(machine.chip),
         forward_bound=cost.bound(machine.chip),
+        student_forward=forward_cost(t5.T5Model(student_config, state.params), mesh, **shape),
       )
       log(row)
       rows.append(row)

@@ -299,9 +299,15 @@ def test_distill_plan_bytes_on_one_device():
   assert row['state'] == _state_bytes(_STUDENT_PARAMS)
   assert row['batch_bytes'] == 8 * (16 + 8) * (4 + 1)  # int32 ids and bool masks
   assert row['fits'] == 'yes' and 'total' not in row
+  common = dict(batch=8, **_PLAN_SHAPE)
   assert row['forward'] == memory_model.forward_cost(
-    _model('tiny-v1.0', _ONE, param_dtype='bfloat16'), _ONE, batch=8, **_PLAN_SHAPE
+    _model('tiny-v1.0', _ONE, param_dtype='bfloat16'), _ONE, **common
   )
+  student = distill_drafter.get_config(_STUDENT).student.to_dict()
+  student = t5.T5Config(**dict(student, vocab_size=128, encoder_dim=32))
+  student = memory_model.abstract_model(student, _ONE, param_dtype='float32', shard=False)
+  assert t5.param_count(student.params) == _STUDENT_PARAMS
+  assert row['student_forward'] == memory_model.forward_cost(student, _ONE, **common)
 
 
 def test_distill_plan_rejects_a_mesh_of_another_size():
