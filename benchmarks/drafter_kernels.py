@@ -1,0 +1,459 @@
+r"""A drafter's decoder step, kernel by kernel: what its compiled program launches.
+
+  python -m benchmarks.drafter_kernels --model=t5-small               # this backend (CPU here)
+  python -m benchmarks.drafter_kernels --compile_for=h100             # XLA:GPU, without a GPU
+  python -m benchmarks.drafter_kernels --compile_for=h100 --target=t5-11b  # + a whole iteration
+  python -m benchmarks.drafter_kernels --baseline=/tmp/base           # another checkout beside
+  python -m benchmarks.drafter_kernels --time --target=t5-11b         # on a device: ms, c
+
+Compiles, for one row over a source of --source_length, (1) a decoder step: `t5.decode` of one
+token on a cache from `t5.init_cache` (the cache donated, as the decode loops carry it), and (2)
+the drafter's gamma drafts as `decode_steps.draft` makes them (greedy): its `lax.scan`, and the
+same with the scan unrolled (`--nounrolled` skips it). For each optimized HLO module it counts
+what a device launches: the instructions of the entry computation and of the computations it
+runs (while bodies and conditions, calls, branches), except those that launch nothing
+(parameters, constants, tuples, get-tuple-element, bitcasts); a fusion counts once. Columns: 'a
+call' (a loop's body and condition counted once an iteration: the scan runs gamma - 1), 'a step'
+(a call over its drafter calls: 1, or gamma), 'a layer', 'in loop' (the scan's body: one
+drafter step and its argmax), 'ops' (the HLO's launching instructions, a loop body once) and
+their kinds: fusions, GEMMs (dots, convolutions, GEMM fusions and custom calls), copies and
+transposes, while loops, other custom calls, the rest; 'stablehlo': the step's ops before XLA
+optimizes it (backend-independent). With --target, one greedy iteration of
+`speculative_generate`'s loop (a target pass, gamma drafts, verification), counted the same way,
+and the copies of >= 2**20 elements in its loops (a copy of weights each iteration).
+
+The counts are the compiling backend's: XLA:CPU's fusion and layout passes are not XLA:GPU's.
+`--compile_for=h100` compiles for an H100 wherever this runs, a CPU included (JAX's compile-only
+devices; nothing runs). It needs the CUDA plugin of the installed jaxlib, not the CUDA
+libraries: `pip install --target /tmp/gpu_site jax-cuda13-plugin==0.10.2
+jax-cuda13-pjrt==0.10.2`, then `PYTHONPATH=/tmp/gpu_site`. No autotuning runs: a real device may
+pick other GEMM tilings, and split-K or not (one reduction kernel more or less a GEMM).
+
+`--baseline=DIR` makes the same measurements in a child process whose `specdec_jax` is DIR's (a
+checkout of another commit: `git worktree add /tmp/base COMMIT`) and prints both. `--time`
+(a device; not with --compile_for) times a step inside a jitted loop (`timing.step_seconds`,
+random weights) and, with --target, the target's step and c = drafter step / target step.
+XLA_FLAGS are passed on as set (the header prints them).
+
+Measured on 2 cores of an AMD EPYC (family 26), 2026-11-26, jaxlib 0.10.2, t5-small in bfloat16
+(source 64, cache 128, gamma 4): docs/performance.md, "The small drafter's step, kernel by
+kernel".
+"""
+
+import collections
+import dataclasses
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+from absl import app, flags
+
+import benchmarks
+from specdec_jax import decode, decode_steps, timing, xla_cpu
+from specdec_jax import sampling as sampling_lib
+from specdec_jax.models import t5
+
+_MODEL = flags.DEFINE_string('model', 't5-small', 'The drafter: a name in t5.CONFIGS.')
+_DTYPE = flags.DEFINE_enum('dtype', 'bfloat16', ['bfloat16', 'float32'], 'Params and compute.')
+_SOURCE_LENGTH = flags.DEFINE_integer('source_length', 64, 'Source tokens (all real).')
+_CACHE_LEN = flags.DEFINE_integer('cache_len', 128, 'Decoder cache slots.')
+_GAMMA = flags.DEFINE_integer('gamma', 4, 'Drafts per draft loop.')
+_UNROLLED = flags.DEFINE_bool('unrolled', True, 'Also count the draft loop with its scan unrolled.')
+_COMPILE_FOR = flags.DEFINE_enum(
+  'compile_for', None, ['h100'], 'Compile for this GPU (compile-only; no device needed).'
+)
+_TIME = flags.DEFINE_bool('time', False, 'Also time a step inside a jitted loop (a device).')
+_TARGET = flags.DEFINE_string(
+  'target', None, 'A target (t5.CONFIGS name): count a speculative iteration; with --time, c.'
+)
+_BASELINE = flags.DEFINE_string('baseline', None, 'A checkout whose specdec_jax to compare.')
+_HLO_DIR = flags.DEFINE_string('hlo_dir', None, "Write each program's optimized HLO here.")
+_JSON = flags.DEFINE_bool('json', False, 'Print the measurements as one JSON line.')
+
+# An H100 SXM5 80GB as XLA's GpuTargetConfigProto describes a GPU (device_description.proto);
+# the values are the card's: 132 SMs, 228 KiB shared memory a SM, 50 MiB L2, 3.35 TB/s, 1.98 GHz.
+_H100 = """
+gpu_device_info {
+  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
+  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132 fpus_per_core: 128
+  block_dim_limit_x: 2147483647 block_dim_limit_y: 65535 block_dim_limit_z: 65535
+  memory_bandwidth: 3352320000000 l2_cache_size: 52428800 clock_rate_ghz: 1.98
+  device_memory_size: 84942979072 shared_memory_per_block_optin: 232448
+  cuda_compute_capability { major: 9 } registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+}
+platform_name: "CUDA"
+dnn_version_info { major: 9 minor: 10 }
+device_description_str: "NVIDIA H100 80GB HBM3"
+"""
+
+# Instructions that launch nothing.
+_FREE = frozenset(
+  ['parameter', 'constant', 'tuple', 'get-tuple-element', 'bitcast', 'after-all', 'opt-barrier']
+)
+_INSTRUCTION = re.compile(r'^\s*(?:ROOT\s+)?%?[\w.\-]+ = .*? ([a-z][\w\-]*)\((.*)$')
+_COMPUTATION = re.compile(r'^(ENTRY\s+)?%?([\w.\-]+) .*\{$')
+# Computations an instruction runs as launches of their own (not those it fuses or reduces with).
+_SYMBOL = r'"[^"]+"|[\w.$\-]+'  # a StableHLO function's name, quoted or not
+_RUNS = re.compile(r'\b(?:body|condition|true_computation|false_computation)=%?([\w.\-]+)')
+
+
+def _computations(hlo: str) -> tuple[dict[str, list[str]], str]:
+  """Optimized HLO text -> ({computation: its instruction lines}, the entry computation's name)."""
+  comps, entry, name = {}, None, None
+  for line in hlo.splitlines():
+    match = _COMPUTATION.match(line)
+    if match:
+      name = match.group(2)
+      comps[name] = []
+      entry = name if match.group(1) else entry
+    elif line.strip() == '}':
+      name = None
+    elif name is not None and line.strip():
+      comps[name].append(line)
+  return comps, entry
+
+
+def _category(opcode: str, rest: str) -> str:
+  head = rest.split('metadata=')[0]  # operands, kind and called computation, not op names
+  if opcode in ('dot', 'convolution'):
+    return 'gemm'
+  if opcode in ('fusion', 'custom-call') and re.search(r'gemm|cublas|matmul|ynn', head, re.I):
+    return 'gemm'
+  if opcode in ('copy', 'transpose') or opcode == 'fusion' and re.search(r'transpose|copy', head):
+    return 'copy'
+  return opcode if opcode in ('fusion', 'while', 'custom-call') else 'other'
+
+
+def launches(hlo: str, computation: str | None = None) -> collections.Counter:
+  """What `computation` (default: the entry) of an optimized HLO module launches: a Counter of
+  'fusion', 'gemm', 'copy', 'while', 'custom-call', 'other' and their 'total', the computations
+  it runs counted in (a while loop's body and condition once each, every branch, calls)."""
+  comps, entry = _computations(hlo)
+  counts = collections.Counter()
+
+  def visit(name):
+    for line in comps[name]:
+      match = _INSTRUCTION.match(line)
+      if not match or match.group(1) in _FREE:
+        continue
+      opcode, rest = match.groups()
+      counts[_category(opcode, rest)] += 1
+      counts['total'] += 1
+      called = _RUNS.findall(rest)
+      for branches in re.findall(r'branch_computations=\{([^}]*)\}', rest):
+        called += [b.strip().lstrip('%') for b in branches.split(',')]
+      if opcode == 'call':
+        called += re.findall(r'to_apply=%?([\w.\-]+)', rest)
+      for sub in called:
+        visit(sub)
+
+  visit(computation or entry)
+  return counts
+
+
+def while_loops(hlo: str) -> list[tuple[str, str]]:
+  """(body, condition) of each while loop the entry computation runs, in order."""
+  return while_loops_in(hlo, None)
+
+
+def while_loops_in(hlo: str, computation: str | None) -> list[tuple[str, str]]:
+  """(body, condition) of each while loop `computation` (None: the entry) runs, in order."""
+  comps, entry = _computations(hlo)
+  loops = []
+  for line in comps[computation or entry]:
+    body, condition = (
+      re.search(r'\bbody=%?([\w.\-]+)', line),
+      re.search(r'\bcondition=%?([\w.\-]+)', line),
+    )
+    if body and condition:
+      loops.append((body.group(1), condition.group(1)))
+  return loops
+
+
+def stablehlo_ops(text: str, op: str | None = None) -> int:
+  """Ops (all but constants and returns, or only `op`, e.g. 'dot_general') that lowered StableHLO
+  text runs: its public function's, a private function's once per call; a loop body's once."""
+  funcs, name = {}, None
+  for line in text.splitlines():
+    match = re.match(rf'\s*func\.func (?:public |private )?@({_SYMBOL})', line)
+    if match:
+      name = match.group(1)
+      funcs[name] = []
+    elif name is not None:
+      funcs[name].append(line)
+  counted = {}
+
+  def ops(name):
+    if name not in counted:
+      body = '\n'.join(funcs[name])
+      own = re.findall(r'= "?stablehlo\.([\w.]+)', body)
+      own = (
+        [o for o in own if o == op] if op else [o for o in own if o not in ('constant', 'return')]
+      )
+      counted[name] = len(own) + sum(map(ops, re.findall(rf'call @({_SYMBOL})', body)))
+    return counted[name]
+
+  return ops('main')
+
+
+def config_of(name: str, dtype: str) -> t5.T5Config:
+  if name not in t5.CONFIGS:
+    raise app.UsageError(f'--model / --target must name one of t5.CONFIGS, got {name!r}.')
+  return dataclasses.replace(t5.CONFIGS[name], dtype=dtype)
+
+
+def compile_only_device(gpu: str) -> jax.Device:
+  """A compile-only device of `gpu` ('h100'): programs compile for it and never run."""
+  from jax.experimental import topologies
+
+  try:
+    topology = topologies.get_topology_desc(platform='cuda', target_config=_H100, topology='1x1x1')
+  except (NotImplementedError, RuntimeError) as e:
+    raise app.UsageError(
+      f'--compile_for={gpu} needs the CUDA plugin of this jaxlib ({jax.__version__}), e.g. '
+      f'pip install --target /tmp/gpu_site jax-cuda13-plugin=={jax.__version__} '
+      f'jax-cuda13-pjrt=={jax.__version__}, run with PYTHONPATH=/tmp/gpu_site ({e}).'
+    ) from e
+  return topology.devices[0]
+
+
+def _abstract(config: t5.T5Config, source_length: int, cache_len: int):
+  """Shapes of (params, cache) of one row over an all-real source."""
+  as_dtype = lambda s: jax.ShapeDtypeStruct(s.shape, config.dtype)
+  params = jax.tree.map(as_dtype, jax.eval_shape(lambda: t5.init_params(jax.random.key(0), config)))
+  encoded = jax.ShapeDtypeStruct((1, source_length, config.d_model), config.dtype)
+  mask = jax.ShapeDtypeStruct((1, source_length), jnp.bool_)
+  init = lambda p, e, m: t5.init_cache(p, e, m, config=config, max_decode_len=cache_len)
+  return params, jax.eval_shape(init, params, encoded, mask)
+
+
+def _draft(steps, gamma: int, unrolled: bool):
+  """`decode_steps.draft` as a function of (params, cache, seq, n), its scan unrolled or not."""
+
+  def run(params, cache, seq, n):
+    key = jax.random.key(0)
+    draft = decode_steps.draft
+    return draft(steps, params, cache, seq, n, key, gamma=gamma, sampling=None, greedy=True)[:3]
+
+  if not unrolled:
+    return run
+  scan = jax.lax.scan
+
+  def run_unrolled(*args):  # draft calls jax.lax.scan: unrolled while this traces it
+    with mock.patch.object(jax.lax, 'scan', lambda *a, **k: scan(*a, **k, unroll=True)):
+      return run(*args)
+
+  return run_unrolled
+
+
+def count(config, *, source_length, cache_len, gamma, unrolled=True, device=None, hlo_dir=None):
+  """The step and the draft loop(s) of `config`'s decoder, compiled for `device` (default: the
+  default backend): {program: {'launches': what its HLO holds, by category (a loop body once);
+  'per_call': what one call launches (the scan's body and condition once an iteration);
+  'per_step': per_call over its drafter calls (gamma for a draft loop); 'per_layer';
+  'loop_body': the scan's body alone (one drafter step and its argmax); 'stablehlo'}}."""
+  params, cache = _abstract(config, source_length, cache_len)
+  token = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+  seq = jax.ShapeDtypeStruct((1, cache_len), jnp.int32)
+  n = jax.ShapeDtypeStruct((1,), jnp.int32)
+  if device is not None:
+    on = jax.sharding.SingleDeviceSharding(device)
+    place = lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=on)
+    params, cache, token, seq, n = jax.tree.map(place, (params, cache, token, seq, n))
+  step = jax.jit(lambda p, t, c: t5.decode(p, t, c, config=config), donate_argnums=2)
+  programs = {'step': (step.lower(params, token, cache), None)}
+  steps = t5.T5Model(config=config, params=None).steps
+  for unroll in (False, True)[: 1 + unrolled]:
+    fn = jax.jit(_draft(steps, gamma, unroll), donate_argnums=1)
+    programs[f'draft loop ({"unrolled" if unroll else "scan"})'] = (
+      fn.lower(params, cache, seq, n),
+      unroll,
+    )
+  out = {}
+  for name, (lowered, unroll) in programs.items():
+    hlo = lowered.compile().as_text()
+    if hlo_dir:
+      os.makedirs(hlo_dir, exist_ok=True)
+      with open(os.path.join(hlo_dir, re.sub(r'\W+', '_', name).strip('_') + '.hlo'), 'w') as f:
+        f.write(hlo)
+    static = launches(hlo)
+    per_call, in_loop = static['total'], None
+    loops = while_loops(hlo)
+    if unroll is False:  # the scan: gamma - 1 iterations (gamma tests of its condition)
+      if len(loops) != 1:
+        raise ValueError(f'Expected the draft loop to compile to one while loop, got {len(loops)}.')
+      body, condition = (launches(hlo, c)['total'] for c in loops[0])
+      per_call += (gamma - 2) * body + (gamma - 1) * condition
+      in_loop = body
+    elif loops:
+      raise ValueError(f'{name} compiled to {len(loops)} while loops, expected none.')
+    calls = 1 if unroll is None else gamma
+    out[name] = dict(
+      launches=dict(static),
+      per_call=per_call,
+      per_step=per_call / calls,
+      per_layer=per_call / calls / config.num_decoder_layers,
+      loop_body=in_loop,
+      stablehlo=stablehlo_ops(lowered.as_text()) if unroll is None else None,
+    )
+  return out
+
+
+def _elements(line: str) -> int:
+  """Elements of the (first) array an HLO instruction line defines."""
+  dims = re.search(r'= \(?\w+\[([\d,]*)\]', line)
+  return math.prod(int(d) for d in dims.group(1).split(',') if d) if dims else 0
+
+
+def iteration(target, drafter, *, source_length, gamma, device=None, hlo_dir=None) -> dict:
+  """What one iteration of `speculative_generate`'s loop launches (greedy, one row): the outer
+  while loop's body and condition, the draft scan in it once an iteration (gamma - 1 times), and
+  'weight copies': the copies, transposes and concatenations in the loop of >= 2**20 elements."""
+  models, sharding = [], {}
+  if device is not None:
+    sharding = dict(sharding=jax.sharding.SingleDeviceSharding(device))
+  for config in (target, drafter):
+    params, _ = _abstract(config, source_length, cache_len=8)
+    params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, **sharding), params)
+    models.append(t5.T5Model(config=config, params=params))
+  ids = jax.ShapeDtypeStruct((1, source_length), jnp.int32, **sharding)
+  sampling = sampling_lib.SamplingConfig(temperature=0.0)
+  lowered = decode.lower_speculative(
+    *models, ids, ids, gamma=gamma, sampling=sampling, max_new_tokens=64
+  )
+  hlo = lowered.compile().as_text()
+  if hlo_dir:
+    with open(os.path.join(hlo_dir, 'speculative_loop.hlo'), 'w') as f:
+      f.write(hlo)
+  comps, _ = _computations(hlo)
+  outer = [loop for loop in while_loops(hlo) if while_loops_in(hlo, loop[0])]
+  if len(outer) != 1:
+    raise ValueError(f'Expected one decode loop holding the draft scan, got {len(outer)}.')
+  body, condition = outer[0]
+  ((inner_body, inner_condition),) = while_loops_in(hlo, body)
+  per_iteration = launches(hlo, body)['total'] + launches(hlo, condition)['total']
+  per_iteration += (gamma - 2) * launches(hlo, inner_body)['total']
+  per_iteration += (gamma - 1) * launches(hlo, inner_condition)['total']
+  copies = 0
+  for name in (body, inner_body):
+    for line in comps[name]:
+      match = _INSTRUCTION.match(line)
+      head = line.split('metadata=')[0]
+      big = match and _elements(line) >= 2**20
+      if big and (
+        match.group(1) in ('copy', 'transpose', 'concatenate')
+        or re.search(r'fusion\(.*calls=%?\w*(concatenate|copy|transpose)', head)
+      ):
+        copies += 1
+  return dict(per_iteration=per_iteration, weight_copies=copies)
+
+
+def _model(config: t5.T5Config) -> t5.T5Model:
+  cast = lambda k: jax.tree.map(lambda x: x.astype(config.dtype), t5.init_params(k, config))
+  return t5.T5Model(config=config, params=jax.jit(cast)(jax.random.key(0)))
+
+
+def measure() -> dict:
+  config = config_of(_MODEL.value, _DTYPE.value)
+  shape = dict(source_length=_SOURCE_LENGTH.value, cache_len=_CACHE_LEN.value)
+  device = compile_only_device(_COMPILE_FOR.value) if _COMPILE_FOR.value else jax.devices()[0]
+  result = dict(
+    device=f'{device.device_kind} ({device.platform}{", compile-only" * bool(_COMPILE_FOR.value)})',
+    jax=jax.__version__,
+    xla_flags=os.environ.get('XLA_FLAGS', '').replace(xla_cpu.FLAG, '').strip(),
+    counts=count(
+      config,
+      gamma=_GAMMA.value,
+      unrolled=_UNROLLED.value,
+      device=device if _COMPILE_FOR.value else None,
+      hlo_dir=_HLO_DIR.value,
+      **shape,
+    ),
+  )
+  if _TARGET.value:
+    result['iteration'] = iteration(
+      config_of(_TARGET.value, _DTYPE.value),
+      config,
+      source_length=_SOURCE_LENGTH.value,
+      gamma=_GAMMA.value,
+      device=device if _COMPILE_FOR.value else None,
+      hlo_dir=_HLO_DIR.value,
+    )
+  if _TIME.value:
+    result['step_ms'] = timing.step_seconds(_model(config), batch_size=1, **shape) * 1e3
+    if _TARGET.value:
+      target = _model(config_of(_TARGET.value, _DTYPE.value))
+      result['target_step_ms'] = timing.step_seconds(target, batch_size=1, **shape) * 1e3
+  return result
+
+
+def _baseline(directory: str) -> dict:
+  """`measure()` in a child process whose `specdec_jax` (and `benchmarks`) are `directory`'s."""
+  argv = [a for a in sys.argv[1:] if not a.startswith(('--baseline', '--json', '--hlo_dir'))]
+  directory = os.path.abspath(directory)
+  path = os.pathsep.join([directory, *filter(None, [os.environ.get('PYTHONPATH')])])
+  done = subprocess.run(
+    [sys.executable, os.path.abspath(__file__), *argv, '--json'],
+    env=dict(os.environ, PYTHONPATH=path),
+    cwd=directory,
+    capture_output=True,
+    text=True,
+  )
+  if done.returncode:
+    raise RuntimeError(f'The baseline run in {directory} failed:\n{done.stderr[-3000:]}')
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv):
+  del argv
+  if _COMPILE_FOR.value and _TIME.value:
+    raise app.UsageError('--time runs on a device; --compile_for only compiles.')
+  if _COMPILE_FOR.value:  # no CUDA libraries are needed to compile, nor checked
+    os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
+  benchmarks.start()  # before JAX starts
+  result = measure()
+  if _JSON.value:
+    print(json.dumps(result))
+    return
+  runs = [('base', _baseline(_BASELINE.value))] if _BASELINE.value else []
+  runs.append(('this', result))
+  print(
+    f'{_MODEL.value} ({_DTYPE.value}), batch 1, source {_SOURCE_LENGTH.value}, cache '
+    f'{_CACHE_LEN.value}, gamma {_GAMMA.value}; compiled for {result["device"]}, jax '
+    f'{result["jax"]}, XLA_FLAGS={result["xla_flags"]!r}'
+  )
+  kinds = ('fusion', 'gemm', 'copy', 'while', 'custom-call', 'other')
+  names = ['a call', 'a step', 'a layer', 'in loop', 'ops', *kinds[:4], 'call', 'other']
+  print(f'{"code":5s} {"program":22s}' + ''.join(f'{n:>8s}' for n in names) + '  stablehlo')
+  for label, run in runs:
+    for name, c in run['counts'].items():
+      n = c['launches']
+      cells = [c['per_call'], f'{c["per_step"]:.1f}', f'{c["per_layer"]:.1f}']
+      cells += [c['loop_body'] or '-', n['total'], *(n.get(k, 0) for k in kinds)]
+      stablehlo = c['stablehlo'] or '-'
+      print(f'{label:5s} {name:22s}' + ''.join(f'{x:>8}' for x in cells) + f'  {stablehlo:>9}')
+  for label, run in runs:
+    if 'iteration' in run:
+      it = run['iteration']
+      print(
+        f'{label}: one greedy iteration of the speculative loop ({_TARGET.value} target, gamma '
+        f'{_GAMMA.value}) launches {it["per_iteration"]}; copies of >= 2**20 elements in its '
+        f'loops: {it["weight_copies"]}'
+      )
+    if 'step_ms' in run:
+      line = f'{label}: drafter step {run["step_ms"]:.4f} ms in a jitted loop'
+      if run.get('target_step_ms'):
+        c = run['step_ms'] / run['target_step_ms']
+        line += f'; {_TARGET.value} step {run["target_step_ms"]:.3f} ms; c {c:.4f}'
+      print(line)
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,79 @@
+"""`benchmarks.drafter_kernels`: what a compiled program launches, counted from its HLO (issue 34).
+
+The counter's parts are checked on small programs whose launches are known, and the decoder
+layer's dots on the lowered (backend-independent) step.
+"""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from benchmarks import drafter_kernels
+from specdec_jax.models import t5
+
+
+def _loop(x, w, unroll=1):
+  body = lambda i, x: jnp.tanh(x @ w) + 1.0
+  return jax.lax.fori_loop(0, 3, body, x * 2.0, unroll=unroll).sum()
+
+
+def test_launches_count_a_loops_body_condition_and_the_ops_around_it():
+  x, w = jnp.ones((4, 8)), jnp.ones((8, 8))
+  hlo = jax.jit(_loop).lower(x, w).compile().as_text()
+  ((body, condition),) = drafter_kernels.while_loops(hlo)
+  total = drafter_kernels.launches(hlo)
+  in_body, in_condition = (drafter_kernels.launches(hlo, c) for c in (body, condition))
+  assert total['while'] == 1 and in_body['while'] == 0
+  assert in_body['gemm'] == total['gemm'] == 1  # the dot is in the body, counted once
+  assert in_condition['total'] >= 1
+  # The loop itself, the ops before and after it (x * 2, the sum), its body and condition.
+  assert total['total'] >= 1 + 2 + in_body['total'] + in_condition['total']
+  unrolled = jax.jit(lambda x, w: _loop(x, w, unroll=True)).lower(x, w).compile().as_text()
+  counts = drafter_kernels.launches(unrolled)
+  assert counts['while'] == 0 and counts['gemm'] == 3
+  assert drafter_kernels.while_loops(unrolled) == []
+
+
+def test_launches_skip_what_launches_nothing():
+  reshape = jax.jit(lambda x: x.reshape(2, 8), donate_argnums=0)  # a parameter and a bitcast
+  assert drafter_kernels.launches(reshape.lower(jnp.ones(16)).compile().as_text())['total'] == 0
+  fused = jax.jit(lambda x: (jnp.sin(x) + 1.0).reshape(2, 8), donate_argnums=0)
+  counts = drafter_kernels.launches(fused.lower(jnp.ones(16)).compile().as_text())
+  assert counts['fusion'] == 1 and counts['total'] == 1 + counts['copy']  # XLA:CPU copies out
+
+
+def test_stablehlo_ops_count_a_called_function_once_per_call():
+  inner = jax.jit(lambda x: jnp.sin(x) * 2.0)
+  text = jax.jit(lambda x: inner(inner(x)) + 1.0).lower(jnp.ones(3)).as_text()
+  assert drafter_kernels.stablehlo_ops(text, 'sine') == 2
+  assert drafter_kernels.stablehlo_ops(text) == 2 * 3 + 2  # sine, broadcast, multiply; + 1.0
+
+
+def test_the_draft_loops_launches_count_its_scan_once_an_iteration():
+  config = t5.CONFIGS['tiny-v1.0']
+  gamma = 3
+  counts = drafter_kernels.count(config, source_length=8, cache_len=16, gamma=gamma)
+  scan, unrolled, step = (counts[k] for k in ('draft loop (scan)', 'draft loop (unrolled)', 'step'))
+  assert scan['launches']['while'] == 1 and 'while' not in unrolled['launches']
+  # gamma - 1 iterations of the body: gamma - 2 more than the HLO holds, and a condition more.
+  assert scan['per_call'] > scan['launches']['total'] + (gamma - 2) * scan['loop_body']
+  assert scan['per_step'] == scan['per_call'] / gamma
+  assert unrolled['per_call'] == unrolled['launches']['total']
+  assert step['per_call'] == step['per_step'] == step['launches']['total']
+  assert step['per_layer'] == step['per_step'] / config.num_decoder_layers
+
+
+@pytest.mark.parametrize(('name', 'mlp_dots'), [('tiny-v1.0', 2), ('tiny-v1.1', 3)])
+def test_a_decoder_layer_asks_for_its_queries_keys_and_values_in_three_dots(name, mlp_dots):
+  # Per layer: self-attention 6 dots (queries, keys, values, scores, values, output),
+  # encoder-decoder attention 4 (its keys and values are in the cache), the MLP 2 (ReLU) or 3
+  # (gated GELU); and the output layer. Three projection dots, not one over their kernels stacked:
+  # XLA:GPU merges them itself where they are GEMMs, while a stacked kernel is a copy of the three
+  # inside the decode loop for a large target (issue 34; docs/performance.md).
+  config = t5.CONFIGS[name]
+  params, cache = drafter_kernels._abstract(config, source_length=8, cache_len=16)
+  tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+  step = jax.jit(lambda p, t, c: t5.decode(p, t, c, config=config))
+  text = step.lower(params, tokens, cache).as_text()
+  dots = drafter_kernels.stablehlo_ops(text, 'dot_general')
+  assert dots == (10 + mlp_dots) * config.num_decoder_layers + 1
