@@ -269,8 +269,8 @@ def block_acceptance(weights, draft_probs, target_probs) -> jax.Array:
   )
   denominator = residual_mass + (1.0 - w_inner)
   h_inner = residual_mass / jnp.where(denominator > 0, denominator, 1.0)  # 0/0 counts as 0
-  # r / (r + 1 - w) <= 1 exactly, but XLA:GPU's division is not correctly rounded: r / r read
-  # 1.0000001 on an H200 (2026-11-26), so the clamp keeps h a probability on every backend.
+  # r / (r + 1 - w) <= 1 exactly, but XLA:GPU's division is not correctly rounded (r / r can
+  # read 1.0000001: docs/performance.md, "On a GPU"), so the clamp keeps h a probability.
   h_inner = jnp.minimum(h_inner, 1.0)
   return jnp.concatenate([h_inner, weights[:, -1:]], axis=1)
 
@@ -343,7 +343,8 @@ def _finite_positions(draft_probs, target_probs) -> jax.Array:
   A NaN or inf anywhere in the vector counts, not just at X_i. Tested as `isfinite(sum(x))`: NaN
   and inf propagate through the sum (inf - inf is NaN), and only finite entries summing beyond
   3.4e38, which no probability vector has, would also count. A float sum is a vectorized
-  reduction on XLA:CPU, ~3x faster than `all(isfinite(x))` over V.
+  reduction on XLA:CPU, faster than `all(isfinite(x))` over V (docs/performance.md,
+  "Measurements moved from docstrings").
 
   Args:
     draft_probs: f32[B, G, V].

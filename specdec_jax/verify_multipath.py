@@ -31,15 +31,12 @@ that are not; the multi-path kernels do not yet truncate them as `verify` does).
 Axes: B batch, K paths, G gamma (drafted tokens per path), V vocab.
 """
 
-import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from specdec_jax import sampling, verify
-
-ORDERS = ('ratio', 'capped')
 
 
 class MultipathResult(NamedTuple):
@@ -57,20 +54,16 @@ class MultipathResult(NamedTuple):
   next_token: jax.Array
 
 
-@functools.partial(jax.jit, static_argnames=('order',))
+@jax.jit
 def multipath_block_verify(
-  rng: jax.Array,
-  draft_tokens: jax.Array,
-  draft_probs: jax.Array,
-  target_probs: jax.Array,
-  order: str = 'ratio',
+  rng: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array
 ) -> MultipathResult:
   """Greedy multi-path block verification (GBV), lossless for K i.i.d. drafted paths.
 
   Token order at node v: `s <_v t` iff `(key_v(s), s) < (key_v(t), t)`, a strict total order
-  (ties by token id), with `key_v(t) = log(p_v(t) / q_v(t))` for `order='ratio'` or
-  `min(1, p_v(t) / q_v(t))` for `order='capped'` (q_v(t) = 0 counts as the smallest normal
-  float). The SAME order drives both steps below; the public reference code breaks ties
+  (ties by token id), with `key_v(t) = log(p_v(t) / q_v(t))` (q_v(t) = 0 counts as the smallest
+  normal float; why this key and not the reference code's `min(1, p/q)`: docs/method.md section
+  6). The SAME order drives both steps below; the public reference code breaks ties
   differently in each, which is lossy (tests/verify_multipath_test.py keeps it as a control).
 
   1. Selection: from the root, move to the `<_v`-largest child present among the K paths;
@@ -86,25 +79,17 @@ def multipath_block_verify(
   3. `verify.block_verify` on `X*` with `q_hat` as the draft law: `q_hat` in place of `q`
      everywhere (weights, acceptance, residual).
 
-  Order: measured exactly (rational enumeration, tests/verify_multipath_test.py::
-  test_order_efficiency; G = 2, 20 random context-dependent models): mean E[tau] capped vs ratio
-  is 1.0946 vs 1.0985 (V = 3, K = 2), 1.1258 vs 1.1300 (V = 3, K = 3), 0.9785 vs 0.9937
-  (V = 4, K = 2), 1.0133 vs 1.0395 (V = 4, K = 3); 'ratio' is better on 2-5 models in 20 and
-  worse on 1 (V = 3, K = 3), equal on the rest. On the spec's toy 'capped' at K = 3 falls below
-  K = 1 (1.189 vs 1.245) while 'ratio' gives 1.650. So 'ratio' is the default.
-
   Args:
     rng: PRNG key.
     draft_tokens: i32[B, K, G], the K drafted paths.
     draft_probs: f32[B, K, G, V], q (module docstring).
     target_probs: f32[B, K, G+1, V], p.
-    order: 'ratio' or 'capped', static.
 
   Returns:
     MultipathResult with i32[B] fields.
   """
-  draft_probs, target_probs = _check_and_cast(draft_tokens, draft_probs, target_probs, order)
-  path, selected, q_hat, p_selected = select_path(draft_tokens, draft_probs, target_probs, order)
+  draft_probs, target_probs = _check_and_cast(draft_tokens, draft_probs, target_probs)
+  path, selected, q_hat, p_selected = select_path(draft_tokens, draft_probs, target_probs)
   num_accepted, next_token = verify.block_verify(rng, selected, q_hat, p_selected)
   return MultipathResult(path, num_accepted, next_token)
 
@@ -141,7 +126,7 @@ def multipath_token_verify(
   Returns:
     MultipathResult with i32[B] fields.
   """
-  draft_probs, target_probs = _check_and_cast(draft_tokens, draft_probs, target_probs, 'ratio')
+  draft_probs, target_probs = _check_and_cast(draft_tokens, draft_probs, target_probs)
   batch, num_paths, gamma = draft_tokens.shape
   eta_rng, next_rng = jax.random.split(rng)
   # One uniform per (depth, path); the [B, G * K] draw makes K = 1 use token_verify's numbers.
@@ -209,17 +194,15 @@ VERIFIERS = {'token': multipath_token_verify, 'block': multipath_block_verify}
 # them, with one piece changed, as negative controls).
 
 
-def order_key(p: jax.Array, q: jax.Array, order: str) -> jax.Array:
-  """`key_v(t)` of `multipath_block_verify`, f32[..., V]; ties are broken by id by the callers.
+def order_key(p: jax.Array, q: jax.Array) -> jax.Array:
+  """`key_v(t) = log(p_v(t) / q_v(t))` of `multipath_block_verify`, f32[..., V]; ties are broken
+  by id by the callers.
 
   q = 0 is read as the smallest normal float, so every key is a number (never NaN): a token the
   drafter cannot draw has no mass in `q_hat` wherever it ranks, and at temperature 0 (one-hot
   rows) the target's argmax still ranks first.
   """
-  q = jnp.maximum(q, jnp.finfo(jnp.float32).tiny)
-  if order == 'ratio':
-    return jnp.log(p) - jnp.log(q)
-  return jnp.minimum(p / q, 1.0)
+  return jnp.log(p) - jnp.log(jnp.maximum(q, jnp.finfo(jnp.float32).tiny))
 
 
 def select_child(children, keys, alive) -> jax.Array:
@@ -238,14 +221,13 @@ def select_child(children, keys, alive) -> jax.Array:
   return jnp.max(jnp.where(alive & (child_keys == best), children, -1), axis=1)
 
 
-def select_path(draft_tokens, draft_probs, target_probs, order: str):
+def select_path(draft_tokens, draft_probs, target_probs):
   """Steps 1 and 2 of `multipath_block_verify`: the selected path and its law.
 
   Args:
     draft_tokens: i32[B, K, G].
     draft_probs: f32[B, K, G, V].
     target_probs: f32[B, K, G+1, V].
-    order: 'ratio' or 'capped'.
 
   Returns:
     (path i32[B], selected tokens i32[B, G], q_hat f32[B, G, V], p along the path f32[B, G+1, V]).
@@ -259,7 +241,7 @@ def select_path(draft_tokens, draft_probs, target_probs, order: str):
     children = draft_tokens[:, :, depth]
     p_node = _node_rows(target_probs[:, :, depth], alive, depth)
     q_node = _node_rows(draft_probs[:, :, depth], alive, depth)
-    keys = order_key(p_node, q_node, order)
+    keys = order_key(p_node, q_node)
     child = select_child(children, keys, alive)
     if num_paths == 1:
       q_hat = q_node  # the maximum of one path is that path: F^1 = F
@@ -368,17 +350,15 @@ def _node_rows(rows: jax.Array, alive: jax.Array, depth: int) -> jax.Array:
   """The current node's row, read from its lowest-index path: f32[B, K, V] -> f32[B, V].
 
   At the root every path is alive: row 0, without a reduction over the constant all-True mask
-  (XLA constant-folds that reduction at compile time, which took 13 s at B = 200k).
+  (XLA constant-folds that reduction at compile time, slowly at large B: docs/performance.md).
   """
   if depth == 0:
     return rows[:, 0]
   return jnp.take_along_axis(rows, _first(alive)[:, None, None], axis=1)[:, 0]
 
 
-def _check_and_cast(draft_tokens, draft_probs, target_probs, order):
-  """Raises ValueError on inconsistent shapes or an unknown order; returns float32 probs."""
-  if order not in ORDERS:
-    raise ValueError(f'order must be one of {ORDERS}, got {order!r}')
+def _check_and_cast(draft_tokens, draft_probs, target_probs):
+  """Raises ValueError on inconsistent shapes; returns float32 probs."""
   if draft_tokens.ndim != 3:
     raise ValueError(f'draft_tokens must be [B, K, G], got shape {draft_tokens.shape}')
   batch, num_paths, gamma = draft_tokens.shape

@@ -3,15 +3,10 @@
 jaxlib 0.10's XLA:CPU hands every dot of more than one row to YNNPACK (a `ynn_fusion` in the
 compiled module) and a 1-row dot to its own gemv. For the speculative loop's (gamma+1)-row target
 pass that choice is costly on a target whose weights do not fit in cache; with YNNPACK's fusions
-off the same dots run on XLA's own (Eigen) kernels. Measured with
-`python -m benchmarks.source_length --source_lengths=64,256 --gamma=G [--noeigen_dots]`
-(debsumm48m, distilled drafter; 2 cores of an AMD EPYC Zen 3, 2026-11-26; docs/performance.md):
-
-  XLA:CPU's default:       pass cost 2.24 / 1.95 (gamma 3, S 64 / 256), 2.70 / 2.44 (gamma 5)
-  YNN's fusions off (this): pass cost 1.72 / 1.40 (gamma 3, S 64 / 256), 1.80 / 1.60 (gamma 5)
-
-The 1-row step does not change, so both loops' absolute times are what they were but the pass,
-and with it every speculative method, is cheaper. The main job and the decode benchmarks call
+off the same dots run on XLA's own (Eigen) kernels: the pass, and with it every speculative
+method, gets cheaper while the 1-row step does not change. `python -m benchmarks.source_length
+--source_lengths=64,256 --gamma=G [--noeigen_dots]` measures both; docs/performance.md ("Few-row
+dots") has the measurements. The main job and the decode benchmarks call
 `prefer_eigen_dots()` before JAX starts; library code never does (it only reads what the process
 was started with). Setting the flag yourself (any value of it in XLA_FLAGS) wins.
 """

@@ -26,6 +26,8 @@ import numpy as np
 from tests import verify_oracle as oracle
 
 ONE, ZERO = Fraction(1), Fraction(0)
+# Token orders: the ratio p/q (the kernel's), and min(1, p/q) (the public reference code's).
+ORDERS = ('ratio', 'capped')
 _BIG = Fraction(10) ** 9  # the rank of a token the drafter cannot draw (gbv_reference.py)
 
 

@@ -103,7 +103,7 @@ def test_oracle_is_lossless(seed):
   pair = vt._random_pair(300 + seed, vocab=3, gamma=GAMMA)
   joint = _target_joint(pair)
   for k in (1, 2, 3):
-    for order in vm.ORDERS:
+    for order in mo.ORDERS:
       dist = mo.gbv_distribution(pair.target, pair.drafter, GAMMA, k, order)
       assert oracle.continue_with_target(dist, pair.target, GAMMA + 1) == joint, (k, order)
     dist = mo.rrs_distribution(pair.target, pair.drafter, GAMMA, k)
@@ -129,7 +129,7 @@ def test_oracle_skipping_repeated_children_is_lossy():
 
 
 def test_order_efficiency():
-  """The measurement behind `order='ratio'` being the default: exact E[tau] per order.
+  """The measurement behind the kernel's ratio order: exact E[tau] per order.
 
   Measured (G = 2; 20 random context-dependent models, seeds 400-419, no shared rows):
   V = 3, K = 2: capped 1.0946, ratio 1.0985 (ratio better on 2 models, equal on 18);
@@ -167,9 +167,16 @@ def _node_rows(rows, alive):
   return jnp.take_along_axis(rows, jnp.argmax(alive, axis=1)[:, None, None], axis=1)[:, 0]
 
 
-def _select_path(tokens, q, p, order, select=vm.select_child, select_keys=None):
-  """`vm.select_path` assembled: at each node `select(children, keys, alive)` picks the child
-  under `select_keys(p_node, q_node)` (default: the keys of `order`, which the law always uses)."""
+def _capped_key(p, q):
+  """The reference code's token key `min(1, p/q)` (q = 0 read as the smallest normal float, as
+  `vm.order_key` does): ties at 1 wherever p >= q."""
+  return jnp.minimum(p / jnp.maximum(q, jnp.finfo(jnp.float32).tiny), 1.0)
+
+
+def _select_path(tokens, q, p, key=vm.order_key, select=vm.select_child, select_keys=None):
+  """`vm.select_path` assembled under the token key `key(p_node, q_node)`: at each node
+  `select(children, keys, alive)` picks the child under `select_keys(p_node, q_node)` (default:
+  `key`, which the law always uses)."""
   batch, num_paths, gamma = tokens.shape
   alive = jnp.ones((batch, num_paths), bool)
   alpha, beta = jnp.zeros((batch,), jnp.float32), jnp.ones((batch,), jnp.float32)
@@ -177,7 +184,7 @@ def _select_path(tokens, q, p, order, select=vm.select_child, select_keys=None):
   for depth in range(gamma):
     children = tokens[:, :, depth]
     p_node, q_node = _node_rows(p[:, :, depth], alive), _node_rows(q[:, :, depth], alive)
-    keys = vm.order_key(p_node, q_node, order)
+    keys = key(p_node, q_node)
     child = select(children, keys if select_keys is None else select_keys(p_node, q_node), alive)
     if num_paths == 1:
       q_hat = q_node
@@ -255,23 +262,24 @@ def _log_p(p_node, q_node):
   return jnp.log(p_node)
 
 
-# name: (order, select, select_keys, residual from the drafter's own q instead of q_hat)
+# name: (token key, select, select_keys, residual from the drafter's own q instead of q_hat).
+# 'block/capped' is not a bug: the law is exact under any strict order the selection shares.
 GBV_VARIANTS = {
-  'block': ('ratio', vm.select_child, None, False),
-  'block/capped': ('capped', vm.select_child, None, False),
-  'block/code_tie_rule': ('capped', _code_tie_select, None, False),
-  'block/residual_from_q': ('ratio', vm.select_child, None, True),
-  'block/select_by_p': ('ratio', vm.select_child, _log_p, False),
+  'block': (vm.order_key, vm.select_child, None, False),
+  'block/capped': (_capped_key, vm.select_child, None, False),
+  'block/code_tie_rule': (_capped_key, _code_tie_select, None, False),
+  'block/residual_from_q': (vm.order_key, vm.select_child, None, True),
+  'block/select_by_p': (vm.order_key, vm.select_child, _log_p, False),
 }
 
 
 @functools.partial(jax.jit, static_argnames=('variant',))
 def _gbv_plan(tokens, q, p, variant):
-  order, select, select_keys, residual_from_q = GBV_VARIANTS[variant]
-  if variant in ('block', 'block/capped'):  # the public selection itself
-    path, selected, q_hat, p_selected = vm.select_path(tokens, q, p, order)
+  key, select, select_keys, residual_from_q = GBV_VARIANTS[variant]
+  if variant == 'block':  # the public selection itself
+    path, selected, q_hat, p_selected = vm.select_path(tokens, q, p)
   else:
-    path, selected, q_hat, p_selected = _select_path(tokens, q, p, order, select, select_keys)
+    path, selected, q_hat, p_selected = _select_path(tokens, q, p, key, select, select_keys)
   q_raw = jnp.take_along_axis(q, path[:, None, None, None], axis=1)[:, 0]
   residual_q = q_raw if residual_from_q else q_hat
   weights, acceptance = _block_acceptance(selected, q_hat, p_selected)
@@ -432,13 +440,12 @@ def test_kernel_gbv_matches_rational_oracle(num_paths):
   assert max(abs(law[k] - float(v)) for k, v in exact.items()) < 1e-6
 
 
-@pytest.mark.parametrize('order', vm.ORDERS)
-def test_kernel_skew_is_the_law_of_the_selected_path(order):
+@pytest.mark.parametrize('variant', ['block', 'block/capped'])
+def test_kernel_skew_is_the_law_of_the_selected_path(variant):
   """q_hat at every node of the selected path equals the brute-force conditional law of the
   kernel's own selection over all K-tuples (spec §8.1)."""
   pair, num_paths = _spec_markov_pair(), 3
   tokens, q, p, probs = mo.all_tuples(pair.target, pair.drafter, GAMMA, num_paths)
-  variant = 'block' if order == 'ratio' else 'block/capped'
   _, selected, q_hat, *_ = (np.asarray(x) for x in _gbv_plan(tokens, q, p, variant))
   for depth in range(GAMMA):
     for node in {tuple(s[:depth]) for s in selected}:
@@ -504,14 +511,14 @@ def test_chi_square_lossless(variant, num_paths):
 
 @jax.jit
 def _assembled_block_verify(rng, tokens, q, p):
-  path, selected, q_hat, p_selected = _select_path(tokens, q, p, 'ratio')
+  path, selected, q_hat, p_selected = _select_path(tokens, q, p)
   return vm.MultipathResult(path, *_block_verify(rng, selected, q_hat, p_selected, q_hat))
 
 
 def test_assembly_is_the_public_kernels():
   """The controls' assembly with no piece changed is the public kernels, bit for bit (on the
-  chi-square tests' rows, and every 3-tuple of the spec's toy for the selection in both orders),
-  so each control differs from a public kernel by its planted bug alone."""
+  chi-square tests' rows, and every 3-tuple of the spec's toy for the selection), so each
+  control differs from a public kernel by its planted bug alone."""
   key = jax.random.key(3)
   for variant, assembled in [('block', _assembled_block_verify), ('token', jax.jit(_token_verify))]:
     tokens, q, p = _draft_paths(_pair_for(variant), 2, seed=1)  # the chi-square test's shapes
@@ -520,11 +527,9 @@ def test_assembly_is_the_public_kernels():
       np.testing.assert_array_equal(e, a)
   pair = _spec_markov_pair()
   tokens, q, p, _ = mo.all_tuples(pair.target, pair.drafter, GAMMA, 3)
-  for order in ('ratio', 'capped'):
-    expected = jax.jit(vm.select_path, static_argnames='order')(tokens, q, p, order)
-    assembled = jax.jit(_select_path, static_argnames='order')(tokens, q, p, order)
-    for e, a in zip(expected, assembled, strict=True):
-      np.testing.assert_array_equal(e, a)
+  expected, assembled = jax.jit(vm.select_path)(tokens, q, p), jax.jit(_select_path)(tokens, q, p)
+  for e, a in zip(expected, assembled, strict=True):
+    np.testing.assert_array_equal(e, a)
 
 
 @pytest.mark.parametrize(
@@ -632,18 +637,23 @@ def _skew_float64(q_row, keys, mass_below, mass, num_paths):
   return law / law.sum()
 
 
+# The kernel's ratio key, and the reference code's capped key (the law under its many ties).
+KEYS = {'ratio': vm.order_key, 'capped': _capped_key}
+
+
 @pytest.mark.parametrize(
   'num_paths, orders',
   [
-    pytest.param(2, vm.ORDERS, marks=pytest.mark.slow),
-    pytest.param(4, vm.ORDERS, marks=pytest.mark.slow),
+    pytest.param(2, tuple(KEYS), marks=pytest.mark.slow),
+    pytest.param(4, tuple(KEYS), marks=pytest.mark.slow),
     pytest.param(8, ('capped',), marks=pytest.mark.slow),
     (8, ('ratio',)),
   ],
 )
 def test_large_vocabulary_is_stable(num_paths, orders):
   """V = 32000 random logits, K up to 8: finite, in range; q_hat rows are distributions that
-  match the float64 closed form (where the reference code divides by A and is unstable)."""
+  match the float64 closed form (where the reference code divides by A and is unstable), under
+  the kernel's key and the capped one."""
   batch, gamma, vocab = 2, 2, 32000
   rng = np.random.default_rng(num_paths)
   target_logits = rng.normal(size=(batch, num_paths, gamma + 1, vocab)).astype(np.float32) * 3
@@ -670,9 +680,10 @@ def test_large_vocabulary_is_stable(num_paths, orders):
       assert np.all((path >= 0) & (path < num_paths)) and np.all((tau >= 0) & (tau <= gamma))
       assert np.all((y >= 0) & (y < vocab))
   for order in orders:
-    _, selected, q_hat, _ = (
-      np.asarray(x) for x in jax.jit(vm.select_path, static_argnames='order')(tokens, q, p, order)
+    select = jax.jit(
+      vm.select_path if order == 'ratio' else functools.partial(_select_path, key=KEYS[order])
     )
+    _, selected, q_hat, _ = (np.asarray(x) for x in select(tokens, q, p))
     assert np.all(np.isfinite(q_hat)) and np.all(q_hat >= 0)
     np.testing.assert_allclose(q_hat.sum(-1), 1.0, atol=1e-5)
     for b in range(batch):
@@ -680,7 +691,7 @@ def test_large_vocabulary_is_stable(num_paths, orders):
       for i in range(gamma):
         first = np.argmax(alive)
         q_row = q[b, first, i].astype(np.float64)
-        keys = np.asarray(vm.order_key(p[b, first, i], q[b, first, i], order))
+        keys = np.asarray(KEYS[order](p[b, first, i], q[b, first, i]))
         expected = _skew_float64(q_row, keys, below, mass, num_paths)
         np.testing.assert_allclose(q_hat[b, i], expected, rtol=1e-3, atol=1e-9)
         x = selected[b, i]
@@ -707,14 +718,6 @@ def test_bad_shapes(tokens_shape, q_shape, p_shape, message):
       verify_fn(
         jax.random.key(0), jnp.zeros(tokens_shape, jnp.int32), jnp.ones(q_shape), jnp.ones(p_shape)
       )
-  with pytest.raises(ValueError, match='order'):
-    vm.multipath_block_verify(
-      jax.random.key(0),
-      jnp.zeros((1, 1, 1), jnp.int32),
-      jnp.ones((1, 1, 1, 2)),
-      jnp.ones((1, 1, 2, 2)),
-      order='p',
-    )
 
 
 def test_verifier_names_are_verifys():
