@@ -8,7 +8,8 @@ Symbols (docs/method.md, "Analysis"):
   alpha: expected acceptance rate `E_t[beta_t]`, in [0, 1].
   beta:  `sum_x min(p(x), q(x)) = 1 - TV(p, q)` for one target/drafter pair of distributions.
   gamma: number of drafted tokens per iteration (>= 0; 0 means plain target decoding).
-  c:     time of one drafter step / time of one target step (>= 0).
+  c:     time of one drafter step / time of one target step (>= 0); measured, it is a drafter
+         call as the decode loop pays it (`timing.step_costs`).
   c_hat: drafter arithmetic operations per token / target operations per token (>= 0).
 
 Axes: V vocab; any other axes are broadcast.

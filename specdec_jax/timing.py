@@ -78,7 +78,9 @@ def _repeated_steps(steps, params, cache, position, *, num_tokens, calls):
   return jax.lax.fori_loop(0, calls, body, (cache, logits))[1]
 
 
-@functools.partial(jax.jit, static_argnames=('target_steps', 'drafter_steps', 'gamma', 'cache_len'))
+@functools.partial(
+  jax.jit, static_argnames=('target_steps', 'drafter_steps', 'gamma', 'cache_len', 'drafting')
+)
 def _repeated_iterations(
   target_steps,
   target_params,
@@ -95,9 +97,9 @@ def _repeated_iterations(
 ):
   """`calls` iterations of the speculative loop's model calls, by the loop's own functions: the
   drafter's gamma calls (`decode_steps.draft`, greedy) and one (gamma+1)-position target pass,
-  every iteration from `position` [B] of the caches. `calls` and `drafting` are traced: one
-  program for every loop length, with its drafter calls made or skipped (`drafting` False: the
-  pass scores fixed drafts; the rest of the iteration is the same program)."""
+  every iteration from `position` [B] of the caches. `calls` is traced: one program for every loop
+  length. `drafting=False` leaves the drafter's calls out (the pass then scores fixed drafts) and
+  keeps the rest of the iteration as it is."""
   batch = position.shape[0]
   reads_states = getattr(drafter_steps, 'reads_target_states', False)
   states = None
@@ -128,8 +130,10 @@ def _repeated_iterations(
       )
       return drafts, drafter_cache
 
-    skip_drafter = lambda drafter_cache: (seq[:, :gamma], drafter_cache)
-    drafts, drafter_cache = jax.lax.cond(drafting, run_drafter, skip_drafter, drafter_cache)
+    if drafting:
+      drafts, drafter_cache = run_drafter(drafter_cache)
+    else:
+      drafts = seq[:, :gamma]
     logits, states, target_cache = decode_steps.target_pass(
       target_steps,
       target_params,
@@ -202,7 +206,7 @@ def _iteration_loop(target, drafter, *, batch_size, source_length, gamma, cache_
     gamma=gamma,
     cache_len=cache_len,
     calls=jnp.int32(k),
-    drafting=jnp.bool_(drafting),
+    drafting=drafting,
   )
 
 
@@ -240,13 +244,14 @@ def drafter_seconds(
   repeats: int = 7,
 ) -> float:
   """Seconds that an iteration's gamma drafter calls add to it, measured where they are spent:
-  the loop of `iteration_seconds` (one compiled program) run for `calls` iterations with its
-  drafter calls and with them skipped (the pass then scores fixed drafts), in turn `repeats`
-  times; the difference of the fastest runs, over `calls`.
+  the loop of `iteration_seconds` run for `calls` iterations with its drafter calls and with them
+  left out (the pass then scores fixed drafts), in turn `repeats` times; the difference of the
+  fastest runs, over `calls`.
 
-  The two runs differ in the drafter's calls alone: same program, loop length, caches and target
-  pass, so dispatch, set-up and the pass cancel, and what remains includes what the calls cost
-  in the loop and not alone (the reload of the drafter's weights that each pass evicted).
+  The two runs differ in the drafter's calls alone: same loop length, caches, target pass and
+  work around it, so dispatch, set-up and the pass cancel, and what remains includes what the
+  calls cost in the loop and not alone (the reload of the drafter's weights that each pass
+  evicted).
   """
   run = _iteration_loop(
     target, drafter, batch_size=batch_size, source_length=source_length, gamma=gamma,
@@ -305,15 +310,19 @@ def step_costs(
 
   Seconds (each in-loop, from two loop lengths as `step_seconds`): `target_step` (T=1),
   `target_pass` (gamma+1 positions), `drafter_step` (the drafter alone) and `iteration` (a whole
-  iteration's model calls, `iteration_seconds`). Ratios: `pass_cost` (pass / target step),
-  `c_alone` (drafter step alone / target step) and `c`, a drafter call as the loop pays it:
-  `drafter_seconds` (what the gamma calls add to the iteration) / gamma / target step. `c` is
-  what the formula needs: on a CPU each target pass evicts the drafter's weights, so its calls
-  cost more in the loop than alone (on a TPU the two agree).
+  iteration's model calls, `iteration_seconds`). Ratios, in target steps: `pass_cost` (pass /
+  target step), `c` (a drafter call as the loop pays it: what the gamma calls add to an
+  iteration, as `drafter_seconds`, over gamma) and `c_alone` (a drafter step alone). `c` is what
+  the formula needs: on a CPU each target pass evicts the drafter's weights, so its calls cost
+  more in the loop than alone (on a TPU the two agree).
 
-  Every loop runs in turn with the others (`repeats` times; the fastest run of each counts), so
-  the numerator and denominator of each ratio see the same machine. `rounds` repeats the whole
-  measurement; each value is the median over the rounds.
+  Every loop runs in turn with the others (`repeats` times; the fastest run of each counts).
+  `pass_cost` and `c` are ratios of the longer runs alone (`calls[1]` calls each, so dispatch is
+  well under 1% of a run of any model worth timing): runs of like length meet a shared machine's
+  load alike, where a short run finds it idle more often than a long one and skews a difference of
+  the two. `c_alone` is a ratio of slopes: a drafter step alone is too cheap to be timed without
+  cancelling dispatch. `rounds` repeats the whole measurement; each value is the median over the
+  rounds.
 
   With `num_paths` K > 1 (a multi-draft loop, `speculative_generate(..., num_drafts=K)`, which
   runs each row as K rows of both models) the pass, the drafter and the iteration are measured at
@@ -328,25 +337,23 @@ def step_costs(
     drafter_step=_step_loop(drafter, target=target, **rows),
     iteration=_iteration_loop(target, drafter, gamma=gamma, **rows),
   )
+  long = calls[1]
   runs = {(name, k): functools.partial(loop, k) for name, loop in loops.items() for k in calls}
-  runs['without_drafter', calls[1]] = functools.partial(loops['iteration'], calls[1], False)
+  runs['without_drafter', long] = functools.partial(loops['iteration'], long, False)
   measured = []
   for _ in range(rounds):
     seconds = _fastest(runs, repeats)
-    per_call = {name: _slope(seconds, name, calls) for name in loops}
-    drafting = seconds['iteration', calls[1]] - seconds['without_drafter', calls[1]]
-    per_call['drafter_in_loop'] = max(drafting, 0.0) / calls[1] / gamma
-    measured.append(per_call)
-  if min(m['target_step'] for m in measured) <= 0:
-    raise RuntimeError(
-      f'A target step timed at 0 s ({calls[1] - calls[0]} extra calls did not take measurably '
-      'longer): the target is too cheap to time here; pass longer `calls`.'
-    )
-  median = lambda f: float(np.median([f(m) for m in measured]))
-  step = lambda m: m['target_step']
-  return {
-    **{name: median(lambda m, name=name: m[name]) for name in loops},
-    'c_alone': median(lambda m: m['drafter_step'] / step(m)),
-    'c': median(lambda m: m['drafter_in_loop'] / step(m)),
-    'pass_cost': median(lambda m: m['target_pass'] / step(m)),
-  }
+    m = {name: _slope(seconds, name, calls) for name in loops}
+    if m['target_step'] <= 0:
+      raise RuntimeError(
+        f'A target step timed at 0 s ({long - calls[0]} extra calls did not take measurably '
+        'longer): the target is too cheap to time here; pass longer `calls`.'
+      )
+    step_run = seconds['target_step', long]
+    drafting = max(seconds['iteration', long] - seconds['without_drafter', long], 0.0)
+    m['c'] = drafting / gamma / step_run
+    m['pass_cost'] = seconds['target_pass', long] / step_run
+    m['c_alone'] = m['drafter_step'] / m['target_step']
+    measured.append(m)
+  names = (*loops, 'c_alone', 'c', 'pass_cost')
+  return {name: float(np.median([m[name] for m in measured])) for name in names}
