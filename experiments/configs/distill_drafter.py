@@ -133,10 +133,12 @@ def _paper(c):
   `experiments/configs/ende.py:paper,drafter=<workdir>/best`. Not run yet: the settings below
   are planned (docs/results/memory_plan.md, "Distillation"), not tuned.
 
-  Memory per chip (python -m benchmarks.distill_plan): the teacher is loaded in float32 (distill
-  passes no param_dtype to pretrained.load_model, and a T5X checkpoint loads in its inferred
-  config's float32): 45 GB, 11.3 GB per chip over model = 4, within a v4 chip's 32 GiB with the
-  step's activations.
+  Memory per chip: the teacher is loaded in float32 (distill passes no param_dtype to
+  pretrained.load_model, and a T5X checkpoint loads in its inferred config's float32): 45 GB,
+  10.5 GiB per chip over model = 4; with the student's state and the step's activations 15.3 GiB
+  of a v4 chip's 32 GiB at batch 128, source and target 128 (docs/results/memory_plan.md,
+  "Distillation": `python -m benchmarks.distill_plan --teacher_param_dtype=float32
+  --machines=v4-32:4x4 --batch=128 --source_length=128 --target_length=128`).
 
   cache_teacher=False. Cached, the teacher's states take 4 bytes x d_model 1024 x (source +
   target tokens) per pair: up to 1 MiB a pair at 128 + 128 tokens, up to 31 GiB for the 32,000
