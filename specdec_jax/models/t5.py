@@ -154,22 +154,6 @@ def _heads(p: Params, x: jax.Array, config: T5Config) -> jax.Array:
   return sharding.constrain(y, ('batch', 'length', 'heads', 'kv'))
 
 
-def _qkv(p: Params, x: jax.Array, config: T5Config) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Query, key and value projections of x [B, T, D] in one dot: 3 x [B, T, N, H].
-
-  The three kernels are stacked on a new axis [D, 3, N * H] (each keeps its sharding on its last
-  axis) and contracted with x at once. The params keep T5X's three names; the dot's outputs are
-  the three projections' own. On a GPU a one-row dot is a multiply and a reduction, two kernels,
-  so a decoder step saves two kernels a layer (`benchmarks.drafter_kernels`).
-  """
-  dtype = jnp.dtype(config.dtype)
-  kernel = jnp.stack([p[name]['kernel'].astype(dtype) for name in ('query', 'key', 'value')], 1)
-  y = jnp.einsum('...i,ikj->...kj', x.astype(dtype), kernel)
-  y = y.reshape(*y.shape[:-1], config.num_heads, config.d_kv)
-  axes = ('batch', 'length', 'heads', 'kv')
-  return tuple(sharding.constrain(y[..., i, :, :], axes) for i in range(3))
-
-
 def _attention(
   p: Params,
   q: jax.Array,
@@ -305,7 +289,7 @@ def _decoder(
     layer = dec[f'layers_{i}']
     h = _rms_norm(x, layer['pre_self_attention_layer_norm'], config)
     a = layer['self_attention']
-    q, k, v = _qkv(a, h, config)
+    q, k, v = (_heads(a[name], h, config) for name in ('query', 'key', 'value'))
     if self_cache is not None:
       self_k = cache_lib.write(self_k, k, end_index, layer=i)
       self_v = cache_lib.write(self_v, v, end_index, layer=i)
@@ -373,7 +357,7 @@ def encode(
     layer = enc[f'layers_{i}']
     h = _rms_norm(x, layer['pre_attention_layer_norm'], config)
     a = layer['attention']
-    q, k, v = _qkv(a, h, config)
+    q, k, v = (_heads(a[name], h, config) for name in ('query', 'key', 'value'))
     x = x + drop(_attention(a, q, k, v, bias, mask, config), 2 * i + 1)
     mlp = _mlp(layer['mlp'], _rms_norm(x, layer['pre_mlp_layer_norm'], config), config)
     x = x + drop(mlp, 2 * i + 2)
