@@ -7,8 +7,8 @@ is distributed exactly as sampling from the target alone (checked exactly and by
 tests/verify_multipath_test.py, with negative controls).
 
 - `multipath_block_verify`: greedy multi-path block verification (GBV; Thomas & Pal, arXiv
-  2602.16961, as its reference code does it, with the tie-breaking fix of
-  shared/research/multipath_block_verification.md §5): select the lexicographically largest path
+  2602.16961, as its reference code does it, with one fix: the tie rule of docs/method.md
+  section 6): select the lexicographically largest path
   under one strict token order per node, compute the law `q_hat` of that maximum of K i.i.d.
   paths in closed form, and run block verification (`verify.block_verify`) on it with `q_hat` as
   the draft law. Needs i.i.d. paths: one drafter law per node.

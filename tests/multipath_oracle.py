@@ -4,11 +4,11 @@ Two kinds of oracle, for tests/verify_multipath_test.py:
 
 - Rational (`gbv_distribution`, `rrs_distribution`): the algorithms in `fractions.Fraction`,
   written independently of specdec_jax.verify_multipath (loops over tuples and tokens, no log
-  space, no normalized recursion). `gbv_distribution` is ported from the GBV part of
-  shared/research/gbv_reference.py (`mp_iteration`, `skew_row`: selection, skewed law by the
-  closed form `(F_hi^K - F_lo^K) / ((A + Q)^K - A^K)`, block verification), including the
-  public reference code's mixed tie rule as `tie_rule='code'`, adapted to tests/verify_oracle.py's
-  prefix-keyed models.
+  space, no normalized recursion). `gbv_distribution` is GBV as docs/method.md section 6 states
+  it (selection, the skewed law by the closed form `(F_hi^K - F_lo^K) / ((A + Q)^K - A^K)` with
+  `A` the drafter mass ranked below the node and `Q` the node's, block verification), with the
+  capped or the ratio order, and with the public reference code's mixed tie rule as
+  `tie_rule='code'`; it reproduces the exact values of section 9 of that page.
 - Kernel math (`all_tuples`): every K-tuple of paths as float32 arrays shaped like the kernels'
   inputs, with its exact probability, so a test can evaluate the kernels' own acceptance
   probabilities and residuals on every outcome and sum the law in float64.
@@ -28,7 +28,7 @@ from tests import verify_oracle as oracle
 ONE, ZERO = Fraction(1), Fraction(0)
 # Token orders: the ratio p/q (the kernel's), and min(1, p/q) (the public reference code's).
 ORDERS = ('ratio', 'capped')
-_BIG = Fraction(10) ** 9  # the rank of a token the drafter cannot draw (gbv_reference.py)
+_BIG = Fraction(10) ** 9  # the rank of a token the drafter cannot draw: above every ratio here
 
 
 def paths(drafter: oracle.Model, gamma: int, vocab: int) -> dict[tuple[int, ...], Fraction]:

@@ -2,7 +2,7 @@
 
 Three layers, each with negative controls (plausible bugs) that must fail the same check:
 1. Rational oracle (tests/multipath_oracle.py): the algorithms in Fractions over every K-tuple of
-   paths reproduce shared/research/gbv_reference.py's numbers and are exactly lossless.
+   paths reproduce the exact values of docs/method.md section 9 and are exactly lossless.
 2. Kernel math: the kernels' own selection, skewed law, acceptance probabilities and residuals,
    evaluated on every K-tuple of a tiny context-dependent toy (V = 3 or 4, G = 2) and summed in
    float64, give the target's law up to float32 rounding (TV < 1e-5; the controls give > 1e-3).
@@ -36,7 +36,8 @@ GAMMA = 2
 
 
 def _markov(start, transitions, vocab, max_context):
-  """An order-1 Markov model as a prefix-keyed oracle.Model (gbv_reference.py's `Markov`)."""
+  """An order-1 Markov model (each row depends on the last token only) as a prefix-keyed
+  oracle.Model."""
   model = {}
   for length in range(max_context + 1):
     for prefix in itertools.product(range(vocab), repeat=length):
@@ -47,7 +48,7 @@ def _markov(start, transitions, vocab, max_context):
 
 @functools.cache
 def _spec_markov_pair() -> vt.ToyPair:
-  """gbv_reference.py's 'Markov V=3' toy: capped-ratio ties at 1 are common."""
+  """The V = 3 Markov toy of docs/method.md section 9: capped-ratio ties at 1 are common."""
   f = Fraction
   target = _markov(
     [f(1, 2), f(3, 10), f(1, 5)],
@@ -73,7 +74,8 @@ def _target_joint(pair):
 
 
 def test_oracle_reproduces_reference_numbers():
-  """gbv_reference.py's printed values: the paper toy, and the V = 3 Markov toy."""
+  """docs/method.md section 9's exact values (of the rational reference written with the GBV
+  specification): Sun et al.'s toy, and the V = 3 Markov toy."""
   sun = vt._sun_toy_pair()
   expected = {1: Fraction(11, 9), 2: Fraction(131, 81), 3: Fraction(1289, 729)}
   for k, value in expected.items():
@@ -136,8 +138,8 @@ def test_order_efficiency():
   V = 3, K = 3: capped 1.1258, ratio 1.1300 (better on 2, equal on 17, worse on 1);
   V = 4, K = 2: capped 0.9785, ratio 0.9937 (better on 5, equal on 15);
   V = 4, K = 3: capped 1.0133, ratio 1.0395 (better on 4, equal on 16).
-  The spec's toy: K = 2 capped 1.3647, ratio 1.5677; K = 3 capped 1.1893 (below K = 1's 1.245),
-  ratio 1.6495. Checked here on the spec's toy and 10 of the V = 3 models."""
+  The V = 3 Markov toy: K = 2 capped 1.3647, ratio 1.5677; K = 3 capped 1.1893 (below K = 1's
+  1.245), ratio 1.6495. Checked here on that toy and 10 of the V = 3 models."""
   pairs = [_spec_markov_pair()] + [
     vt._random_pair(400 + s, vocab=3, gamma=GAMMA, shared=0.0) for s in range(10)
   ]
@@ -150,7 +152,7 @@ def test_order_efficiency():
   for k in (2, 3):
     gains = np.array(ratio[k]) - np.array(capped[k])
     assert gains.mean() > 0 and np.sum(gains > 1e-12) > np.sum(gains < -1e-12), (k, gains)
-  assert ratio[3][0] > ratio[2][0] > 1.245 > capped[3][0]  # the spec's toy
+  assert ratio[3][0] > ratio[2][0] > 1.245 > capped[3][0]  # the V = 3 Markov toy
 
 
 # ----------------------------------------------------------------------------------------------
@@ -443,7 +445,7 @@ def test_kernel_gbv_matches_rational_oracle(num_paths):
 @pytest.mark.parametrize('variant', ['block', 'block/capped'])
 def test_kernel_skew_is_the_law_of_the_selected_path(variant):
   """q_hat at every node of the selected path equals the brute-force conditional law of the
-  kernel's own selection over all K-tuples (spec §8.1)."""
+  kernel's own selection over all K-tuples."""
   pair, num_paths = _spec_markov_pair(), 3
   tokens, q, p, probs = mo.all_tuples(pair.target, pair.drafter, GAMMA, num_paths)
   _, selected, q_hat, *_ = (np.asarray(x) for x in _gbv_plan(tokens, q, p, variant))
@@ -517,7 +519,7 @@ def _assembled_block_verify(rng, tokens, q, p):
 
 def test_assembly_is_the_public_kernels():
   """The controls' assembly with no piece changed is the public kernels, bit for bit (on the
-  chi-square tests' rows, and every 3-tuple of the spec's toy for the selection), so each
+  chi-square tests' rows, and every 3-tuple of the V = 3 Markov toy for the selection), so each
   control differs from a public kernel by its planted bug alone."""
   key = jax.random.key(3)
   for variant, assembled in [('block', _assembled_block_verify), ('token', jax.jit(_token_verify))]:
@@ -624,8 +626,8 @@ def test_temperature_zero_accepts_longest_argmax_prefix(num_paths):
 
 
 def _skew_float64(q_row, keys, mass_below, mass, num_paths):
-  """Spec §3.3's law in float64 with the unnormalized A = mass_below and Q = mass, as
-  `Q q(t) sum_j hi^j lo^(K-1-j)` normalized (the factored `hi^K - lo^K`: the direct difference
+  """docs/method.md section 6's law in float64 with the unnormalized A = mass_below and
+  Q = mass, as `Q q(t) sum_j hi^j lo^(K-1-j)` normalized (the factored `hi^K - lo^K`: the direct difference
   cancels catastrophically, even in float64, once Q q(t) << A)."""
   order = np.lexsort((np.arange(len(keys)), keys))
   below = np.zeros_like(q_row)
