@@ -345,8 +345,10 @@ def _data(config, teacher, tok, student_config, workdir: str, mesh) -> dict:
   lengths = dict(
     max_source_length=config.max_source_length, max_target_length=config.max_target_length
   )
+  prefix = config.source_prefix  # T5's task prefix, as the main job prepends it (`Pair`)
   train_pairs = pairs_lib.load_pairs(config.train_file)[: config.num_train_sources or None]
   valid_pairs = pairs_lib.load_pairs(config.valid_file)[: config.num_valid_sources]
+  train_pairs, valid_pairs = ([(prefix + s, t) for s, t in p] for p in (train_pairs, valid_pairs))
   train_src, _ = batching.encode_pairs(train_pairs, tok, **lengths)
   valid_src, _ = batching.encode_pairs(valid_pairs, tok, **lengths)
   os.makedirs(workdir, exist_ok=True)
@@ -417,7 +419,9 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
       )
   sharding.check_placement(config.student_sharding, 'config.student_sharding')
   # The target as the main job shards one; frozen, it is an argument of the step, not state.
-  teacher = pretrained.load_model(config.teacher, mesh=mesh, how='model')
+  teacher = pretrained.load_model(
+    config.teacher, mesh=mesh, how='model', param_dtype=config.teacher_param_dtype or None
+  )
   tok = tokenizer_lib.Tokenizer.load(config.tokenizer)
   if tok.vocab_size > teacher.config.vocab_size:
     raise ValueError(

@@ -116,12 +116,12 @@ def _paper(c):
   the vocabulary and the WMT sources on every host (the test set as ende.py:paper says):
 
     gcloud storage cp gs://t5-data/vocabs/cc_all.32000/sentencepiece.model /tmp/t5/spm.model
-    P='translate English to German: '   # distill reads sources as they are: prefix them here
     sacrebleu -t wmt08,wmt09,wmt10,wmt11,wmt12,wmt13 -l en-de --echo src ref | tr -s ' ' | \
-        awk -F'\t' -v OFS='\t' -v p="$P" 'NF == 2 {print p $1, $2}' > /tmp/t5/wmt_ende_train.tsv
-    sacrebleu -t wmt15 -l en-de --echo src ref | tr -s ' ' | \
-        awk -F'\t' -v OFS='\t' -v p="$P" 'NF == 2 {print p $1, $2}' > /tmp/t5/wmt15_ende.tsv
+        awk -F'\t' 'NF == 2' > /tmp/t5/wmt_ende_train.tsv
+    sacrebleu -t wmt15 -l en-de --echo src ref | tr -s ' ' | awk -F'\t' 'NF == 2' \
+        > /tmp/t5/wmt15_ende.tsv
 
+  (source_prefix, ende.py:paper's 'translate English to German: ', is prepended on reading)
   (newstest2008-2013, about 16,000 sources; any more WMT-style sources can go in the same file),
   then on every host (scripts/launch_tpu.py does it: README, "On a TPU slice"):
 
@@ -133,11 +133,10 @@ def _paper(c):
   `experiments/configs/ende.py:paper,drafter=<workdir>/best`. Not run yet: the settings below
   are planned (docs/results/memory_plan.md, "Distillation"), not tuned.
 
-  Memory per chip: the teacher is loaded in float32 (distill passes no param_dtype to
-  pretrained.load_model, and a T5X checkpoint loads in its inferred config's float32): 45 GB,
-  10.5 GiB per chip over model = 4; with the student's state and the step's activations 15.3 GiB
-  of a v4 chip's 32 GiB at batch 128, source and target 128 (docs/results/memory_plan.md,
-  "Distillation": `python -m benchmarks.distill_plan --teacher_param_dtype=float32
+  Memory per chip: the teacher's params held in bfloat16 (teacher_param_dtype; it computes in
+  float32): 22 GB, 5.3 GiB per chip over model = 4; with the student's state and the step's
+  activations 10.1 GiB of a v4 chip's 32 GiB at batch 128, source and target 128 (15.3 GiB with
+  float32 params; docs/results/memory_plan.md, "Distillation": `python -m benchmarks.distill_plan
   --machines=v4-32:4x4 --batch=128 --source_length=128 --target_length=128`).
 
   cache_teacher=False. Cached, the teacher's states take 4 bytes x d_model 1024 x (source +
@@ -151,6 +150,7 @@ def _paper(c):
   paper = ende.get_config('paper')
   staged = pathlib.Path(paper.tokenizer).parent  # where ende.py:paper stages its files
   c.teacher, c.tokenizer, c.test_file = paper.target, paper.tokenizer, paper.test_file
+  c.teacher_param_dtype, c.source_prefix = paper.param_dtype, paper.source_prefix
   c.train_file = str(staged / 'wmt_ende_train.tsv')
   c.valid_file = str(staged / 'wmt15_ende.tsv')
   c.num_train_sources = 0  # all
@@ -181,6 +181,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.valid_file = str(_ROOT / 'data' / 'ende' / 'valid.tsv')
   c.num_train_sources = 20_000  # 0: all
   c.num_valid_sources = 256
+  # The dtype the target's params are held in on the devices ('bfloat16': half the memory; it
+  # still computes in its config's dtype); '': the checkpoint's own.
+  c.teacher_param_dtype = ''
+  c.source_prefix = ''  # prepended to every source (T5's 'translate English to German: ')
   # The held-out pairs of the pair directory the run writes (<workdir>/pair/test.tsv, what the
   # main job decodes); '' copies valid_file.
   c.test_file = str(_ROOT / 'pretrained' / 'ende' / 'test.tsv')
