@@ -78,9 +78,7 @@ def _repeated_steps(steps, params, cache, position, *, num_tokens, calls):
   return jax.lax.fori_loop(0, calls, body, (cache, logits))[1]
 
 
-@functools.partial(
-  jax.jit, static_argnames=('target_steps', 'drafter_steps', 'gamma', 'cache_len', 'drafting')
-)
+@functools.partial(jax.jit, static_argnames=('target_steps', 'drafter_steps', 'gamma', 'cache_len'))
 def _repeated_iterations(
   target_steps,
   target_params,
@@ -97,9 +95,11 @@ def _repeated_iterations(
 ):
   """`calls` iterations of the speculative loop's model calls, by the loop's own functions: the
   drafter's gamma calls (`decode_steps.draft`, greedy) and one (gamma+1)-position target pass,
-  every iteration from `position` [B] of the caches. `calls` is traced: one program for every loop
-  length. `drafting=False` leaves the drafter's calls out (the pass then scores fixed drafts) and
-  keeps the rest of the iteration as it is."""
+  every iteration from `position` [B] of the caches. `calls` and `drafting` are traced: one
+  program for every loop length, its drafter calls made or skipped by a `lax.cond` (`drafting`
+  False: the pass scores fixed drafts). One program both ways, as two programs are compiled apart:
+  an iteration compiled without its drafter calls ran faster by more than they cost (an n-gram
+  drafter that costs nothing alone read c 0.13 that way; docs/results.md section 1)."""
   batch = position.shape[0]
   reads_states = getattr(drafter_steps, 'reads_target_states', False)
   states = None
@@ -130,10 +130,8 @@ def _repeated_iterations(
       )
       return drafts, drafter_cache
 
-    if drafting:
-      drafts, drafter_cache = run_drafter(drafter_cache)
-    else:
-      drafts = seq[:, :gamma]
+    skip_drafter = lambda drafter_cache: (seq[:, :gamma], drafter_cache)
+    drafts, drafter_cache = jax.lax.cond(drafting, run_drafter, skip_drafter, drafter_cache)
     logits, states, target_cache = decode_steps.target_pass(
       target_steps,
       target_params,
@@ -206,7 +204,7 @@ def _iteration_loop(target, drafter, *, batch_size, source_length, gamma, cache_
     gamma=gamma,
     cache_len=cache_len,
     calls=jnp.int32(k),
-    drafting=drafting,
+    drafting=jnp.bool_(drafting),
   )
 
 
@@ -244,14 +242,13 @@ def drafter_seconds(
   repeats: int = 7,
 ) -> float:
   """Seconds that an iteration's gamma drafter calls add to it, measured where they are spent:
-  the loop of `iteration_seconds` run for `calls` iterations with its drafter calls and with them
-  left out (the pass then scores fixed drafts), in turn `repeats` times; the difference of the
-  fastest runs, over `calls`.
+  the loop of `iteration_seconds` (one compiled program) run for `calls` iterations with its
+  drafter calls and with them skipped (the pass then scores fixed drafts), in turn `repeats`
+  times; the difference of the fastest runs, over `calls`.
 
-  The two runs differ in the drafter's calls alone: same loop length, caches, target pass and
-  work around it, so dispatch, set-up and the pass cancel, and what remains includes what the
-  calls cost in the loop and not alone (the reload of the drafter's weights that each pass
-  evicted).
+  The two runs differ in the drafter's calls alone: same program, loop length, caches and target
+  pass, so dispatch, set-up and the pass cancel, and what remains includes what the calls cost in
+  the loop and not alone (the reload of the drafter's weights that each pass evicted).
   """
   run = _iteration_loop(
     target, drafter, batch_size=batch_size, source_length=source_length, gamma=gamma,
