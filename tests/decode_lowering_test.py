@@ -77,9 +77,9 @@ def test_abstract_inputs_are_still_validated():
 
 # An 11B-style plan in miniature: a tiny T5 pair's params and batch given only as sharded
 # `ShapeDtypeStruct`s on a (data=2, model=4) mesh of 8 CPU devices; the program compiles and its
-# per-device arguments are the sharded sizes (less than all the arguments' bytes).
+# per-device arguments are exactly the shards its shardings give (plus the PRNG key).
 _SHARDED_SCRIPT = """
-import dataclasses
+import dataclasses, math
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 from specdec_jax import decode, sharding
@@ -104,12 +104,16 @@ with jax.set_mesh(mesh):
                                       sampling=SamplingConfig(temperature=1.0),
                                       max_new_tokens=12).compile()
 sharded = compiled.memory_analysis().argument_size_in_bytes
-# Unsharded, one device would hold every byte of the arguments (the one-device plan is compiled
-# by tests/memory_plan_test.py).
-replicated = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((target, drafter, ids, ids)))
-assert 0 < sharded < replicated, (sharded, replicated)
+# Per device: each argument's shard (the model-split params a quarter, the batch a half, the
+# params too small to split whole), and the PRNG key's 2 uint32 words.
+args = jax.tree.leaves((target, drafter, ids, ids))
+per_device = sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in args)
+key_bytes = jax.random.key_data(jax.random.key(0)).nbytes
+replicated = sum(x.size * x.dtype.itemsize for x in args)  # what one unsharded device holds
+assert per_device < replicated / 3, (per_device, replicated)  # the expectation itself shards
+assert sharded == per_device + key_bytes, (sharded, per_device, key_bytes)
 assert compiled.cost_analysis()['flops'] > 0
-print('LOWER_SHARDED_OK', sharded, replicated)
+print('LOWER_SHARDED_OK', sharded, per_device, replicated)
 """
 
 

@@ -42,6 +42,7 @@ def test_to_host_returns_numpy_leaves_of_the_same_values():
 # through the same gather.
 _SHARDED_SCRIPT = """
 import jax, jax.numpy as jnp, numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 from specdec_jax import decode, decode_stats, sharding
 from specdec_jax.sampling import SamplingConfig
@@ -63,10 +64,19 @@ with jax.set_mesh(mesh):
 # Every array with its rows split over 'data' (whatever sharding the loop chose).
 by_rows = lambda x: NamedSharding(mesh, P('data', *[None] * (x.ndim - 1)))
 got = jax.tree.map(lambda x: jax.device_put(x, by_rows(x)), got)
-assert got.stats.accepted.sharding.spec == P('data'), got.stats.accepted.sharding
 read = decode.to_host(got)
 decode_stats.spans_processes = lambda x: isinstance(x, jax.Array)  # force the gather path
+gathered_rows = []  # per array to_host gathers: the rows of each shard it was given
+allgather = multihost_utils.process_allgather
+def counted_allgather(x, **kw):
+  gathered_rows.append(sorted(s.index[0].start for s in x.addressable_shards))
+  return allgather(x, **kw)
+multihost_utils.process_allgather = counted_allgather
 gathered = decode.to_host(got)
+multihost_utils.process_allgather = allgather
+# The gather ran, once per array, on arrays whose halves of the rows lie on different devices.
+assert len(gathered_rows) == len(jax.tree.leaves(got)), gathered_rows
+assert all(starts == [0] * 4 + [4] * 4 for starts in gathered_rows), gathered_rows
 for host in (read, gathered):
   for a, b in zip(jax.tree.leaves(host), jax.tree.leaves(want), strict=True):
     assert type(a) is np.ndarray

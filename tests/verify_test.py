@@ -563,15 +563,20 @@ def test_check_verifier_is_one_clear_error(bad):
 
 
 def test_verifiers_registry():
-  assert verify.VERIFIERS['token'] is verify.token_verify
-  assert verify.VERIFIERS['block'] is verify.block_verify
-  result = verify.block_verify(
-    jax.random.key(0),
-    jnp.zeros((2, 1), jnp.int32),
-    jnp.full((2, 1, 3), 1 / 3),
-    jnp.full((2, 2, 3), 1 / 3),
-  )
-  assert isinstance(result, verify.VerifyResult) and result.num_accepted.shape == (2,)
+  """VERIFIERS names the two kernels; each returns a VerifyResult with the outcome its rules fix
+  on rows where no draw is random: p == q (h = 1: the draft is kept, then Y from a one-hot
+  p_{G+1}), and p(X) = 0 (h = 0: Y from the residual (p - q)+ = onehot(2), where p alone could
+  give token 1)."""
+  assert verify.VERIFIERS == {'token': verify.token_verify, 'block': verify.block_verify}
+  rows, third = 64, 1 / 3
+  q = np.repeat([[[third] * 3], [[0.5, 0.5, 0.0]]], rows, axis=0)
+  p = np.repeat([[[third] * 3, [0.0, 0.0, 1.0]], [[0.0, 0.5, 0.5], [third] * 3]], rows, axis=0)
+  tokens = jnp.zeros((2 * rows, 1), jnp.int32)
+  for name, verify_fn in verify.VERIFIERS.items():
+    result = verify_fn(jax.random.key(0), tokens, q, p)
+    assert isinstance(result, verify.VerifyResult), name
+    np.testing.assert_array_equal(result.num_accepted, [1] * rows + [0] * rows, err_msg=name)
+    np.testing.assert_array_equal(result.next_token, [2] * (2 * rows), err_msg=name)
 
 
 @pytest.mark.parametrize('gamma', [1, 3, 6])
