@@ -57,6 +57,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax import decode_steps, step_models, validation, verify
 from specdec_jax import sampling as sampling_lib
@@ -403,6 +404,29 @@ def _speculative_call(
 
 # eval_shape: no backend starts at import (jax.distributed.initialize must come first).
 _ABSTRACT_KEY = jax.eval_shape(lambda: jax.random.key(0))
+_ABSTRACT_KEY_DATA = jax.eval_shape(jax.random.key_data, _ABSTRACT_KEY)
+
+
+def _check_rng(rng, sampling: sampling_lib.SamplingConfig) -> jax.Array:
+  """The loops' PRNG key: `rng` if it is one key (`jax.random.key(seed)`, or a raw
+  `jax.random.PRNGKey(seed)`). None only at temperature 0, where the loops draw nothing (a fixed
+  key stands in, so the program is the one a key gives)."""
+  if rng is None:
+    if not sampling.greedy:
+      raise ValueError(
+        f'rng=None, but sampling at temperature {sampling.temperature} draws random numbers: '
+        'pass rng=jax.random.key(seed) (None is only accepted at temperature 0).'
+      )
+    return jax.random.key(0)
+  dtype, shape = getattr(rng, 'dtype', None), getattr(rng, 'shape', None)
+  typed = dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) and shape == ()
+  raw = dtype == jnp.uint32 and shape == _ABSTRACT_KEY_DATA.shape
+  if not isinstance(rng, (jax.Array, np.ndarray)) or not (typed or raw):
+    raise TypeError(
+      f'rng must be one PRNG key, e.g. jax.random.key(seed); got {type(rng).__name__} with '
+      f'dtype {dtype} and shape {shape}.'
+    )
+  return rng
 
 
 def generate(
@@ -420,10 +444,13 @@ def generate(
   Args:
     model: a `T5Model` (or any step model, see `step_models.as_step_model`).
     input_ids: int[B, S] source tokens in [0, vocab_size), padded.
-    input_mask: bool or 0/1 int[B, S], 1 for real tokens.
+    input_mask: bool or 0/1 int[B, S], 1 for real tokens. A row with none (all 0, e.g. filling a
+      batch) is decoded from an all-padding source: T5's attention then spreads evenly over the
+      padding, so the row's output is finite but means nothing.
     sampling: the standardized sampling transform (temperature 0 is greedy).
     max_new_tokens: M >= 1, the most tokens per row.
-    rng: PRNG key (unused when greedy).
+    rng: a PRNG key, `jax.random.key(seed)`; may be None at temperature 0, where nothing is drawn
+      (any other temperature raises ValueError).
     check_finite: raise `NonFiniteError` if the model produced NaN or inf logits (this waits for
       the result); False returns the output with `stats.nonfinite` counts instead.
 
@@ -433,7 +460,7 @@ def generate(
   args, spec = _autoregressive_call(
     model, input_ids, input_mask, sampling=sampling, max_new_tokens=max_new_tokens
   )
-  out = autoregressive_loop(*args, rng, spec=spec)
+  out = autoregressive_loop(*args, _check_rng(rng, sampling), spec=spec)
   return validation.raise_if_nonfinite(out, 'The model') if check_finite else out
 
 
@@ -469,12 +496,14 @@ def speculative_generate(
     drafter: a `T5Model` sharing the target's vocabulary (one with `num_encoder_layers=0` reads
       the target's encoder output), an n-gram drafter from `drafters`, or the target itself.
     input_ids: int[B, S] source tokens in [0, vocab_size), padded.
-    input_mask: bool or 0/1 int[B, S], 1 for real tokens.
+    input_mask: bool or 0/1 int[B, S], 1 for real tokens. An all-0 row is decoded as `generate`
+      decodes it (from an all-padding source), and speculative decoding is lossless on it as on
+      any row (greedy: the same tokens).
     gamma: G >= 1 draft tokens per iteration.
     verifier: a key of `verify.VERIFIERS`: 'token' (Leviathan et al.) or 'block' (Sun et al.).
     sampling: the transform applied identically to target and drafter logits.
     max_new_tokens: M >= 1, the most tokens per row.
-    rng: PRNG key (unused when greedy).
+    rng: a PRNG key, `jax.random.key(seed)`; may be None at temperature 0 (as `generate`'s).
     num_drafts: K >= 1 draft paths per iteration. K > 1: the drafter samples K independent
       paths of gamma tokens per row, one target pass scores all K x (gamma + 1) positions, and
       `verify_multipath.VERIFIERS[verifier]` keeps a prefix of one path ('block': greedy
@@ -506,7 +535,7 @@ def speculative_generate(
     num_drafts=num_drafts,
     draft_stop=draft_stop,
   )
-  out = speculative_loop(*args, rng, spec=spec)
+  out = speculative_loop(*args, _check_rng(rng, sampling), spec=spec)
   return validation.raise_if_nonfinite(out, 'The target or the drafter') if check_finite else out
 
 

@@ -339,6 +339,21 @@ def test_t5_rows_do_not_depend_on_batch(tiny_pair):
     np.testing.assert_array_equal(alone.tokens[0], full.tokens[b])
 
 
+def test_t5_all_padding_row_decodes_as_generate_does(tiny_pair):
+  """A row whose source mask is all 0 (filling a batch) is decoded from an all-padding source,
+  with finite logits (no NonFiniteError), and speculative decoding gives `generate`'s tokens on
+  it as on every other row (docs: `speculative_generate`'s input_mask)."""
+  target, drafter = tiny_pair
+  ids, mask = _source(vocab=target.config.vocab_size)
+  ids, mask = ids.at[1].set(0), mask.at[1].set(0)
+  kwargs = dict(sampling=GREEDY, max_new_tokens=16, rng=jax.random.key(0))
+  ref = decode.generate(target, ids, mask, **kwargs)
+  assert int(ref.lengths[1]) > 0
+  out = decode.speculative_generate(target, drafter, ids, mask, gamma=3, verifier='block', **kwargs)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  np.testing.assert_array_equal(out.lengths, ref.lengths)
+
+
 def test_t5_target_as_drafter_greedy(tiny_pair):
   target, _ = tiny_pair
   ids, mask = _source(vocab=target.config.vocab_size)
@@ -414,6 +429,30 @@ def test_bad_arguments_are_refused():
   before = decode.speculative_loop._cache_size()
   decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=np.int64(3), sampling=GREEDY, **kw)
   assert decode.speculative_loop._cache_size() == before
+
+
+def test_rng_none_only_at_temperature_zero():
+  """rng=None: one clear error when sampling; at temperature 0 (nothing drawn) the output of any
+  key. A key of the wrong kind: one clear error, not JAX's."""
+  ids, mask = _source(vocab=4)
+  kw = dict(max_new_tokens=3)
+  calls = {
+    'generate': lambda **k: decode.generate(GREEDY_TARGET, ids, mask, **k),
+    'speculative_generate': lambda **k: decode.speculative_generate(
+      GREEDY_TARGET, DRAFTER, ids, mask, gamma=3, **k
+    ),
+  }
+  for name, call in calls.items():
+    with pytest.raises(ValueError, match=r'rng=None, but sampling at temperature 1\.0'):
+      call(sampling=SAMPLINGS[0], rng=None, **kw)
+    for bad in (0, 'key', jnp.zeros((3,), jnp.uint32), jax.random.split(jax.random.key(0))):
+      with pytest.raises(TypeError, match='rng must be one PRNG key'):
+        call(sampling=GREEDY, rng=bad, **kw)
+    keyed = call(sampling=GREEDY, rng=jax.random.key(7), **kw)
+    unkeyed = call(sampling=GREEDY, rng=None, **kw)
+    np.testing.assert_array_equal(unkeyed.tokens, keyed.tokens, err_msg=name)
+    raw = call(sampling=SAMPLINGS[0], rng=jax.random.PRNGKey(7), **kw)  # a raw key is one key
+    assert raw.tokens.shape == keyed.tokens.shape
 
 
 def _with_nan(model, position=1):
