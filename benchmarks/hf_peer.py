@@ -8,7 +8,7 @@ The target and each T5 drafter go to transformers' `T5ForConditionalGeneration` 
 weights: a shipped pair through `checkpoints.save_hf_t5` and `from_pretrained` (a user's path);
 random weights (`--random_weights`, shapes from `t5.CONFIGS`, the end-of-sequence token's output
 weights zeroed so that every row decodes --max_new_tokens tokens) through the state dict
-`save_hf_t5` would write (`checkpoints_hf.params_to_hf_state_dict`), without the file (44 GB in
+`save_hf_t5` would write (`checkpoints_hf.params_to_hf_state_dict`), without the file (45 GB in
 float32 for T5 11B). Every method decodes the same sentences one at a time (batch 1, the paper's
 setting), each source padded to --source_length with its mask, greedy, up to --max_new_tokens:
 
@@ -33,6 +33,7 @@ noisy, and torch's threads compete with the rest of the machine (--torch_threads
 import dataclasses
 import os
 import pathlib
+import sys
 import tempfile
 import time
 
@@ -47,23 +48,49 @@ from specdec_jax import checkpoints, checkpoints_hf, decode, pretrained, tables
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
 
-_DIR = flags.DEFINE_string('pretrained', 'ende', 'Shipped pair (name or directory).')
+# This main's own flags, on the command line with absl's (`parse_flags`): other benchmarks
+# define --target, --dtype, ... too, and a process (the test suite) imports several.
+FLAGS = flags.FlagValues()
+_DIR = flags.DEFINE_string(
+  'pretrained', 'ende', 'Shipped pair (name or directory).', flag_values=FLAGS
+)
 _DRAFTERS = flags.DEFINE_list(
   'drafters',
   None,
   "Drafters: the pair's names (default: its T5 drafters) or, with --random_weights, t5.CONFIGS "
   "names (default: t5-small); 'target' drafts with the target itself.",
+  flag_values=FLAGS,
 )
-_GAMMA = flags.DEFINE_integer('gamma', None, "Drafts per iteration (default: the pair's greedy).")
-_NUM = flags.DEFINE_integer('num_sentences', 30, 'Sentences (test sentences of the pair).')
-_MAX_NEW = flags.DEFINE_integer('max_new_tokens', 64, 'Most new tokens per sentence.')
-_SOURCE_LENGTH = flags.DEFINE_integer('source_length', 64, 'Padded source length.')
-_DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Params and compute.')
-_RANDOM = flags.DEFINE_bool('random_weights', False, 'Random models of --target / --drafters.')
-_TARGET = flags.DEFINE_string('target', 't5-11b', 'With --random_weights: a t5.CONFIGS name.')
-_COMPILE = flags.DEFINE_bool('compile', True, "Also transformers' static cache + torch.compile.")
-_THREADS = flags.DEFINE_integer('torch_threads', 0, "torch's CPU threads (0: torch's default).")
-_DEVICE = flags.DEFINE_string('torch_device', None, "torch's device (default: cuda if present).")
+_GAMMA = flags.DEFINE_integer(
+  'gamma', None, "Drafts per iteration (default: the pair's greedy).", flag_values=FLAGS
+)
+_NUM = flags.DEFINE_integer(
+  'num_sentences', 30, 'Sentences (test sentences of the pair).', flag_values=FLAGS
+)
+_MAX_NEW = flags.DEFINE_integer(
+  'max_new_tokens', 64, 'Most new tokens per sentence.', flag_values=FLAGS
+)
+_SOURCE_LENGTH = flags.DEFINE_integer(
+  'source_length', 64, 'Padded source length.', flag_values=FLAGS
+)
+_DTYPE = flags.DEFINE_enum(
+  'dtype', 'float32', ['float32', 'bfloat16'], 'Params and compute.', flag_values=FLAGS
+)
+_RANDOM = flags.DEFINE_bool(
+  'random_weights', False, 'Random models of --target / --drafters.', flag_values=FLAGS
+)
+_TARGET = flags.DEFINE_string(
+  'target', 't5-11b', 'With --random_weights: a t5.CONFIGS name.', flag_values=FLAGS
+)
+_COMPILE = flags.DEFINE_bool(
+  'compile', True, "Also transformers' static cache + torch.compile.", flag_values=FLAGS
+)
+_THREADS = flags.DEFINE_integer(
+  'torch_threads', 0, "torch's CPU threads (0: torch's default).", flag_values=FLAGS
+)
+_DEVICE = flags.DEFINE_string(
+  'torch_device', None, "torch's device (default: cuda if present).", flag_values=FLAGS
+)
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -391,5 +418,16 @@ COLUMNS = (
 )
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+  """`app.run`'s parser: this main's `FLAGS` beside absl's and `benchmarks`' own (and in
+  --help, as the main module's)."""
+  flags.FLAGS.append_flag_values(FLAGS)
+  for flag in FLAGS:
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[flag])
+  argv = app.parse_flags_with_usage(argv)
+  FLAGS.mark_as_parsed()
+  return argv
+
+
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

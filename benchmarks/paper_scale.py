@@ -1,11 +1,12 @@
 r"""The engine at the paper's scale: public T5 shapes, timed in the loop, against the HBM bound.
 
   python -m benchmarks.paper_scale --target=t5-11b --drafters=t5-small,one-layer   # on a GPU / TPU
-  python -m benchmarks.paper_scale --target=tiny-v1.1 --drafters=tiny-v1.0,one-layer:tiny-v1.0 \
-      --dtype=float32 --rounds=1 --hbm_bandwidth=100      # CPU smoke run (tests/paper_scale_test.py)
+  python -m benchmarks.paper_scale --target=t5-small --drafters=one-layer --gammas=3 \
+      --loop_gamma=3 --max_new_tokens=32 --source_length=32 --dtype=float32 --rounds=1 \
+      --hbm_bandwidth=100 --noeigen_dots                   # on a CPU (a made-up bandwidth)
 
-Models of `t5.CONFIGS` shapes with constant weights (`--weights=random` for T5X's initialisers;
-the time of a call does not depend on the values), batch 1, one device. A drafter is a
+Models of `t5.CONFIGS` shapes with constant weights (a call's time should not depend on the
+values; `--weights=random` for T5X's initialisers checks it), batch 1, one device. A drafter is a
 `t5.CONFIGS` name (a T5 with its own encoder, e.g. `t5-small`, the paper's) or `one-layer[:NAME]`:
 one decoder layer of NAME's width (default t5-small) over the target's encoder, the shape of our
 shipped `distilled` drafters. Four tables, every time from the project's timers
@@ -15,10 +16,10 @@ shipped `distilled` drafters. Four tables, every time from the project's timers
    the bytes a call reads (`memory_model.call_cost`: decoder weights, the tied embedding, both
    caches) over the chip's bandwidth (`HBM_CHIPS`, picked by `jax.devices()[0].device_kind`;
    `--hbm_bandwidth` for another chip). `pass cost` is pass / step, the paper assumes 1.
-2. drafters: each drafter's step alone (`c alone`) and inside a chained iteration of gamma
-   drafter calls and one target pass (`c`: (iteration - pass) / gamma / step, what the walltime
-   formula needs; `timing.step_costs`), and `c at bound`, the drafter's bytes over the target's:
-   what c would be if both ran at the HBM bound.
+2. drafters: each drafter's step alone (`c alone`) and as the loop pays it, inside a chained
+   iteration of gamma drafter calls and one target pass (`c`, what the walltime formula needs;
+   both from `timing.step_costs`), and `c at bound`, the drafter's bytes over the target's: what
+   c would be if both ran at the HBM bound.
 3. loop: the decode loops themselves (`decode.generate`, `decode.speculative_generate`, greedy),
    seconds per iteration from whole calls at --max_new_tokens and at 1 token (the difference
    cancels the encoder, the caches' set-up and dispatch), against the same iteration's model
@@ -29,11 +30,17 @@ shipped `distilled` drafters. Four tables, every time from the project's timers
    cost 1, `analysis.optimal_gamma`), at the paper's alpha (T5-small under T5-XXL on EnDe, 0.75
    greedy / 0.62 at T=1) and at our drafters' (`memory_model.ALPHAS`, docs/results.md section 2).
 
-Results on an accelerator: docs/results.md ("Paper-scale costs"). On a CPU every number is this
-machine's (XLA:CPU runs bfloat16 weights in float32; use --dtype=float32 there).
+Results on an accelerator: docs/results.md section 11 ("Paper scale, and transformers beside
+us"). A CPU has no HBM bound (--hbm_bandwidth makes one up) and XLA:CPU computes bfloat16 in
+float32: use --dtype=float32 there, and --noeigen_dots: with the main job's few-row dots
+(`benchmarks.start`, `xla_cpu`) the CPU line above measured a 4-position pass of T5-small at
+129.7 ms, 22.7 target steps, against 10.7 ms, 1.87 steps, with XLA:CPU's default kernels (2
+cores of an AMD EPYC, family 26, loaded; 2026-11-26; 7 min 13 s against 1 min 54 s in all).
+tests/paper_scale_test.py runs it on tiny shapes.
 """
 
 import dataclasses
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -46,21 +53,46 @@ from specdec_jax import analysis, decode, sharding, tables, timing
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
 
-_TARGET = flags.DEFINE_string('target', 't5-11b', 'Target shape: a name in t5.CONFIGS.')
-_DRAFTERS = flags.DEFINE_list(
-  'drafters', ['t5-small', 'one-layer'], 't5.CONFIGS names, or one-layer[:NAME] (see above).'
+# This main's own flags, on the command line with absl's (`parse_flags`): other benchmarks
+# define --target, --dtype, ... too, and a process (the test suite) imports several.
+FLAGS = flags.FlagValues()
+_TARGET = flags.DEFINE_string(
+  'target', 't5-11b', 'Target shape: a name in t5.CONFIGS.', flag_values=FLAGS
 )
-_DTYPE = flags.DEFINE_enum('dtype', 'bfloat16', ['bfloat16', 'float32'], 'Params and compute.')
-_WEIGHTS = flags.DEFINE_enum('weights', 'constant', ['constant', 'random'], 'Param values.')
-_BATCH = flags.DEFINE_integer('batch', 1, 'Rows per call.')
-_SOURCE_LENGTH = flags.DEFINE_integer('source_length', 64, 'Source tokens (all real).')
-_MAX_NEW = flags.DEFINE_integer('max_new_tokens', 64, 'Sets the decoder caches (and table 3).')
-_GAMMAS = flags.DEFINE_list('gammas', ['3', '5', '7'], 'Draft lengths.')
-_LOOP_GAMMA = flags.DEFINE_integer('loop_gamma', 5, 'Gamma of table 3 (0: skip table 3).')
-_ROUNDS = flags.DEFINE_integer('rounds', 3, 'Rounds of `timing.step_costs` (median).')
-_REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls of each loop in table 3 (median).')
+_DRAFTERS = flags.DEFINE_list(
+  'drafters',
+  ['t5-small', 'one-layer'],
+  't5.CONFIGS names, or one-layer[:NAME] (see above).',
+  flag_values=FLAGS,
+)
+_DTYPE = flags.DEFINE_enum(
+  'dtype', 'bfloat16', ['bfloat16', 'float32'], 'Params and compute.', flag_values=FLAGS
+)
+_WEIGHTS = flags.DEFINE_enum(
+  'weights', 'constant', ['constant', 'random'], 'Param values.', flag_values=FLAGS
+)
+_BATCH = flags.DEFINE_integer('batch', 1, 'Rows per call.', flag_values=FLAGS)
+_SOURCE_LENGTH = flags.DEFINE_integer(
+  'source_length', 64, 'Source tokens (all real).', flag_values=FLAGS
+)
+_MAX_NEW = flags.DEFINE_integer(
+  'max_new_tokens', 64, 'Sets the decoder caches (and table 3).', flag_values=FLAGS
+)
+_GAMMAS = flags.DEFINE_list('gammas', ['3', '5', '7'], 'Draft lengths.', flag_values=FLAGS)
+_LOOP_GAMMA = flags.DEFINE_integer(
+  'loop_gamma', 5, 'Gamma of table 3 (0: skip table 3).', flag_values=FLAGS
+)
+_ROUNDS = flags.DEFINE_integer(
+  'rounds', 3, 'Rounds of `timing.step_costs` (median).', flag_values=FLAGS
+)
+_REPEATS = flags.DEFINE_integer(
+  'repeats', 5, 'Timed calls of each loop in table 3 (median).', flag_values=FLAGS
+)
 _HBM = flags.DEFINE_float(
-  'hbm_bandwidth', None, 'HBM GB/s of this device (default: HBM_CHIPS by device_kind).'
+  'hbm_bandwidth',
+  None,
+  'HBM GB/s of this device (default: HBM_CHIPS by device_kind).',
+  flag_values=FLAGS,
 )
 
 # H200: NVIDIA's H200 datasheet, "GPU memory bandwidth 4.8TB/s" (SXM and NVL); its bf16 Tensor
@@ -364,5 +396,16 @@ SPEEDUP_COLUMNS = (
 )
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+  """`app.run`'s parser: this main's `FLAGS` beside absl's and `benchmarks`' own (and in
+  --help, as the main module's)."""
+  flags.FLAGS.append_flag_values(FLAGS)
+  for flag in FLAGS:
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[flag])
+  argv = app.parse_flags_with_usage(argv)
+  FLAGS.mark_as_parsed()
+  return argv
+
+
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -31,7 +31,9 @@ def rows() -> list[dict]:
     contextlib.redirect_stdout(out),
   ):
     patch.setenv('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')  # main sets it; restored after
-    flags.FLAGS(
+    flags.FLAGS(['hf_peer', '--noeigen_dots'])  # this worker's XLA flags stay as they are
+    hf_peer.FLAGS.unparse_flags()
+    hf_peer.FLAGS(
       [
         'hf_peer',
         '--pretrained=ende',
@@ -41,7 +43,6 @@ def rows() -> list[dict]:
         '--source_length=48',
         '--nocompile',
         '--torch_threads=1',  # torch's spinning threads would fight the other workers
-        '--noeigen_dots',  # this worker's XLA flags stay as they are
       ]
     )
     try:
@@ -146,15 +147,16 @@ def test_random_models_never_stop():
 
 
 def test_random_weights_models_and_sources():
-  with flagsaver.flagsaver():
-    flags.FLAGS(
-      ['hf_peer', '--random_weights', '--target=tiny-v1.1', '--drafters=tiny-v1.0,target']
-      + ['--num_sentences=3', '--source_length=5']
-    )
-    target, found, ids, mask, gamma, label = hf_peer._models_and_sources()
-    assert label == 'random tiny-v1.1' and gamma == 4
-    assert found['target'] is target and found['tiny-v1.0'].config == t5.CONFIGS['tiny-v1.0']
-    assert ids.shape == mask.shape == (3, 5) and mask.all() and (ids >= 2).all()
-    flags.FLAGS(['hf_peer', '--random_weights', '--target=t5-small', '--drafters=tiny-v1.0'])
-    with pytest.raises(ValueError, match="'tiny-v1.0' does not share the target vocabulary"):
-      hf_peer._models_and_sources()
+  hf_peer.FLAGS.unparse_flags()
+  hf_peer.FLAGS(
+    ['hf_peer', '--random_weights', '--target=tiny-v1.1', '--drafters=tiny-v1.0,target']
+    + ['--num_sentences=3', '--source_length=5']
+  )
+  target, found, ids, mask, gamma, label = hf_peer._models_and_sources()
+  assert label == 'random tiny-v1.1' and gamma == 4
+  assert found['target'] is target and found['tiny-v1.0'].config == t5.CONFIGS['tiny-v1.0']
+  assert ids.shape == mask.shape == (3, 5) and mask.all() and (ids >= 2).all()
+  hf_peer.FLAGS.unparse_flags()
+  hf_peer.FLAGS(['hf_peer', '--random_weights', '--target=t5-small', '--drafters=tiny-v1.0'])
+  with pytest.raises(ValueError, match="'tiny-v1.0' does not share the target vocabulary"):
+    hf_peer._models_and_sources()
