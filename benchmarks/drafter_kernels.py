@@ -99,8 +99,8 @@ _FREE = frozenset(
 )
 _INSTRUCTION = re.compile(r'^\s*(?:ROOT\s+)?%?[\w.\-]+ = .*? ([a-z][\w\-]*)\((.*)$')
 _COMPUTATION = re.compile(r'^(ENTRY\s+)?%?([\w.\-]+) .*\{$')
-# Computations an instruction runs as launches of their own (not those it fuses or reduces with).
 _SYMBOL = r'"[^"]+"|[\w.$\-]+'  # a StableHLO function's name, quoted or not
+# Computations an instruction runs as launches of their own (not those it fuses or reduces with).
 _RUNS = re.compile(r'\b(?:body|condition|true_computation|false_computation)=%?([\w.\-]+)')
 
 
