@@ -1,7 +1,7 @@
 r"""The main job: EN->DE on the shipped 48M pair (pretrained/ende48m), Table 2 of Leviathan et al.
 
-  python -m experiments.translate --config=experiments/configs/ende.py          # ~10 min, 2 cores
-  python -m experiments.translate --config=experiments/configs/ende.py:runlocal # ~1 min smoke
+  python -m experiments.translate --config=experiments/configs/ende.py          # the default
+  python -m experiments.translate --config=experiments/configs/ende.py:runlocal # 8 sentences, 13.5M
   python -m experiments.translate --config=experiments/configs/ende.py:pretrained=ende  # 13.5M
   python -m experiments.translate --config=experiments/configs/ende.py:full     # 500 sentences
   python -m experiments.translate --config=experiments/configs/ende.py:gammas=3,5,7,batch_size=8
@@ -13,26 +13,22 @@ drafters with token and block verification at gammas 3 and 5, temperatures 0 and
 40 test sentences. Each (drafter, gamma, temperature) decodes every sentence autoregressively,
 then with token, then with block verification, each call timed (`evaluation.translate_in_turn`):
 one autoregressive baseline serves both verifiers. Items apply in the order written
-(experiments/configs/common.py). Numbers it gave on a 2-core CPU are in the README.
+(experiments/configs/common.py).
 
-Cost. Runs before 2026-12 paired each verifier with its own autoregressive re-run and added one
-autoregressive pass per temperature: 50 passes of 100 sentences (5,000 sentence decodings), 3
-rounds of cost timing, 23 min (1,379 s) on a slow 2-core machine. Now 2 temperatures x 6
-(drafter, gamma) x (1 baseline + 2 verifiers) = 36 passes of 40 sentences (1,440) and 1 round.
-CPU seconds of each part of the old run, measured on a loaded 2-core machine: a sentence decoding
-0.47, cost timing 135 per (drafter, gamma) at 3 rounds (~77 at 1: its ~48 s of compilation stay),
-a decode program's compilation ~11 (20 programs): 3,400 then, 1,380 now, so ~9 min where the old
-run took 23. Timed on a fresh clone on 2026-11-25: 9 min 52 s (AMD EPYC Zen 3, 2 cores, quiet).
+Cost: 2 temperatures x 6 (drafter, gamma) x (1 baseline + 2 verifiers) = 36 passes of 40
+sentences (1,440 sentence decodings), and one round of cost timing per (drafter, gamma). How long
+it took, on which machine, and what it measured: docs/results.md section 1 (and the README's
+table).
 
-Statistical cost (40 sentences instead of 100): every mean over the sentences (alpha, block
-efficiency, the speedup as a ratio of summed seconds) has a standard error sqrt(100/40) = 1.6x as
-large, and BLEU (a corpus score; at temperature 1 one sample per sentence) moves more between
-runs. c and the pass cost come from one timing round, not the median of 3 (the pass cost is
-still a median, over the 3 drafters' rounds): expect `predicted_speedup` to move by more between
-runs. Sharing the baseline costs no precision: each speedup is still timed against an
-autoregressive decoding of the same batch a moment before it, and token vs block (a ratio of
-their own seconds) no longer carries two baselines' noise. `:full` (500 sentences, gammas 3, 5, 7,
-3 timing rounds) has sqrt(500/40) = 3.5x smaller errors than the default.
+Statistical cost (40 sentences, not 100 or 500): every mean over the sentences (alpha, block
+efficiency, the speedup as a ratio of summed seconds) has a standard error sqrt(100/40) = 1.6x
+that of 100 sentences, and BLEU (a corpus score; at temperature 1 one sample per sentence) moves
+more between runs. c and the pass cost come from one timing round, not the median of 3 (the pass
+cost is still a median, over the 3 drafters' rounds). Sharing the baseline costs no precision:
+each speedup is still timed against an autoregressive decoding of the same batch a moment before
+it, and token vs block (a ratio of their own seconds) no longer carries two baselines' noise.
+`:full` (500 sentences, gammas 3, 5, 7, 3 timing rounds) has sqrt(500/40) = 3.5x smaller errors
+than the default.
 """
 
 import ml_collections
