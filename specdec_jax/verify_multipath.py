@@ -190,8 +190,8 @@ VERIFIERS = {'token': multipath_token_verify, 'block': multipath_block_verify}
 
 
 # ----------------------------------------------------------------------------------------------
-# The kernels' pieces: pure functions on checked float32 arrays (tests assemble the kernels from
-# them, with one piece changed, as negative controls).
+# The kernels' pieces: pure functions on checked float32 arrays, each called through this
+# module's namespace (the tests' negative controls swap one while tracing a kernel).
 
 
 def order_key(p: jax.Array, q: jax.Array) -> jax.Array:

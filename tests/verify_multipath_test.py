@@ -10,17 +10,19 @@ Three layers, each with negative controls (plausible bugs) that must fail the sa
    compared with the target's joint of G+1 tokens by chi-square at SIGNIFICANCE.
 """
 
+import contextlib
 import functools
 import itertools
 from collections import defaultdict
 from fractions import Fraction
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import sampling, verify
+from specdec_jax import verify
 from specdec_jax import verify_multipath as vm
 from tests import multipath_oracle as mo
 from tests import verify_oracle as oracle
@@ -159,95 +161,35 @@ def test_order_efficiency():
 # 2. Kernel math on every K-tuple.
 
 
-# The kernels assembled from their public pieces (verify_multipath's and verify's), so that a
-# negative control changes one piece and nothing else; test_assembly_is_the_public_kernels checks
-# that the assembly with no piece changed is the public kernels, bit for bit.
+# A negative control plants one bug in a public kernel: pieces of verify_multipath swapped while
+# the kernel is traced (`_swapped`), or Y drawn by block verification assembled from verify's
+# public pieces (`_block_verify`) with another residual. With nothing swapped, the runs below are
+# the public kernels bit for bit (test_unswapped_runs_are_the_public_kernels), so each control
+# differs from a public kernel by its planted bug alone.
+
+_TINY = jnp.finfo(jnp.float32).tiny
+_SKEW_ROW, _NODE_TRIALS = vm.skew_row, vm.node_trials  # the originals, for the swapped pieces
 
 
-def _node_rows(rows, alive):
-  """A node's row, read from its lowest-index path: f32[B, K, V] -> f32[B, V]."""
-  return jnp.take_along_axis(rows, jnp.argmax(alive, axis=1)[:, None, None], axis=1)[:, 0]
+@contextlib.contextmanager
+def _swapped(pieces):
+  """verify_multipath with `pieces` ({name: function}) in place of its own, while a kernel is
+  traced (outside any jit cache of the kernel itself)."""
+  with contextlib.ExitStack() as stack:
+    for name, fn in pieces.items():
+      stack.enter_context(mock.patch.object(vm, name, fn))
+    yield
 
 
 def _capped_key(p, q):
   """The reference code's token key `min(1, p/q)` (q = 0 read as the smallest normal float, as
   `vm.order_key` does): ties at 1 wherever p >= q."""
-  return jnp.minimum(p / jnp.maximum(q, jnp.finfo(jnp.float32).tiny), 1.0)
-
-
-def _select_path(tokens, q, p, key=vm.order_key, select=vm.select_child, select_keys=None):
-  """`vm.select_path` assembled under the token key `key(p_node, q_node)`: at each node
-  `select(children, keys, alive)` picks the child under `select_keys(p_node, q_node)` (default:
-  `key`, which the law always uses)."""
-  batch, num_paths, gamma = tokens.shape
-  alive = jnp.ones((batch, num_paths), bool)
-  alpha, beta = jnp.zeros((batch,), jnp.float32), jnp.ones((batch,), jnp.float32)
-  selected, q_hats, p_rows = [], [], []
-  for depth in range(gamma):
-    children = tokens[:, :, depth]
-    p_node, q_node = _node_rows(p[:, :, depth], alive), _node_rows(q[:, :, depth], alive)
-    keys = key(p_node, q_node)
-    child = select(children, keys if select_keys is None else select_keys(p_node, q_node), alive)
-    if num_paths == 1:
-      q_hat = q_node
-    else:
-      q_hat, alpha, beta = vm.skew_row(q_node, keys, alpha, beta, child, num_paths)
-    alive = alive & (children == child[:, None])
-    selected.append(child)
-    q_hats.append(q_hat)
-    p_rows.append(p_node)
-  p_rows.append(_node_rows(p[:, :, gamma], alive))
-  path = jnp.argmax(alive, axis=1).astype(jnp.int32)
-  return path, jnp.stack(selected, 1), jnp.stack(q_hats, 1), jnp.stack(p_rows, 1)
-
-
-def _block_verify(rng, selected, q_hat, p_selected, residual_q):
-  """`verify.block_verify` assembled, with Y's residual taken from `residual_q`."""
-  weights, acceptance = _block_acceptance(selected, q_hat, p_selected)
-  eta_rng, next_rng = jax.random.split(rng)
-  accepted = jax.random.uniform(eta_rng, acceptance.shape, jnp.float32) < acceptance
-  tau = verify.longest_accepted_block(accepted)
-  weight = jnp.take_along_axis(weights, tau[:, None], axis=1)[:, 0]
-  return tau, verify.sample_next(next_rng, tau, weight, residual_q, p_selected)
-
-
-def _block_acceptance(selected, q_hat, p_selected):
-  """Block verification's weights `w_0..w_G` and `h_1..h_G` on the selected path."""
-  weights = verify.block_weights(*verify.probs_of_drafts(selected, q_hat, p_selected))
-  return weights, verify.block_acceptance(weights, q_hat, p_selected)
-
-
-def _token_verify(rng, tokens, q, p, trials=vm.node_trials):
-  """`vm.multipath_token_verify` assembled, with the node rule `trials` (`vm.node_trials`')."""
-  batch, num_paths, gamma = tokens.shape
-  eta_rng, next_rng = jax.random.split(rng)
-  uniforms = jax.random.uniform(eta_rng, (batch, gamma * num_paths), jnp.float32)
-  uniforms = uniforms.reshape(batch, gamma, num_paths)
-  alive = jnp.ones((batch, num_paths), bool)
-  stopped = jnp.zeros((batch,), bool)
-  num_accepted = jnp.zeros((batch,), jnp.int32)
-  next_probs = jnp.zeros((batch, p.shape[-1]), jnp.float32)
-  for depth in range(gamma):
-    children = tokens[:, :, depth]
-    acceptance, residual = trials(
-      _node_rows(p[:, :, depth], alive), q[:, :, depth], children, alive
-    )
-    accepted = uniforms[:, depth] < acceptance
-    any_accepted = jnp.any(accepted, axis=1)
-    child = jnp.take_along_axis(children, jnp.argmax(accepted, axis=1)[:, None], axis=1)
-    stops_here = ~stopped & ~any_accepted
-    next_probs = jnp.where(stops_here[:, None], residual, next_probs)
-    num_accepted = num_accepted + (~stopped & any_accepted).astype(jnp.int32)
-    alive = jnp.where((stopped | stops_here)[:, None], alive, alive & (children == child))
-    stopped = stopped | stops_here
-  next_probs = jnp.where(stopped[:, None], next_probs, _node_rows(p[:, :, gamma], alive))
-  path = jnp.argmax(alive, axis=1).astype(jnp.int32)
-  return vm.MultipathResult(path, num_accepted, sampling.sample(next_rng, next_probs))
+  return jnp.minimum(p / jnp.maximum(q, _TINY), 1.0)
 
 
 def _code_tie_select(children, keys, alive):
   """The public reference code's selection: the first child in path order with a strictly larger
-  ratio (ties go to the earlier path, while the law breaks them by token id)."""
+  key (ties go to the earlier path, while the law breaks them by token id)."""
   child_keys = jnp.take_along_axis(keys, children, axis=1)
   best, best_key = jnp.full(children.shape[:1], -1), jnp.full(children.shape[:1], -jnp.inf)
   for k in range(children.shape[1]):
@@ -257,33 +199,57 @@ def _code_tie_select(children, keys, alive):
   return best
 
 
-def _log_p(p_node, q_node):
-  """Bug (with `select_keys`): select the child the target likes most, while the law assumes
-  the ratio order."""
-  del q_node
-  return jnp.log(p_node)
+def _log_p(p, q):
+  """With `_skew_under_ratio`, a bug: select the child the target likes most, while the law
+  assumes the ratio order."""
+  del q
+  return jnp.log(p)
 
 
-# name: (token key, select, select_keys, residual from the drafter's own q instead of q_hat).
+def _skew_under_ratio(q_row, keys, *rest):
+  """The law under the ratio order when `order_key` gives log p: log p - log q, as order_key."""
+  return _SKEW_ROW(q_row, keys - jnp.log(jnp.maximum(q_row, _TINY)), *rest)
+
+
+# name: (pieces of verify_multipath swapped, Y's residual from the drafter's own q, not q_hat).
 # 'block/capped' is not a bug: the law is exact under any strict order the selection shares.
 GBV_VARIANTS = {
-  'block': (vm.order_key, vm.select_child, None, False),
-  'block/capped': (_capped_key, vm.select_child, None, False),
-  'block/code_tie_rule': (_capped_key, _code_tie_select, None, False),
-  'block/residual_from_q': (vm.order_key, vm.select_child, None, True),
-  'block/select_by_p': (vm.order_key, vm.select_child, _log_p, False),
+  'block': ({}, False),
+  'block/capped': ({'order_key': _capped_key}, False),
+  'block/code_tie_rule': ({'order_key': _capped_key, 'select_child': _code_tie_select}, False),
+  'block/residual_from_q': ({}, True),
+  'block/select_by_p': ({'order_key': _log_p, 'skew_row': _skew_under_ratio}, False),
 }
+
+
+def _select_path(tokens, q, p, variant='block'):
+  """`vm.select_path` with the variant's pieces swapped (call it inside a jit: it is traced)."""
+  with _swapped(GBV_VARIANTS[variant][0]):
+    return vm.select_path(tokens, q, p)
+
+
+def _block_acceptance(selected, q_hat, p_selected):
+  """Block verification's weights `w_0..w_G` and `h_1..h_G` on the selected path."""
+  weights = verify.block_weights(*verify.probs_of_drafts(selected, q_hat, p_selected))
+  return weights, verify.block_acceptance(weights, q_hat, p_selected)
+
+
+def _block_verify(rng, selected, q_hat, p_selected, residual_q):
+  """`verify.block_verify` assembled from its public pieces, with Y's residual from
+  `residual_q`."""
+  weights, acceptance = _block_acceptance(selected, q_hat, p_selected)
+  eta_rng, next_rng = jax.random.split(rng)
+  accepted = jax.random.uniform(eta_rng, acceptance.shape, jnp.float32) < acceptance
+  tau = verify.longest_accepted_block(accepted)
+  weight = jnp.take_along_axis(weights, tau[:, None], axis=1)[:, 0]
+  return tau, verify.sample_next(next_rng, tau, weight, residual_q, p_selected)
 
 
 @functools.partial(jax.jit, static_argnames=('variant',))
 def _gbv_plan(tokens, q, p, variant):
-  key, select, select_keys, residual_from_q = GBV_VARIANTS[variant]
-  if variant == 'block':  # the public selection itself
-    path, selected, q_hat, p_selected = vm.select_path(tokens, q, p)
-  else:
-    path, selected, q_hat, p_selected = _select_path(tokens, q, p, key, select, select_keys)
+  path, selected, q_hat, p_selected = _select_path(tokens, q, p, variant)
   q_raw = jnp.take_along_axis(q, path[:, None, None, None], axis=1)[:, 0]
-  residual_q = q_raw if residual_from_q else q_hat
+  residual_q = q_raw if GBV_VARIANTS[variant][1] else q_hat
   weights, acceptance = _block_acceptance(selected, q_hat, p_selected)
   return path, selected, q_hat, p_selected, residual_q, weights, acceptance
 
@@ -299,7 +265,7 @@ def _skip_repeats_trials(p_node, q_paths, children, alive):
   """Bug: try each distinct child once (a repeat of an earlier child is not tried)."""
   earlier = jnp.tril(jnp.ones((children.shape[1],) * 2, bool), -1)
   seen = jnp.any((children[:, :, None] == children[:, None, :]) & earlier & alive[:, None], -1)
-  return vm.node_trials(p_node, q_paths, children, alive & ~seen)
+  return _NODE_TRIALS(p_node, q_paths, children, alive & ~seen)
 
 
 def _no_update_trials(p_node, q_paths, children, alive):
@@ -307,12 +273,12 @@ def _no_update_trials(p_node, q_paths, children, alive):
   p_x = jnp.take_along_axis(p_node, children, axis=1)
   q_x = jnp.take_along_axis(q_paths, children[..., None], axis=2)[..., 0]
   acceptance = jnp.where(alive, verify.token_acceptance(p_x, q_x), 0.0)
-  _, single_draft_residual = vm.node_trials(p_node, q_paths[:, :1], children[:, :1], alive[:, :1])
+  _, single_draft_residual = _NODE_TRIALS(p_node, q_paths[:, :1], children[:, :1], alive[:, :1])
   return acceptance, single_draft_residual
 
 
 TOKEN_VARIANTS = {
-  'token': vm.node_trials,
+  'token': _NODE_TRIALS,
   'token/skip_repeats': _skip_repeats_trials,
   'token/no_residual_update': _no_update_trials,
 }
@@ -323,14 +289,17 @@ _JITTED_TRIALS = {name: jax.jit(fn) for name, fn in TOKEN_VARIANTS.items()}
 
 @functools.partial(jax.jit, static_argnames=('variant',))
 def _token_run(rng, tokens, q, p, variant):
-  return _token_verify(rng, tokens, q, p, TOKEN_VARIANTS[variant])
+  """`multipath_token_verify` traced here (not its own jit's cached trace) with the variant's
+  node trials."""
+  with _swapped({'node_trials': TOKEN_VARIANTS[variant]}):
+    return vm.multipath_token_verify.__wrapped__(rng, tokens, q, p)
 
 
 PUBLIC_KERNELS = {'block': vm.multipath_block_verify, 'token': vm.multipath_token_verify}
 
 
 def _run_variant(variant, rng, tokens, q, p):
-  """The public kernel for 'block' / 'token'; an assembly with one piece changed otherwise."""
+  """The public kernel for 'block' / 'token'; the kernel with the variant's bug otherwise."""
   if variant in PUBLIC_KERNELS:
     return PUBLIC_KERNELS[variant](rng, tokens, q, p)
   if variant.startswith('token'):
@@ -511,27 +480,15 @@ def test_chi_square_lossless(variant, num_paths):
   assert pvalue > SIGNIFICANCE, f'{variant} K={num_paths}: chi-square p = {pvalue:.2e}'
 
 
-@jax.jit
-def _assembled_block_verify(rng, tokens, q, p):
-  path, selected, q_hat, p_selected = _select_path(tokens, q, p)
-  return vm.MultipathResult(path, *_block_verify(rng, selected, q_hat, p_selected, q_hat))
-
-
-def test_assembly_is_the_public_kernels():
-  """The controls' assembly with no piece changed is the public kernels, bit for bit (on the
-  chi-square tests' rows, and every 3-tuple of the V = 3 Markov toy for the selection), so each
-  control differs from a public kernel by its planted bug alone."""
+def test_unswapped_runs_are_the_public_kernels():
+  """With nothing swapped, the runs the negative controls plant their bugs in are the public
+  kernels, bit for bit, on the chi-square tests' rows."""
   key = jax.random.key(3)
-  for variant, assembled in [('block', _assembled_block_verify), ('token', jax.jit(_token_verify))]:
+  for variant, run in [('block', _gbv_run), ('token', _token_run)]:
     tokens, q, p = _draft_paths(_pair_for(variant), 2, seed=1)  # the chi-square test's shapes
     expected = PUBLIC_KERNELS[variant](key, tokens, q, p)
-    for e, a in zip(expected, assembled(key, jnp.asarray(tokens), q, p), strict=True):
+    for e, a in zip(expected, run(key, jnp.asarray(tokens), q, p, variant), strict=True):
       np.testing.assert_array_equal(e, a)
-  pair = _spec_markov_pair()
-  tokens, q, p, _ = mo.all_tuples(pair.target, pair.drafter, GAMMA, 3)
-  expected, assembled = jax.jit(vm.select_path)(tokens, q, p), jax.jit(_select_path)(tokens, q, p)
-  for e, a in zip(expected, assembled, strict=True):
-    np.testing.assert_array_equal(e, a)
 
 
 @pytest.mark.parametrize(
@@ -640,7 +597,7 @@ def _skew_float64(q_row, keys, mass_below, mass, num_paths):
 
 
 # The kernel's ratio key, and the reference code's capped key (the law under its many ties).
-KEYS = {'ratio': vm.order_key, 'capped': _capped_key}
+KEYS = {'ratio': ('block', vm.order_key), 'capped': ('block/capped', _capped_key)}
 
 
 @pytest.mark.parametrize(
@@ -682,9 +639,8 @@ def test_large_vocabulary_is_stable(num_paths, orders):
       assert np.all((path >= 0) & (path < num_paths)) and np.all((tau >= 0) & (tau <= gamma))
       assert np.all((y >= 0) & (y < vocab))
   for order in orders:
-    select = jax.jit(
-      vm.select_path if order == 'ratio' else functools.partial(_select_path, key=KEYS[order])
-    )
+    variant, key = KEYS[order]
+    select = jax.jit(functools.partial(_select_path, variant=variant))
     _, selected, q_hat, _ = (np.asarray(x) for x in select(tokens, q, p))
     assert np.all(np.isfinite(q_hat)) and np.all(q_hat >= 0)
     np.testing.assert_allclose(q_hat.sum(-1), 1.0, atol=1e-5)
@@ -693,7 +649,7 @@ def test_large_vocabulary_is_stable(num_paths, orders):
       for i in range(gamma):
         first = np.argmax(alive)
         q_row = q[b, first, i].astype(np.float64)
-        keys = np.asarray(KEYS[order](p[b, first, i], q[b, first, i]))
+        keys = np.asarray(key(p[b, first, i], q[b, first, i]))
         expected = _skew_float64(q_row, keys, below, mass, num_paths)
         np.testing.assert_allclose(q_hat[b, i], expected, rtol=1e-3, atol=1e-9)
         x = selected[b, i]
