@@ -148,8 +148,9 @@ VERIFIERS = {'token': token_verify, 'block': block_verify}
 
 def check_verifier(name) -> str:
   """Returns `name` if it names a verifier (a key of `VERIFIERS`, which
-  `verify_multipath.VERIFIERS` shares), else raises one ValueError naming the choices. Every
-  verifier name the package takes (the decode loops, the main job's config) is checked here."""
+  `verify_multipath.VERIFIERS` shares), else raises one ValueError naming the choices: the one
+  check of a verifier name (the decode loops', and any caller's that reads names from a
+  config)."""
   if not isinstance(name, str) or name not in VERIFIERS:
     raise ValueError(f'Unknown verifier {name!r}; choose one of {sorted(VERIFIERS)}.')
   return name
@@ -217,8 +218,8 @@ def greedy_verify(draft_tokens: jax.Array, target_ids: jax.Array) -> VerifyResul
 
 # ----------------------------------------------------------------------------------------------
 # Building blocks: each implements one formula of docs/method.md sections 3-4, on arrays whose
-# shapes the kernels above have checked. `verify_multipath` and the tests' negative controls
-# assemble verifiers from them.
+# shapes the kernels above have checked. `verify_multipath`'s recursive rejection and the tests'
+# negative controls are built from them.
 
 
 def probs_of_drafts(draft_tokens, draft_probs, target_probs) -> tuple[jax.Array, jax.Array]:

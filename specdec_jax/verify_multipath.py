@@ -8,10 +8,10 @@ tests/verify_multipath_test.py, with negative controls).
 
 - `multipath_block_verify`: greedy multi-path block verification (GBV; Thomas & Pal, arXiv
   2602.16961, as its reference code does it, with one fix: the tie rule of docs/method.md
-  section 6): select the lexicographically largest path
-  under one strict token order per node, compute the law `q_hat` of that maximum of K i.i.d.
-  paths in closed form, and run block verification (`verify.block_verify`) on it with `q_hat` as
-  the draft law. Needs i.i.d. paths: one drafter law per node.
+  section 6): select the lexicographically largest path under one strict token order per node,
+  compute the law `q_hat` of that maximum of K i.i.d. paths in closed form, and run block
+  verification (`verify.block_verify`) on it with `q_hat` as the draft law. Needs i.i.d. paths:
+  one drafter law per node.
 - `multipath_token_verify`: recursive rejection sampling over the tree (SpecInfer's multi-step
   speculative sampling with replacement): at each node try every path through it in path order,
   updating the target's residual after each rejection. Needs independent paths only.
