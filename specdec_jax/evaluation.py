@@ -42,7 +42,7 @@ import jax
 import numpy as np
 import sacrebleu
 
-from specdec_jax import analysis, decode, pretrained, sharding, tables, timing
+from specdec_jax import analysis, decode, pretrained, sharding, tables, timing, verify
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.data import tokenizer as tokenizer_lib
 
@@ -397,12 +397,12 @@ def check_config(config) -> None:
 
 def check_methods(methods: Sequence[str], what: str = 'methods') -> None:
   """Raises ValueError unless `methods` are distinct, each 'autoregressive' or a verifier name
-  (`decode.LoopSpec` checks the names: `verify.VERIFIERS`)."""
+  (`verify.check_verifier`)."""
   if not methods or len(set(methods)) != len(methods):
     raise ValueError(f'{what} must be distinct names, at least one; got {tuple(methods)}.')
   for method in methods:
     if method != AUTOREGRESSIVE:
-      decode.LoopSpec(sampling=sampling_lib.SamplingConfig(), max_new_tokens=1, verifier=method)
+      verify.check_verifier(method)
 
 
 def _positive_int(name: str, value) -> None:
