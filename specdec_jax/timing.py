@@ -231,29 +231,19 @@ def iteration_seconds(
 
 
 def drafter_seconds(
-  target,
-  drafter,
-  *,
-  batch_size: int,
-  source_length: int,
-  gamma: int,
-  cache_len: int = 64,
-  calls: int = 36,
-  repeats: int = 7,
+  target, drafter, *, gamma: int, calls: int = 36, repeats: int = 7, **shape
 ) -> float:
   """Seconds that an iteration's gamma drafter calls add to it, measured where they are spent:
-  the loop of `iteration_seconds` (one compiled program) run for `calls` iterations with its
-  drafter calls and with them skipped (the pass then scores fixed drafts), in turn `repeats`
-  times; the difference of the fastest runs, over `calls`.
+  the loop of `iteration_seconds` (one compiled program; `shape`: its batch_size, source_length
+  and cache_len) run for `calls` iterations with its drafter calls and with them skipped (the
+  pass then scores fixed drafts), in turn `repeats` times; the difference of the fastest runs,
+  over `calls`.
 
   The two runs differ in the drafter's calls alone: same program, loop length, caches and target
   pass, so dispatch, set-up and the pass cancel, and what remains includes what the calls cost in
   the loop and not alone (the reload of the drafter's weights that each pass evicted).
   """
-  run = _iteration_loop(
-    target, drafter, batch_size=batch_size, source_length=source_length, gamma=gamma,
-    cache_len=cache_len,
-  )  # fmt: skip
+  run = _iteration_loop(target, drafter, gamma=gamma, **shape)
   runs = {drafting: functools.partial(run, calls, drafting) for drafting in (True, False)}
   seconds = _fastest(runs, repeats)
   return max(seconds[True] - seconds[False], 0.0) / calls
