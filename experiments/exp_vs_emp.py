@@ -76,7 +76,7 @@ PAPER_TABLE4_ENDE = (
 
 def point(row: evaluation.Row) -> dict:
   """A row of `evaluation.rows` (its COLUMNS) with the paper's prediction and E[tokens] added."""
-  out = {k: (row[k] if k in evaluation.COLUMNS else None) for k in COLUMNS}
+  out = {k: getattr(row, k, None) for k in COLUMNS}
   out['predicted_measured'] = row.predicted_speedup
   if row.method == evaluation.AUTOREGRESSIVE:
     return out

@@ -81,12 +81,6 @@ class Row:
   # the caches' set-up: `loop_costs`) added to the loops (`analysis.call_speedup`).
   predicted_call: float | None = None
 
-  def __getitem__(self, name: str):
-    """`row['alpha']`: a Row reads as the rows of results.json do (plots take either)."""
-    if name not in COLUMNS:
-      raise KeyError(f'{name!r} is not a column of evaluation.Row; its columns: {COLUMNS}.')
-    return getattr(self, name)
-
 
 COLUMNS = tuple(f.name for f in dataclasses.fields(Row))  # results.csv's columns
 # The printed table: Table 2's columns, the loop's fitted iteration cost and its prediction, BLEU.

@@ -54,15 +54,15 @@ def test_checkpoint_pair_runs_the_main_job(tmp_path, monkeypatch):
     'translate English to German: Open the file.',
   ]
   rows = list(evaluation.rows(plan, progress=False))
-  assert [(r['drafter'], r['method']) for r in rows] == [
+  assert [(r.drafter, r.method) for r in rows] == [
     ('-', 'autoregressive'),
     ('drafter', 'token'),
     ('drafter', 'block'),
   ]
   # The drafter is the target (same weights): at temperature 0 it drafts the target's argmax,
   # so every draft is accepted.
-  assert rows[1]['alpha'] == pytest.approx(1.0)
-  assert rows[1]['pass_cost'] == pytest.approx(1.5)  # the (faked) costs reached the row
+  assert rows[1].alpha == pytest.approx(1.0)
+  assert rows[1].pass_cost == pytest.approx(1.5)  # the (faked) costs reached the row
 
 
 @pytest.mark.parametrize(

@@ -77,6 +77,4 @@ def test_main_table_prints_a_row_and_its_dict_alike():
   cells = dict(zip([c.name for c in evaluation.TABLE], line.split()))
   assert cells['alpha'] == cells['c'] == cells['iteration_cost'] == '-'
   assert (cells['temp'], cells['speedup'], cells['bleu']) == ('0', '1.00x', '10.40')
-  assert row['bleu'] == 10.4 and tuple(dataclasses.asdict(row)) == evaluation.COLUMNS
-  with pytest.raises(KeyError, match='not a column'):
-    row['__class__']
+  assert tuple(dataclasses.asdict(row)) == evaluation.COLUMNS

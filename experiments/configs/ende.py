@@ -55,7 +55,7 @@ def _paper(c):
   Stage the vocabulary and a WMT test set on every host first:
 
     gcloud storage cp gs://t5-data/vocabs/cc_all.32000/sentencepiece.model /tmp/t5/spm.model
-    sacrebleu -t wmt14 -l en-de --echo src,ref | tr -s ' ' | \
+    sacrebleu -t wmt14 -l en-de --echo src ref | tr -s ' ' | \
         awk -F'\t' 'NF == 2' > /tmp/t5/wmt14_ende.tsv   # source<TAB>reference
 
   then, on a v4-8 (scripts/launch_tpu.py starts it detached on every host of a slice):
