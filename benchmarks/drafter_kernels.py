@@ -59,22 +59,48 @@ from specdec_jax import decode, decode_steps, timing, xla_cpu
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.models import t5
 
-_MODEL = flags.DEFINE_string('model', 't5-small', 'The drafter: a name in t5.CONFIGS.')
-_DTYPE = flags.DEFINE_enum('dtype', 'bfloat16', ['bfloat16', 'float32'], 'Params and compute.')
-_SOURCE_LENGTH = flags.DEFINE_integer('source_length', 64, 'Source tokens (all real).')
-_CACHE_LEN = flags.DEFINE_integer('cache_len', 128, 'Decoder cache slots.')
-_GAMMA = flags.DEFINE_integer('gamma', 4, 'Drafts per draft loop.')
-_UNROLLED = flags.DEFINE_bool('unrolled', True, 'Also count the draft loop with its scan unrolled.')
+# This main's own flags (`benchmarks.flags_parser`): other benchmarks define --target, --dtype,
+# ... too, and one process (the test suite) imports several.
+FLAGS = flags.FlagValues()
+_MODEL = flags.DEFINE_string(
+  'model', 't5-small', 'The drafter: a name in t5.CONFIGS.', flag_values=FLAGS
+)
+_DTYPE = flags.DEFINE_enum(
+  'dtype', 'bfloat16', ['bfloat16', 'float32'], 'Params and compute.', flag_values=FLAGS
+)
+_SOURCE_LENGTH = flags.DEFINE_integer(
+  'source_length', 64, 'Source tokens (all real).', flag_values=FLAGS
+)
+_CACHE_LEN = flags.DEFINE_integer('cache_len', 128, 'Decoder cache slots.', flag_values=FLAGS)
+_GAMMA = flags.DEFINE_integer('gamma', 4, 'Drafts per draft loop.', flag_values=FLAGS)
+_UNROLLED = flags.DEFINE_bool(
+  'unrolled', True, 'Also count the draft loop with its scan unrolled.', flag_values=FLAGS
+)
 _COMPILE_FOR = flags.DEFINE_enum(
-  'compile_for', None, ['h100'], 'Compile for this GPU (compile-only; no device needed).'
+  'compile_for',
+  None,
+  ['h100'],
+  'Compile for this GPU (compile-only; no device needed).',
+  flag_values=FLAGS,
 )
-_TIME = flags.DEFINE_bool('time', False, 'Also time a step inside a jitted loop (a device).')
+_TIME = flags.DEFINE_bool(
+  'time', False, 'Also time a step inside a jitted loop (a device).', flag_values=FLAGS
+)
 _TARGET = flags.DEFINE_string(
-  'target', None, 'A target (t5.CONFIGS name): count a speculative iteration; with --time, c.'
+  'target',
+  None,
+  'A target (t5.CONFIGS name): count a speculative iteration; with --time, c.',
+  flag_values=FLAGS,
 )
-_BASELINE = flags.DEFINE_string('baseline', None, 'A checkout whose specdec_jax to compare.')
-_HLO_DIR = flags.DEFINE_string('hlo_dir', None, "Write each program's optimized HLO here.")
-_JSON = flags.DEFINE_bool('json', False, 'Print the measurements as one JSON line.')
+_BASELINE = flags.DEFINE_string(
+  'baseline', None, 'A checkout whose specdec_jax to compare.', flag_values=FLAGS
+)
+_HLO_DIR = flags.DEFINE_string(
+  'hlo_dir', None, "Write each program's optimized HLO here.", flag_values=FLAGS
+)
+_JSON = flags.DEFINE_bool(
+  'json', False, 'Print the measurements as one JSON line.', flag_values=FLAGS
+)
 
 # An H100 SXM5 80GB as XLA's GpuTargetConfigProto describes a GPU (device_description.proto);
 # the values are the card's: 132 SMs, 228 KiB shared memory a SM, 50 MiB L2, 3.35 TB/s, 1.98 GHz.
@@ -456,4 +482,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=benchmarks.flags_parser(FLAGS))

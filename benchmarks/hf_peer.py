@@ -33,7 +33,6 @@ noisy, and torch's threads compete with the rest of the machine (--torch_threads
 import dataclasses
 import os
 import pathlib
-import sys
 import tempfile
 import time
 
@@ -48,7 +47,7 @@ from specdec_jax import checkpoints, checkpoints_hf, decode, pretrained, tables
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
 
-# This main's own flags, on the command line with absl's (`parse_flags`): other benchmarks
+# This main's own flags, on the command line with absl's (`benchmarks.flags_parser`): other benchmarks
 # define --target, --dtype, ... too, and a process (the test suite) imports several.
 FLAGS = flags.FlagValues()
 _DIR = flags.DEFINE_string(
@@ -418,16 +417,5 @@ COLUMNS = (
 )
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-  """`app.run`'s parser: this main's `FLAGS` beside absl's and `benchmarks`' own (and in
-  --help, as the main module's)."""
-  flags.FLAGS.append_flag_values(FLAGS)
-  for flag in FLAGS:
-    flags.FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[flag])
-  argv = app.parse_flags_with_usage(argv)
-  FLAGS.mark_as_parsed()
-  return argv
-
-
 if __name__ == '__main__':
-  app.run(main, flags_parser=parse_flags)
+  app.run(main, flags_parser=benchmarks.flags_parser(FLAGS))

@@ -15,6 +15,7 @@ import dataclasses
 import os
 import pathlib
 import random
+import socket
 import subprocess
 import sys
 
@@ -101,3 +102,38 @@ def run_on_cpu_devices(script: str, done: str, *, devices: int = 8, timeout: int
   )
   assert result.returncode == 0 and done in result.stdout, result.stdout + result.stderr[-4000:]
   return result.stdout
+
+
+def run_as_two_hosts_and_one(
+  script: str, out: pathlib.Path, *args: str, timeout: int = 900
+) -> None:
+  """Runs `script` three times at once, as `python script PROCESS_ID PORT OUT_DIR *args`: as the
+  2 processes of one job (PROCESS_ID 0 and 1, 4 CPU devices each, OUT_DIR `out/multi`, joining
+  over localhost at PORT) and as one process on one device (PROCESS_ID -1, `out/one`); asserts
+  that each exited 0 with DONE as its last line."""
+  out.mkdir(parents=True, exist_ok=True)
+  (out / 'script.py').write_text(script)
+  with socket.socket() as s:
+    s.bind(('localhost', 0))
+    port = str(s.getsockname()[1])
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=str(_REPO))
+  procs = []
+  for name, pid, devices in (('multi', 0, 4), ('multi', 1, 4), ('one', -1, 1)):
+    (out / name).mkdir(exist_ok=True)
+    procs.append(
+      subprocess.Popen(
+        [sys.executable, str(out / 'script.py'), str(pid), port, str(out / name), *args],
+        cwd=_REPO,
+        env=dict(env, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}'),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+      )
+    )
+  try:
+    outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  for p, output in zip(procs, outputs):
+    assert p.returncode == 0 and output.rstrip().endswith('DONE'), output[-6000:]

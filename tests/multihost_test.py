@@ -12,22 +12,23 @@ call, and every written row's deterministic columns, must be equal; only process
 
 import dataclasses
 import json
-import os
 import pathlib
 import shutil
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from tests import helpers
+
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 _PAIR = _REPO / 'pretrained' / 'ende'
 
-# Run as `python script.py PROCESS_ID PORT OUT_DIR PAIR_DIR COSTS VERIFIERS` (PROCESS_ID -1: one
-# process, one device; COSTS 'fake': the main job's in-loop cost measurement, dozens of timed loops
-# whose values the comparison ignores, is replaced by fixed numbers; VERIFIERS: the config's). The
+# Run as `python script.py PROCESS_ID PORT OUT_DIR PAIR_DIR COSTS VERIFIERS` by
+# `helpers.run_as_two_hosts_and_one` (PROCESS_ID -1: one process, one device; COSTS 'fake': the
+# main job's in-loop cost measurement, dozens of timed loops whose values the comparison ignores,
+# is replaced by fixed numbers; VERIFIERS: the config's). The
 # last line printed is DONE; process 0 writes OUT_DIR/decode.json and the main job's files under
 # OUT_DIR/job_0.
 _SCRIPT = r"""
@@ -82,12 +83,6 @@ print('DONE')
 _EXACT = ('task', 'drafter', 'method', 'temp', 'gamma', 'alpha', 'block_efficiency', 'bleu')
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('localhost', 0))
-    return s.getsockname()[1]
-
-
 def _tiny_pair(directory: pathlib.Path) -> pathlib.Path:
   """A pair directory: a random tiny T5 target over the 13.5M pair's tokenizer, and a drafter."""
   import jax
@@ -135,34 +130,7 @@ def _tiny_pair(directory: pathlib.Path) -> pathlib.Path:
 )
 def test_two_processes_decode_and_run_the_main_job_as_one(tmp_path, costs, verifiers):
   pair = _tiny_pair(tmp_path / 'pair')
-  script = tmp_path / 'script.py'
-  script.write_text(_SCRIPT)
-  port = str(_free_port())
-  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=str(_REPO))
-  multi_env = dict(env, XLA_FLAGS='--xla_force_host_platform_device_count=4')
-  one_env = dict(env, XLA_FLAGS='--xla_force_host_platform_device_count=1')
-  runs = {
-    'multi': [(multi_env, str(i)) for i in (0, 1)],
-    'one': [(one_env, '-1')],
-  }
-  procs = []
-  for name, members in runs.items():
-    (tmp_path / name).mkdir()
-    for run_env, pid in members:
-      args = [sys.executable, str(script), pid, port, str(tmp_path / name), str(pair)]
-      args += [costs, verifiers]
-      procs.append(
-        subprocess.Popen(
-          args, cwd=_REPO, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-      )
-  try:
-    outputs = [p.communicate(timeout=600)[0] for p in procs]
-  finally:
-    for p in procs:
-      p.kill()
-  for p, output in zip(procs, outputs):
-    assert p.returncode == 0 and output.rstrip().endswith('DONE'), output[-4000:]
+  helpers.run_as_two_hosts_and_one(_SCRIPT, tmp_path, str(pair), costs, verifiers, timeout=600)
 
   multi = json.loads((tmp_path / 'multi' / 'decode.json').read_text())
   one = json.loads((tmp_path / 'one' / 'decode.json').read_text())

@@ -17,11 +17,7 @@ resumes there. A third process runs both jobs on one device, uninterrupted. Then
 """
 
 import json
-import os
 import pathlib
-import socket
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -34,8 +30,7 @@ from tests import helpers
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 
-# python script.py PROCESS_ID PORT OUT_DIR DATA_DIR TEACHER (PROCESS_ID -1: one process, one
-# device). Prints DONE last.
+# python script.py PROCESS_ID PORT OUT_DIR DATA_DIR TEACHER (helpers.run_as_two_hosts_and_one).
 _SCRIPT = r"""
 import sys
 pid, port, out, data_dir, teacher = int(sys.argv[1]), *sys.argv[2:6]
@@ -106,12 +101,6 @@ print('DONE')
 """
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('localhost', 0))
-    return s.getsockname()[1]
-
-
 def _records(path: pathlib.Path) -> list[dict]:
   return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -162,31 +151,7 @@ def runs(tmp_path_factory):
   params['decoder']['logits_dense']['kernel'] *= 30.0
   checkpoints.save(t5.T5Model(config=teacher.config, params=params), tmp / 'teacher')
 
-  script = tmp / 'script.py'
-  script.write_text(_SCRIPT)
-  port = str(_free_port())
-  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=str(_REPO))
-  procs = []
-  for name, pid, devices in (('multi', 0, 4), ('multi', 1, 4), ('one', -1, 1)):
-    args = [sys.executable, str(script), str(pid), port, str(tmp / name), str(data)]
-    run_env = dict(env, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
-    procs.append(
-      subprocess.Popen(
-        args + [str(tmp / 'teacher')],
-        cwd=_REPO,
-        env=run_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-      )
-    )
-  try:
-    outputs = [p.communicate(timeout=900)[0] for p in procs]
-  finally:
-    for p in procs:
-      p.kill()
-  for p, output in zip(procs, outputs):
-    assert p.returncode == 0 and output.rstrip().endswith('DONE'), output[-6000:]
+  helpers.run_as_two_hosts_and_one(_SCRIPT, tmp, str(data), str(tmp / 'teacher'))
   return tmp
 
 
