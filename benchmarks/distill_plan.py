@@ -18,7 +18,7 @@ DATAxMODEL mesh of --machines and each batch size it builds, with nothing alloca
 params (`memory_model.abstract_model`), the student's step-0 train state (`jax.eval_shape` of
 `training.init_state`, placed by `training.state_shardings`) and a batch split over 'data', each a
 `jax.ShapeDtypeStruct` carrying its `NamedSharding`; lowers `training.compile_step` of
-`distill.distill_step` (the live-teacher step, `cache_teacher=False`: the teacher's encoder and
+`distill_loss.distill_step` (the live-teacher step, `cache_teacher=False`: the teacher's encoder and
 decoder run in every step) and compiles it. Per device it prints:
 
   teacher   bytes of the teacher's params (its shard of every leaf);
@@ -29,7 +29,7 @@ decoder run in every step) and compiles it. Per device it prints:
   fits      whether the total fits one chip's HBM (`memory_model.HBM_BYTES`): 'yes', 'no' if
             even teacher + state + batch do not, 'maybe' in between;
   forward   the teacher's forward per step on the roofline of the machine's chip
-            (`memory_model.forward_cost`: max(FLOPs / peak, weight bytes / HBM bandwidth) per
+            (`distill_model.forward_cost`: max(FLOPs / peak, weight bytes / HBM bandwidth) per
             chip; the chips' constants and their sources are in memory_model.py). Not modelled:
             the model-parallel collectives, the student's own step (its FLOPs per chip are
             printed beside it, the student / teacher column), and the chip's efficiency (the
@@ -80,7 +80,7 @@ import dataclasses  # noqa: E402
 import jax  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from benchmarks import memory_model  # noqa: E402
+from benchmarks import distill_model, memory_model  # noqa: E402
 from experiments.configs import distill_drafter  # noqa: E402
 from specdec_jax import distill, sharding  # noqa: E402
 from specdec_jax.models import t5  # noqa: E402
@@ -180,7 +180,7 @@ def main(argv):
     'total | fits | teacher forward (ms) | bound | student / teacher | compile (s) |'
   )
   print('|---|---|' + '---:|' * 13)
-  memory_model.distill_rows(
+  distill_model.distill_rows(
     teacher_config,
     config,
     machines,
@@ -193,8 +193,8 @@ def main(argv):
 
   print('\nCross-check (global, unsharded teacher forward): analytic FLOPs vs XLA cost_analysis')
   for batch in batches:
-    ours = memory_model.forward_cost(teacher, one, batch=batch, **shape)
-    xla = memory_model.xla_forward_cost(teacher, batch=batch, **shape)
+    ours = distill_model.forward_cost(teacher, one, batch=batch, **shape)
+    xla = distill_model.xla_forward_cost(teacher, batch=batch, **shape)
     print(
       f'  B={batch}: analytic {ours.flops:.4g} FLOPs, XLA {xla["flops"]:.4g} '
       f'({xla["flops"] / ours.flops:.3f}x)',

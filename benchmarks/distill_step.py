@@ -16,7 +16,7 @@ import numpy as np
 from absl import app, flags
 
 from experiments.configs import distill_drafter, train_target
-from specdec_jax import distill, distill_data, pretrained, training
+from specdec_jax import distill_data, distill_loss, pretrained, training
 from specdec_jax.data import batching
 from specdec_jax.models import t5
 
@@ -61,7 +61,7 @@ def main(argv):
   for i in range(_STEPS.value + 1):
     for mode, batch in (('live', live), ('cached', cached)):
       start = time.perf_counter()
-      state, metrics = distill.jit_distill_step(state, batch, teacher, **kw)
+      state, metrics = distill_loss.jit_distill_step(state, batch, teacher, **kw)
       jax.block_until_ready(metrics)
       if i:  # step 0 compiles
         times[mode].append(time.perf_counter() - start)

@@ -6,8 +6,9 @@ it is trained to match the target's token distributions, not the references:
   generated once and cached in the workdir in resumable shards), with the target's states on them
   computed once (`cache_teacher`), and optionally on-policy sequences drafted by the student
   itself during training and scored by the live target (`on_policy_every`);
-- loss: a token-level divergence between the target's distribution p and the student's q at every
-  position of those sequences: forward KL, reverse KL, or total variation (alpha = 1 - TVD);
+- loss (`distill_loss`): a token-level divergence between the target's distribution p and the
+  student's q at every position of those sequences: forward KL, reverse KL, or total variation
+  (alpha = 1 - TVD);
 - metric: alpha against the target, measured the way the decode loop measures it (speculative
   decoding of held-out sources at temperature 0 and 1), plus the teacher-forced TVD.
 
@@ -32,210 +33,24 @@ import shutil
 
 import flax.struct
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
-from specdec_jax import checkpoints, decode, pretrained, sharding, train_loop, training
+from specdec_jax import (
+  checkpoints,
+  decode,
+  distill_loss,
+  pretrained,
+  sharding,
+  train_loop,
+  training,
+)
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.data import batching
 from specdec_jax.data import pairs as pairs_lib
 from specdec_jax.data import tokenizer as tokenizer_lib
 from specdec_jax.distill_data import TeacherStates, generate_outputs
 from specdec_jax.models import t5, t5_growth
-
-DIVERGENCES = ('fkl', 'rkl', 'tvd')
-
-
-def token_divergences(teacher_logits: jax.Array, student_logits: jax.Array) -> dict:
-  """Per-position divergences between the target's p and the drafter's q (temperature 1).
-
-  Args:
-    teacher_logits: f32[..., V].
-    student_logits: f32[..., V].
-
-  Returns:
-    f32[...] arrays: 'fkl' KL(p || q), 'rkl' KL(q || p), 'tvd' TV(p, q) = 1 - beta,
-    'agree' 1.0 where the argmaxes agree (the greedy acceptance).
-  """
-  log_p = jax.nn.log_softmax(teacher_logits.astype(jnp.float32))
-  log_q = jax.nn.log_softmax(student_logits.astype(jnp.float32))
-  p, q = jnp.exp(log_p), jnp.exp(log_q)
-  return {
-    'fkl': jnp.sum(p * (log_p - log_q), axis=-1),
-    'rkl': jnp.sum(q * (log_q - log_p), axis=-1),
-    'tvd': 0.5 * jnp.sum(jnp.abs(p - q), axis=-1),
-    'agree': (jnp.argmax(teacher_logits, -1) == jnp.argmax(student_logits, -1)).astype(jnp.float32),
-  }
-
-
-def _logits(teacher: t5.T5Model, student_config: t5.T5Config, student_params, batch):
-  """(teacher logits, student logits) f32[B, T, V] on the batch's decoder sequences; an
-  EAGLE-style student reads the target's true states (its first pass, `_student_passes`).
-
-  With the target's states cached in the batch (`TeacherStates.fields`: 'teacher_states' and, for
-  a student over the target's encoder, 'encoded'), only the target's output layer runs.
-  """
-  teacher_states, teacher_logits, encoded = _teacher_outputs(teacher, batch)
-  ((student_logits, _),) = _student_passes(
-    student_config, student_params, batch, teacher_states, encoded, passes=1, rng=None
-  )
-  return teacher_logits, student_logits
-
-
-def _teacher_outputs(teacher: t5.T5Model, batch):
-  """The target on the batch's decoder sequences, without gradient: (final decoder states
-  [B, T, D], logits f32[B, T, V], its encoder output or None when cached without it)."""
-  cfg = teacher.config
-  if 'teacher_states' in batch:
-    states, encoded = batch['teacher_states'], batch.get('encoded')
-  else:
-    encoded = t5.encode(teacher.params, batch['inputs'], batch['input_mask'], config=cfg)
-    decoder_in = t5.shift_right(batch['targets'], cfg.decoder_start_token_id)
-    states = t5.decoder_states(teacher.params, encoded, batch['input_mask'], decoder_in, config=cfg)
-  logits = t5.output_logits(teacher.params, states, config=cfg)
-  return jax.tree.map(jax.lax.stop_gradient, (states, logits, encoded))
-
-
-def _student_passes(student_config, params, batch, teacher_states, encoded, *, passes, rng):
-  """[(logits f32[B, T, V], predicted target states or None)] of `passes` teacher-forced passes.
-
-  An ordinary student makes one pass. An EAGLE-style student (`feature_dim`) reads at each
-  position the target's state at the position before; while drafting it reads its own prediction
-  of that state instead at every position after the first draft. So its first pass reads the
-  target's true states, and each further pass reads, at a random half of the positions (a fair
-  coin each), the previous pass's predictions (EAGLE-3's training-time test, in its cheap form):
-  the loss then covers drafting from its own predicted states.
-  """
-  cfg = student_config
-  decoder_in = t5.shift_right(batch['targets'], cfg.decoder_start_token_id)
-  mask = batch['input_mask']
-
-  def run(features):
-    if cfg.num_encoder_layers == 0:  # reads the target's encoder
-      states = t5.decoder_states(params, encoded, mask, decoder_in, config=cfg, features=features)
-    else:
-      own = t5.encode(params, batch['inputs'], mask, config=cfg)
-      states = t5.decoder_states(params, own, mask, decoder_in, config=cfg, features=features)
-    logits = t5.output_logits(params, states, config=cfg)
-    predicted = None if features is None else t5.predicted_features(params, states, config=cfg)
-    return logits, predicted
-
-  if cfg.feature_dim is None:
-    return [run(None)]
-  true = t5.shift_states(jnp.asarray(teacher_states, jnp.float32))
-  results = [run(true)]
-  for i in range(1, passes):
-    own = t5.shift_states(jax.lax.stop_gradient(results[-1][1]))
-    coin = jax.random.bernoulli(jax.random.fold_in(rng, i), 0.5, true.shape[:2] + (1,))
-    results.append(run(jnp.where(coin, own, true)))
-  return results
-
-
-def feature_error(predicted: jax.Array, states: jax.Array) -> jax.Array:
-  """f32[B, T]: squared error of predicted target states relative to their squared norm."""
-  states = jnp.asarray(states, jnp.float32)
-  return jnp.sum(jnp.square(predicted - states), -1) / (jnp.sum(jnp.square(states), -1) + 1e-6)
-
-
-def _masked_means(terms: dict, mask: jax.Array) -> dict:
-  weights = mask.astype(jnp.float32)
-  tokens = jnp.maximum(weights.sum(), 1.0)
-  return {k: jnp.sum(v * weights) / tokens for k, v in terms.items()}
-
-
-def distill_step(
-  state: training.TrainState,
-  batch,
-  teacher: t5.T5Model,
-  *,
-  student_config: t5.T5Config,
-  optimizer_config: training.OptimizerConfig,
-  divergence: str,
-  feature_passes: int = 2,
-  feature_weight: float = 0.5,
-):
-  """One AdamW step on the mean token `divergence` between target and drafter (not jitted: the
-  loop compiles it on its mesh, `training.compile_step`; `jit_distill_step` on one device).
-
-    An EAGLE-style student (`feature_dim`) makes `feature_passes` passes (`_student_passes`); its
-    loss is the divergence averaged over them plus `feature_weight` times the mean `feature_error`
-    of its predicted target states.
-
-    Returns:
-      The new state and float32 scalars: the mean of each of `token_divergences` (the first pass),
-      'grad_norm'; for an EAGLE-style student also 'feature_error' and, of its last pass, the
-      divergences suffixed '_own' (drafting partly from its own predicted states).
-  """
-
-  def loss_fn(params):
-    teacher_states, teacher_logits, encoded = _teacher_outputs(teacher, batch)
-    rng = jax.random.fold_in(jax.random.key(0), state.step)
-    passes = _student_passes(
-      student_config,
-      params,
-      batch,
-      teacher_states,
-      encoded,
-      passes=feature_passes,
-      rng=rng,
-    )
-    mask = batch['target_mask']
-    per_pass = [_masked_means(token_divergences(teacher_logits, q), mask) for q, _ in passes]
-    means = dict(per_pass[0])
-    loss = sum(m[divergence] for m in per_pass) / len(per_pass)
-    if student_config.feature_dim is not None:
-      errors = [
-        _masked_means({'e': feature_error(f, teacher_states)}, mask)['e'] for _, f in passes
-      ]
-      means['feature_error'] = sum(errors) / len(errors)
-      loss = loss + feature_weight * means['feature_error']
-      means.update({f'{k}_own': v for k, v in per_pass[-1].items()})
-    return loss, means
-
-  (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-  updates, opt_state = training.make_optimizer(optimizer_config).update(
-    grads, state.opt_state, state.params
-  )
-  params = optax.apply_updates(state.params, updates)
-  metrics = dict(metrics, grad_norm=optax.global_norm(grads))
-  return training.TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
-
-
-jit_distill_step = jax.jit(
-  distill_step,
-  static_argnames=(
-    'student_config',
-    'optimizer_config',
-    'divergence',
-    'feature_passes',
-    'feature_weight',
-  ),
-  donate_argnames=('state',),
-)
-
-
-@functools.partial(jax.jit, static_argnames=('student_config',))
-def _eval_terms(student_params, batch, teacher, *, student_config):
-  teacher_logits, student_logits = _logits(teacher, student_config, student_params, batch)
-  terms = token_divergences(teacher_logits, student_logits)
-  weights = batch['target_mask'].astype(jnp.float32)
-  return {k: jnp.sum(v * weights) for k, v in terms.items()}, weights.sum()
-
-
-def teacher_forced_metrics(teacher, student_config, student_params, batches, mesh=None) -> dict:
-  """Mean token divergences over `batching.eval_batches` of (source, target output) pairs (each
-  batch split over `mesh`'s 'data' axis when given)."""
-  sums, tokens = {}, 0.0
-  for batch in batches:
-    if mesh is not None:
-      batch = sharding.from_host(batch, mesh)
-    terms, n = _eval_terms(student_params, batch, teacher, student_config=student_config)
-    for k, v in terms.items():
-      sums[k] = sums.get(k, 0.0) + float(v)
-    tokens += float(n)
-  return {k: v / max(tokens, 1.0) for k, v in sums.items()}
 
 
 def measured_alpha(
@@ -289,13 +104,13 @@ def initial_student(init_from: str, student_config: t5.T5Config, rng: jax.Array)
   follow_key, grow_key, feature_key = jax.random.split(rng, 3)
   if student_config.feature_dim is not None and init.config.feature_dim is None:
     init = t5_growth.add_feature_input(init, student_config.feature_dim, feature_key)
-    training.say(f'{init_from}: made EAGLE-style (feature input starts at zero)')
+    train_loop.say(f'{init_from}: made EAGLE-style (feature input starts at zero)')
   if init.config.encoder_dim and init.config.encoder_dim != student_config.encoder_dim:
     try:
       init = t5_growth.follow_grown_encoder(init, student_config.encoder_dim, follow_key)
     except ValueError as e:
       raise ValueError(f"init_from {init_from} cannot read the student's encoder: {e}") from e
-    training.say(
+    train_loop.say(
       f'{init_from}: made to read the grown encoder (encoder_dim {student_config.encoder_dim})'
     )
   if init.config != student_config:
@@ -305,7 +120,7 @@ def initial_student(init_from: str, student_config: t5.T5Config, rng: jax.Array)
       raise ValueError(
         f'init_from {init_from} has config {init.config}, the student {student_config}: {e}'
       ) from e
-    training.say(f'{init_from}: grown into the student (t5_growth.grow)')
+    train_loop.say(f'{init_from}: grown into the student (t5_growth.grow)')
   return jax.device_get(init.params)
 
 
@@ -389,7 +204,7 @@ def _data(config, teacher, tok, student_config, workdir: str, mesh) -> dict:
       progress=config.progress,
       mesh=mesh,
     )
-  training.say(
+  train_loop.say(
     f'distillation data: {len(train)} target outputs on {len(train_src)} sources '
     f'(temperatures {tuple(config.data_temperatures)}), {batches.num_batches_per_epoch} '
     f'batches/epoch; valid {len(valid)}'
@@ -412,21 +227,10 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
     The last evaluation's record.
   """
   mesh = sharding.mesh_from_spec(config.mesh, config.batch_size)
-  for name in ('generate_batch_size', 'eval_batch_size'):
-    if config[name] % mesh.shape['data']:
-      raise ValueError(
-        f'config.{name} ({config[name]}) must split over the mesh axis data={mesh.shape["data"]}.'
-      )
+  for batch_size in (config.generate_batch_size, config.eval_batch_size):
+    sharding.check_batch(batch_size, mesh)
   sharding.check_placement(config.student_sharding, 'config.student_sharding')
-  # The target as the main job shards one; frozen, it is an argument of the step, not state.
-  teacher = pretrained.load_model(
-    config.teacher, mesh=mesh, how='model', param_dtype=config.teacher_param_dtype or None
-  )
-  tok = tokenizer_lib.Tokenizer.load(config.tokenizer)
-  if tok.vocab_size > teacher.config.vocab_size:
-    raise ValueError(
-      f'Tokenizer has {tok.vocab_size} pieces, the target {teacher.config.vocab_size}.'
-    )
+  teacher, tok = _teacher(config, mesh)
   student_config = student_config_for(config, teacher)
   with jax.set_mesh(mesh):
     data = _data(config, teacher, tok, student_config, workdir, mesh)
@@ -442,13 +246,13 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
     config.student_sharding,
     init_params,
   )
-  training.say(
+  train_loop.say(
     f'student: {t5.param_count(state.params):,} params, {student_config}; mesh '
     f'{dict(mesh.shape)}, student {config.student_sharding}'
   )
   step_fn = training.compile_step(
     functools.partial(
-      distill_step,
+      distill_loss.distill_step,
       student_config=student_config,
       optimizer_config=optimizer_config,
       divergence=config.divergence,
@@ -459,6 +263,44 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
     shardings,
     jax.tree.map(lambda x: x.sharding, teacher),
   )
+  train_step = _train_step(config, data, teacher, student_config, step_fn, mesh)
+
+  def evaluate(params):
+    return validation_metrics(teacher, student_config, params, data['valid'], config, mesh)
+
+  with jax.set_mesh(mesh):
+    record = train_loop.run(
+      state,
+      train_step,
+      evaluate,
+      cadence=train_loop.Cadence.from_config(config),
+      workdir=workdir,
+      export=training.exporter(student_config, config.tokenizer),
+      best=train_loop.Best('valid_alpha', higher_is_better=True),
+      evaluate_at_start=bool(config.init_from),  # where the started-from drafter stands
+      progress='distillation steps' if config.progress else '',
+    )
+  write_pair(os.path.join(workdir, 'pair'), config, drafter='../best')
+  return record
+
+
+def _teacher(config, mesh):
+  """(the target, sharded over `mesh` as the main job shards one: frozen, an argument of the step
+  and not state; the tokenizer), checked against each other."""
+  teacher = pretrained.load_model(
+    config.teacher, mesh=mesh, how='model', param_dtype=config.teacher_param_dtype or None
+  )
+  tok = tokenizer_lib.Tokenizer.load(config.tokenizer)
+  if tok.vocab_size > teacher.config.vocab_size:
+    raise ValueError(
+      f'Tokenizer has {tok.vocab_size} pieces, the target {teacher.config.vocab_size}.'
+    )
+  return teacher, tok
+
+
+def _train_step(config, data, teacher, student_config, step_fn, mesh) -> train_loop.StepFn:
+  """The loop's step: the batch of the step number (this process's rows of it, with the target's
+  cached states if any; every `on_policy_every`-th one the student's own samples), then `step_fn`."""
   on_policy = sampling_lib.SamplingConfig(temperature=1.0)
   pairs, cached = data['train'], data['cached']
 
@@ -487,23 +329,7 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
     state, metrics = step_fn(state, batch, teacher)
     return state, metrics, {'examples': len(index)}
 
-  def evaluate(params):
-    return validation_metrics(teacher, student_config, params, data['valid'], config, mesh)
-
-  with jax.set_mesh(mesh):
-    record = train_loop.run(
-      state,
-      train_step,
-      evaluate,
-      cadence=train_loop.Cadence.from_config(config),
-      workdir=workdir,
-      export=training.exporter(student_config, config.tokenizer),
-      best=train_loop.Best('valid_alpha', higher_is_better=True),
-      evaluate_at_start=bool(config.init_from),  # where the started-from drafter stands
-      progress='distillation steps' if config.progress else '',
-    )
-  write_pair(os.path.join(workdir, 'pair'), config, drafter='../best')
-  return record
+  return train_step
 
 
 def write_pair(directory: str, config: ml_collections.ConfigDict, *, drafter: str) -> None:
@@ -536,7 +362,9 @@ def validation_metrics(
   batches = batching.eval_batches(valid, config.eval_batch_size)
   record = {
     f'valid_{k}': v
-    for k, v in teacher_forced_metrics(teacher, student_config, params, batches, mesh).items()
+    for k, v in distill_loss.teacher_forced_metrics(
+      teacher, student_config, params, batches, mesh
+    ).items()
   }
   student = t5.T5Model(config=student_config, params=params)
   alphas = [
@@ -559,18 +387,16 @@ def validation_metrics(
 
 
 def _on_policy_batch(
-  teacher, student_config, student_params, batch, sampling, max_new_tokens, step, mesh=None
+  teacher, student_config, student_params, batch, sampling, max_new_tokens, step, mesh
 ):
   """The batch (host arrays, all rows) with its target sequences replaced by the student's own
-  samples (DistillSpec's on-policy data), split over `mesh`'s 'data' axis when given; the loss
-  then scores them with the target."""
+  samples (DistillSpec's on-policy data), split over `mesh`'s 'data' axis; the loss then scores
+  them with the target."""
   student = t5.T5Model(config=student_config, params=student_params)
   if student_config.num_encoder_layers == 0:  # a decoder over the target's encoder drafts alone
     student = _WithEncoder(teacher, student)
   length = batch['targets'].shape[1]
-  inputs = batch['inputs'], batch['input_mask'].astype(np.int32)
-  if mesh is not None:
-    inputs = sharding.from_host(inputs, mesh)
+  inputs = sharding.from_host((batch['inputs'], batch['input_mask'].astype(np.int32)), mesh)
   out = decode.to_host(
     decode.generate(
       student,
@@ -584,7 +410,7 @@ def _on_policy_batch(
   tokens[:, : out.tokens.shape[1]] = out.tokens
   mask = np.arange(length) < out.lengths[:, None]
   batch = dict(batch, targets=tokens, target_mask=mask)
-  return batch if mesh is None else sharding.from_host(batch, mesh)
+  return sharding.from_host(batch, mesh)
 
 
 @flax.struct.dataclass

@@ -122,7 +122,7 @@ class Workdir:
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
       )
       state = self.manager.restore(latest, args=self._ocp.args.StandardRestore(target))
-      _say(None, f'resumed from step {int(state.step)}')
+      say(f'resumed from step {int(state.step)}')
     if sharding.is_main_process():
       truncate_records(self.metrics_path, after_step=int(state.step))
       self._metrics_file = open(self.metrics_path, 'a', encoding='utf-8')
@@ -232,7 +232,7 @@ def run(
     start = time.perf_counter()
     record = {'kind': 'eval', 'step': step, **evaluate(state.params)}
     record['eval_seconds'] = time.perf_counter() - start
-    _say(bar, _eval_line(record))
+    say(_eval_line(record), bar)
     files.evaluated(record, state.params)
     return record
 
@@ -247,7 +247,7 @@ def run(
     window.add(metrics, counts)
     if cadence.due(step, cadence.log_every):
       record = window.record(step, log_extra(step) if log_extra else {})
-      _say(bar, _train_line(record))
+      say(_train_line(record), bar)
       files.log(record)
       window = _Window()
     if cadence.due(step, cadence.checkpoint_every):
@@ -262,8 +262,7 @@ def run(
     last_eval = last_record(files.metrics_path, 'eval', step) or run_eval(step)
   if step > first_step or not files.has_final():
     files.export(state.params, files.final_path)
-  _say(
-    None,
+  say(
     f'exported {files.final_path} (step {step}); {files.best_path} has {best.metric} '
     f'{files.best_value:.4f}',
   )
@@ -284,8 +283,9 @@ def _progress_bar(total: int, initial: int, description: str):
   )
 
 
-def _say(bar, line: str) -> None:
-  """Prints a log line on process 0, above the progress bar if one is shown."""
+def say(line: str, bar=None) -> None:
+  """Prints a log line on process 0 (every process runs the same program), above the progress
+  bar if one is shown."""
   if not sharding.is_main_process():
     return
   if bar is None or bar.disable:

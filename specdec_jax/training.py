@@ -205,6 +205,20 @@ def state_shardings(state, mesh: Mesh, how: str = 'auto') -> TrainState:
   return sharding.tree_shardings(state, mesh, rules)
 
 
+def abstract_state(
+  model_config: t5.T5Config, optimizer_config: OptimizerConfig, mesh: Mesh, how: str = 'auto'
+) -> tuple[TrainState, TrainState]:
+  """(the step-0 state as `jax.ShapeDtypeStruct`s carrying their shardings, those shardings):
+  where `create_state` puts every array, with nothing allocated (e.g. to compile for a mesh)."""
+  init = functools.partial(init_state, model_config=model_config, optimizer_config=optimizer_config)
+  shapes = jax.eval_shape(init, jax.random.key(0))
+  shardings = state_shardings(shapes, mesh, how)
+  structs = jax.tree.map(
+    lambda s, h: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=h), shapes, shardings
+  )
+  return structs, shardings
+
+
 def create_state(
   rng: jax.Array,
   model_config: t5.T5Config,
@@ -218,7 +232,7 @@ def create_state(
   same on every process) start it instead of random ones.
   """
   init = functools.partial(init_state, model_config=model_config, optimizer_config=optimizer_config)
-  shardings = state_shardings(jax.eval_shape(init, rng, params=params), mesh, how)
+  _, shardings = abstract_state(model_config, optimizer_config, mesh, how)
   if params is not None:
     params = jax.device_put(params, shardings.params)
   state = jax.jit(init, out_shardings=shardings)(rng, params=params)
@@ -328,15 +342,11 @@ def _initial_params(init_from: str, model_config: t5.T5Config, seed: int):
   config is `model_config`, else grown to it by `t5_growth.grow` (same function, larger shape)."""
   init = checkpoints.restore(init_from)
   if init.config != model_config:
-    say(f'growing {init_from} ({t5.param_count(init.params):,} params) to the model shape')
+    train_loop.say(
+      f'growing {init_from} ({t5.param_count(init.params):,} params) to the model shape'
+    )
     init = t5_growth.grow(init, model_config, jax.random.key(seed + 1))
   return jax.device_get(init.params)
-
-
-def say(*args) -> None:
-  """print, on process 0 only (every process runs the same program)."""
-  if sharding.is_main_process():
-    print(*args, flush=True)
 
 
 def _data(config: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenizer) -> dict:
@@ -358,7 +368,7 @@ def _data(config: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenizer) -> di
   batches = batching.BucketedBatches(
     train_data, batch_size=config.batch_size, buckets=config.length_buckets, seed=config.seed
   )
-  say(
+  train_loop.say(
     f'train: {len(train_data)} pairs ({dropped} too long), {batches.num_batches_per_epoch} '
     f'batches/epoch; valid: {len(valid_data)} pairs for loss ({valid_dropped} too long), '
     f'{len(bleu_pairs)} for BLEU'
@@ -405,7 +415,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     config.model_sharding,
     init_params,
   )
-  say(f'model: {t5.param_count(state.params):,} params, {model_config}; mesh {dict(mesh.shape)}')
+  train_loop.say(
+    f'model: {t5.param_count(state.params):,} params, {model_config}; mesh {dict(mesh.shape)}'
+  )
   step_fn = compile_step(
     functools.partial(
       train_step,
@@ -446,7 +458,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       max_new_tokens=config.max_target_length,
       mesh=mesh,
     )
-    say(f'  e.g. {bleu_pairs[0][0]!r} -> {hyps[0]!r}')
+    train_loop.say(f'  e.g. {bleu_pairs[0][0]!r} -> {hyps[0]!r}')
     return {'valid_nll': valid_nll, 'valid_ppl': math.exp(min(valid_nll, 50)), 'valid_bleu': bleu}
 
   schedule = learning_rate_schedule(optimizer_config)

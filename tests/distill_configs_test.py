@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks import memory_model
 from experiments.configs import distill_drafter, ende
-from specdec_jax import distill, sharding, training
+from specdec_jax import distill, distill_loss, sharding, training
 from specdec_jax.models import t5
 
 _VARIANTS = (
@@ -25,7 +25,7 @@ _VARIANTS = (
 @pytest.mark.parametrize('variant', _VARIANTS)
 def test_every_variant_parses(variant):
   config = distill_drafter.get_config(variant)
-  assert config.divergence in distill.DIVERGENCES
+  assert config.divergence in distill_loss.DIVERGENCES
   training.OptimizerConfig.from_config(config)  # raises on a bad schedule
 
 

@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 
 from experiments.configs import distill_drafter
-from specdec_jax import checkpoints, decode, distill, distill_data, pretrained, training
+from specdec_jax import (
+  checkpoints,
+  decode,
+  distill,
+  distill_data,
+  distill_loss,
+  pretrained,
+  training,
+)
 from specdec_jax.data import batching
 from specdec_jax.models import t5
 from tests import helpers
@@ -21,14 +29,14 @@ _SHIPPED = (pretrained.ROOT / 'ende' / 'target').exists()
 def test_token_divergences_match_numpy():
   rng = np.random.default_rng(0)
   a, b = rng.normal(size=(3, 7)), rng.normal(size=(3, 7))
-  got = distill.token_divergences(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
+  got = distill_loss.token_divergences(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
   p = np.exp(a) / np.exp(a).sum(-1, keepdims=True)
   q = np.exp(b) / np.exp(b).sum(-1, keepdims=True)
   np.testing.assert_allclose(got['fkl'], (p * np.log(p / q)).sum(-1), rtol=1e-4)
   np.testing.assert_allclose(got['rkl'], (q * np.log(q / p)).sum(-1), rtol=1e-4)
   np.testing.assert_allclose(got['tvd'], 1 - np.minimum(p, q).sum(-1), rtol=1e-4)  # alpha = 1-TV
   np.testing.assert_array_equal(got['agree'], (a.argmax(-1) == b.argmax(-1)).astype(np.float32))
-  same = distill.token_divergences(jnp.asarray(a), jnp.asarray(a))
+  same = distill_loss.token_divergences(jnp.asarray(a), jnp.asarray(a))
   np.testing.assert_allclose(same['tvd'], 0.0, atol=1e-6)
 
 
@@ -191,7 +199,7 @@ def test_cached_teacher_states_give_the_live_targets_step(tmp_path, over_target_
   for batch in (live, fast):
     state = training.init_state(jax.random.key(0), student_config, optimizer_config)
     results.append(
-      distill.jit_distill_step(
+      distill_loss.jit_distill_step(
         state, batch, teacher, student_config=student_config,
         optimizer_config=optimizer_config, divergence='fkl',
       )
@@ -204,7 +212,7 @@ def test_cached_teacher_states_give_the_live_targets_step(tmp_path, over_target_
   # A wrong cache (another pair's states) changes the loss: the test can fail.
   wrong = dict(live, **cached.fields(index[::-1], 12, 9))
   state = training.init_state(jax.random.key(0), student_config, optimizer_config)
-  _, m3 = distill.jit_distill_step(
+  _, m3 = distill_loss.jit_distill_step(
     state, wrong, teacher, student_config=student_config,
     optimizer_config=optimizer_config, divergence='fkl',
   )  # fmt: skip

@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from benchmarks import memory_model, memory_plan
+from benchmarks import distill_model, memory_model, memory_plan
 from experiments.configs import distill_drafter
 from specdec_jax import sharding
 from specdec_jax.models import t5
@@ -144,7 +144,7 @@ def test_forward_cost_of_a_hand_case():
   # tiny-v1.0: D 32, N 4, H 8 (N*H 32), F 64 (ReLU), 2 + 2 layers, V 128 tied, f32.
   model = _model('tiny-v1.0', _ONE)
   batch, source, target = 2, 6, 3
-  cost = memory_model.forward_cost(
+  cost = distill_model.forward_cost(
     model, _ONE, batch=batch, source_length=source, target_length=target
   )
   attention, mlp = 4 * 32 * 32, 2 * 32 * 64  # q, k, v, o; wi, wo
@@ -162,16 +162,16 @@ def test_forward_cost_of_a_hand_case():
 def test_forward_cost_per_chip_is_the_global_cost_split_over_the_mesh():
   # Batch 2 over data=2; heads, N*H, d_ff and vocab over model=4: every FLOP splits 8 ways.
   common = dict(batch=2, source_length=6, target_length=3)
-  whole = memory_model.forward_cost(_model('tiny-v1.0', _ONE), _ONE, **common)
-  chip = memory_model.forward_cost(_model('tiny-v1.0'), _MESH, **common)
+  whole = distill_model.forward_cost(_model('tiny-v1.0', _ONE), _ONE, **common)
+  chip = distill_model.forward_cost(_model('tiny-v1.0'), _MESH, **common)
   assert chip.flops * 8 == whole.flops
 
 
 def test_forward_cost_flops_agree_with_xla_cost_analysis():
   model = _model('tiny-v1.1', _ONE)
   common = dict(batch=2, source_length=8, target_length=5)
-  ours = memory_model.forward_cost(model, _ONE, **common).flops
-  xla = memory_model.xla_forward_cost(model, **common)['flops']
+  ours = distill_model.forward_cost(model, _ONE, **common).flops
+  xla = distill_model.xla_forward_cost(model, **common)['flops']
   # XLA also counts the elementwise work (norms, softmax, GELU): a few percent more.
   assert 1.0 <= xla / ours < 1.15, (xla, ours)
 
@@ -274,7 +274,7 @@ _PLAN_SHAPE = dict(source_length=16, target_length=8)
 
 def _distill_rows(machines, *, student_sharding='replicated', compile_dtype=None, batch=8):
   config = distill_drafter.get_config(f'{_STUDENT},student_sharding={student_sharding}')
-  return memory_model.distill_rows(
+  return distill_model.distill_rows(
     t5.CONFIGS['tiny-v1.0'],
     config,
     machines,
@@ -300,14 +300,14 @@ def test_distill_plan_bytes_on_one_device():
   assert row['batch_bytes'] == 8 * (16 + 8) * (4 + 1)  # int32 ids and bool masks
   assert row['fits'] == 'yes' and 'total' not in row
   common = dict(batch=8, **_PLAN_SHAPE)
-  assert row['forward'] == memory_model.forward_cost(
+  assert row['forward'] == distill_model.forward_cost(
     _model('tiny-v1.0', _ONE, param_dtype='bfloat16'), _ONE, **common
   )
   student = distill_drafter.get_config(_STUDENT).student.to_dict()
   student = t5.T5Config(**dict(student, vocab_size=128, encoder_dim=32))
   student = memory_model.abstract_model(student, _ONE, param_dtype='float32', shard=False)
   assert t5.param_count(student.params) == _STUDENT_PARAMS
-  assert row['student_forward'] == memory_model.forward_cost(student, _ONE, **common)
+  assert row['student_forward'] == distill_model.forward_cost(student, _ONE, **common)
 
 
 def test_distill_plan_rejects_a_mesh_of_another_size():

@@ -143,7 +143,7 @@ def _paper(c):
   target tokens) per pair: up to 1 MiB a pair at 128 + 128 tokens, up to 31 GiB for the 32,000
   pairs of 16,000 sources at 2 temperatures, held whole in every host's RAM and as much written
   to the shared workdir. Live, the teacher's forward costs 86 ms per step of batch 128 on the v4
-  roofline (memory_model.forward_cost, 4x4, source and target 128): 4.3 minutes over 3,000
+  roofline (distill_model.forward_cost, 4x4, source and target 128): 4.3 minutes over 3,000
   steps, all the cache could save (less the pass that fills it), so the teacher runs in every
   step.
   """
@@ -190,10 +190,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.test_file = str(_ROOT / 'pretrained' / 'ende' / 'test.tsv')
   c.data_temperatures = (0.0, 1.0)  # one target output per source per temperature
   c.generate_batch_size = 64
-  c.divergence = 'fkl'  # 'fkl' | 'rkl' | 'tvd' (specdec_jax.distill.DIVERGENCES)
+  c.divergence = 'fkl'  # 'fkl' | 'rkl' | 'tvd' (specdec_jax.distill_loss.DIVERGENCES)
   c.on_policy_every = 0  # k > 0: every k-th batch is drafted by the student itself
   # An EAGLE-style student (student.feature_dim set): teacher-forced passes per step (the 2nd on
-  # reads its own predicted states at a random half of the positions; distill._student_passes)
+  # reads its own predicted states at a random half of the positions; distill_loss._student_passes)
   # and the weight of its state-prediction error in the loss.
   c.feature_passes = 2
   c.feature_weight = 0.5
