@@ -99,13 +99,18 @@ def main(argv):
         cache_len=72,
       )
       predicted = [
-        float(analysis.walltime_improvement_measured(a, gamma, costs['c'], costs['pass_cost']))
+        float(
+          analysis.walltime_improvement_measured(
+            a, gamma, costs['c'], costs['pass_cost'], costs['c_fixed']
+          )
+        )
         for a in alphas
       ]
       print(
         f'{target_name:18s} {name:18s} target step {costs["target_step"] * 1e3:6.2f} ms, '
-        f'drafter step {costs["drafter_step"] * 1e3:5.2f} ms, c {costs["c"]:.3f}, '
-        f'pass {costs["pass_cost"]:.2f} steps | ' + '  '.join(f'{p:.2f}x' for p in predicted),
+        f'drafter step {costs["drafter_step"] * 1e3:5.2f} ms, c {costs["c"]:.3f} + '
+        f'{costs["c_fixed"]:.3f} fixed, pass {costs["pass_cost"]:.2f} steps | '
+        + '  '.join(f'{p:.2f}x' for p in predicted),
         flush=True,
       )
 

@@ -17,8 +17,8 @@ shipped `distilled` drafters. Four tables, every time from the project's timers
    caches) over the chip's bandwidth (`HBM_CHIPS`, picked by `jax.devices()[0].device_kind`;
    `--hbm_bandwidth` for another chip). `pass cost` is pass / step, the paper assumes 1.
 2. drafters: each drafter's step alone (`c alone`) and as the loop pays it, inside a chained
-   iteration of gamma drafter calls and one target pass (`c`, what the walltime formula needs;
-   both from `timing.step_costs`), and `c at bound`, the drafter's bytes over the target's: what
+   iteration of gamma drafter calls and one target pass (`c` per call and `c fixed` per
+   iteration, what the walltime formula needs; all from `timing.step_costs`), and `c at bound`, the drafter's bytes over the target's: what
    c would be if both ran at the HBM bound.
 3. loop: the decode loops themselves (`decode.generate`, `decode.speculative_generate`, greedy),
    seconds per iteration from whole calls at --max_new_tokens and at 1 token (the difference
@@ -251,6 +251,7 @@ def main(argv):
       step=c['drafter_step'] * 1e3,
       c_alone=c['c_alone'],
       c=c['c'],
+      c_fixed=c['c_fixed'],
       c_bound=call_bytes(found[name], positions=1, cache_len=_cache_len(g)) / step_bytes,
       iteration=c['iteration'] * 1e3,
     )
@@ -301,7 +302,9 @@ def _speedup_rows(costs: dict, pass_cost: dict, found: dict, gammas: list[int]) 
       for temperature, alpha in zip((0, 1), alphas):
         by_gamma = {
           g: float(
-            analysis.walltime_improvement_measured(alpha, g, costs[name, g]['c'], pass_cost[g])
+            analysis.walltime_improvement_measured(
+              alpha, g, costs[name, g]['c'], pass_cost[g], costs[name, g]['c_fixed']
+            )
           )
           for g in gammas
         }
@@ -373,6 +376,7 @@ DRAFTER_COLUMNS = (
   _Col('step', 'step ms', '.4g'),
   _Col('c_alone', 'c alone', '.3f', 8),
   _Col('c', fmt='.3f', width=7),
+  _Col('c_fixed', 'c fixed', '.3f', 7),
   _Col('c_bound', 'c at bound', '.4g'),
   _Col('iteration', 'iteration ms', '.4g'),
 )

@@ -53,7 +53,8 @@ def main(argv):
     print(
       f'S {length:4d}: target step {costs["target_step"] * 1e3:5.2f} ms, '
       f'pass {costs["target_pass"] * 1e3:5.2f} ms = {costs["pass_cost"]:.2f} steps, '
-      f'drafter step {costs["drafter_step"] * 1e3:5.2f} ms, c {costs["c"]:.3f}',
+      f'drafter step {costs["drafter_step"] * 1e3:5.2f} ms, c {costs["c"]:.3f} '
+      f'(+ {costs["c_fixed"]:.3f} fixed)',
       flush=True,
     )
 

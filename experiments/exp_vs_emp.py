@@ -4,13 +4,13 @@ r"""Expected vs empirical walltime improvement (Leviathan et al. 2022, Table 4 a
   python -m experiments.exp_vs_emp --config=experiments/configs/exp_vs_emp.py:runlocal --workdir=/tmp/x
 
 For every (drafter, gamma, temperature) point the main job's measurement (`evaluation.rows`:
-alpha, c and the (gamma+1)-position pass cost measured in the loop, speedup over autoregressive
-decoding at batch 1) and two predictions from the same alpha and c:
+alpha, c, c_fixed and the (gamma+1)-position pass cost measured in the loop, speedup over
+autoregressive decoding at batch 1) and two predictions from the same alpha and c:
   predicted_paper     `analysis.walltime_improvement(alpha, gamma, c)` (Thm 3.8: the pass costs
                       one target step, as on the paper's memory-bound TPU);
-  predicted_measured  `analysis.walltime_improvement_measured(alpha, gamma, c, pass_cost)`.
+  predicted_measured  `analysis.walltime_improvement_measured(alpha, gamma, c, pass_cost, c_fixed)`.
 Then per (drafter, temperature) the gamma each formula picks (alpha: the mean over the gammas;
-c: the median; `analysis.optimal_gamma`, and the argmax over the measured gammas with their
+c and c_fixed: the medians; `analysis.optimal_gamma`, and the argmax over the measured gammas with their
 measured pass costs) against the gamma that measured fastest.
 
 Writes exp_vs_emp.csv / .json (a row per point, printed as it finishes), optimal_gamma.csv /
@@ -37,6 +37,7 @@ COLUMNS = (
   'block_efficiency',
   'expected_tokens',
   'c',
+  'c_fixed',
   'pass_cost',
   'predicted_paper',
   'predicted_measured',
@@ -97,9 +98,10 @@ def optimal_gammas(points: list[dict]) -> list[dict]:
     measured = {p['gamma']: p['speedup'] for p in group}
     alpha = float(np.mean([p['alpha'] for p in group]))
     c = float(statistics.median(p['c'] for p in group))
+    c_fixed = float(statistics.median(p['c_fixed'] for p in group))
     formula_gamma = int(analysis.optimal_gamma(alpha, c, max_gamma=int(gammas.max())))
     pass_cost = np.array([p['pass_cost'] for p in group])
-    with_pass = analysis.walltime_improvement_measured(alpha, gammas, c, pass_cost)
+    with_pass = analysis.walltime_improvement_measured(alpha, gammas, c, pass_cost, c_fixed)
     pass_cost_gamma = int(gammas[np.argmax(with_pass)])
     measured_gamma = max(measured, key=measured.get)
     table.append(
@@ -132,6 +134,7 @@ POINT_TABLE = (
   tables.Column('block_efficiency', 'tok/call', '.2f', 8),
   tables.Column('expected_tokens', 'E[tok]', '.2f', 6),
   tables.Column('c', fmt='.3f', width=6),
+  tables.Column('c_fixed', 'c_fix', '.3f', 6),
   tables.Column('pass_cost', 'pass', '.2f', 5),
   tables.Column('predicted_paper', 'EXP', '.2f', 6, suffix='x'),
   tables.Column('predicted_measured', 'EXP(pass)', '.2f', 9, suffix='x'),

@@ -10,6 +10,8 @@ Symbols (docs/method.md, "Analysis"):
   gamma: number of drafted tokens per iteration (>= 0; 0 means plain target decoding).
   c:     time of one drafter step / time of one target step (>= 0); measured, it is a drafter
          call as the decode loop pays it (`timing.step_costs`).
+  c_fixed: what the drafter costs per iteration beyond its gamma calls, in target steps (>= 0;
+         0 in the paper; measured by `timing.step_costs`).
   c_hat: drafter arithmetic operations per token / target operations per token (>= 0).
 
 Axes: V vocab; any other axes are broadcast.
@@ -68,41 +70,44 @@ def walltime_improvement(alpha, gamma, c) -> np.ndarray:
   return walltime_improvement_measured(alpha, gamma, c, 1.0)
 
 
-def walltime_improvement_measured(alpha, gamma, c, target_pass_cost) -> np.ndarray:
+def walltime_improvement_measured(alpha, gamma, c, target_pass_cost, c_fixed=0.0) -> np.ndarray:
   """Walltime improvement with a measured cost of the (gamma+1)-position target pass.
 
-  `expected_tokens(alpha, gamma) / (c gamma + target_pass_cost)`, where `target_pass_cost` is the
-  time of scoring gamma+1 positions in one target pass relative to a 1-position target step.
-  The paper assumes `target_pass_cost = 1` (scoring is free while memory-bound), which gives
-  `walltime_improvement`.
+  `expected_tokens(alpha, gamma) / (c gamma + c_fixed + target_pass_cost)`, where
+  `target_pass_cost` is the time of scoring gamma+1 positions in one target pass relative to a
+  1-position target step. The paper assumes `target_pass_cost = 1` (scoring is free while
+  memory-bound) and `c_fixed = 0`, which gives `walltime_improvement`.
 
   Args:
     alpha: acceptance rate in [0, 1].
     gamma: drafted tokens per iteration, >= 0.
     c: drafter step time / target step time, >= 0.
     target_pass_cost: (gamma+1)-position target pass time / 1-position target step time, > 0.
+    c_fixed: what the drafter costs per iteration beyond its gamma calls, in target steps, >= 0
+      (on a CPU its first call reloads what the pass evicted: `timing.DrafterCost`).
 
   Returns:
     float64 array, broadcast shape of the inputs.
   """
-  return iteration_speedup(expected_tokens(alpha, gamma), gamma, c, target_pass_cost)
+  return iteration_speedup(expected_tokens(alpha, gamma), gamma, c, target_pass_cost, c_fixed)
 
 
-def iteration_speedup(tokens_per_iteration, gamma, c, target_pass_cost) -> np.ndarray:
+def iteration_speedup(tokens_per_iteration, gamma, c, target_pass_cost, c_fixed=0.0) -> np.ndarray:
   """Walltime improvement of a loop emitting `tokens_per_iteration` tokens per iteration (the
   block efficiency) at the cost of gamma drafter calls and one target pass:
-  `tokens_per_iteration / (c gamma + target_pass_cost)`, in target steps.
+  `tokens_per_iteration / (c gamma + c_fixed + target_pass_cost)`, in target steps.
 
   `walltime_improvement_measured` is this at `expected_tokens(alpha, gamma)`. A multi-draft loop
   (K paths) has no closed form of its tokens in alpha: it is predicted from its measured block
   efficiency, with c and the pass cost measured at K rows per row (`timing.step_costs`).
   """
   c = _in_range('c', c, 0.0)
+  c_fixed = _in_range('c_fixed', c_fixed, 0.0)
   target_pass_cost = _in_range('target_pass_cost', target_pass_cost, 0.0)
   if np.any(target_pass_cost == 0):
     raise ValueError('target_pass_cost must be > 0')
   tokens = _in_range('tokens_per_iteration', tokens_per_iteration, 0.0)
-  return tokens / (c * gamma + target_pass_cost)
+  return tokens / (c * gamma + c_fixed + target_pass_cost)
 
 
 def call_speedup(loop_speedup, baseline_seconds, baseline_fixed, fixed) -> np.ndarray:

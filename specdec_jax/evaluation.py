@@ -6,10 +6,10 @@ For each temperature, drafter and gamma: decode the test set batch by batch, eac
 autoregressively and then with each verifier in turn (token, block), every call timed with
 compilation excluded, so that one autoregressive baseline serves both verifiers and every speedup
 compares methods under the same machine load. Each row (`Row`) reports alpha (measured, mean beta
-over verified positions), block efficiency, c (a drafter call in target steps: what the gamma
-calls add to an iteration of the loop's model calls, `timing.step_costs`; `c_alone`: a call
-alone), the walltime speedup, the speedup the paper's formula predicts from the measured alpha, c
-and (gamma+1)-position pass cost (the pass cost is a property of the target and gamma: the median
+over verified positions), block efficiency, c and c_fixed (what the drafter adds to an iteration of
+the loop's model calls, `gamma * c + c_fixed` target steps, `timing.step_costs`; `c_alone`: a
+call alone), the walltime speedup, the speedup the paper's formula predicts from the measured
+alpha, c, c_fixed and (gamma+1)-position pass cost (the pass cost is a property of the target and gamma: the median
 over every drafter's measurement), and BLEU. Then what the loops themselves cost:
 `iteration_cost`, a speculative iteration in autoregressive steps, each fitted over the batches
 (`loop_costs`: seconds ~ fixed + per iteration x iterations, the work around the model calls
@@ -65,10 +65,13 @@ class Row:
   alpha: float | None = None  # mean beta = sum_x min(p, q) over the verified positions
   block_efficiency: float  # tokens emitted per target call; 1.0 for autoregressive decoding
   c: float | None = None  # a drafter call / a target step, in the loop (`timing.step_costs`)
+  # What the drafter costs per iteration beyond its gamma calls, in target steps (on a CPU: its
+  # first call's reload of the weights the pass evicted; `timing.DrafterCost`).
+  c_fixed: float | None = None
   pass_cost: float | None = None  # a (gamma+1)-position pass / a target step (median of drafters)
   speedup: float  # its baseline's seconds (same batches, timed in turn) / its own seconds
-  # The paper's formula at alpha, gamma, c, pass_cost; with K > 1 paths or a draft stop (no
-  # closed form in alpha), the measured block efficiency / (c gamma + pass_cost)
+  # The paper's formula at alpha, gamma, c, pass_cost and c_fixed; with K > 1 paths or a draft
+  # stop (no closed form in alpha), the measured block efficiency / (c gamma + c_fixed + pass_cost)
   # (`analysis.iteration_speedup`; the drafter makes its gamma calls either way).
   predicted_speedup: float | None = None
   bleu: float  # corpus BLEU of the outputs against the references
@@ -94,6 +97,7 @@ TABLE = (
   tables.Column('alpha', fmt='.3f', width=6),
   tables.Column('block_efficiency', 'block_eff', '.2f'),
   tables.Column('c', fmt='.3f', width=6),
+  tables.Column('c_fixed', fmt='.3f', width=7),
   tables.Column('pass_cost', fmt='.2f'),
   tables.Column('speedup', fmt='.2f', suffix='x', width=7),
   tables.Column('predicted_speedup', 'predicted', '.2f'),
@@ -437,8 +441,8 @@ _TIMING_REPEATS = 15
 
 
 def model_costs(plan: Plan) -> dict[tuple[str, int], dict[str, float]]:
-  """c, c_alone and pass_cost of every (drafter name, gamma) of the plan, measured in the loop
-  (`timing.step_costs`, `config.timing_rounds` rounds). The pass cost is the target's, not the
+  """c, c_fixed, c_alone and pass_cost of every (drafter name, gamma) of the plan, measured in the
+  loop (`timing.step_costs`, `config.timing_rounds` rounds). The pass cost is the target's, not the
   drafter's: each gamma's is the median over every drafter's measurement (less noise than one
   drafter's rounds)."""
   c = plan.config
@@ -463,7 +467,9 @@ def model_costs(plan: Plan) -> dict[tuple[str, int], dict[str, float]]:
     for g in c.gammas
   }
   return {
-    (name, gamma): dict(c=v['c'], c_alone=v['c_alone'], pass_cost=pass_cost[gamma])
+    (name, gamma): dict(
+      c=v['c'], c_fixed=v['c_fixed'], c_alone=v['c_alone'], pass_cost=pass_cost[gamma]
+    )
     for (name, gamma), v in costs.items()
   }
 
@@ -494,9 +500,12 @@ def speculative_row(
   efficiency = float(run.stats.block_efficiency)
   paths, stop = num_drafts(plan.config), plan.config.get('draft_stop')
   if paths == 1 and stop is None:
-    predicted = analysis.walltime_improvement_measured(alpha, gamma, cost['c'], cost['pass_cost'])
+    tokens = analysis.expected_tokens(alpha, gamma)
   else:
-    predicted = analysis.iteration_speedup(efficiency, gamma, cost['c'], cost['pass_cost'])
+    tokens = efficiency
+  predicted = analysis.iteration_speedup(
+    tokens, gamma, cost['c'], cost['pass_cost'], cost['c_fixed']
+  )
   # The loops' own costs, fitted over the batches (NaN: batches of one iteration count): an
   # iteration of this run in autoregressive steps of its baseline, and each one's fixed seconds
   # per call, which the formula leaves out.
@@ -520,6 +529,7 @@ def speculative_row(
     alpha=alpha,
     block_efficiency=efficiency,
     c=cost['c'],
+    c_fixed=cost['c_fixed'],
     c_alone=cost['c_alone'],
     pass_cost=cost['pass_cost'],
     speedup=baseline.seconds / run.seconds,

@@ -4,8 +4,9 @@ A model call timed from Python includes jit dispatch (~0.3-0.5 ms for a T5's par
 small CPU), which the decode loops never pay: they run inside one jit. `step_seconds` therefore
 times a model call inside a jitted `fori_loop` and takes the difference of two loop lengths, which
 cancels dispatch; the encoder and the cache set-up run once before, outside the timed programs.
-The drafter's cost in the loop (c) is measured inside the loop's own iteration, run with and
-without its drafter calls (`drafter_seconds`). Loops timed together run in turn and the fastest
+The drafter's cost in the loop is measured inside the loop's own iteration, run without its
+drafter calls, with them, and with its draft repeated (`drafter_seconds`): a cost per call (c)
+and a fixed cost per iteration (c_fixed). Loops timed together run in turn and the fastest
 run of each counts, so that a shared machine's load moves them alike (`step_costs`, which the
 main job and the benchmarks use).
 
@@ -16,6 +17,7 @@ import functools
 import math
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -91,15 +93,16 @@ def _repeated_iterations(
   gamma,
   cache_len,
   calls,
-  drafting=True,
+  drafts=1,
 ):
-  """`calls` iterations of the speculative loop's model calls, by the loop's own functions: the
-  drafter's gamma calls (`decode_steps.draft`, greedy) and one (gamma+1)-position target pass,
-  every iteration from `position` [B] of the caches. `calls` and `drafting` are traced: one
-  program for every loop length, its drafter calls made or skipped by a `lax.cond` (`drafting`
-  False: the pass scores fixed drafts). One program both ways, as two programs are compiled apart:
-  an iteration compiled without its drafter calls ran faster by more than they cost (an n-gram
-  drafter that costs nothing alone read c 0.13 that way; docs/results.md section 1)."""
+  """`calls` iterations of the speculative loop's model calls, by the loop's own functions:
+  `drafts` drafts of gamma drafter calls each (`decode_steps.draft`, greedy, each from the same
+  position) and one (gamma+1)-position target pass, every iteration from `position` [B] of the
+  caches. `drafts` is 1 in the loop; 0 skips the drafter (the pass scores fixed drafts), and more
+  repeat the draft right after the first, whose calls find the drafter's weights as its own calls
+  left them. `calls` and `drafts` are traced: one program for every loop length and draft count,
+  as two programs are compiled apart (an iteration compiled without its drafter calls ran faster
+  by more than they cost: an n-gram drafter that costs nothing alone read c 0.13 that way)."""
   batch = position.shape[0]
   reads_states = getattr(drafter_steps, 'reads_target_states', False)
   states = None
@@ -115,12 +118,13 @@ def _repeated_iterations(
     pending = (jnp.argmax(logits[:, -1], -1) + i) % 7 + 2
     seq = jnp.broadcast_to(pending[:, None], (batch, cache_len))
 
-    def run_drafter(drafter_cache):
+    def run_drafter(j, carry):
+      last, drafter_cache = carry
       drafts, _, drafter_cache, _ = decode_steps.draft(
         drafter_steps,
         drafter_params,
         drafter_cache,
-        seq,
+        (seq + last[:, :1] + j) % 7 + 2,  # a repeat depends on the draft before it
         position,
         jax.random.key(0),  # unused when greedy, as in the loop
         gamma=gamma,
@@ -130,12 +134,13 @@ def _repeated_iterations(
       )
       return drafts, drafter_cache
 
-    skip_drafter = lambda drafter_cache: (seq[:, :gamma], drafter_cache)
-    drafts, drafter_cache = jax.lax.cond(drafting, run_drafter, skip_drafter, drafter_cache)
+    drafted, drafter_cache = jax.lax.fori_loop(
+      0, drafts, run_drafter, (seq[:, :gamma], drafter_cache)
+    )
     logits, states, target_cache = decode_steps.target_pass(
       target_steps,
       target_params,
-      jnp.concatenate([pending[:, None], drafts], axis=1),
+      jnp.concatenate([pending[:, None], drafted], axis=1),
       target_cache.replace(end_index=position),
       with_states=reads_states,
     )
@@ -188,13 +193,13 @@ def _step_loop(model, *, batch_size, source_length, num_tokens=1, cache_len=64, 
 
 
 def _iteration_loop(target, drafter, *, batch_size, source_length, gamma, cache_len=64):
-  """`run(k, drafting=True)`: k iterations of the loop's model calls (`_repeated_iterations`)."""
+  """`run(k, drafts=1)`: k iterations of the loop's model calls (`_repeated_iterations`)."""
   target_steps, target_params = step_models.as_step_model(target)
   drafter_steps, drafter_params = step_models.as_step_model(drafter)
   ids = jnp.full((batch_size, source_length), 3, jnp.int32)
   caches = _cache(target, None, ids, cache_len), _cache(drafter, target, ids, cache_len)
   position = jnp.full((batch_size,), cache_len // 4, jnp.int32)
-  return lambda k, drafting=True: _repeated_iterations(
+  return lambda k, drafts=1: _repeated_iterations(
     target_steps,
     target_params,
     drafter_steps,
@@ -204,8 +209,36 @@ def _iteration_loop(target, drafter, *, batch_size, source_length, gamma, cache_
     gamma=gamma,
     cache_len=cache_len,
     calls=jnp.int32(k),
-    drafting=jnp.bool_(drafting),
+    drafts=jnp.int32(drafts),
   )
+
+
+class DrafterCost(NamedTuple):
+  """What a drafter's gamma calls add to an iteration of the loop: `gamma * per_call + fixed`.
+
+  `per_call` is the slope: a drafter call's cost once the drafter is running (its calls in
+  repeated drafts). `fixed` is what the first draft of an iteration costs beyond its gamma calls:
+  on a CPU, the reload of the drafter's weights and cache that the target pass evicted (a 5 MB
+  drafter beside a 190 MB target: ~0.1 target steps per iteration whatever gamma). A single
+  per-call c = (gamma * per_call + fixed) / gamma would read ~40% more at gamma 3 than at 5.
+  In seconds or in target steps, as returned.
+  """
+
+  per_call: float
+  fixed: float
+
+
+# Repeats of the draft in the run that measures `DrafterCost.per_call`: 4 x gamma extra calls per
+# iteration make the slope a difference of ~10% of the run, not of the ~1% of one draft.
+EXTRA_DRAFTS = 4
+
+
+def _drafter_cost(seconds: dict, gamma: int, extra: int, per: float) -> DrafterCost:
+  """`DrafterCost` from the fastest runs of one loop length with 0, 1 and 1 + `extra` drafts per
+  iteration (`seconds[drafts]`), over `per` (the loop length, or a run of target steps)."""
+  per_call = max(seconds[1 + extra] - seconds[1], 0.0) / (extra * gamma) / per
+  drafting = max(seconds[1] - seconds[0], 0.0) / per
+  return DrafterCost(per_call, max(drafting - gamma * per_call, 0.0))
 
 
 def iteration_seconds(
@@ -231,22 +264,28 @@ def iteration_seconds(
 
 
 def drafter_seconds(
-  target, drafter, *, gamma: int, calls: int = 36, repeats: int = 7, **shape
-) -> float:
-  """Seconds that an iteration's gamma drafter calls add to it, measured where they are spent:
-  the loop of `iteration_seconds` (one compiled program; `shape`: its batch_size, source_length
-  and cache_len) run for `calls` iterations with its drafter calls and with them skipped (the
-  pass then scores fixed drafts), in turn `repeats` times; the difference of the fastest runs,
-  over `calls`.
+  target,
+  drafter,
+  *,
+  gamma: int,
+  calls: int = 36,
+  repeats: int = 7,
+  extra_drafts: int = EXTRA_DRAFTS,
+  **shape,
+) -> DrafterCost:
+  """Seconds that an iteration's drafter calls add to it, measured where they are spent: the loop
+  of `iteration_seconds` (one compiled program; `shape`: its batch_size, source_length and
+  cache_len) run for `calls` iterations with 0, 1 and 1 + `extra_drafts` drafts per iteration, in
+  turn `repeats` times (`DrafterCost` from the fastest runs).
 
-  The two runs differ in the drafter's calls alone: same program, loop length, caches and target
-  pass, so dispatch, set-up and the pass cancel, and what remains includes what the calls cost in
-  the loop and not alone (the reload of the drafter's weights that each pass evicted).
+  The runs differ in the drafter's calls alone: same program, loop length, caches and target pass,
+  so dispatch, set-up and the pass cancel, and what remains includes what the calls cost in the
+  loop and not alone (the reload of the drafter's weights that each pass evicted: `fixed`).
   """
   run = _iteration_loop(target, drafter, gamma=gamma, **shape)
-  runs = {drafting: functools.partial(run, calls, drafting) for drafting in (True, False)}
-  seconds = _fastest(runs, repeats)
-  return max(seconds[True] - seconds[False], 0.0) / calls
+  counts = (0, 1, 1 + extra_drafts)
+  seconds = _fastest({k: functools.partial(run, calls, k) for k in counts}, repeats)
+  return _drafter_cost(seconds, gamma, extra_drafts, calls)
 
 
 def step_seconds(
@@ -292,24 +331,26 @@ def step_costs(
   num_paths: int = 1,
   calls: tuple[int, int] = (4, 36),
   repeats: int = 7,
+  extra_drafts: int = EXTRA_DRAFTS,
 ) -> dict[str, float]:
   """What the walltime formula needs, in seconds and in target steps, all timed in turn.
 
   Seconds (each in-loop, from two loop lengths as `step_seconds`): `target_step` (T=1),
   `target_pass` (gamma+1 positions), `drafter_step` (the drafter alone) and `iteration` (a whole
   iteration's model calls, `iteration_seconds`). Ratios, in target steps: `pass_cost` (pass /
-  target step), `c` (a drafter call as the loop pays it: what the gamma calls add to an
-  iteration, as `drafter_seconds`, over gamma) and `c_alone` (a drafter step alone). `c` is what
-  the formula needs: on a CPU each target pass evicts the drafter's weights, so its calls cost
-  more in the loop than alone (on a TPU the two agree).
+  target step), `c` and `c_fixed` (what the drafter adds to an iteration, `gamma * c + c_fixed`,
+  measured as `drafter_seconds`: `DrafterCost.per_call` and `.fixed`) and `c_alone` (a drafter
+  step alone). `c` and `c_fixed` are what the formula needs: on a CPU each target pass evicts the
+  drafter's weights, so its calls cost more in the loop than alone, and the first of them most
+  (on a TPU or GPU c is c_alone and c_fixed ~0).
 
   Every loop runs in turn with the others (`repeats` times; the fastest run of each counts).
-  `pass_cost` and `c` are ratios of the longer runs alone (`calls[1]` calls each, so dispatch is
-  well under 1% of a run of any model worth timing): runs of like length meet a shared machine's
-  load alike, where a short run finds it idle more often than a long one and skews a difference of
-  the two. `c_alone` is a ratio of slopes: a drafter step alone is too cheap to be timed without
-  cancelling dispatch. `rounds` repeats the whole measurement; each value is the median over the
-  rounds.
+  `pass_cost`, `c` and `c_fixed` are ratios of the longer runs alone (`calls[1]` calls each, so
+  dispatch is well under 1% of a run of any model worth timing): runs of like length meet a
+  shared machine's load alike, where a short run finds it idle more often than a long one and
+  skews a difference of the two. `c_alone` is a ratio of slopes: a drafter step alone is too cheap
+  to be timed without cancelling dispatch. `rounds` repeats the whole measurement; each value is
+  the median over the rounds.
 
   With `num_paths` K > 1 (a multi-draft loop, `speculative_generate(..., num_drafts=K)`, which
   runs each row as K rows of both models) the pass, the drafter and the iteration are measured at
@@ -326,7 +367,8 @@ def step_costs(
   )
   long = calls[1]
   runs = {(name, k): functools.partial(loop, k) for name, loop in loops.items() for k in calls}
-  runs['without_drafter', long] = functools.partial(loops['iteration'], long, False)
+  for drafts in (0, 1 + extra_drafts):
+    runs['drafts', drafts] = functools.partial(loops['iteration'], long, drafts)
   measured = []
   for _ in range(rounds):
     seconds = _fastest(runs, repeats)
@@ -337,10 +379,11 @@ def step_costs(
         'longer): the target is too cheap to time here; pass longer `calls`.'
       )
     step_run = seconds['target_step', long]
-    drafting = max(seconds['iteration', long] - seconds['without_drafter', long], 0.0)
-    m['c'] = drafting / gamma / step_run
+    drafts = {0: seconds['drafts', 0], 1: seconds['iteration', long]}
+    drafts[1 + extra_drafts] = seconds['drafts', 1 + extra_drafts]
+    m['c'], m['c_fixed'] = _drafter_cost(drafts, gamma, extra_drafts, step_run)
     m['pass_cost'] = seconds['target_pass', long] / step_run
     m['c_alone'] = m['drafter_step'] / m['target_step']
     measured.append(m)
-  names = (*loops, 'c_alone', 'c', 'pass_cost')
+  names = (*loops, 'c_alone', 'c', 'c_fixed', 'pass_cost')
   return {name: float(np.median([m[name] for m in measured])) for name in names}

@@ -69,6 +69,11 @@ def test_walltime_improvement_measured():
   )
   # A multi-draft loop's prediction: its measured tokens per iteration over the same cost.
   np.testing.assert_allclose(analysis.iteration_speedup(2.4, 3, 0.1, 2.0), 2.4 / 2.3)
+  # A drafter's fixed cost per iteration adds to the iteration's, once whatever gamma.
+  np.testing.assert_allclose(
+    analysis.walltime_improvement_measured(0.5, [3, 5], 0.1, 1.3, 0.2),
+    [1.875 / (0.3 + 0.2 + 1.3), 1.96875 / (0.5 + 0.2 + 1.3)],
+  )
 
 
 def test_call_speedup_adds_each_methods_fixed_seconds_to_the_loops():
@@ -155,6 +160,7 @@ def test_expected_tokens_agrees_with_token_verification():
     (lambda: analysis.walltime_improvement(0.5, 3, -0.1), 'c must be in'),
     (lambda: analysis.walltime_improvement_measured(0.5, 3, 0.1, 0.0), 'target_pass_cost'),
     (lambda: analysis.iteration_speedup(-1.0, 3, 0.1, 1.0), 'tokens_per_iteration must be in'),
+    (lambda: analysis.iteration_speedup(2.0, 3, 0.1, 1.0, -0.1), 'c_fixed must be in'),
     (lambda: analysis.ops_increase(0.5, 3, -1.0), 'c_hat must be in'),
     (lambda: analysis.optimal_gamma(0.5, 0.1, max_gamma=0), 'max_gamma must be >= 1'),
     (lambda: analysis.speedup_guaranteed([0.5, 2.0], 0.1), 'alpha must be in'),

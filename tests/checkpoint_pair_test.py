@@ -44,7 +44,9 @@ def _config(tmp_path, **items):
 
 def test_checkpoint_pair_runs_the_main_job(tmp_path, monkeypatch):
   # The timed model costs are faked (the loops' timers are timing_test's; ~8 CPU-s here).
-  monkeypatch.setattr(timing, 'step_costs', lambda *a, **k: dict(c=0.1, c_alone=0.1, pass_cost=1.5))
+  monkeypatch.setattr(
+    timing, 'step_costs', lambda *a, **k: dict(c=0.1, c_fixed=0.05, c_alone=0.1, pass_cost=1.5)
+  )
   plan = evaluation.prepare(_config(tmp_path))
   assert plan.mesh is None  # 'auto' on CPU: one device, no sharding
   assert list(plan.drafters) == ['drafter']  # the pair's one drafter, whatever config.drafters

@@ -153,7 +153,8 @@ def test_step_costs_of_a_drafter_over_the_target_encoder():
   # Timed through the target's encoder output (its own `encode` would raise); the values are
   # timings, so only their form is checked here.
   assert set(costs) == {
-    'target_step', 'target_pass', 'drafter_step', 'iteration', 'c', 'c_alone', 'pass_cost'
+    'target_step', 'target_pass', 'drafter_step', 'iteration', 'c', 'c_fixed', 'c_alone',
+    'pass_cost',
   }  # fmt: skip
   assert all(np.isfinite(v) and v >= 0 for v in costs.values())
   with pytest.raises(ValueError, match='pass target='):

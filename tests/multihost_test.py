@@ -43,7 +43,7 @@ from experiments import translate
 from experiments.configs import ende
 if costs == 'fake':
   from specdec_jax import timing
-  timing.step_costs = lambda *a, **k: dict(c=0.1, c_alone=0.1, pass_cost=1.5)
+  timing.step_costs = lambda *a, **k: dict(c=0.1, c_fixed=0.05, c_alone=0.1, pass_cost=1.5)
 
 multi = pid >= 0
 assert jax.process_count() == (2 if multi else 1) and jax.device_count() == (8 if multi else 1)

@@ -15,11 +15,12 @@ from tests import helpers
 
 # Fake seconds of a timing loop run: fixed setup (dispatch), plus per call of the loop _STEP per
 # position a model call scores (`_repeated_steps`), or per iteration (`_repeated_iterations`)
-# _PASS_IN_LOOP and, when it drafts, _DRAFT per drafter call. _PASS_IN_LOOP is not
-# (gamma+1) * _STEP, so a c taken as (iteration - separately timed pass) / gamma reads another
-# value than one from the iteration with and without its drafter calls.
-_SETUP, _STEP, _PASS_IN_LOOP, _DRAFT = 2e-3, 1e-3, 5e-3, 4e-4
-_ITERATION_2 = _PASS_IN_LOOP + 2 * _DRAFT  # a fake iteration at gamma 2
+# _PASS_IN_LOOP, _DRAFT per drafter call of its drafts, and _FIRST_DRAFT once when it drafts (the
+# first draft's reload of what the pass evicted). _PASS_IN_LOOP is not (gamma+1) * _STEP, so a c
+# taken as (iteration - separately timed pass) / gamma reads another value than one from the
+# iteration with and without its drafter calls.
+_SETUP, _STEP, _PASS_IN_LOOP, _DRAFT, _FIRST_DRAFT = 2e-3, 1e-3, 5e-3, 4e-4, 7e-4
+_ITERATION_2 = _PASS_IN_LOOP + 2 * _DRAFT + _FIRST_DRAFT  # a fake iteration at gamma 2
 
 
 def _run(per_call, calls):
@@ -29,7 +30,8 @@ def _run(per_call, calls):
 
 def _iteration_seconds(kw):
   """Fake seconds of one iteration of `_repeated_iterations(**kw)`."""
-  return _PASS_IN_LOOP + bool(kw.get('drafting', True)) * kw['gamma'] * _DRAFT
+  drafts = int(kw.get('drafts', 1))
+  return _PASS_IN_LOOP + drafts * kw['gamma'] * _DRAFT + min(drafts, 1) * _FIRST_DRAFT
 
 
 @pytest.fixture
@@ -67,10 +69,12 @@ def test_step_and_iteration_timers_compile_once_per_shape(fake_clock, tiny_pair)
     assert timing.iteration_seconds(target, drafter, gamma=2, calls=calls, **kw) == pytest.approx(
       _ITERATION_2
     )
-    # The drafter's calls in the loop: the same program with and without them.
-    drafting = timing.drafter_seconds(target, drafter, gamma=2, calls=calls[1], **kw)
-    assert drafting == pytest.approx(2 * _DRAFT)
-  # Two loop lengths per call, two calls, the drafter calls made and skipped: one program each.
+    # The drafter's calls in the loop: the same program with 0, 1 and 5 drafts an iteration. Fails
+    # if the slope is not per call (x2, x4) or the first draft's extra is taken as per call.
+    cost = timing.drafter_seconds(target, drafter, gamma=2, calls=calls[1], **kw)
+    assert cost.per_call == pytest.approx(_DRAFT)
+    assert cost.fixed == pytest.approx(_FIRST_DRAFT)
+  # Two loop lengths per call, two calls, three draft counts: one program each.
   assert repeated_steps._cache_size() == steps_before + 1
   assert repeated_iterations._cache_size() == iterations_before + 1
 
@@ -86,12 +90,15 @@ def test_step_costs_c_is_the_drafters_calls_in_the_loop(fake_clock, tiny_pair):
   assert costs['target_pass'] == pytest.approx(3 * _STEP)
   assert costs['iteration'] == pytest.approx(_ITERATION_2)
   assert costs['c_alone'] == pytest.approx(1.0)  # a ratio of slopes
-  # c: what the 2 drafter calls add to a 6-iteration run, per call, over a 6-step run: 0.4 steps
-  # but for the step run's setup (0.379). Fails if c is taken from the separately timed pass
-  # ((5.8 - 3) / 2 = 1.4), is not per drafter call (x2), is c_alone (1.0), clamps a positive
-  # difference to 0, or divides by the step's slope (0.4).
+  # c: what a drafter call adds to a 6-iteration run (from 1 and 5 drafts an iteration) over a
+  # 6-step run: 0.4 steps but for the step run's setup (0.379); c_fixed: what the first draft adds
+  # beyond its calls (0.7 steps, 0.663). Fails if c is taken from the separately timed pass
+  # ((6.5 - 3) / 2 = 1.75), from the iteration with and without its draft (0.71: the first
+  # draft's extra spread over gamma), is not per drafter call (x2), is c_alone (1.0), clamps a
+  # positive difference to 0, or divides by the step's slope (0.4).
   long_step = _run(_STEP, 6)
-  assert costs['c'] == pytest.approx(6 * 2 * _DRAFT / 2 / long_step)
+  assert costs['c'] == pytest.approx(6 * _DRAFT / long_step)
+  assert costs['c_fixed'] == pytest.approx(6 * _FIRST_DRAFT / long_step)
   assert costs['pass_cost'] == pytest.approx(_run(3 * _STEP, 6) / long_step)
 
 
@@ -174,7 +181,8 @@ def test_timers_run_a_drafter_that_reads_the_target_states(fake_clock, tiny_pair
   assert timing.step_seconds(drafter, target=target, **kw) == pytest.approx(_STEP)
   assert timing.iteration_seconds(target, drafter, gamma=2, **kw) == pytest.approx(_ITERATION_2)
   costs = timing.step_costs(target, drafter, gamma=2, rounds=1, **kw)
-  assert costs['c'] == pytest.approx(3 * 2 * _DRAFT / 2 / _run(_STEP, 3))
+  assert costs['c'] == pytest.approx(3 * _DRAFT / _run(_STEP, 3))
+  assert costs['c_fixed'] == pytest.approx(3 * _FIRST_DRAFT / _run(_STEP, 3))
   assert costs['c_alone'] == pytest.approx(1.0)
 
 

@@ -22,7 +22,7 @@ def _fake_step_costs(target, drafter, *, gamma, **kw):
   """`timing.step_costs` without its timed loops (~10 CPU-s per drafter): a pass cost that
   depends on the drafter, so that pooling them (the median over drafters) shows."""
   pass_cost = 1.0 + gamma / 10 + (0.5 if isinstance(drafter, t5.T5Model) else 0.0)
-  return dict(c=0.05, c_alone=0.04, pass_cost=pass_cost)
+  return dict(c=0.05, c_fixed=0.02, c_alone=0.04, pass_cost=pass_cost)
 
 
 def _spy_decodings(monkeypatch) -> list:
@@ -128,7 +128,8 @@ def test_multidraft_and_draft_stop_rows(item, column, value):
   )
   assert [getattr(r, column) for r in rows] == [None, value]
   r = rows[1]
-  assert r.predicted_speedup == pytest.approx(r.block_efficiency / (r.gamma * r.c + r.pass_cost))
+  cost = r.gamma * r.c + r.c_fixed + r.pass_cost
+  assert r.predicted_speedup == pytest.approx(r.block_efficiency / cost)
 
 
 @pytest.mark.slow  # ~25 CPU-s
@@ -205,13 +206,15 @@ def test_speculative_row_predicts_whole_calls_with_each_methods_fixed_seconds():
   zeros = decode_stats.DecodeStats.zeros(1, 3).summed()
   stats = zeros.replace(target_calls=20, accepted=40, drafted=60, beta_sum=40.0, beta_count=50)
   baseline = _run(0.02, 0.010, [10, 20, 30], zeros)
-  cost = dict(c=0.1, c_alone=0.05, pass_cost=1.5)
+  cost = dict(c=0.1, c_fixed=0.2, c_alone=0.05, pass_cost=1.5)
   row = evaluation.speculative_row(
     plan, 'd', 'token', 3, 0.0, _run(0.03, 0.018, [4, 7, 9], stats), baseline, cost
   )
   assert row.alpha == pytest.approx(0.8) and row.block_efficiency == pytest.approx(3.0)
   assert row.iteration_cost == pytest.approx(1.8)
-  predicted = analysis.walltime_improvement_measured(0.8, 3, 0.1, 1.5)
+  # E[tokens] 2.952 over 3 x 0.1 + 0.2 + 1.5 target steps (1.476x; 1.64x without c_fixed).
+  predicted = analysis.walltime_improvement_measured(0.8, 3, 0.1, 1.5, 0.2)
+  assert row.predicted_speedup == pytest.approx(2.952 / 2.0)
   assert row.predicted_speedup == pytest.approx(predicted)
   # The baseline's loop is its 0.66 s less 3 x 0.02 fixed; the speculative call adds 3 x 0.03.
   assert row.predicted_call == pytest.approx(0.66 / (0.09 + 0.6 / predicted))
