@@ -64,12 +64,21 @@ def draft_token(rng, logits, sampling: sampling_lib.SamplingConfig):
   return sampling_lib.sample(rng, q), q
 
 
-def drafter_call(steps, params, tokens, features, cache):
+def drafter_call(steps, params, tokens, features, cache, at=None):
   """One drafter call as the loop makes it: (logits, predicted target states or None, cache).
 
   `step`, or `step_features` for a drafter that reads the target's states (`features` not None).
+  With `at` (int32[B]) only position at[b] of each row is read: logits [B, 1, V] (and predicted
+  states), by the step model's `step_at` where it has one (a T5's output layer then runs on one
+  row), else picked from every position's.
   """
   with jax.named_scope('drafter'):
+    if at is not None:
+      if hasattr(steps, 'step_at'):
+        return steps.step_at(params, tokens, features, cache, at)
+      logits, predicted, cache = drafter_call(steps, params, tokens, features, cache)
+      pick = lambda x: None if x is None else jnp.take_along_axis(x, at[:, None, None], axis=1)
+      return pick(logits), pick(predicted), cache
     if features is None:
       logits, cache = steps.step(params, tokens, cache)
       return logits, None, cache
@@ -112,12 +121,12 @@ def draft(
     features, state_start = target_states
     start = state_start + 1
     tokens = row_slice(seq, start, gamma + 1)
+  # Only the logits after seq[n] are read.
+  at = jnp.clip(n - start, 0, tokens.shape[1] - 1)
   logits, predicted, cache = drafter_call(
-    steps, params, tokens, features, cache.replace(end_index=start)
+    steps, params, tokens, features, cache.replace(end_index=start), at=at
   )
-  index = jnp.clip(n - start, 0, tokens.shape[1] - 1)[:, None, None]
-  pick = lambda x: None if x is None else jnp.take_along_axis(x, index, axis=1)[:, 0]
-  logits, predicted = pick(logits), pick(predicted)
+  logits, predicted = logits[:, 0], None if predicted is None else predicted[:, 0]
   cache = cache.replace(end_index=n + 1)
 
   @jax.named_scope('sampling')

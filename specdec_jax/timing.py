@@ -5,8 +5,8 @@ small CPU), which the decode loops never pay: they run inside one jit. `step_sec
 times a model call inside a jitted `fori_loop` and takes the difference of two loop lengths, which
 cancels dispatch; the encoder and the cache set-up run once before, outside the timed programs.
 The drafter's cost in the loop is measured inside the loop's own iteration, run without its
-drafter calls, with them, and with its draft repeated (`drafter_seconds`): a cost per call (c)
-and a fixed cost per iteration (c_fixed). Loops timed together run in turn and the fastest
+drafter calls, with them, and with more of them (`drafter_seconds`): a cost per call (c) and a
+fixed cost per iteration (c_fixed). Loops timed together run in turn and the fastest
 run of each counts, so that a shared machine's load moves them alike (`step_costs`, which the
 main job and the benchmarks use).
 
@@ -93,16 +93,16 @@ def _repeated_iterations(
   gamma,
   cache_len,
   calls,
-  drafts=1,
+  drafting=True,
+  extra_calls=0,
 ):
-  """`calls` iterations of the speculative loop's model calls, by the loop's own functions:
-  `drafts` drafts of gamma drafter calls each (`decode_steps.draft`, greedy, each from the same
-  position) and one (gamma+1)-position target pass, every iteration from `position` [B] of the
-  caches. `drafts` is 1 in the loop; 0 skips the drafter (the pass scores fixed drafts), and more
-  repeat the draft right after the first, whose calls find the drafter's weights as its own calls
-  left them. `calls` and `drafts` are traced: one program for every loop length and draft count,
-  as two programs are compiled apart (an iteration compiled without its drafter calls ran faster
-  by more than they cost: an n-gram drafter that costs nothing alone read c 0.13 that way)."""
+  """`calls` iterations of the speculative loop's model calls, by the loop's own functions: the
+  drafter's gamma calls (`decode_steps.draft`, greedy), then `extra_calls` more one-token drafter
+  calls as its scan makes them, and one (gamma+1)-position target pass, every iteration from
+  `position` [B] of the caches. `drafting` False skips the draft (the pass scores fixed drafts).
+  `calls`, `drafting` and `extra_calls` are traced: one program for every loop length and count
+  of calls, as two programs are compiled apart (an iteration compiled without its drafter calls
+  ran faster by more than they cost: an n-gram drafter that costs nothing alone read c 0.13)."""
   batch = position.shape[0]
   reads_states = getattr(drafter_steps, 'reads_target_states', False)
   states = None
@@ -118,13 +118,12 @@ def _repeated_iterations(
     pending = (jnp.argmax(logits[:, -1], -1) + i) % 7 + 2
     seq = jnp.broadcast_to(pending[:, None], (batch, cache_len))
 
-    def run_drafter(j, carry):
-      last, drafter_cache = carry
+    def run_drafter(drafter_cache):
       drafts, _, drafter_cache, _ = decode_steps.draft(
         drafter_steps,
         drafter_params,
         drafter_cache,
-        (seq + last[:, :1] + j) % 7 + 2,  # a repeat depends on the draft before it
+        seq,
         position,
         jax.random.key(0),  # unused when greedy, as in the loop
         gamma=gamma,
@@ -134,13 +133,25 @@ def _repeated_iterations(
       )
       return drafts, drafter_cache
 
-    drafted, drafter_cache = jax.lax.fori_loop(
-      0, drafts, run_drafter, (seq[:, :gamma], drafter_cache)
+    skip_drafter = lambda drafter_cache: (seq[:, :gamma], drafter_cache)
+    drafts, drafter_cache = jax.lax.cond(drafting, run_drafter, skip_drafter, drafter_cache)
+
+    def extra_call(_, carry):  # a call of the draft's scan: one token in, its argmax out
+      token, drafter_cache = carry
+      features = None if states is None else states[:, :1]
+      cache = drafter_cache.replace(end_index=position + gamma)
+      logits, _, drafter_cache = decode_steps.drafter_call(
+        drafter_steps, drafter_params, token[:, None], features, cache
+      )
+      return jnp.argmax(logits[:, 0], -1).astype(jnp.int32), drafter_cache
+
+    last, drafter_cache = jax.lax.fori_loop(
+      0, extra_calls, extra_call, (drafts[:, -1], drafter_cache)
     )
     logits, states, target_cache = decode_steps.target_pass(
       target_steps,
       target_params,
-      jnp.concatenate([pending[:, None], drafted], axis=1),
+      jnp.concatenate([pending[:, None], drafts[:, :-1], last[:, None]], axis=1),
       target_cache.replace(end_index=position),
       with_states=reads_states,
     )
@@ -193,13 +204,14 @@ def _step_loop(model, *, batch_size, source_length, num_tokens=1, cache_len=64, 
 
 
 def _iteration_loop(target, drafter, *, batch_size, source_length, gamma, cache_len=64):
-  """`run(k, drafts=1)`: k iterations of the loop's model calls (`_repeated_iterations`)."""
+  """`run(k, drafting=True, extra_calls=0)`: k iterations of the loop's model calls
+  (`_repeated_iterations`)."""
   target_steps, target_params = step_models.as_step_model(target)
   drafter_steps, drafter_params = step_models.as_step_model(drafter)
   ids = jnp.full((batch_size, source_length), 3, jnp.int32)
   caches = _cache(target, None, ids, cache_len), _cache(drafter, target, ids, cache_len)
   position = jnp.full((batch_size,), cache_len // 4, jnp.int32)
-  return lambda k, drafts=1: _repeated_iterations(
+  return lambda k, drafting=True, extra_calls=0: _repeated_iterations(
     target_steps,
     target_params,
     drafter_steps,
@@ -209,36 +221,39 @@ def _iteration_loop(target, drafter, *, batch_size, source_length, gamma, cache_
     gamma=gamma,
     cache_len=cache_len,
     calls=jnp.int32(k),
-    drafts=jnp.int32(drafts),
+    drafting=jnp.bool_(drafting),
+    extra_calls=jnp.int32(extra_calls),
   )
 
 
 class DrafterCost(NamedTuple):
   """What a drafter's gamma calls add to an iteration of the loop: `gamma * per_call + fixed`.
 
-  `per_call` is the slope: a drafter call's cost once the drafter is running (its calls in
-  repeated drafts). `fixed` is what the first draft of an iteration costs beyond its gamma calls:
-  on a CPU, the reload of the drafter's weights and cache that the target pass evicted (a 5 MB
-  drafter beside a 190 MB target: ~0.1 target steps per iteration whatever gamma). A single
-  per-call c = (gamma * per_call + fixed) / gamma would read ~40% more at gamma 3 than at 5.
-  In seconds or in target steps, as returned.
+  `per_call` is a one-token call as the draft's scan makes it (the slope: the iteration with
+  `EXTRA_CALLS` more such calls). `fixed` is the rest of what the draft adds, once per iteration:
+  its first call feeds two positions (the pending token and the one before it; gamma + 1 for a
+  drafter that reads the target's states), and on a CPU it reloads the weights the target pass
+  evicted. On 2 cores of an AMD EPYC (family 26), beside the shipped 48M EN->DE target, the
+  one-layer distilled drafter's first call cost as much as 15 later ones with few-row dots on XLA's
+  Eigen kernels (docs/results.md section 1): one c per call, (gamma * per_call + fixed) / gamma,
+  then reads 0.099 at gamma 3 and 0.066 at 5. In seconds or in target steps, as returned.
   """
 
   per_call: float
   fixed: float
 
 
-# Repeats of the draft in the run that measures `DrafterCost.per_call`: 4 x gamma extra calls per
-# iteration make the slope a difference of ~10% of the run, not of the ~1% of one draft.
-EXTRA_DRAFTS = 4
+# Extra one-token drafter calls per iteration in the run that measures `DrafterCost.per_call`:
+# 16 make the slope a difference of ~10% of the run, not of the ~1% one call is.
+EXTRA_CALLS = 16
 
 
-def _drafter_cost(seconds: dict, gamma: int, extra: int, per: float) -> DrafterCost:
-  """`DrafterCost` from the fastest runs of one loop length with 0, 1 and 1 + `extra` drafts per
-  iteration (`seconds[drafts]`), over `per` (the loop length, or a run of target steps)."""
-  per_call = max(seconds[1 + extra] - seconds[1], 0.0) / (extra * gamma) / per
-  drafting = max(seconds[1] - seconds[0], 0.0) / per
-  return DrafterCost(per_call, max(drafting - gamma * per_call, 0.0))
+def _drafter_cost(without, drafting, extra, *, gamma: int, extra_calls: int, per: float):
+  """`DrafterCost` from the fastest runs of one loop length without the draft, with it, and with
+  it and `extra_calls` more calls, over `per` (the loop length, or a run of target steps)."""
+  per_call = max(extra - drafting, 0.0) / extra_calls / per
+  draft = max(drafting - without, 0.0) / per
+  return DrafterCost(per_call, max(draft - gamma * per_call, 0.0))
 
 
 def iteration_seconds(
@@ -270,22 +285,24 @@ def drafter_seconds(
   gamma: int,
   calls: int = 36,
   repeats: int = 7,
-  extra_drafts: int = EXTRA_DRAFTS,
+  extra_calls: int = EXTRA_CALLS,
   **shape,
 ) -> DrafterCost:
   """Seconds that an iteration's drafter calls add to it, measured where they are spent: the loop
   of `iteration_seconds` (one compiled program; `shape`: its batch_size, source_length and
-  cache_len) run for `calls` iterations with 0, 1 and 1 + `extra_drafts` drafts per iteration, in
-  turn `repeats` times (`DrafterCost` from the fastest runs).
+  cache_len) run for `calls` iterations without the draft, with it, and with `extra_calls` more
+  one-token calls, in turn `repeats` times (`DrafterCost` from the fastest runs).
 
   The runs differ in the drafter's calls alone: same program, loop length, caches and target pass,
   so dispatch, set-up and the pass cancel, and what remains includes what the calls cost in the
   loop and not alone (the reload of the drafter's weights that each pass evicted: `fixed`).
   """
   run = _iteration_loop(target, drafter, gamma=gamma, **shape)
-  counts = (0, 1, 1 + extra_drafts)
-  seconds = _fastest({k: functools.partial(run, calls, k) for k in counts}, repeats)
-  return _drafter_cost(seconds, gamma, extra_drafts, calls)
+  runs = [(False, 0), (True, 0), (True, extra_calls)]
+  seconds = _fastest({run_: functools.partial(run, calls, *run_) for run_ in runs}, repeats)
+  return _drafter_cost(
+    *(seconds[run_] for run_ in runs), gamma=gamma, extra_calls=extra_calls, per=calls
+  )
 
 
 def step_seconds(
@@ -331,7 +348,7 @@ def step_costs(
   num_paths: int = 1,
   calls: tuple[int, int] = (4, 36),
   repeats: int = 7,
-  extra_drafts: int = EXTRA_DRAFTS,
+  extra_calls: int = EXTRA_CALLS,
 ) -> dict[str, float]:
   """What the walltime formula needs, in seconds and in target steps, all timed in turn.
 
@@ -367,8 +384,8 @@ def step_costs(
   )
   long = calls[1]
   runs = {(name, k): functools.partial(loop, k) for name, loop in loops.items() for k in calls}
-  for drafts in (0, 1 + extra_drafts):
-    runs['drafts', drafts] = functools.partial(loops['iteration'], long, drafts)
+  runs['without_drafter', long] = functools.partial(loops['iteration'], long, False)
+  runs['extra_calls', long] = functools.partial(loops['iteration'], long, True, extra_calls)
   measured = []
   for _ in range(rounds):
     seconds = _fastest(runs, repeats)
@@ -379,9 +396,12 @@ def step_costs(
         'longer): the target is too cheap to time here; pass longer `calls`.'
       )
     step_run = seconds['target_step', long]
-    drafts = {0: seconds['drafts', 0], 1: seconds['iteration', long]}
-    drafts[1 + extra_drafts] = seconds['drafts', 1 + extra_drafts]
-    m['c'], m['c_fixed'] = _drafter_cost(drafts, gamma, extra_drafts, step_run)
+    m['c'], m['c_fixed'] = _drafter_cost(
+      *(seconds[name, long] for name in ('without_drafter', 'iteration', 'extra_calls')),
+      gamma=gamma,
+      extra_calls=extra_calls,
+      per=step_run,
+    )
     m['pass_cost'] = seconds['target_pass', long] / step_run
     m['c_alone'] = m['drafter_step'] / m['target_step']
     measured.append(m)

@@ -439,3 +439,32 @@ def test_feature_reading_decoder_chunks_match_teacher_forcing():
     t5.decoder_states(params, encoded, mask, dec, config=config)
   np.testing.assert_array_equal(t5.shift_states(features)[:, 1:], features[:, :-1])
   np.testing.assert_array_equal(t5.shift_states(features)[:, 0], 0)
+
+
+@pytest.mark.parametrize('feature_dim', [None, 12])
+def test_step_at_scores_one_position_per_row(feature_dim):
+  """`T5Steps.step_at` (the draft's first call) gives `step`'s logits (and predicted features) at
+  tokens[b, at[b]] of each row and the same cache; a wrong position's logits differ from them."""
+  model = helpers.tiny_t5('tiny-v1.0', seed=2, feature_dim=feature_dim)  # v1.0: a tied output
+  config, params, steps = model.config, model.params, model.steps
+  ids, mask = _source(config)
+  cache = _prefill(params, ids, mask, config=config).replace(end_index=jnp.array([3, 0, 5]))
+  tokens = _targets(config)[:, :2]
+  features = None
+  if feature_dim:
+    features = jax.random.normal(jax.random.key(1), tokens.shape + (feature_dim,))
+    full, predicted, full_cache = steps.step_features(params, tokens, features, cache)
+  else:
+    (full, full_cache), predicted = steps.step(params, tokens, cache), None
+  at = jnp.array([1, 0, 1])
+  logits, got_predicted, got_cache = steps.step_at(params, tokens, features, cache, at)
+  assert logits.shape == (3, 1, config.vocab_size)
+  pick = lambda x: np.take_along_axis(np.asarray(x), np.asarray(at)[:, None, None], axis=1)
+  np.testing.assert_allclose(logits, pick(full), atol=1e-5, rtol=0)
+  assert np.abs(np.asarray(logits) - pick(full[:, ::-1])).max() > 1e-2  # the other position's
+  if feature_dim:
+    np.testing.assert_allclose(got_predicted, pick(predicted), atol=1e-5, rtol=0)
+  else:
+    assert got_predicted is None
+  for got, want in zip(jax.tree.leaves(got_cache), jax.tree.leaves(full_cache)):
+    np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)

@@ -2,6 +2,7 @@
 seconds and cost ratios they report, on a fake clock."""
 
 import dataclasses
+import functools
 import re
 import types
 
@@ -15,8 +16,8 @@ from tests import helpers
 
 # Fake seconds of a timing loop run: fixed setup (dispatch), plus per call of the loop _STEP per
 # position a model call scores (`_repeated_steps`), or per iteration (`_repeated_iterations`)
-# _PASS_IN_LOOP, _DRAFT per drafter call of its drafts, and _FIRST_DRAFT once when it drafts (the
-# first draft's reload of what the pass evicted). _PASS_IN_LOOP is not (gamma+1) * _STEP, so a c
+# _PASS_IN_LOOP, _DRAFT per drafter call, and _FIRST_DRAFT once when it drafts (the draft's first
+# call feeds two positions, and reloads what the pass evicted). _PASS_IN_LOOP is not (gamma+1) * _STEP, so a c
 # taken as (iteration - separately timed pass) / gamma reads another value than one from the
 # iteration with and without its drafter calls.
 _SETUP, _STEP, _PASS_IN_LOOP, _DRAFT, _FIRST_DRAFT = 2e-3, 1e-3, 5e-3, 4e-4, 7e-4
@@ -30,8 +31,8 @@ def _run(per_call, calls):
 
 def _iteration_seconds(kw):
   """Fake seconds of one iteration of `_repeated_iterations(**kw)`."""
-  drafts = int(kw.get('drafts', 1))
-  return _PASS_IN_LOOP + drafts * kw['gamma'] * _DRAFT + min(drafts, 1) * _FIRST_DRAFT
+  drafting = bool(kw.get('drafting', True)) * (kw['gamma'] * _DRAFT + _FIRST_DRAFT)
+  return _PASS_IN_LOOP + drafting + int(kw.get('extra_calls', 0)) * _DRAFT
 
 
 @pytest.fixture
@@ -69,12 +70,13 @@ def test_step_and_iteration_timers_compile_once_per_shape(fake_clock, tiny_pair)
     assert timing.iteration_seconds(target, drafter, gamma=2, calls=calls, **kw) == pytest.approx(
       _ITERATION_2
     )
-    # The drafter's calls in the loop: the same program with 0, 1 and 5 drafts an iteration. Fails
-    # if the slope is not per call (x2, x4) or the first draft's extra is taken as per call.
+    # The drafter's calls in the loop: the same program without its draft, with it, and with 16
+    # calls more. Fails if the slope is not per call or the first call's extra is taken as per
+    # call.
     cost = timing.drafter_seconds(target, drafter, gamma=2, calls=calls[1], **kw)
     assert cost.per_call == pytest.approx(_DRAFT)
     assert cost.fixed == pytest.approx(_FIRST_DRAFT)
-  # Two loop lengths per call, two calls, three draft counts: one program each.
+  # Two loop lengths, two calls, with and without the draft, extra calls: one program each.
   assert repeated_steps._cache_size() == steps_before + 1
   assert repeated_iterations._cache_size() == iterations_before + 1
 
@@ -90,7 +92,7 @@ def test_step_costs_c_is_the_drafters_calls_in_the_loop(fake_clock, tiny_pair):
   assert costs['target_pass'] == pytest.approx(3 * _STEP)
   assert costs['iteration'] == pytest.approx(_ITERATION_2)
   assert costs['c_alone'] == pytest.approx(1.0)  # a ratio of slopes
-  # c: what a drafter call adds to a 6-iteration run (from 1 and 5 drafts an iteration) over a
+  # c: what a drafter call adds to a 6-iteration run (16 calls more per iteration) over a
   # 6-step run: 0.4 steps but for the step run's setup (0.379); c_fixed: what the first draft adds
   # beyond its calls (0.7 steps, 0.663). Fails if c is taken from the separately timed pass
   # ((6.5 - 3) / 2 = 1.75), from the iteration with and without its draft (0.71: the first
@@ -126,10 +128,10 @@ def test_a_deeper_drafter_reads_a_larger_c():
   assert costs[8]['c'] > costs[1]['c'], costs
 
 
-def _computes_two_position_logits(compiled_text: str, vocab: int) -> bool:
-  """Whether a compiled program produces a [2, vocab]-shaped result: the logits of a drafter call
-  fed two positions (batch 1), i.e. that call's output layer was not dropped."""
-  return re.search(rf'= f32\[(1,)?2,{vocab}\]', compiled_text) is not None
+def _one_row_output_layers(compiled_text: str, vocab: int) -> int:
+  """Dots of a compiled program that produce one row of `vocab` logits: drafter output layers at
+  batch 1 (the target's pass produces gamma + 1 rows)."""
+  return len(re.findall(rf'= f32\[(?:1,)*{vocab}\]\{{[\d,]*\}} dot\(', compiled_text))
 
 
 def test_iteration_timer_keeps_every_drafter_output_layer():
@@ -148,24 +150,25 @@ def test_iteration_timer_keeps_every_drafter_output_layer():
   args = [*step_models.as_step_model(target), *step_models.as_step_model(drafter)]
   args += [timing._cache(target, None, ids, 16), timing._cache(drafter, target, ids, 16)]
   args += [jnp.full((1,), 4, jnp.int32)]
-  text = (
-    timing._repeated_iterations.lower(*args, gamma=3, cache_len=16, calls=jnp.int32(2))
-    .compile()
-    .as_text()
-  )
-  assert _computes_two_position_logits(text, vocab)
-  # Negative control: a program that discards a two-position call's logits has no such result.
+  traced = dict(calls=jnp.int32(2), drafting=jnp.bool_(True), extra_calls=jnp.int32(0))
+  text = timing._repeated_iterations.lower(*args, gamma=3, cache_len=16, **traced).compile()
+  # The draft's first call (one position's logits: `step_at`), its scan's call and the extra
+  # calls' loop: one output layer each.
+  assert _one_row_output_layers(text.as_text(), vocab) == 3
+  # Negative control: a program that discards its first call's logits has one output layer less.
   steps, params = step_models.as_step_model(drafter)
   encoded = target.steps.encode(target.params, jnp.full((1, 8), 3, jnp.int32), jnp.ones((1, 8)))
 
-  @jax.jit
-  def discarding(params, encoded):
+  def two_calls(params, encoded, discard):
     cache = steps.init_cache(params, encoded, jnp.ones((1, 8), jnp.int32), 16)
-    _, cache = steps.step(params, jnp.full((1, 2), 3, jnp.int32), cache)
-    return steps.step(params, jnp.full((1, 1), 3, jnp.int32), cache)[0]
+    tokens = jnp.full((1, 2), 3, jnp.int32)
+    first, _, cache = steps.step_at(params, tokens, None, cache, jnp.ones((1,), jnp.int32))
+    second = steps.step(params, jnp.full((1, 1), 3, jnp.int32), cache)[0]
+    return second if discard else second + first
 
-  control = discarding.lower(params, encoded).compile().as_text()
-  assert not _computes_two_position_logits(control, vocab)
+  for discard, layers in ((True, 1), (False, 2)):
+    control = jax.jit(functools.partial(two_calls, discard=discard)).lower(params, encoded)
+    assert _one_row_output_layers(control.compile().as_text(), vocab) == layers
 
 
 @pytest.mark.slow  # ~25 CPU-s

@@ -93,6 +93,18 @@ class T5Steps:
       )
     return decode(params, tokens, cache, config=self.config)
 
+  def step_at(self, params, tokens, features, cache, at):
+    """`step` (`step_features` with `features`) scoring only tokens[b, at[b]] of each row: logits
+    (and predicted features) [B, 1, ...]; the cache advances by T (`decode`'s `logits_at`)."""
+    if features is None:
+      logits, cache = decode(params, tokens, cache, config=self.config, logits_at=at)
+      return logits, None, cache
+    logits, states, cache = decode(
+      params, tokens, cache, config=self.config, features=features, return_states=True,
+      logits_at=at,
+    )  # fmt: skip
+    return logits, predicted_features(params, states, config=self.config), cache
+
   def step_states(self, params, tokens, cache):
     """`step` that also returns the normed final decoder states [B, T, D] (what an EAGLE-style
     drafter of this target reads)."""
@@ -414,6 +426,7 @@ def decode(
   config: T5Config,
   features: jax.Array | None = None,
   return_states: bool = False,
+  logits_at: jax.Array | None = None,
 ):
   """Scores T new decoder positions per row and appends them to the cache.
 
@@ -430,6 +443,10 @@ def decode(
     features: [B, T, feature_dim], for (only) a model with `config.feature_dim`: the target's
       state at the position before each token.
     return_states: also return the normed final decoder states [B, T, D].
+    logits_at: int32[B], or None: the logits (and states) of one position per row only,
+      tokens[b, logits_at[b]], shaped [B, 1, ...]: the output layer then runs on one row. (The
+      decode loop's first drafter call feeds two positions and reads one; on a CPU with XLA's
+      Eigen kernels a 2-row tied output layer cost as much as 15 one-row calls.)
 
   Returns:
     (logits f32[B, T, V] predicting position end_index[b] + t + 1, cache with end_index += T);
@@ -452,6 +469,8 @@ def decode(
     features=features,
   )
   cache = cache.replace(self_k=self_k, self_v=self_v, end_index=cache.end_index + tokens.shape[1])
+  if logits_at is not None:
+    states = jnp.take_along_axis(states, logits_at[:, None, None], axis=1)
   logits = _logits(params, states, config)
   return (logits, states, cache) if return_states else (logits, cache)
 
