@@ -101,6 +101,9 @@ class LoopSpec:
       logits before the sampling transform, so greedy drafting stops too) is below it; X_i is
       kept and the row's first i drafts are verified (`verify`'s `lengths`). Lossless: the
       stop reads only the drafted prefix. Needs num_drafts = 1.
+    unroll_draft: unroll the draft's `lax.scan` of gamma - 1 drafter calls (`decode_steps.draft`'s
+      `unroll`; one path or K alike): the same numbers and tokens with no while loop around the
+      calls, so an accelerator launches fewer kernels per draft; compiling takes longer.
     greedy_fast_path: at temperature 0, compare argmax ids instead of forming probabilities (the
       tokens are the same; False runs the general path, for tests and benchmarks).
     trace: record a `SpeculativeTrace` of every iteration.
@@ -115,6 +118,7 @@ class LoopSpec:
   verifier: str = 'token'
   num_drafts: int = 1
   draft_stop: float | None = None
+  unroll_draft: bool = False
   greedy_fast_path: bool = True
   trace: bool = False
 
@@ -130,6 +134,9 @@ class LoopSpec:
       if self.num_drafts != 1:
         raise ValueError(f'draft_stop needs num_drafts=1, got num_drafts={self.num_drafts}.')
       object.__setattr__(self, 'draft_stop', float(stop))
+    if not isinstance(self.unroll_draft, (bool, np.bool_)):
+      raise TypeError(f'unroll_draft must be a bool, got {self.unroll_draft!r}.')
+    object.__setattr__(self, 'unroll_draft', bool(self.unroll_draft))
     verify.check_verifier(self.verifier)
     if self.greedy:  # one program for both verifiers: they keep the same tokens
       object.__setattr__(self, 'verifier', 'token')
@@ -255,6 +262,7 @@ def speculative_loop(
     sampling=spec.sampling,
     greedy=spec.greedy,
     stop=spec.draft_stop,
+    unroll=spec.unroll_draft,
   )
   score = functools.partial(
     decode_steps.target_pass, target_steps, target_params, with_states=reads_states
@@ -374,6 +382,7 @@ def _speculative_call(
   trace,
   num_drafts=1,
   draft_stop=None,
+  unroll_draft=False,
 ):
   """Validates `speculative_generate`'s arguments: (the loop's arguments before rng, LoopSpec)."""
   gamma = validation.as_int('gamma', gamma, 1)
@@ -397,6 +406,7 @@ def _speculative_call(
     verifier=verifier,
     num_drafts=validation.as_int('num_drafts', num_drafts, 1),
     draft_stop=draft_stop,
+    unroll_draft=unroll_draft,
     trace=bool(trace),
   )
   return (target_steps, target_params, draft_steps, draft_params, ids, mask), spec
@@ -477,6 +487,7 @@ def speculative_generate(
   rng: jax.Array,
   num_drafts: int = 1,
   draft_stop: float | None = None,
+  unroll_draft: bool = False,
   trace: bool = False,
   check_finite: bool = True,
 ) -> DecodeOutput:
@@ -514,6 +525,9 @@ def speculative_generate(
       under the drafter's own softmax is below this threshold in (0, 1), and verify that shorter
       path (`LoopSpec.draft_stop`); None drafts gamma tokens every iteration. The target pass
       keeps its gamma + 1 positions (its cost does not shrink; the verifier ignores the rest).
+    unroll_draft: unroll the draft's `lax.scan` (`LoopSpec.unroll_draft`): the same tokens, the
+      drafter's gamma - 1 later calls inlined instead of a while loop, so an accelerator launches
+      fewer kernels per iteration; compiling takes longer (the more so the larger gamma).
     trace: also return a `SpeculativeTrace` (drafts, accepted counts, corrected tokens of every
       iteration) in `out.trace`; off, the loop records nothing.
     check_finite: raise `NonFiniteError` if the target's logits or either model's probabilities
@@ -534,6 +548,7 @@ def speculative_generate(
     trace=trace,
     num_drafts=num_drafts,
     draft_stop=draft_stop,
+    unroll_draft=unroll_draft,
   )
   out = speculative_loop(*args, _check_rng(rng, sampling), spec=spec)
   return validation.raise_if_nonfinite(out, 'The target or the drafter') if check_finite else out
@@ -567,10 +582,13 @@ def lower_speculative(
   max_new_tokens: int,
   num_drafts: int = 1,
   draft_stop: float | None = None,
+  unroll_draft: bool = False,
 ) -> jax.stages.Lowered:
   """`speculative_generate`'s program lowered for these shapes (trace off), without running it.
 
   Takes abstract inputs and params as `lower_generate` does; validates as `speculative_generate`.
+  `unroll_draft` lowers the loop with its draft scan unrolled (`speculative_generate`'s): one
+  while loop fewer, more kernels in the loop body's HLO and fewer launched per iteration.
   """
   args, spec = _speculative_call(
     target,
@@ -584,5 +602,6 @@ def lower_speculative(
     trace=False,
     num_drafts=num_drafts,
     draft_stop=draft_stop,
+    unroll_draft=unroll_draft,
   )
   return speculative_loop.lower(*args, _ABSTRACT_KEY, spec=spec)

@@ -86,7 +86,19 @@ def drafter_call(steps, params, tokens, features, cache, at=None):
 
 
 def draft(
-  steps, params, cache, seq, n, rng, *, gamma, sampling, greedy, target_states=None, stop=None
+  steps,
+  params,
+  cache,
+  seq,
+  n,
+  rng,
+  *,
+  gamma,
+  sampling,
+  greedy,
+  target_states=None,
+  stop=None,
+  unroll: bool = False,
 ):
   """Step 1 of an iteration: the drafter proposes gamma tokens after seq[:, :n + 1].
 
@@ -102,6 +114,8 @@ def draft(
     target_states: (f32[B, G + 1, F] states, int32[B] position of the first) of the last target
       pass, for a drafter that reads them (`reads_target_states`); else None.
     stop: `LoopSpec.draft_stop`, or None.
+    unroll: unroll the scan of the gamma - 1 later calls (`LoopSpec.unroll_draft`): the same
+      numbers, with no while loop (fewer launches on an accelerator, longer compiles).
 
   Returns:
     (tokens int32[B, G], q float32[B, G, V] or None when greedy, cache, lengths: None without
@@ -149,7 +163,9 @@ def draft(
 
   keys = jax.random.split(rng, gamma)
   carry = (logits, predicted, cache)
-  (logits, _, cache), (tokens, probs, unsure) = jax.lax.scan(body, carry, keys[:-1])
+  (logits, _, cache), (tokens, probs, unsure) = jax.lax.scan(
+    body, carry, keys[:-1], unroll=bool(unroll)
+  )
   last_token, last_q, last_unsure = draw(keys[-1], logits)
   tokens = jnp.concatenate([tokens.T, last_token[:, None]], axis=1)
   lengths = None

@@ -80,7 +80,9 @@ def _repeated_steps(steps, params, cache, position, *, num_tokens, calls):
   return jax.lax.fori_loop(0, calls, body, (cache, logits))[1]
 
 
-@functools.partial(jax.jit, static_argnames=('target_steps', 'drafter_steps', 'gamma', 'cache_len'))
+@functools.partial(
+  jax.jit, static_argnames=('target_steps', 'drafter_steps', 'gamma', 'cache_len', 'unroll_draft')
+)
 def _repeated_iterations(
   target_steps,
   target_params,
@@ -95,6 +97,7 @@ def _repeated_iterations(
   calls,
   drafting=True,
   extra_calls=0,
+  unroll_draft=False,
 ):
   """`calls` iterations of the speculative loop's model calls, by the loop's own functions: the
   drafter's gamma calls (`decode_steps.draft`, greedy), then `extra_calls` more one-token drafter
@@ -102,7 +105,8 @@ def _repeated_iterations(
   `position` [B] of the caches. `drafting` False skips the draft (the pass scores fixed drafts).
   `calls`, `drafting` and `extra_calls` are traced: one program for every loop length and count
   of calls, as two programs are compiled apart (an iteration compiled without its drafter calls
-  ran faster by more than they cost: an n-gram drafter that costs nothing alone read c 0.13)."""
+  ran faster by more than they cost: an n-gram drafter that costs nothing alone read c 0.13).
+  `unroll_draft` (static) unrolls the draft's scan, as `LoopSpec.unroll_draft` does in the loop."""
   batch = position.shape[0]
   reads_states = getattr(drafter_steps, 'reads_target_states', False)
   states = None
@@ -130,6 +134,7 @@ def _repeated_iterations(
         sampling=None,
         greedy=True,
         target_states=None if states is None else (states, position - 1),
+        unroll=unroll_draft,
       )
       return drafts, drafter_cache
 
@@ -203,9 +208,11 @@ def _step_loop(model, *, batch_size, source_length, num_tokens=1, cache_len=64, 
   )
 
 
-def _iteration_loop(target, drafter, *, batch_size, source_length, gamma, cache_len=64):
+def _iteration_loop(
+  target, drafter, *, batch_size, source_length, gamma, cache_len=64, unroll_draft=False
+):
   """`run(k, drafting=True, extra_calls=0)`: k iterations of the loop's model calls
-  (`_repeated_iterations`)."""
+  (`_repeated_iterations`), the draft's scan unrolled with `unroll_draft`."""
   target_steps, target_params = step_models.as_step_model(target)
   drafter_steps, drafter_params = step_models.as_step_model(drafter)
   ids = jnp.full((batch_size, source_length), 3, jnp.int32)
@@ -223,6 +230,7 @@ def _iteration_loop(target, drafter, *, batch_size, source_length, gamma, cache_
     calls=jnp.int32(k),
     drafting=jnp.bool_(drafting),
     extra_calls=jnp.int32(extra_calls),
+    unroll_draft=unroll_draft,
   )
 
 
@@ -266,14 +274,16 @@ def iteration_seconds(
   cache_len: int = 64,
   calls: tuple[int, int] = (4, 36),
   repeats: int = 7,
+  unroll_draft: bool = False,
 ) -> float:
   """Seconds of one iteration's model calls inside a jitted loop (gamma drafter calls and a
   (gamma+1)-position target pass, each depending on the last), by the difference of two loop
   lengths as `step_seconds`. Unlike the sum of their bare costs, it includes what the calls cost
-  each other: the target's pass evicts the drafter's weights from the CPU caches."""
+  each other: the target's pass evicts the drafter's weights from the CPU caches. `unroll_draft`:
+  the draft's scan unrolled, as `speculative_generate(..., unroll_draft=True)` runs it."""
   run = _iteration_loop(
     target, drafter, batch_size=batch_size, source_length=source_length, gamma=gamma,
-    cache_len=cache_len,
+    cache_len=cache_len, unroll_draft=unroll_draft,
   )  # fmt: skip
   return _per_call(run, calls, repeats)
 
@@ -286,6 +296,7 @@ def drafter_seconds(
   calls: int = 36,
   repeats: int = 7,
   extra_calls: int = EXTRA_CALLS,
+  unroll_draft: bool = False,
   **shape,
 ) -> DrafterCost:
   """Seconds that an iteration's drafter calls add to it, measured where they are spent: the loop
@@ -296,8 +307,9 @@ def drafter_seconds(
   The runs differ in the drafter's calls alone: same program, loop length, caches and target pass,
   so dispatch, set-up and the pass cancel, and what remains includes what the calls cost in the
   loop and not alone (the reload of the drafter's weights that each pass evicted: `fixed`).
+  `unroll_draft`: the draft's scan unrolled (`speculative_generate`'s `unroll_draft`).
   """
-  run = _iteration_loop(target, drafter, gamma=gamma, **shape)
+  run = _iteration_loop(target, drafter, gamma=gamma, unroll_draft=unroll_draft, **shape)
   runs = [(False, 0), (True, 0), (True, extra_calls)]
   seconds = _fastest({run_: functools.partial(run, calls, *run_) for run_ in runs}, repeats)
   return _drafter_cost(
@@ -349,6 +361,7 @@ def step_costs(
   calls: tuple[int, int] = (4, 36),
   repeats: int = 7,
   extra_calls: int = EXTRA_CALLS,
+  unroll_draft: bool = False,
 ) -> dict[str, float]:
   """What the walltime formula needs, in seconds and in target steps, all timed in turn.
 
@@ -372,7 +385,10 @@ def step_costs(
   With `num_paths` K > 1 (a multi-draft loop, `speculative_generate(..., num_drafts=K)`, which
   runs each row as K rows of both models) the pass, the drafter and the iteration are measured at
   K x batch_size rows and the target step at batch_size rows: the costs of a K-path iteration in
-  the autoregressive loop's steps.
+  the autoregressive loop's steps. `unroll_draft` times the iteration with the draft's scan
+  unrolled, as `speculative_generate(..., unroll_draft=True)` runs it: what the draft adds,
+  gamma * c + c_fixed, is then the unrolled draft's, while c stays the slope of extra one-token
+  calls made in a loop (`EXTRA_CALLS`), so a cut in each unrolled call's cost shows in c_fixed.
   """
   kw = dict(source_length=source_length, cache_len=cache_len)
   rows = dict(kw, batch_size=batch_size * num_paths)
@@ -380,7 +396,7 @@ def step_costs(
     target_step=_step_loop(target, batch_size=batch_size, **kw),
     target_pass=_step_loop(target, num_tokens=gamma + 1, **rows),
     drafter_step=_step_loop(drafter, target=target, **rows),
-    iteration=_iteration_loop(target, drafter, gamma=gamma, **rows),
+    iteration=_iteration_loop(target, drafter, gamma=gamma, unroll_draft=unroll_draft, **rows),
   )
   long = calls[1]
   runs = {(name, k): functools.partial(loop, k) for name, loop in loops.items() for k in calls}
