@@ -9,18 +9,19 @@ r"""A drafter's decoder step, kernel by kernel: what its compiled program launch
 Compiles, for one row over a source of --source_length, (1) a decoder step: `t5.decode` of one
 token on a cache from `t5.init_cache` (the cache donated, as the decode loops carry it), and (2)
 the drafter's gamma drafts as `decode_steps.draft` makes them (greedy): its `lax.scan`, and the
-same with the scan unrolled (`--nounrolled` skips it). For each optimized HLO module it counts
-what a device launches: the instructions of the entry computation and of the computations it
-runs (while bodies and conditions, calls, branches), except those that launch nothing
-(parameters, constants, tuples, get-tuple-element, bitcasts); a fusion counts once. Columns: 'a
-call' (a loop's body and condition counted once an iteration: the scan runs gamma - 1), 'a step'
-(a call over its drafter calls: 1, or gamma), 'a layer', 'in loop' (the scan's body: one
-drafter step and its argmax), 'ops' (the HLO's launching instructions, a loop body once) and
-their kinds: fusions, GEMMs (dots, convolutions, GEMM fusions and custom calls), copies and
-transposes, while loops, other custom calls, the rest; 'stablehlo': the step's ops before XLA
-optimizes it (backend-independent). With --target, one greedy iteration of
+same with the scan unrolled (`draft(..., unroll=True)`; `--nounrolled` skips it). For each
+optimized HLO module it counts what a device launches: the instructions of the entry computation
+and of the computations it runs (while bodies and conditions, calls, branches), except those
+that launch nothing (parameters, constants, tuples, get-tuple-element, bitcasts); a fusion counts
+once. Columns: 'a call' (a loop's body and condition counted once an iteration: the scan runs
+gamma - 1), 'a step' (a call over its drafter calls: 1, or gamma), 'a layer', 'in loop' (the
+scan's body: one drafter step and its argmax), 'ops' (the HLO's launching instructions, a loop
+body once) and their kinds: fusions, GEMMs (dots, convolutions, GEMM fusions and custom calls),
+copies and transposes, while loops, other custom calls, the rest; 'stablehlo': the step's ops
+before XLA optimizes it (backend-independent). With --target, one greedy iteration of
 `speculative_generate`'s loop (a target pass, gamma drafts, verification), counted the same way,
-and the copies of >= 2**20 elements in its loops (a copy of weights each iteration).
+and the copies of >= 2**20 elements in its loops (a copy of weights each iteration); with
+--unrolled also the loop of `speculative_generate(..., unroll_draft=True)`, its scan unrolled.
 
 The counts are the compiling backend's: XLA:CPU's fusion and layout passes are not XLA:GPU's.
 `--compile_for=h100` compiles for an H100 wherever this runs, a CPU included (JAX's compile-only
@@ -48,7 +49,6 @@ import os
 import re
 import subprocess
 import sys
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -74,7 +74,10 @@ _SOURCE_LENGTH = flags.DEFINE_integer(
 _CACHE_LEN = flags.DEFINE_integer('cache_len', 128, 'Decoder cache slots.', flag_values=FLAGS)
 _GAMMA = flags.DEFINE_integer('gamma', 4, 'Drafts per draft loop.', flag_values=FLAGS)
 _UNROLLED = flags.DEFINE_bool(
-  'unrolled', True, 'Also count the draft loop with its scan unrolled.', flag_values=FLAGS
+  'unrolled',
+  True,
+  'Also count the draft loop (and the --target iteration) with its scan unrolled.',
+  flag_values=FLAGS,
 )
 _COMPILE_FOR = flags.DEFINE_enum(
   'compile_for',
@@ -265,18 +268,10 @@ def _draft(steps, gamma: int, unrolled: bool):
 
   def run(params, cache, seq, n):
     key = jax.random.key(0)
-    draft = decode_steps.draft
-    return draft(steps, params, cache, seq, n, key, gamma=gamma, sampling=None, greedy=True)[:3]
+    kw = dict(gamma=gamma, sampling=None, greedy=True, unroll=unrolled)
+    return decode_steps.draft(steps, params, cache, seq, n, key, **kw)[:3]
 
-  if not unrolled:
-    return run
-  scan = jax.lax.scan
-
-  def run_unrolled(*args):  # draft calls jax.lax.scan: unrolled while this traces it
-    with mock.patch.object(jax.lax, 'scan', lambda *a, **k: scan(*a, **k, unroll=True)):
-      return run(*args)
-
-  return run_unrolled
+  return run
 
 
 def count(config, *, source_length, cache_len, gamma, unrolled=True, device=None, hlo_dir=None):
@@ -338,10 +333,14 @@ def _elements(line: str) -> int:
   return math.prod(int(d) for d in dims.group(1).split(',') if d) if dims else 0
 
 
-def iteration(target, drafter, *, source_length, gamma, device=None, hlo_dir=None) -> dict:
+def iteration(
+  target, drafter, *, source_length, gamma, unroll_draft=False, device=None, hlo_dir=None
+) -> dict:
   """What one iteration of `speculative_generate`'s loop launches (greedy, one row): the outer
-  while loop's body and condition, the draft scan in it once an iteration (gamma - 1 times), and
-  'weight copies': the copies, transposes and concatenations in the loop of >= 2**20 elements."""
+  while loop's body and condition, the draft scan in it once an iteration (gamma - 1 times; with
+  `unroll_draft`, `speculative_generate(..., unroll_draft=True)`, no scan: its calls are in the
+  body), and 'weight copies': the copies, transposes and concatenations in the loop of >= 2**20
+  elements."""
   models, sharding = [], {}
   if device is not None:
     sharding = dict(sharding=jax.sharding.SingleDeviceSharding(device))
@@ -352,23 +351,39 @@ def iteration(target, drafter, *, source_length, gamma, device=None, hlo_dir=Non
   ids = jax.ShapeDtypeStruct((1, source_length), jnp.int32, **sharding)
   sampling = sampling_lib.SamplingConfig(temperature=0.0)
   lowered = decode.lower_speculative(
-    *models, ids, ids, gamma=gamma, sampling=sampling, max_new_tokens=64
+    *models,
+    ids,
+    ids,
+    gamma=gamma,
+    sampling=sampling,
+    max_new_tokens=64,
+    unroll_draft=unroll_draft,
   )
   hlo = lowered.compile().as_text()
   if hlo_dir:
-    with open(os.path.join(hlo_dir, 'speculative_loop.hlo'), 'w') as f:
+    name = 'speculative_loop_unrolled.hlo' if unroll_draft else 'speculative_loop.hlo'
+    with open(os.path.join(hlo_dir, name), 'w') as f:
       f.write(hlo)
   comps, _ = _computations(hlo)
-  outer = [loop for loop in while_loops(hlo) if while_loops_in(hlo, loop[0])]
-  if len(outer) != 1:
-    raise ValueError(f'Expected one decode loop holding the draft scan, got {len(outer)}.')
+  loops = {loop: while_loops_in(hlo, loop[0]) for loop in while_loops(hlo)}
+  # The decode loop: the one holding the draft scan, or, the scan unrolled, the one loop.
+  outer = list(loops) if unroll_draft else [loop for loop, inner in loops.items() if inner]
+  if len(outer) != 1 or len(loops[outer[0]]) != (0 if unroll_draft else 1):
+    held = {loop[0]: len(inner) for loop, inner in loops.items()}
+    raise ValueError(
+      f'Expected one decode loop holding {"no loop" if unroll_draft else "the draft scan"}; '
+      f'the while loops (body: loops in it) are {held}.'
+    )
   body, condition = outer[0]
-  ((inner_body, inner_condition),) = while_loops_in(hlo, body)
   per_iteration = launches(hlo, body)['total'] + launches(hlo, condition)['total']
-  per_iteration += (gamma - 2) * launches(hlo, inner_body)['total']
-  per_iteration += (gamma - 1) * launches(hlo, inner_condition)['total']
+  bodies = [body]
+  if not unroll_draft:
+    ((inner_body, inner_condition),) = loops[outer[0]]
+    per_iteration += (gamma - 2) * launches(hlo, inner_body)['total']
+    per_iteration += (gamma - 1) * launches(hlo, inner_condition)['total']
+    bodies.append(inner_body)
   copies = 0
-  for name in (body, inner_body):
+  for name in bodies:
     for line in comps[name]:
       match = _INSTRUCTION.match(line)
       head = line.split('metadata=')[0]
@@ -404,14 +419,16 @@ def measure() -> dict:
     ),
   )
   if _TARGET.value:
-    result['iteration'] = iteration(
-      config_of(_TARGET.value, _DTYPE.value),
-      config,
-      source_length=_SOURCE_LENGTH.value,
-      gamma=_GAMMA.value,
-      device=device if _COMPILE_FOR.value else None,
-      hlo_dir=_HLO_DIR.value,
-    )
+    for key, unroll in (('iteration', False), ('iteration_unrolled', True))[: 1 + _UNROLLED.value]:
+      result[key] = iteration(
+        config_of(_TARGET.value, _DTYPE.value),
+        config,
+        source_length=_SOURCE_LENGTH.value,
+        gamma=_GAMMA.value,
+        unroll_draft=unroll,
+        device=device if _COMPILE_FOR.value else None,
+        hlo_dir=_HLO_DIR.value,
+      )
   if _TIME.value:
     result['step_ms'] = timing.step_seconds(_model(config), batch_size=1, **shape) * 1e3
     if _TARGET.value:
@@ -466,13 +483,14 @@ def main(argv):
       stablehlo = c['stablehlo'] or '-'
       print(f'{label:5s} {name:22s}' + ''.join(f'{x:>8}' for x in cells) + f'  {stablehlo:>9}')
   for label, run in runs:
-    if 'iteration' in run:
-      it = run['iteration']
-      print(
-        f'{label}: one greedy iteration of the speculative loop ({_TARGET.value} target, gamma '
-        f'{_GAMMA.value}) launches {it["per_iteration"]}; copies of >= 2**20 elements in its '
-        f'loops: {it["weight_copies"]}'
-      )
+    for key, draft in (('iteration', 'scan'), ('iteration_unrolled', 'unrolled')):
+      if key in run:
+        it = run[key]
+        print(
+          f'{label}: one greedy iteration of the speculative loop ({_TARGET.value} target, gamma '
+          f'{_GAMMA.value}, draft {draft}) launches {it["per_iteration"]}; copies of >= 2**20 '
+          f'elements in its loops: {it["weight_copies"]}'
+        )
     if 'step_ms' in run:
       line = f'{label}: drafter step {run["step_ms"]:.4f} ms in a jitted loop'
       if run.get('target_step_ms'):

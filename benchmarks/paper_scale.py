@@ -1,6 +1,7 @@
 r"""The engine at the paper's scale: public T5 shapes, timed in the loop, against the HBM bound.
 
   python -m benchmarks.paper_scale --target=t5-11b --drafters=t5-small,one-layer   # on a GPU / TPU
+  python -m benchmarks.paper_scale --target=t5-11b --drafters=t5-small --unroll_draft  # unrolled
   python -m benchmarks.paper_scale --target=t5-small --drafters=one-layer --gammas=3 \
       --loop_gamma=3 --max_new_tokens=32 --source_length=32 --dtype=float32 --rounds=1 \
       --hbm_bandwidth=100 --noeigen_dots                   # on a CPU (a made-up bandwidth)
@@ -36,6 +37,9 @@ float32: use --dtype=float32 there, and --noeigen_dots: with the main job's few-
 (`benchmarks.start`, `xla_cpu`) the CPU line above measured a 4-position pass of T5-small at
 129.7 ms, 22.7 target steps, against 10.7 ms, 1.87 steps, with XLA:CPU's default kernels (2
 cores of an AMD EPYC, family 26, loaded; 2026-11-26; 7 min 13 s against 1 min 54 s in all).
+`--unroll_draft` runs the draft's `lax.scan` unrolled everywhere a draft is timed (tables 2-4:
+`timing.step_costs`, `timing.iteration_seconds`, `speculative_generate(..., unroll_draft=True)`),
+fewer kernel launches per iteration on a GPU (`benchmarks.drafter_kernels`); the header says which.
 tests/paper_scale_test.py runs it on tiny shapes.
 """
 
@@ -86,6 +90,12 @@ _ROUNDS = flags.DEFINE_integer(
 )
 _REPEATS = flags.DEFINE_integer(
   'repeats', 5, 'Timed calls of each loop in table 3 (median).', flag_values=FLAGS
+)
+_UNROLL_DRAFT = flags.DEFINE_bool(
+  'unroll_draft',
+  False,
+  "Unroll the draft's lax.scan (decode.LoopSpec.unroll_draft) in the timed iterations and loops.",
+  flag_values=FLAGS,
 )
 _HBM = flags.DEFINE_float(
   'hbm_bandwidth',
@@ -182,7 +192,14 @@ def loop_seconds(target, drafter, *, gamma: int, max_new_tokens: int) -> tuple[f
     if drafter is None:
       return decode.generate(target, ids, mask, max_new_tokens=m, **kw)
     return decode.speculative_generate(
-      target, drafter, ids, mask, gamma=gamma, max_new_tokens=m, **kw
+      target,
+      drafter,
+      ids,
+      mask,
+      gamma=gamma,
+      max_new_tokens=m,
+      unroll_draft=_UNROLL_DRAFT.value,
+      **kw,
     )
 
   lengths = (1, max_new_tokens)
@@ -221,12 +238,19 @@ def main(argv):
     f'device: {kind} ({hbm}), jax {jax.__version__}; target {_TARGET.value} '
     f'{t5.param_count(target.params) / 1e6:.1f}M params, {_DTYPE.value}, {_WEIGHTS.value} '
     f'weights; batch {_BATCH.value}, source {_SOURCE_LENGTH.value}, {_MAX_NEW.value} new tokens; '
-    f'timing.step_costs rounds {_ROUNDS.value}',
+    f'timing.step_costs rounds {_ROUNDS.value}; draft scan '
+    f'{"unrolled" if _UNROLL_DRAFT.value else "looped"} (--unroll_draft)',
     flush=True,
   )
   costs = {
     (name, g): timing.step_costs(
-      target, drafter, gamma=g, cache_len=_cache_len(g), rounds=_ROUNDS.value, **_shape()
+      target,
+      drafter,
+      gamma=g,
+      cache_len=_cache_len(g),
+      rounds=_ROUNDS.value,
+      unroll_draft=_UNROLL_DRAFT.value,
+      **_shape(),
     )
     for g in gammas
     for name, drafter in found.items()
@@ -288,7 +312,12 @@ def _loop_rows(target, found: dict, gamma: int) -> list[dict]:
   for name, drafter in found.items():
     seconds, tokens = loop_seconds(target, drafter, **kw)
     calls = timing.iteration_seconds(
-      target, drafter, gamma=gamma, cache_len=_cache_len(gamma), **_shape()
+      target,
+      drafter,
+      gamma=gamma,
+      cache_len=_cache_len(gamma),
+      unroll_draft=_UNROLL_DRAFT.value,
+      **_shape(),
     )
     rows.append(_loop_row(name, seconds, calls, tokens))
   return rows

@@ -77,3 +77,14 @@ def test_a_decoder_layer_asks_for_its_queries_keys_and_values_in_three_dots(name
   text = step.lower(params, tokens, cache).as_text()
   dots = drafter_kernels.stablehlo_ops(text, 'dot_general')
   assert dots == (10 + mlp_dots) * config.num_decoder_layers + 1
+
+
+def test_an_iteration_is_counted_with_its_draft_scan_and_unrolled():
+  # `iteration` finds the decode loop by the draft scan it holds, or, unrolled
+  # (`lower_speculative(..., unroll_draft=True)`), as the one loop, holding none; else it raises.
+  target, drafter = t5.CONFIGS['tiny-v1.1'], t5.CONFIGS['tiny-v1.0']
+  kw = dict(source_length=8, gamma=3)
+  scan = drafter_kernels.iteration(target, drafter, **kw)
+  unrolled = drafter_kernels.iteration(target, drafter, unroll_draft=True, **kw)
+  for counts in (scan, unrolled):
+    assert counts['per_iteration'] > 0 and counts['weight_copies'] == 0

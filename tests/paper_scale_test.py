@@ -112,6 +112,48 @@ def test_header_names_the_device_and_the_bandwidth(printed):
   first = printed.splitlines()[0]
   assert first.startswith(f'device: cpu (HBM {_BANDWIDTH:g} GB/s (--hbm_bandwidth)), jax ')
   assert f'target {_TARGET}' in first and 'float32, constant weights' in first
+  assert first.endswith('draft scan looped (--unroll_draft)')
+
+
+class _Stop(Exception):
+  pass
+
+
+def test_unroll_draft_reaches_the_timers_and_the_loop(monkeypatch):
+  # Each timer and loop records what it was asked and stops the run: only the plumbing of the
+  # flag is checked here (tests/decode_unroll_test.py checks what unrolling does).
+  asked = {}
+
+  def spy(name, result=None):
+    def record(*args, **kwargs):
+      asked[name] = kwargs.get('unroll_draft')
+      if result is None:
+        raise _Stop
+      return result
+
+    return record
+
+  monkeypatch.setitem(t5.CONFIGS, _TARGET, _SMOKE)
+  monkeypatch.setattr(paper_scale.timing, 'step_costs', spy('step_costs'))
+  monkeypatch.setattr(paper_scale.timing, 'step_seconds', spy('step_seconds', 1.0))
+  monkeypatch.setattr(paper_scale.timing, 'iteration_seconds', spy('iteration_seconds', 1.0))
+  monkeypatch.setattr(paper_scale.decode, 'speculative_generate', spy('speculative_generate'))
+  out = io.StringIO()
+  with flagsaver.flagsaver(), contextlib.redirect_stdout(out):
+    flags.FLAGS(['paper_scale', '--noeigen_dots'])
+    paper_scale.FLAGS.unparse_flags()
+    argv = [f'--target={_TARGET}', f'--drafters={_DRAFTER}', '--dtype=float32', '--unroll_draft']
+    paper_scale.FLAGS(['paper_scale', *argv, f'--source_length={_SOURCE}'])
+    with pytest.raises(_Stop):
+      paper_scale.main(['paper_scale'])
+    target = paper_scale.make_model(_SMOKE, dtype='float32', weights='constant', seed=0)
+    with pytest.raises(_Stop):
+      paper_scale.loop_seconds(target, target, gamma=_GAMMA, max_new_tokens=4)
+    monkeypatch.setattr(paper_scale, 'loop_seconds', lambda *args, **kwargs: (1.0, 1.0))
+    paper_scale._loop_rows(target, {'drafter': target}, _GAMMA)
+  assert out.getvalue().splitlines()[0].endswith('draft scan unrolled (--unroll_draft)')
+  unrolled = dict(step_costs=True, speculative_generate=True, iteration_seconds=True)
+  assert asked == dict(unrolled, step_seconds=None)  # the autoregressive step drafts nothing
 
 
 def test_target_calls_against_the_bytes_they_read(printed):
