@@ -2,6 +2,7 @@ r"""Why the (gamma+1)-position target pass is not free on a CPU: matmul cost by 
 
   python -m benchmarks.matmul_rows                 # the shipped target's and the 48M's shapes
   python -m benchmarks.matmul_rows --shapes=512x8000 --rows=1,4,5,6,8
+  python -m benchmarks.matmul_rows --shapes=128x8000,512x32128 --rows=1,2,4,8 --tied [--noeigen_dots]
 
 A decoder step multiplies 1 row per sequence by each weight matrix; the verification pass
 multiplies gamma + 1 rows. On a TPU/GPU both cost one read of the weights. Here XLA:CPU picks its
@@ -16,7 +17,14 @@ the smaller [256, 1024] / [512, 1024] / [1024, 256] ones 0.7-1.4x up to M = 5 an
 M = 6-8. So up to gamma 4 the pass rides mostly on one read of the weights, and from gamma 5 on
 it pays about two: the measured pass cost (1.3 target steps at gamma 3, 1.5-1.7 at gamma 5 on
 the shipped target) follows.
+
+`--tied` also times each shape as a tied output layer reads it: the embedding [O, I], contracted
+on its last axis (T5 v1.0, our distilled drafters). With few-row dots on XLA's Eigen kernels (the
+main job's, `benchmarks.start()`), that layout is pathological from 2 rows on; docs/performance.md
+("Few-row dots") has the numbers.
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -31,25 +39,28 @@ _SHAPES = flags.DEFINE_list(
 )
 _ROWS = flags.DEFINE_list('rows', ['1', '2', '3', '4', '5', '6', '8', '12'], 'Row counts M.')
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timings per point (the median is printed).')
+_TIED = flags.DEFINE_bool('tied', False, 'Also time each shape as a tied embedding [O, I].')
 
 
-@jax.jit
-def _loop(x: jax.Array, w: jax.Array, n: jax.Array) -> jax.Array:
-  """n dependent matmuls x @ w (each feeds a scalar of its output into the next)."""
+@functools.partial(jax.jit, static_argnames='tied')
+def _loop(x: jax.Array, w: jax.Array, n: jax.Array, tied: bool = False) -> jax.Array:
+  """n dependent matmuls x @ w (each feeds a scalar of its output into the next); `tied`: w is
+  [O, I] (an embedding), read transposed."""
+  spec = 'mi,oi->mo' if tied else 'mi,io->mo'
 
   def body(i, x):
-    y = jnp.einsum('mi,io->mo', x, w)
+    y = jnp.einsum(spec, x, w)
     return x + 1e-9 * jnp.sum(y, axis=-1, keepdims=True)
 
   return jax.lax.fori_loop(0, n, body, x)
 
 
-def _microseconds(m: int, w: jax.Array, repeats: int) -> float:
+def _microseconds(m: int, w: jax.Array, repeats: int, tied: bool = False) -> float:
   """Median over `repeats` of (time of 2n calls - time of n calls) / n, n calls taking ~50 ms."""
-  x = jax.random.normal(jax.random.key(1), (m, w.shape[0]), jnp.float32)
+  x = jax.random.normal(jax.random.key(1), (m, w.shape[1 if tied else 0]), jnp.float32)
 
   def seconds(calls):
-    return timing.time_call(lambda: _loop(x, w, jnp.int32(calls)), 1)[1]
+    return timing.time_call(lambda: _loop(x, w, jnp.int32(calls), tied), 1)[1]
 
   n = max(100, int(0.05 / max(seconds(100) / 100, 1e-7)))  # the first call compiles
   return 1e6 * float(np.median([(seconds(2 * n) - seconds(n)) / n for _ in range(repeats)]))
@@ -62,11 +73,13 @@ def main(argv):
   print('weight [I, O]: us at each M (ratio to M = 1)')
   for shape in _SHAPES.value:
     i, o = (int(d) for d in shape.split('x'))
-    w = 0.05 * jax.random.normal(jax.random.key(0), (i, o), jnp.float32)
-    costs = {m: _microseconds(m, w, _REPEATS.value) for m in rows}
-    base = costs[rows[0]]
-    cells = '  '.join(f'M={m}: {us:6.1f} ({us / base:.2f})' for m, us in costs.items())
-    print(f'{shape:>9}: {cells}', flush=True)
+    for tied in (False, True)[: 1 + _TIED.value]:
+      dims = (o, i) if tied else (i, o)
+      w = 0.05 * jax.random.normal(jax.random.key(0), dims, jnp.float32)
+      costs = {m: _microseconds(m, w, _REPEATS.value, tied) for m in rows}
+      base = costs[rows[0]]
+      cells = '  '.join(f'M={m}: {us:6.1f} ({us / base:.2f})' for m, us in costs.items())
+      print(f'{shape + " tied" * tied:>15}: {cells}', flush=True)
 
 
 if __name__ == '__main__':
