@@ -241,10 +241,10 @@ class DrafterCost(NamedTuple):
   `EXTRA_CALLS` more such calls). `fixed` is the rest of what the draft adds, once per iteration:
   its first call feeds two positions (the pending token and the one before it; gamma + 1 for a
   drafter that reads the target's states), and on a CPU it reloads the weights the target pass
-  evicted. On 2 cores of an AMD EPYC (family 26), beside the shipped 48M EN->DE target, the
-  one-layer distilled drafter's first call cost as much as 15 later ones with few-row dots on XLA's
-  Eigen kernels (docs/results.md section 1): one c per call, (gamma * per_call + fixed) / gamma,
-  then reads 0.099 at gamma 3 and 0.066 at 5. In seconds or in target steps, as returned.
+  evicted. One c per call, (gamma * per_call + fixed) / gamma, would fall with gamma: for the
+  shipped 48M EN->DE pair's distilled drafter on a 2-core CPU it read 0.142 at gamma 3 and 0.083
+  at 5 in one run, while per_call reads the same at both (docs/results.md section 1).
+  In seconds or in target steps, as returned.
   """
 
   per_call: float
