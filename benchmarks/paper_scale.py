@@ -52,7 +52,7 @@ from absl import app, flags
 
 import benchmarks
 from benchmarks import memory_model
-from specdec_jax import analysis, decode, sharding, tables, timing
+from specdec_jax import analysis, decode, sharding, tables, timing, xla_cpu
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
 
@@ -230,6 +230,7 @@ def main(argv):
     bandwidth, hbm = None, 'HBM bandwidth unknown: --hbm_bandwidth'
   models = dict(dtype=_DTYPE.value, weights=_WEIGHTS.value)
   target = make_model(target_config, seed=0, **models)
+  xla_cpu.check_tied_target(target_config)  # T5 v1.0 on a CPU with Eigen dots: a slow pass
   found = {
     name: make_model(config, seed=i + 1, **models)
     for i, (name, config) in enumerate(drafter_configs.items())

@@ -42,7 +42,7 @@ import jax
 import numpy as np
 import sacrebleu
 
-from specdec_jax import analysis, decode, pretrained, sharding, tables, timing, verify
+from specdec_jax import analysis, decode, pretrained, sharding, tables, timing, verify, xla_cpu
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.data import tokenizer as tokenizer_lib
 
@@ -325,6 +325,7 @@ def prepare(config) -> Plan:
   mesh = sharding.mesh_from_spec(config.get('mesh', 'auto'), config.batch_size)
   mesh = None if mesh.size == 1 else mesh  # one device: the loops run unsharded
   pair = load_pair(config, mesh)
+  xla_cpu.check_tied_target(pair.target.config)
   if config.get('target') or tuple(config.drafters) == ('all',):
     names = list(pair.drafters)  # a pair given by checkpoints has its one drafter
   else:
