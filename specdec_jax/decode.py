@@ -414,29 +414,6 @@ def _speculative_call(
 
 # eval_shape: no backend starts at import (jax.distributed.initialize must come first).
 _ABSTRACT_KEY = jax.eval_shape(lambda: jax.random.key(0))
-_ABSTRACT_KEY_DATA = jax.eval_shape(jax.random.key_data, _ABSTRACT_KEY)
-
-
-def _check_rng(rng, sampling: sampling_lib.SamplingConfig) -> jax.Array:
-  """The loops' PRNG key: `rng` if it is one key (`jax.random.key(seed)`, or a raw
-  `jax.random.PRNGKey(seed)`). None only at temperature 0, where the loops draw nothing (a fixed
-  key stands in, so the program is the one a key gives)."""
-  if rng is None:
-    if not sampling.greedy:
-      raise ValueError(
-        f'rng=None, but sampling at temperature {sampling.temperature} draws random numbers: '
-        'pass rng=jax.random.key(seed) (None is only accepted at temperature 0).'
-      )
-    return jax.random.key(0)
-  dtype, shape = getattr(rng, 'dtype', None), getattr(rng, 'shape', None)
-  typed = dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) and shape == ()
-  raw = dtype == jnp.uint32 and shape == _ABSTRACT_KEY_DATA.shape
-  if not isinstance(rng, (jax.Array, np.ndarray)) or not (typed or raw):
-    raise TypeError(
-      f'rng must be one PRNG key, e.g. jax.random.key(seed); got {type(rng).__name__} with '
-      f'dtype {dtype} and shape {shape}.'
-    )
-  return rng
 
 
 def generate(
@@ -470,7 +447,7 @@ def generate(
   args, spec = _autoregressive_call(
     model, input_ids, input_mask, sampling=sampling, max_new_tokens=max_new_tokens
   )
-  out = autoregressive_loop(*args, _check_rng(rng, sampling), spec=spec)
+  out = autoregressive_loop(*args, validation.check_rng(rng, sampling), spec=spec)
   return validation.raise_if_nonfinite(out, 'The model') if check_finite else out
 
 
@@ -550,7 +527,7 @@ def speculative_generate(
     draft_stop=draft_stop,
     unroll_draft=unroll_draft,
   )
-  out = speculative_loop(*args, _check_rng(rng, sampling), spec=spec)
+  out = speculative_loop(*args, validation.check_rng(rng, sampling), spec=spec)
   return validation.raise_if_nonfinite(out, 'The target or the drafter') if check_finite else out
 
 

@@ -1,7 +1,7 @@
 """Checks at the boundary of the decode loops: one clear error before anything runs.
 
 Inside the jitted loops nothing can raise, so bad input is refused here (ids, masks, integral
-gamma / max_new_tokens, the sampling type), and non-finite values, which only show up while
+gamma / max_new_tokens, the sampling type, the PRNG key), and non-finite values, which only show up while
 decoding, are counted by the loops and raised as `NonFiniteError` after them.
 
 Axis legend: B batch, S source length.
@@ -19,6 +19,33 @@ from specdec_jax import sampling as sampling_lib
 
 class NonFiniteError(ValueError):
   """A model produced NaN or inf logits while decoding: the output is not a sample of it."""
+
+
+# The shape of a raw key's data (`jax.random.PRNGKey(seed)`); eval_shape: no backend starts at
+# import (jax.distributed.initialize must come first).
+_RAW_KEY = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
+
+
+def check_rng(rng, sampling: sampling_lib.SamplingConfig) -> jax.Array:
+  """The decode loops' PRNG key: `rng` if it is one key (`jax.random.key(seed)`, or a raw
+  `jax.random.PRNGKey(seed)`). None only at temperature 0, where the loops draw nothing (a fixed
+  key stands in, so the program is the one a key gives)."""
+  if rng is None:
+    if not sampling.greedy:
+      raise ValueError(
+        f'rng=None, but sampling at temperature {sampling.temperature} draws random numbers: '
+        'pass rng=jax.random.key(seed) (None is only accepted at temperature 0).'
+      )
+    return jax.random.key(0)
+  dtype, shape = getattr(rng, 'dtype', None), getattr(rng, 'shape', None)
+  typed = dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) and shape == ()
+  raw = dtype == jnp.uint32 and shape == _RAW_KEY.shape
+  if not isinstance(rng, (jax.Array, np.ndarray)) or not (typed or raw):
+    raise TypeError(
+      f'rng must be one PRNG key, e.g. jax.random.key(seed); got {type(rng).__name__} with '
+      f'dtype {dtype} and shape {shape}.'
+    )
+  return rng
 
 
 def as_int(name: str, value, minimum: int) -> int:

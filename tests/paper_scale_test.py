@@ -180,8 +180,8 @@ def test_drafter_costs(printed):
     t5.param_count(jax.eval_shape(lambda k: t5.init_params(k, drafter), jax.random.key(0))) / 1e6,
     abs=0.051,
   )
+  # c and c_fixed are clamped at 0; the speedup test checks the formula reads both.
   assert row['step'] > 0 and row['iteration'] > 0 and row['c_alone'] > 0
-  assert row['c'] >= 0 and row['c_fixed'] >= 0
   target_bytes = _read_bytes(_SMOKE, positions=1, cache_len=_cache_len(0))
   # The drafter reads its own one layer and caches (its cross cache over the target's encoder).
   drafter_bytes = memory_model.call_cost(
