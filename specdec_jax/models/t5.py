@@ -95,7 +95,8 @@ class T5Steps:
 
   def step_at(self, params, tokens, features, cache, at):
     """`step` (`step_features` with `features`) scoring only tokens[b, at[b]] of each row: logits
-    (and predicted features) [B, 1, ...]; the cache advances by T (`decode`'s `logits_at`)."""
+    (and predicted features) [B, 1, ...]; the cache advances by T (`decode`'s `logits_at`; None:
+    every position)."""
     if features is None:
       logits, cache = decode(params, tokens, cache, config=self.config, logits_at=at)
       return logits, None, cache
@@ -113,10 +114,7 @@ class T5Steps:
   def step_features(self, params, tokens, features, cache):
     """An EAGLE-style drafter's step: features [B, T, feature_dim] hold the target's state at the
     position before each token -> (logits, the predicted target state at each position, cache)."""
-    logits, states, cache = decode(
-      params, tokens, cache, config=self.config, features=features, return_states=True
-    )
-    return logits, predicted_features(params, states, config=self.config), cache
+    return self.step_at(params, tokens, features, cache, None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -444,9 +442,9 @@ def decode(
       state at the position before each token.
     return_states: also return the normed final decoder states [B, T, D].
     logits_at: int32[B], or None: the logits (and states) of one position per row only,
-      tokens[b, logits_at[b]], shaped [B, 1, ...]: the output layer then runs on one row. (The
-      decode loop's first drafter call feeds two positions and reads one; on a CPU with XLA's
-      Eigen kernels a 2-row tied output layer cost as much as 15 one-row calls.)
+      tokens[b, logits_at[b]], shaped [B, 1, ...]: the output layer then runs on one row (the
+      decode loop's first drafter call feeds two positions and reads one; on a CPU a few-row
+      tied output layer can cost many one-row ones: docs/performance.md, "Few-row dots").
 
   Returns:
     (logits f32[B, T, V] predicting position end_index[b] + t + 1, cache with end_index += T);
