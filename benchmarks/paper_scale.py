@@ -2,6 +2,8 @@ r"""The engine at the paper's scale: public T5 shapes, timed in the loop, agains
 
   python -m benchmarks.paper_scale --target=t5-11b --drafters=t5-small,one-layer   # on a GPU / TPU
   python -m benchmarks.paper_scale --target=t5-11b --drafters=t5-small --unroll_draft  # unrolled
+  python -m benchmarks.paper_scale --compile_for=tpu-v4 --target=t5-11b --drafters=t5-small,one-layer
+      # any host: tables 1, 2 and 4 from XLA:TPU's cost model (benchmarks/paper_scale_tpu.py)
   python -m benchmarks.paper_scale --target=t5-small --drafters=one-layer --gammas=3 \
       --loop_gamma=3 --max_new_tokens=32 --source_length=32 --dtype=float32 --rounds=1 \
       --hbm_bandwidth=100 --noeigen_dots                   # on a CPU (a made-up bandwidth)
@@ -51,7 +53,7 @@ import numpy as np
 from absl import app, flags
 
 import benchmarks
-from benchmarks import memory_model
+from benchmarks import memory_model, paper_scale_tpu
 from specdec_jax import analysis, decode, sharding, tables, timing, xla_cpu
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
@@ -96,6 +98,17 @@ _UNROLL_DRAFT = flags.DEFINE_bool(
   False,
   "Unroll the draft's lax.scan (decode.LoopSpec.unroll_draft) in the timed iterations and loops.",
   flag_values=FLAGS,
+)
+_COMPILE_FOR = flags.DEFINE_enum(
+  'compile_for',
+  None,
+  ['tpu-v4', 'tpu-v5e'],
+  'Compile for one chip of this TPU instead (any host; nothing runs): tables 1, 2 and 4 from '
+  "XLA:TPU's cost model, estimates not timings (benchmarks/paper_scale_tpu.py).",
+  flag_values=FLAGS,
+)
+_COMPILE_CACHE = flags.DEFINE_string(
+  'compile_cache', None, 'With --compile_for: keep compiled programs here.', flag_values=FLAGS
 )
 _HBM = flags.DEFINE_float(
   'hbm_bandwidth',
@@ -220,6 +233,19 @@ def main(argv):
     )
   target_config = _config(_TARGET.value)
   drafter_configs = {name: drafter_config(name, target_config) for name in _DRAFTERS.value}
+  if _COMPILE_FOR.value:
+    paper_scale_tpu.run(
+      _COMPILE_FOR.value,
+      target_config,
+      drafter_configs,
+      gammas=gammas,
+      max_new_tokens=_MAX_NEW.value,
+      dtype=_DTYPE.value,
+      batch=_BATCH.value,
+      source_length=_SOURCE_LENGTH.value,
+      cache_dir=_COMPILE_CACHE.value,
+    )
+    return
   kind = jax.devices()[0].device_kind
   chip = chip_for(kind)
   if _HBM.value:

@@ -50,22 +50,44 @@ def write(
   keeps a decode step from copying the cache. Positions at or past S_max are dropped, so an
   overlong write loses its tail but never lands on valid slots.
 
+  One row and several positions (a batch-1 target pass) are written by a select over the row's
+  slots instead (`_select_write`, the same values): XLA:TPU lays a one-row scatter of several
+  positions out against the attention that reads the cache, and copies the whole stacked cache
+  to and from that layout at every layer (docs/performance.md, "What XLA:TPU shows").
+
   Args:
     kv: [B, S_max, N, H] keys or values, or [L, B, S_max, N, H] with `layer` given.
     new: [B, T, N, H] entries for positions end_index[b] .. end_index[b] + T - 1.
-    end_index: int32[B] first slot to write in each row.
+    end_index: int32[B] first slot to write in each row (>= 0).
     layer: which layer of a stacked cache to write, or None for an unstacked one.
 
   Returns:
     `kv` with `kv[(layer,) b, end_index[b] + t] = new[b, t]`, in kv's dtype.
   """
   batch, t = new.shape[:2]
+  if batch == 1 and t > 1:
+    return _select_write(kv, new, end_index, layer)
   rows = jnp.arange(batch)[:, None]
   positions = end_index[:, None] + jnp.arange(t)
   index = (rows, positions) if layer is None else (layer, rows, positions)
   return kv.at[index].set(
     new.astype(kv.dtype), mode='drop', indices_are_sorted=True, unique_indices=True
   )
+
+
+def _select_write(kv, new, end_index, layer):
+  """`write` as a select: slot s of row b takes new[b, s - end_index[b]] where that is one of the
+  T new positions, else keeps its value. Reads and writes the layer's [B, S_max, N, H] slots
+  (no arithmetic on the values: NaN or inf in `new` stay in their own slots)."""
+  t = new.shape[1]
+  layer_kv = kv if layer is None else kv[layer]
+  offset = jnp.arange(layer_kv.shape[1])[None, :] - end_index[:, None]  # [B, S_max]
+  spread = jnp.take_along_axis(
+    new.astype(kv.dtype), jnp.clip(offset, 0, t - 1)[:, :, None, None], axis=1
+  )
+  inside = ((offset >= 0) & (offset < t))[:, :, None, None]
+  written = jnp.where(inside, spread, layer_kv)
+  return written if layer is None else kv.at[layer].set(written)
 
 
 def rewind(cache, end_index):

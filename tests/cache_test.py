@@ -61,3 +61,29 @@ def test_rewind_sets_int32_end_index(end_index, expected):
 
 def test_max_decode_len():
   assert _cache(slots=7).max_decode_len == 7
+
+
+@pytest.mark.parametrize('stacked', [False, True])
+@pytest.mark.parametrize('start', [0, 2, 4, 6])
+def test_one_row_write_of_several_positions_matches_the_scatter(start, stacked):
+  # One row and T > 1 goes through `_select_write`, the same row in a batch of two through the
+  # scatter: both give the reference, positions past the end dropped, NaN and inf in `new` kept
+  # to their own slots, the other layers of a stacked cache untouched.
+  rng = np.random.default_rng(start)
+  kv = rng.normal(size=(2, 7, 2, 3)).astype(np.float32)  # [B, S_max, N, H]
+  new = rng.normal(size=(2, 3, 2, 3)).astype(np.float32)
+  new[0, 1, 0, 0], new[0, 2, 1, 2] = np.nan, np.inf
+  expected = kv[0].copy()
+  kept = min(3, 7 - start)
+  expected[start : start + kept] = new[0, :kept]
+  layer = 1 if stacked else None
+  wrap = (lambda x: np.stack([x - 5, x, x + 5])) if stacked else (lambda x: x)
+  row = (lambda x: np.asarray(x)[1, 0]) if stacked else (lambda x: np.asarray(x)[0])
+  write = lambda rows, ends: cache_lib.write(
+    jnp.asarray(wrap(kv[:rows])), jnp.asarray(new[:rows]), jnp.array(ends), layer=layer
+  )
+  one, two = write(1, [start]), write(2, [start, 0])
+  np.testing.assert_array_equal(row(one), expected)
+  np.testing.assert_array_equal(row(two), expected)
+  if stacked:
+    np.testing.assert_array_equal(np.asarray(one)[[0, 2]], wrap(kv[:1])[[0, 2]])
