@@ -202,6 +202,15 @@ def iteration_cycles(setup: Setup, target, drafter, *, gamma: int, cache_len: in
   return loop_cost(setup.compile(fn, *args))
 
 
+def drafter_cost(step, without, with_draft, extra, *, gamma: int, extra_calls: int):
+  """(c, c_fixed) in target steps from the cycles of a step and of an iteration without the
+  draft, with it, and with `extra_calls` more one-token drafter calls: c the extra calls' slope,
+  c_fixed what the draft adds beyond gamma c. Not clamped: an unrolled draft or a fused first
+  call can cost less than gamma looped calls."""
+  c = (extra - with_draft) / extra_calls / step
+  return c, (with_draft - without) / step - gamma * c
+
+
 def call_bytes(model: t5.T5Model, *, batch: int, positions: int, cache_len: int, source_length):
   """HBM bytes one decoder call reads (`memory_model.call_cost` on one device)."""
   mesh = sharding.make_mesh(1, 1, devices=jax.devices()[:1])
@@ -251,9 +260,14 @@ def tables_from_compiler(
       kw = dict(gamma=g, cache_len=cache_len(g))
       with_draft = iteration_cycles(setup, target, drafter, **kw)
       extra = iteration_cycles(setup, target, drafter, extra_calls=timing.EXTRA_CALLS, **kw)
-      per_call = (extra.per_iteration - with_draft.per_iteration) / timing.EXTRA_CALLS
-      c = per_call / step.per_iteration
-      c_fixed = (with_draft.per_iteration - without.per_iteration) / step.per_iteration - g * c
+      c, c_fixed = drafter_cost(
+        step.per_iteration,
+        without.per_iteration,
+        with_draft.per_iteration,
+        extra.per_iteration,
+        gamma=g,
+        extra_calls=timing.EXTRA_CALLS,
+      )
       costs[name, g] = dict(
         c=c, c_fixed=c_fixed, pass_cost=passes[g].per_iteration / step.per_iteration
       )

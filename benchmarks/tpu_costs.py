@@ -116,25 +116,30 @@ class Program:
 
   def flat(self, computation: str | None = None, times: int = 1):
     """(op, how many times one run of `computation` runs it) for every op it runs, loops with a
-    known trip count unrolled into counts, conditionals' branches all at once (each op in them
-    counts once per run)."""
+    known trip count counted that many times (once without one), every branch of a conditional
+    counted once."""
     for op in self.computations[computation or self.entry]:
-      yield op, times
-      if op.opcode == 'while':
-        body, condition = op.runs
-        trips = 1 if op.trip_count is None else op.trip_count
-        yield from self.flat(body, times * trips)
-        yield from self.flat(condition, times * (trips + 1))
-      else:
-        for sub in op.runs:
-          yield from self.flat(sub, times)
+      yield from self.flat_op(op, times)
+
+  def flat_op(self, op: Op, times: int = 1):
+    """`flat` of one op: (op, times), then what it runs."""
+    yield op, times
+    if op.opcode == 'while':
+      body, condition = op.runs
+      trips = 1 if op.trip_count is None else op.trip_count
+      yield from self.flat(body, times * trips)
+      yield from self.flat(condition, times * (trips + 1))
+    else:
+      for sub in op.runs:
+        yield from self.flat(sub, times)
 
   def table(self, computation: str | None = None, key=None) -> dict[str, int]:
     """{key(op): cycles} over what one run of `computation` runs (`flat`), largest first."""
     key = key or kind
     totals = collections.Counter()
     for op, times in self.flat(computation):
-      totals[key(op)] += op.cycles * times
+      if op.cycles:
+        totals[key(op)] += op.cycles * times
     return dict(totals.most_common())
 
 
@@ -247,6 +252,18 @@ def _trip_count(annotated, runs, opcode, counted_to) -> int | None:
   if annotated:
     return int(annotated.group(1))
   return counted_to.get(runs[1]) if len(runs) > 1 else None
+
+
+# What `kind` returns, in the order tables list them.
+KINDS = (
+  'matmul (MXU)',
+  'gemv (multiply+reduce)',
+  'layout copy',
+  'cache write',
+  'reduction',
+  'elementwise / other',
+  'loop control',
+)
 
 
 def kind(op: Op) -> str:

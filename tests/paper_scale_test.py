@@ -287,3 +287,44 @@ def test_chip_by_device_kind():
   assert paper_scale.chip_for('TPU v5 lite').hbm_bandwidth == 819e9
   for unknown in ('cpu', 'NVIDIA H100 PCIe', 'NVIDIA A100-SXM4-40GB'):
     assert paper_scale.chip_for(unknown) is None
+
+
+def test_compile_for_a_tpu_prints_the_compilers_tables(monkeypatch, tmp_path):
+  # --compile_for: tables 1, 2 and 4 from XLA:TPU's estimated cycles (tiny shapes, one gamma).
+  monkeypatch.setenv('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
+  try:
+    paper_scale.paper_scale_tpu.machines.compile_only_devices('tpu-v4')
+  except RuntimeError as e:
+    pytest.skip(f'--compile_for needs a TPU compiler (libtpu): {e}')
+  tiny = dataclasses.replace(t5.CONFIGS['tiny-v1.0'], d_model=128, d_kv=32, d_ff=256)
+  monkeypatch.setitem(t5.CONFIGS, 'tiny-target', tiny)
+  drafter = 'one-layer:tiny-target'
+  monkeypatch.setattr(paper_scale.paper_scale_tpu, 'PAPER_DRAFTER', drafter)
+  out = io.StringIO()
+  with flagsaver.flagsaver(), contextlib.redirect_stdout(out):
+    flags.FLAGS(['paper_scale', '--noeigen_dots'])
+    paper_scale.FLAGS.unparse_flags()
+    argv = ['--compile_for=tpu-v4', '--target=tiny-target', f'--drafters={drafter}', '--gammas=3']
+    paper_scale.FLAGS(['paper_scale', *argv, '--source_length=8', '--max_new_tokens=8',
+                       f'--compile_cache={tmp_path}'])  # fmt: skip
+    paper_scale.main(['paper_scale'])
+  printed = out.getvalue()
+  assert 'compiled for: tpu-v4' in printed and 'estimates, not timings' in printed
+  tpu = paper_scale.paper_scale_tpu
+  step, pass_ = _table(printed, 1, tpu.TARGET_COLUMNS)
+  assert (step['call'], step['pass_cost'], pass_['call']) == ('step', 1.0, 'pass-4')
+  assert pass_['pass_cost'] == pytest.approx(pass_['mcycles'] / step['mcycles'], rel=0.01)
+  for row in (step, pass_):
+    assert row['of_bound'] == pytest.approx(100 * row['bound'] / row['mcycles'], rel=0.02, abs=0.6)
+  (row,) = _table(printed, 2, tpu.DRAFTER_COLUMNS)
+  assert row['drafter'] == drafter and row['gamma'] == 3 and row['c'] > 0
+  gamma_column = paper_scale.tables.Column('gamma_3', 'gamma 3', '.2f', suffix='x')
+  columns = tpu.SPEEDUP_COLUMNS[:3] + (gamma_column,) + tpu.SPEEDUP_COLUMNS[3:]
+  rows = _table(printed, 4, columns)
+  assert [(r['temp'], r['alpha']) for r in rows] == [(0, 0.75), (1, 0.62)]
+  for r, (alpha, _, measured) in zip(rows, tpu.PAPER_TABLE_2.values()):
+    formula = analysis.walltime_improvement_measured(
+      alpha, 3, row['c'], pass_['pass_cost'], row['c_fixed']
+    )
+    assert r['gamma_3'] == pytest.approx(formula, rel=0.02, abs=0.011)
+    assert r['paper'] == measured and r['ratio'] == pytest.approx(r['best'] / measured, abs=0.011)
