@@ -307,6 +307,17 @@ def _target_row(call, positions, cost: LoopCost, step: LoopCost, nbytes, bound_c
   )
 
 
+def speedup(alpha: float, gamma: int, *, c: float, c_fixed: float, pass_cost: float) -> float:
+  """The walltime formula, E[tokens] / (gamma c + c_fixed + pass cost)
+  (`analysis.walltime_improvement_measured`), with the draft's gamma c + c_fixed passed as one
+  per-call cost: a compiled draft can cost less than gamma looped calls (c_fixed < 0), which
+  `analysis` does not take."""
+  draft = gamma * c + c_fixed
+  if draft < 0:
+    raise ValueError(f'The draft costs {draft} target steps: gamma c + c_fixed must be >= 0.')
+  return float(analysis.walltime_improvement_measured(alpha, gamma, draft / gamma, pass_cost))
+
+
 def speedup_rows(costs: dict, drafters: list[str], gammas: list[int]) -> list[dict]:
   """Table 4: the formula at each gamma's c, c_fixed and pass cost, at the paper's alpha, the
   best gamma, and beside it the paper's measured speedup for its drafter."""
@@ -314,14 +325,7 @@ def speedup_rows(costs: dict, drafters: list[str], gammas: list[int]) -> list[di
   label, *alphas = memory_model.ALPHAS[0]
   for name in drafters:
     for temperature, alpha in enumerate(alphas):
-      by_gamma = {
-        g: float(
-          analysis.walltime_improvement_measured(
-            alpha, g, costs[name, g]['c'], costs[name, g]['pass_cost'], costs[name, g]['c_fixed']
-          )
-        )
-        for g in gammas
-      }
+      by_gamma = {g: speedup(alpha, g, **costs[name, g]) for g in gammas}
       best = max(by_gamma, key=by_gamma.get)
       paper = PAPER_TABLE_2[temperature][2] if name == PAPER_DRAFTER else None
       rows.append(

@@ -311,12 +311,16 @@ class Compiled:
 
 
 def versions() -> str:
-  """'jax 0.10.2, libtpu 0.0.42.1': what compiled (a cache key part, and the tables' header)."""
+  """'jax 0.10.2, libtpu 0.0.42.1': what compiled (a cache key part, and the tables' header),
+  with LIBTPU_INIT_ARGS where set (libtpu reads its compiler flags there)."""
   try:
     libtpu = importlib.metadata.version('libtpu')
   except importlib.metadata.PackageNotFoundError:
     libtpu = 'absent'
-  return f'jax {jax.__version__}, libtpu {libtpu}'
+  flags_ = os.environ.get(_LIBTPU_ARGS)
+  return f'jax {jax.__version__}, libtpu {libtpu}' + (
+    f', {_LIBTPU_ARGS}={flags_}' if flags_ else ''
+  )
 
 
 def compile_lowered(

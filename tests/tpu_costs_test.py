@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from benchmarks import paper_scale_tpu, tpu_costs, tpu_kernels
-from specdec_jax import machines
+from specdec_jax import analysis, machines
 from specdec_jax.models import t5
 
 # Several test processes may compile for a TPU at once; libtpu otherwise takes a lock per host.
@@ -99,6 +99,10 @@ def test_drafter_cost_is_the_timed_definition_unclamped(per_call):
   assert c == pytest.approx(per_call)
   assert c_fixed == pytest.approx(draft / step - gamma * per_call)
   assert (c_fixed < 0) == (per_call == 0.05)
+  pass_cost, alpha = 0.5, 0.75
+  want = analysis.expected_tokens(alpha, gamma) / (gamma * c + c_fixed + pass_cost)
+  got = paper_scale_tpu.speedup(alpha, gamma, c=c, c_fixed=c_fixed, pass_cost=pass_cost)
+  assert got == pytest.approx(want)
 
 
 @pytest.fixture(scope='module')
