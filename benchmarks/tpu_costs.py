@@ -8,13 +8,16 @@ the estimates over a computation, its while loops multiplied by their trip count
 by kind of op (`kind`: MXU matmuls, GEMVs, layout copies, ...) and by the `jax.named_scope` the
 decode loops put around their steps (`scope`: target, drafter, sampling, verify, emit).
 
-What a cycle is in seconds is not stated anywhere we found; `stream_cycles_per_byte` calibrates it
-in the same compiler: the cycles of a pure HBM stream (`x * 2` over N bytes, N read and N
-written) per byte moved, so `bytes * stream_cycles_per_byte` is a call's HBM bound in the
-compiler's own model, and a call's cycles over it how far the compiler puts it from that bound.
+What a cycle is in seconds is stated nowhere we found; `calibrate` measures it in the same
+compiler: bytes a cycle of three reference programs of 256 MiB (a vector stream `x * 2`, an
+8-row matmul reading a weight on the MXU, its one-row form), so a call's bytes over the matmul
+rate are its HBM bound in the compiler's own model, and its cycles over that bound how far the
+compiler puts it from it. `compile_lowered` compiles with a disk cache (11B programs take
+minutes on a small host).
 
-Ops that carry no estimate (parameters, tuples, bitcasts, async copy starts and dones, a few
-custom calls) count 0. A conditional counts its most expensive branch (`Program.cycles`).
+Ops that carry no estimate (parameters, tuples, bitcasts, async copy starts and dones, custom
+calls, collectives) count 0. A conditional counts its most expensive branch (`Program.cycles`).
+Results: docs/performance.md, "What XLA:TPU shows".
 """
 
 import collections
@@ -428,17 +431,3 @@ def calibrate(device: jax.Device, nbytes: int = 2**28, *, options=None, cache_di
 
 def _stream(x):
   return x * 2
-
-
-def backend_config(line: str) -> dict:
-  """The backend config JSON of one HLO instruction line ({} if none)."""
-  start = line.find('backend_config=')
-  if start < 0:
-    return {}
-  text = line[start + len('backend_config=') :]
-  depth = 0
-  for i, char in enumerate(text):
-    depth += {'{': 1, '}': -1}.get(char, 0)
-    if depth == 0:
-      return json.loads(text[: i + 1])
-  raise ValueError(f'Unbalanced backend config: {line[:200]}')
