@@ -9,13 +9,17 @@ copied to another layout, is reported apart as `outside`, paid once a decode cal
 
 - target step / pass: one `t5.decode` of 1 / gamma + 1 positions a row (`call_cycles`); pass cost
   = pass / step.
-- drafter: `c_alone` = its one-position call / the target step. `c` and `c_fixed` from three
-  iteration programs (`iteration_cycles`: the loop's pending token from the last pass's argmax,
-  the draft as `decode_steps.draft` makes it, greedy, then the (gamma+1)-position target pass),
-  one without the draft (the pass scores fixed tokens), one with it, one with it and
-  `timing.EXTRA_CALLS` more one-token drafter calls as its scan makes them (a static fori_loop):
-  c = (with extra - with) / EXTRA_CALLS / step, c_fixed = (with - without) / step - gamma c, not
-  clamped. So gamma c + c_fixed is what the draft adds to an iteration, as timed.
+- drafter: `c_alone` = its one-position call / the target step. `c` and `c_fixed` from one
+  iteration program (`_iterations`: the pending token from the last pass's argmax, the draft as
+  `decode_steps.draft` makes it, greedy, `timing.EXTRA_CALLS` more one-token drafter calls as its
+  scan makes them, in a loop of static length, then the (gamma+1)-position target pass):
+  c = the extra calls' loop / EXTRA_CALLS / step (the timed path's slope), c_fixed = the draft's
+  ops (scopes 'drafter' and 'sampling', outside the extra calls) / step - gamma c, not clamped.
+  So gamma c + c_fixed is what the draft adds to an iteration, as timed. The timed path takes
+  the draft as the difference of iterations with and without it; compiled, that difference also
+  measures how differently XLA:TPU compiles the target pass in the two programs (for TPU v5e at
+  gamma 7 the iteration with the draft came out 1.6% of a step cheaper than without it), so the
+  draft's own ops are read instead.
 - bound: a call's bytes (`memory_model.call_cost`, as table 1 of the timed path) over the bytes a
   cycle of the compiler's fastest HBM read (`tpu_costs.calibrate`: an 8-row matmul streaming a
   256 MiB weight), so 'of bound' is how near XLA:TPU's own model puts the call to reading its
@@ -144,7 +148,7 @@ def loop_cost(compiled: tpu_costs.Compiled) -> LoopCost:
     raise ValueError(f'Expected one loop of traced length, found {len(loops)}.')
   (loop,) = loops
   body, condition = loop.runs
-  outside = sum(program._op_cycles(op) for op in program.computations[program.entry] if op != loop)
+  outside = sum(program.op_cycles(op) for op in program.computations[program.entry] if op != loop)
   return LoopCost(program.cycles(body) + program.cycles(condition), outside, compiled.temp_bytes)
 
 
@@ -178,9 +182,9 @@ def call_cycles(setup: Setup, model: t5.T5Model, *, positions: int, cache_len: i
   return loop_cost(setup.compile(fn, model.params, cache, setup.position(), _scalar(setup.device)))
 
 
-def iteration_cycles(setup: Setup, target, drafter, *, gamma: int, cache_len: int, extra_calls=0):
-  """`LoopCost` of an iteration of the decode loop's model calls (`_iterations`); drafter None:
-  the pass alone on fixed drafts."""
+def iteration_program(setup: Setup, target, drafter, *, gamma: int, cache_len: int, extra_calls=0):
+  """`_iterations` compiled: the decode loop's model calls (drafter None: the pass alone on fixed
+  drafts), with `extra_calls` more drafter calls an iteration."""
   shape = dict(batch=setup.batch, source_length=setup.source_length, cache_len=cache_len)
   drafter_cache = None if drafter is None else abstract_cache(drafter, setup.device, **shape)
   fn = functools.partial(
@@ -199,16 +203,52 @@ def iteration_cycles(setup: Setup, target, drafter, *, gamma: int, cache_len: in
     setup.position(),
     _scalar(setup.device),
   )
-  return loop_cost(setup.compile(fn, *args))
+  return setup.compile(fn, *args)
 
 
-def drafter_cost(step, without, with_draft, extra, *, gamma: int, extra_calls: int):
-  """(c, c_fixed) in target steps from the cycles of a step and of an iteration without the
-  draft, with it, and with `extra_calls` more one-token drafter calls: c the extra calls' slope,
-  c_fixed what the draft adds beyond gamma c. Not clamped: an unrolled draft or a fused first
-  call can cost less than gamma looped calls."""
-  c = (extra - with_draft) / extra_calls / step
-  return c, (with_draft - without) / step - gamma * c
+@dataclasses.dataclass(frozen=True)
+class DraftCost:
+  """What the draft costs in one compiled iteration (`_iterations` with extra calls), in cycles:
+  `iteration` (the draft and the pass, without the extra calls), `draft` (its ops of the
+  'drafter' and 'sampling' scopes: the gamma calls and their argmaxes) and `per_call` (one extra
+  one-token call and its argmax: the extra calls' loop over their count)."""
+
+  iteration: int
+  draft: int
+  per_call: float
+
+
+def draft_cost(compiled: tpu_costs.Compiled, *, gamma: int, extra_calls: int) -> DraftCost:
+  """`DraftCost` of an iteration program compiled with `extra_calls` extra drafter calls."""
+  program = compiled.program
+  (loop,) = [op for op in program.loops() if op.trip_count is None]
+  body, condition = loop.runs
+  extra = [op for op in program.loops(body) if op.trip_count == extra_calls]
+  if len(extra) != 1 or gamma - 1 == extra_calls:
+    raise ValueError(
+      f'Expected one loop of {extra_calls} extra calls in the iteration (gamma {gamma}), found '
+      f'{[op.trip_count for op in program.loops(body)]}.'
+    )
+  (extra,) = extra
+  extra_cycles = program.op_cycles(extra)
+  draft = sum(
+    sub.cycles * times
+    for op in program.computations[body]
+    if op is not extra
+    for sub, times in program.flat_op(op)
+    if tpu_costs.scope(sub) in ('drafter', 'sampling')
+  )
+  iteration = program.cycles(body) + program.cycles(condition) - extra_cycles
+  return DraftCost(iteration, draft, extra_cycles / extra_calls)
+
+
+def drafter_cost(step: float, draft: float, per_call: float, *, gamma: int):
+  """(c, c_fixed) in target steps from the cycles of a target step, of the draft in an iteration
+  and of one extra call: c = per_call / step, c_fixed = draft / step - gamma c, what the draft adds
+  beyond gamma calls as its scan makes them (the first call feeds two positions). Not clamped: a
+  first call fused with its neighbours can cost less than a looped one."""
+  c = per_call / step
+  return c, draft / step - gamma * c
 
 
 def call_bytes(model: t5.T5Model, *, batch: int, positions: int, cache_len: int, source_length):
@@ -254,20 +294,14 @@ def tables_from_compiler(
   costs, rows = {}, []
   step_bytes = bound(target, 1, 0)[0]
   for g in gammas:
-    without = iteration_cycles(setup, target, None, gamma=g, cache_len=cache_len(g))
     for name, drafter in drafters.items():
       alone = call_cycles(setup, drafter, positions=1, cache_len=cache_len(g))
-      kw = dict(gamma=g, cache_len=cache_len(g))
-      with_draft = iteration_cycles(setup, target, drafter, **kw)
-      extra = iteration_cycles(setup, target, drafter, extra_calls=timing.EXTRA_CALLS, **kw)
-      c, c_fixed = drafter_cost(
-        step.per_iteration,
-        without.per_iteration,
-        with_draft.per_iteration,
-        extra.per_iteration,
-        gamma=g,
-        extra_calls=timing.EXTRA_CALLS,
+      extra = timing.EXTRA_CALLS
+      iteration = iteration_program(
+        setup, target, drafter, gamma=g, cache_len=cache_len(g), extra_calls=extra
       )
+      cost = draft_cost(iteration, gamma=g, extra_calls=extra)
+      c, c_fixed = drafter_cost(step.per_iteration, cost.draft, cost.per_call, gamma=g)
       costs[name, g] = dict(
         c=c, c_fixed=c_fixed, pass_cost=passes[g].per_iteration / step.per_iteration
       )
@@ -282,7 +316,7 @@ def tables_from_compiler(
           c=c,
           c_fixed=c_fixed,
           c_bound=bound(drafter, 1, g)[0] / step_bytes,
-          iteration=with_draft.per_iteration / 1e6,
+          iteration=cost.iteration / 1e6,
         )
       )
   return dict(

@@ -100,9 +100,10 @@ class Program:
     loop's body and condition times its known trip count (the condition once more), each
     conditional's most expensive branch, each call's callee. A loop without a known trip count
     (a decode loop, which stops when its rows do) raises ValueError: take its body's cycles."""
-    return sum(self._op_cycles(op) for op in self.computations[computation or self.entry])
+    return sum(self.op_cycles(op) for op in self.computations[computation or self.entry])
 
-  def _op_cycles(self, op: Op) -> int:
+  def op_cycles(self, op: Op) -> int:
+    """Estimated cycles of one run of `op`, with what it runs (as `cycles`)."""
     if op.opcode == 'while':
       if op.trip_count is None:
         raise ValueError(

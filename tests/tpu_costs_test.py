@@ -87,18 +87,13 @@ def test_parse_needs_an_entry():
     tpu_costs.parse('%f (a: f32[]) -> f32[] {\n}\n')
 
 
-@pytest.mark.parametrize('per_call', [0.01, 0.05])
+@pytest.mark.parametrize('per_call', [10.0, 50.0])
 def test_drafter_cost_is_the_timed_definition_unclamped(per_call):
-  step, without, gamma, extra_calls = 1000.0, 1200.0, 4, 16
-  draft = 100.0  # cheaper than gamma looped calls at 0.05: c_fixed negative
-  with_draft = without + draft
-  extra = with_draft + extra_calls * per_call * step
-  c, c_fixed = paper_scale_tpu.drafter_cost(
-    step, without, with_draft, extra, gamma=gamma, extra_calls=extra_calls
-  )
-  assert c == pytest.approx(per_call)
-  assert c_fixed == pytest.approx(draft / step - gamma * per_call)
-  assert (c_fixed < 0) == (per_call == 0.05)
+  step, draft, gamma = 1000.0, 100.0, 4  # a draft cheaper than gamma calls of 50: c_fixed < 0
+  c, c_fixed = paper_scale_tpu.drafter_cost(step, draft, per_call, gamma=gamma)
+  assert c == pytest.approx(per_call / step)
+  assert c_fixed == pytest.approx((draft - gamma * per_call) / step)
+  assert (c_fixed < 0) == (per_call == 50.0)
   pass_cost, alpha = 0.5, 0.75
   want = analysis.expected_tokens(alpha, gamma) / (gamma * c + c_fixed + pass_cost)
   got = paper_scale_tpu.speedup(alpha, gamma, c=c, c_fixed=c_fixed, pass_cost=pass_cost)
@@ -170,18 +165,18 @@ def test_compiled_calls_and_drafter_costs(device, tmp_path):
   wide = paper_scale_tpu.call_cycles(setup, target, positions=4, cache_len=16)
   assert wide.per_iteration != step.per_iteration
   kw = dict(gamma=3, cache_len=16)
-  without = paper_scale_tpu.iteration_cycles(setup, target, None, **kw)
-  with_draft = paper_scale_tpu.iteration_cycles(setup, target, drafter, **kw)
-  extra = paper_scale_tpu.iteration_cycles(setup, target, drafter, extra_calls=4, **kw)
+  without = paper_scale_tpu.loop_cost(paper_scale_tpu.iteration_program(setup, target, None, **kw))
+  program = paper_scale_tpu.iteration_program(setup, target, drafter, extra_calls=5, **kw)
+  cost = paper_scale_tpu.draft_cost(program, gamma=3, extra_calls=5)
   alone = paper_scale_tpu.call_cycles(setup, drafter, positions=1, cache_len=16)
-  assert without.per_iteration < with_draft.per_iteration < extra.per_iteration
-  c, _ = paper_scale_tpu.drafter_cost(
-    step.per_iteration, without.per_iteration, with_draft.per_iteration, extra.per_iteration,
-    gamma=3, extra_calls=4,
-  )  # fmt: skip
-  # An extra call is one drafter call and its argmax: within a few percent of the call alone.
-  assert c * step.per_iteration == pytest.approx(alone.per_iteration, rel=0.25)
-  assert len(os.listdir(tmp_path)) == 6  # each program compiled once, the repeat from the cache
+  # An extra call is one drafter call and its argmax; the draft's ops are what the iteration
+  # has beyond the pass on fixed drafts.
+  assert cost.per_call == pytest.approx(alone.per_iteration, rel=0.25)
+  assert 0 < cost.draft < cost.iteration
+  assert cost.iteration - without.per_iteration == pytest.approx(cost.draft, rel=0.25)
+  with pytest.raises(ValueError, match='one loop of 4 extra calls'):
+    paper_scale_tpu.draft_cost(program, gamma=3, extra_calls=4)
+  assert len(os.listdir(tmp_path)) == 5  # each program compiled once, the repeat from the cache
 
 
 def test_kernels_report_of_a_tiny_pair(device, tmp_path):
