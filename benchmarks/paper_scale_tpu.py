@@ -24,7 +24,7 @@ copied to another layout, is reported apart as `outside`, paid once a decode cal
   cycle of the compiler's fastest HBM read (`tpu_costs.calibrate`: an 8-row matmul streaming a
   256 MiB weight), so 'of bound' is how near XLA:TPU's own model puts the call to reading its
   bytes at that rate.
-- speedup: `analysis.walltime_improvement_measured` at these c, c_fixed and pass costs, at the
+- speedup: the walltime formula, E[tokens] / (gamma c + c_fixed + pass cost) (`speedup`), at the
   paper's alpha (T5-small under T5-XXL on EnDe: 0.75 greedy, 0.62 at T=1), beside the paper's
   measured Table 2 (Leviathan et al. 2023: 3.4x and 2.6x at gamma 7, on TPU-v4) for T5-small.
 """
