@@ -106,8 +106,7 @@ def save(
   (int8 arrays holding |q| <= 2^(bits-1) - 1 = Q) with one float32 scale per row of each array's
   last axis: w = base + q * scale, |error| <= scale / 2 = max|row delta| / (2 Q). Fewer bits
   compress better on disk (orbax's zstd). 6 bits keep a fine-tune at about bfloat16's precision
-  (`delta_error`; pretrained/debsumm48m's target: max error 1.1e-3 against a bfloat16 copy's
-  1.2e-2, mean 1.3e-4 against 1.0e-4) in 31 MB instead of 70 MB.
+  (`delta_error`; the shipped debsumm48m target's errors and size: docs/training.md).
   `delta.json` names the base by its path relative to `path` and its fingerprint; `restore`
   rebuilds the weights from it.
 
