@@ -1,23 +1,27 @@
 """Wall-clock measurement of jitted work: whole calls, and model calls as a decode loop sees them.
 
+Every timed region goes through `timed`, which raises `CompiledWhileTimed` when XLA compiles
+anything during it: a region that compiles (a new shape, a device array sliced by a Python length)
+measures the compiler, not the work. Each timer runs its programs once untimed first.
+
 A model call timed from Python includes jit dispatch (~0.3-0.5 ms for a T5's params pytree on a
-small CPU), which the decode loops never pay: they run inside one jit. `step_seconds` therefore
-times a model call inside a jitted `fori_loop` and takes the difference of two loop lengths, which
-cancels dispatch; the encoder and the cache set-up run once before, outside the timed programs.
-The drafter's cost in the loop is measured inside the loop's own iteration, run without its
-drafter calls, with them, and with more of them (`drafter_seconds`): a cost per call (c) and a
-fixed cost per iteration (c_fixed). Loops timed together run in turn and the fastest
-run of each counts, so that a shared machine's load moves them alike (`step_costs`, which the
-main job and the benchmarks use).
+small CPU), which the decode loops never pay: they run inside one jit. `step_seconds` therefore times a model call inside a jitted `fori_loop` and takes
+the difference of two loop lengths, which cancels dispatch; the encoder and the cache set-up run
+once before, outside the timed programs. The drafter's cost in the loop is measured inside the
+loop's own iteration, run without its drafter calls, with them, and with more of them
+(`drafter_seconds`): a cost per call (c) and a fixed cost per iteration (c_fixed). Loops timed
+together run in turn and the fastest run of each counts, so that a shared machine's load moves
+them alike (`step_costs`, which the main job and the benchmarks use).
 
 Axis legend: B batch, S source length, T query length.
 """
 
+import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable
-from typing import NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,18 +29,66 @@ import numpy as np
 
 from specdec_jax import decode_steps, step_models
 
+# What `jax.monitoring` records for each program XLA compiles, or reads from the persistent
+# compilation cache (jax._src.dispatch.BACKEND_COMPILE_EVENT; one event per program, with its name
+# as `fun_name`).
+BACKEND_COMPILE_EVENT = '/jax/core/compile/backend_compile_duration'
+
+
+class CompiledWhileTimed(RuntimeError):
+  """XLA compiled a program inside a timed region: the region's seconds are not the work's."""
+
+
+@contextlib.contextmanager
+def compiles() -> Iterator[list[str]]:
+  """The names of the programs XLA compiles (or loads from the persistent compilation cache)
+  while inside, e.g. ['jit(dynamic_slice)', 'jit(squeeze)'] for `x[0, :n]` of a device array at a
+  new n: a list that fills as they happen."""
+  names = []
+
+  def listener(event: str, duration: float, **kwargs) -> None:
+    del duration
+    if event == BACKEND_COMPILE_EVENT:
+      names.append(str(kwargs.get('fun_name', '?')))
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    yield names
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def timed(fn: Callable[[], Any], what: str = 'a timed call') -> tuple[Any, float]:
+  """(`fn()`'s result, ready; the seconds it took). Every timed region of the project is this.
+
+  Raises:
+    CompiledWhileTimed: XLA compiled a program while `fn` ran (its names in the message). A
+      compilation costs milliseconds to seconds, so a time that includes one is wrong by more than
+      any difference it was meant to show; run `fn` once untimed first (same shapes), and keep
+      host work whose programs depend on values (slicing a device array by a Python length,
+      tokenizing, building a batch) out of `fn`.
+  """
+  with compiles() as compiled:
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn())
+    seconds = time.perf_counter() - start
+  if compiled:
+    shown = ', '.join(compiled[:6]) + (', ...' if len(compiled) > 6 else '')
+    raise CompiledWhileTimed(
+      f'{what} compiled {len(compiled)} program(s) while timed ({shown}): its time would include '
+      'compilation. Warm it up with the same shapes, and move work that compiles per value (e.g. '
+      'x[0, :n] of a device array for a new n: gather to the host first) out of the timed call.'
+    )
+  return out, seconds
+
 
 def time_call(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
-  """(seconds of the first call, median seconds of `repeats` further calls); waits for results."""
+  """(seconds of the first call, compilation included; median seconds of `repeats` further
+  calls, each `timed`); waits for results."""
   start = time.perf_counter()
   jax.block_until_ready(fn())
   first = time.perf_counter() - start
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return first, float(np.median(times))
+  return first, float(np.median([timed(fn)[1] for _ in range(repeats)]))
 
 
 @functools.partial(jax.jit, static_argnames=('steps', 'encoder_steps', 'cache_len'))
@@ -177,9 +229,7 @@ def _fastest(runs: dict, repeats: int) -> dict:
   best = dict.fromkeys(runs, math.inf)
   for _ in range(repeats):
     for key, run in runs.items():
-      start = time.perf_counter()
-      jax.block_until_ready(run())
-      best[key] = min(best[key], time.perf_counter() - start)
+      best[key] = min(best[key], timed(run, f'timing loop {key}')[1])
   return best
 
 

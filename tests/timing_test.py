@@ -8,6 +8,7 @@ import types
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from specdec_jax import step_models, timing
@@ -126,6 +127,32 @@ def test_a_deeper_drafter_reads_a_larger_c():
   seconds = {layers: cost['c'] * cost['target_step'] for layers, cost in costs.items()}
   assert seconds[8] > 3 * seconds[1] > 0, costs
   assert costs[8]['c'] > costs[1]['c'], costs
+
+
+def test_the_guard_fails_a_timed_call_that_slices_a_device_array_per_length():
+  # Negative control: `x[0, :n]` of a device array compiles two small programs for each new n
+  # (what hf_peer's autoregressive row paid inside its timer); gathered to the host first, the
+  # same outputs compile nothing.
+  x = jnp.arange(64, dtype=jnp.int32).reshape(2, 32)
+  lengths = iter(range(3, 9))
+  with pytest.raises(timing.CompiledWhileTimed, match=r'compiled 2 program\(s\).*dynamic_slice'):
+    timing.timed(lambda: x[0, : next(lengths)], 'slicing')
+  on_host = lambda: np.asarray(x)[0, : next(lengths)]
+  np.testing.assert_array_equal(timing.timed(on_host)[0], np.arange(4))
+  out, seconds = timing.timed(on_host)
+  assert out.shape == (5,) and seconds >= 0
+  # `compiles` names what compiled; a jitted function compiles on its first call only.
+  double = jax.jit(lambda v: v * 2)
+  with timing.compiles() as first:
+    double(x)
+  with timing.compiles() as again:
+    double(x)
+  assert len(first) == 1 and 'jit(<lambda>)' in first[0] and again == []
+  # `time_call`'s first call may compile; its timed repeats may not.
+  plus = jax.jit(lambda v: v + 3)
+  assert timing.time_call(lambda: plus(x), 2)[0] > 0
+  with pytest.raises(timing.CompiledWhileTimed):
+    timing.time_call(lambda: jax.jit(lambda v: v + 3)(x), 1)  # a new jit object each call
 
 
 def _one_row_output_layers(compiled_text: str, vocab: int) -> int:
