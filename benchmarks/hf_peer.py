@@ -7,9 +7,9 @@ r"""Ours beside HF transformers on the same weights: greedy tokens/s, ratios, id
 The target and each T5 drafter go to transformers' `T5ForConditionalGeneration` with the same
 weights: a shipped pair through `checkpoints.save_hf_t5` and `from_pretrained` (a user's path);
 random weights (`--random_weights`, shapes from `t5.CONFIGS`, the end-of-sequence token's output
-weights zeroed so that every row decodes --max_new_tokens tokens) through the state dict
-`save_hf_t5` would write (`checkpoints_hf.params_to_hf_state_dict`), without the file (45 GB in
-float32 for T5 11B). Every method decodes the same sentences one at a time (batch 1, the paper's
+weights zeroed so that every row decodes --max_new_tokens tokens) tensor by tensor as
+`save_hf_t5` would write them, from our params on JAX's device to torch's through DLPack
+(`hf_from_params`: no file, no host copy; 45 GB in float32 for T5 11B). Every method decodes the same sentences one at a time (batch 1, the paper's
 setting), each source padded to --source_length with its mask, greedy, up to --max_new_tokens:
 
   ours         autoregressive (`decode.generate`); speculative with each drafter at --gamma
@@ -21,7 +21,8 @@ setting), each source padded to --source_length with its mask, greedy, up to --m
                --gamma drafts an iteration: a constant schedule and no confidence stop)
 
 Each method decodes the first sentence once untimed (compilation, lazy set-up), then every
-sentence in turn, timed; tokens/s counts the tokens emitted (EOS included) over that time.
+sentence in turn, timed (`timing.timed`, which raises if JAX compiles meanwhile; ours bring each
+output to the host before cutting it to its length); tokens/s counts the tokens emitted (EOS included) over that time.
 `identical` counts the sentences whose tokens equal ours autoregressive. A method that raises
 gets its row with the error instead of numbers; a drafter transformers cannot run as an
 assistant (a decoder over the target's encoder, `num_encoder_layers=0`, such as the shipped
@@ -31,10 +32,10 @@ noisy, and torch's threads compete with the rest of the machine (--torch_threads
 """
 
 import dataclasses
+import functools
 import os
 import pathlib
 import tempfile
-import time
 
 import jax
 import numpy as np
@@ -43,7 +44,15 @@ import transformers
 from absl import app, flags, logging
 
 import benchmarks
-from specdec_jax import checkpoints, checkpoints_hf, decode, pretrained, tables
+from specdec_jax import (
+  checkpoint_utils,
+  checkpoints,
+  checkpoints_hf,
+  decode,
+  pretrained,
+  tables,
+  timing,
+)
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
 
@@ -161,15 +170,23 @@ def hf_from_directory(directory, *, device, dtype):
 
 
 def hf_from_params(model: t5.T5Model, *, device, dtype):
-  """transformers' model of `model`, from the state dict `save_hf_t5` writes, built on the meta
-  device and filled leaf by leaf (no file, no random init, no float32 copy on the device)."""
+  """transformers' model of `model`, with the weights `save_hf_t5` would write, built on the meta
+  device and filled tensor by tensor from our params where they are: each transposed and cast
+  on JAX's device where transformers stores it otherwise (a jitted function), then shared with
+  torch through DLPack (no copy when torch's device is JAX's). No file, no random init, no host
+  copy: at 11B a host copy of every weight took minutes (issue 40)."""
   config = transformers.T5Config(**checkpoints_hf.config_to_hf(model.config))
   with torch.device('meta'):
     hf = transformers.T5ForConditionalGeneration(config)
-  state = {
-    name: torch.from_numpy(np.array(array, np.float32)).to(device, getattr(torch, dtype))
-    for name, array in checkpoints_hf.params_to_hf_state_dict(model.params, model.config).items()
-  }
+  names = checkpoints_hf.hf_names(model.config)
+  flat = checkpoint_utils.flatten(model.params)
+  checkpoint_utils.check_shapes(flat, model.config, names)
+  state = {}
+  for ours_name, (name, transposed) in names.items():
+    array = flat[ours_name]
+    if transposed or array.dtype != dtype:
+      array = _as_stored(array, transposed=transposed, dtype=dtype)
+    state[name] = torch.from_dlpack(array).to(device)
   # The copies transformers ties to `shared.weight` (`tie_weights` would tie the output layer
   # too: transformers 5's T5Config reads every T5 as tied).
   tied = ['encoder.embed_tokens.weight', 'decoder.embed_tokens.weight']
@@ -183,13 +200,18 @@ def hf_from_params(model: t5.T5Model, *, device, dtype):
   return hf.eval()
 
 
+@functools.partial(jax.jit, static_argnames=('transposed', 'dtype'))
+def _as_stored(array, *, transposed: bool, dtype: str):
+  """`array` as transformers stores it: transposed (a kernel [in, out] -> its [out, in]), in
+  `dtype`, row-major."""
+  return (array.T if transposed else array).astype(dtype)
+
+
 def timed(decode_one, sources) -> tuple[list[list[int]], float]:
   """Outputs of `decode_one(i)` for every source (after one untimed call on the first) and the
-  seconds they took."""
+  seconds they took (`timing.timed`: raises if JAX compiles while they run)."""
   decode_one(0)
-  start = time.perf_counter()
-  outputs = [decode_one(i) for i in range(len(sources))]
-  return outputs, time.perf_counter() - start
+  return timing.timed(lambda: [decode_one(i) for i in range(len(sources))], 'decoding every source')
 
 
 def ours(target, drafter, ids, mask, *, gamma: int, max_new_tokens: int):
@@ -202,7 +224,9 @@ def ours(target, drafter, ids, mask, *, gamma: int, max_new_tokens: int):
       out = decode.generate(target, *row, **kw)
     else:
       out = decode.speculative_generate(target, drafter, *row, gamma=gamma, **kw)
-    return np.asarray(out.tokens[0, : int(out.lengths[0])]).tolist()
+    # To the host first, then cut: x[0, :n] of a device array compiles programs for each new n.
+    tokens, lengths = jax.device_get((out.tokens, out.lengths))
+    return tokens[0, : lengths[0]].tolist()
 
   return decode_one
 

@@ -5,6 +5,7 @@ params (the random-weights path) against `save_hf_t5` + `from_pretrained`."""
 import contextlib
 import io
 import math
+import types
 
 import jax
 import numpy as np
@@ -14,7 +15,7 @@ from absl import flags
 from absl.testing import flagsaver
 
 from benchmarks import hf_peer
-from specdec_jax import checkpoints, decode
+from specdec_jax import checkpoints, checkpoints_hf, decode
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
 
@@ -129,6 +130,56 @@ def test_hf_from_params_is_the_exported_model(name, tmp_path):
   assert sorted(got) == sorted(want)
   for key, tensor in want.items():
     torch.testing.assert_close(got[key], tensor, rtol=0, atol=0, msg=key)
+
+
+def test_hf_from_params_shares_our_weights_without_a_host_copy():
+  # bfloat16 as at 11B: every tensor goes from JAX's device to torch's through DLPack, none is
+  # read to the host (as `save_hf_t5`'s numpy state dict reads them); a tensor transformers stores
+  # as we do is our buffer itself.
+  model = hf_peer.random_model(t5.CONFIGS['tiny-v1.1'], dtype='bfloat16', seed=2)
+  want = {
+    name: torch.from_numpy(np.asarray(array, np.float32)).to(torch.bfloat16)
+    for name, array in checkpoints_hf.params_to_hf_state_dict(model.params, model.config).items()
+  }
+  scale = model.params['decoder']['decoder_norm']['scale']
+
+  def to_host(*args, **kwargs):
+    raise AssertionError('a JAX array read to the host')
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(type(scale), '__array__', to_host)
+    with pytest.raises(AssertionError, match='read to the host'):  # the patch holds
+      np.asarray(scale)
+    got = hf_peer.hf_from_params(model, device='cpu', dtype='bfloat16').state_dict()
+  assert sorted(want) == sorted(
+    set(got) - {'encoder.embed_tokens.weight', 'decoder.embed_tokens.weight'}
+  )
+  for key, tensor in want.items():
+    assert got[key].dtype == torch.bfloat16
+    torch.testing.assert_close(got[key], tensor, rtol=0, atol=0, msg=key)
+  assert got['decoder.final_layer_norm.weight'].data_ptr() == scale.unsafe_buffer_pointer()
+
+
+def test_our_rows_bring_outputs_to_the_host_before_cutting_them(monkeypatch):
+  # A timed pass over sentences of different lengths compiles nothing (hf_peer's timer raises if
+  # it does); the old cut, x[0, :n] of the device array, compiles for each new length.
+  tokens = jax.numpy.arange(20, dtype=jax.numpy.int32)[None]
+  output = lambda n: types.SimpleNamespace(tokens=tokens, lengths=jax.numpy.array([n]))
+  outs = [output(n) for n in (3, 5, 7, 4, 6)]
+  monkeypatch.setattr(hf_peer.decode, 'generate', lambda *a, **k: outs.pop(0))
+  ids = np.zeros((4, 2), np.int32)
+  outputs, seconds = hf_peer.timed(
+    hf_peer.ours(None, None, ids, ids, gamma=1, max_new_tokens=20), ids
+  )
+  assert outputs == [list(range(n)) for n in (5, 7, 4, 6)] and seconds > 0
+
+  def old_cut(i):
+    out = outs.pop(0)
+    return np.asarray(out.tokens[0, : int(out.lengths[0])]).tolist()
+
+  outs += [output(n) for n in (8, 9, 10)]
+  with pytest.raises(hf_peer.timing.CompiledWhileTimed):
+    hf_peer.timed(old_cut, ids[:2])
 
 
 def test_random_models_never_stop():
