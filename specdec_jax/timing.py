@@ -8,10 +8,13 @@ A model call timed from Python includes jit dispatch (~0.3-0.5 ms for a T5's par
 small CPU), which the decode loops never pay: they run inside one jit. `step_seconds` therefore times a model call inside a jitted `fori_loop` and takes
 the difference of two loop lengths, which cancels dispatch; the encoder and the cache set-up run
 once before, outside the timed programs. The drafter's cost in the loop is measured inside the
-loop's own iteration, run without its drafter calls, with them, and with more of them
-(`drafter_seconds`): a cost per call (c) and a fixed cost per iteration (c_fixed). Loops timed
-together run in turn and the fastest run of each counts, so that a shared machine's load moves
-them alike (`step_costs`, which the main job and the benchmarks use).
+loop's own iteration, compiled without its drafter calls, with the loop's gamma of them and
+with more of them (`drafter_seconds`): a cost per call (c) and a fixed cost per iteration
+(c_fixed). The timed iteration has the decode loop's structure and nothing more: the draft is
+`decode_steps.draft` at a static length, scanned or unrolled as the loop runs it, and no traced
+branch or loop decides the drafter's calls. Loops timed together run in turn and the fastest run
+of each counts, so that a shared machine's load moves them alike (`step_costs`, which the main
+job and the benchmarks use).
 
 Axis legend: B batch, S source length, T query length.
 """
@@ -132,9 +135,47 @@ def _repeated_steps(steps, params, cache, position, *, num_tokens, calls):
   return jax.lax.fori_loop(0, calls, body, (cache, logits))[1]
 
 
+def _draft(
+  drafter, drafter_cache, pending, position, states, *, gamma, draft_length, cache_len, unroll
+):
+  """The drafts an iteration's target pass scores, int32[B, gamma], and the drafter's cache.
+
+  `draft_length` 0: no drafter call (tokens made from `pending`). Else `decode_steps.draft` of
+  `draft_length` >= gamma tokens, greedy, scanned or unrolled (`unroll`) as the loop runs it; past
+  gamma its later tokens are extra one-token calls of the same scan, and the last one's argmax
+  takes the place of the gamma-th draft, so that every call's logits are read (a loop that
+  discarded the first drafter call's logits let XLA drop that call's output layer, and c came out
+  2-4x too low). Either way the drafts pass through an optimization barrier, so that XLA cannot
+  shape the target pass by how they were made."""
+  steps, params = drafter
+  batch = pending.shape[0]
+  if draft_length == 0:
+    drafts = (pending[:, None] + jnp.arange(gamma, dtype=jnp.int32)) % 7 + 2
+    return jax.lax.optimization_barrier(drafts), drafter_cache
+  seq = jnp.broadcast_to(pending[:, None], (batch, cache_len))
+  drafts, _, drafter_cache, _ = decode_steps.draft(
+    steps,
+    params,
+    drafter_cache,
+    seq,
+    position,
+    jax.random.key(0),  # unused when greedy, as in the loop
+    gamma=draft_length,
+    sampling=None,
+    greedy=True,
+    target_states=None if states is None else (states, position - 1),
+    unroll=unroll,
+  )
+  drafts = jnp.concatenate([drafts[:, : gamma - 1], drafts[:, -1:]], axis=1)
+  return jax.lax.optimization_barrier(drafts), drafter_cache
+
+
 @functools.partial(
-  jax.jit, static_argnames=('target_steps', 'drafter_steps', 'gamma', 'cache_len', 'unroll_draft')
-)
+  jax.jit,
+  static_argnames=(
+    'target_steps', 'drafter_steps', 'gamma', 'draft_length', 'cache_len', 'unroll_draft'
+  ),
+)  # fmt: skip
 def _repeated_iterations(
   target_steps,
   target_params,
@@ -145,70 +186,34 @@ def _repeated_iterations(
   position,
   *,
   gamma,
+  draft_length,
   cache_len,
+  unroll_draft,
   calls,
-  drafting=True,
-  extra_calls=0,
-  unroll_draft=False,
 ):
-  """`calls` iterations of the speculative loop's model calls, by the loop's own functions: the
-  drafter's gamma calls (`decode_steps.draft`, greedy), then `extra_calls` more one-token drafter
-  calls as its scan makes them, and one (gamma+1)-position target pass, every iteration from
-  `position` [B] of the caches. `drafting` False skips the draft (the pass scores fixed drafts).
-  `calls`, `drafting` and `extra_calls` are traced: one program for every loop length and count
-  of calls, as two programs are compiled apart (an iteration compiled without its drafter calls
-  ran faster by more than they cost: an n-gram drafter that costs nothing alone read c 0.13).
-  `unroll_draft` (static) unrolls the draft's scan, as `LoopSpec.unroll_draft` does in the loop."""
+  """`calls` iterations of the speculative loop's model calls, by the loop's own functions: a
+  draft of `draft_length` drafter calls (`_draft`: 0, the loop's gamma, or more) and one
+  (gamma+1)-position target pass, every iteration from `position` [B] of the caches, each
+  iteration's tokens from the last pass's logits. `calls` is traced, the loop's length: one
+  program for every loop length, a while loop as the decode loop's. Everything else is static:
+  the program holds no branch or loop the decode loop lacks (a traced `lax.cond` or trip count
+  would wait for the host on a GPU, every iteration)."""
   batch = position.shape[0]
   reads_states = getattr(drafter_steps, 'reads_target_states', False)
   states = None
   if reads_states:
     states = jnp.zeros((batch, gamma + 1, drafter_steps.feature_dim), jnp.float32)
+  shape = dict(gamma=gamma, draft_length=draft_length, cache_len=cache_len, unroll=unroll_draft)
 
   def body(i, carry):
     target_cache, drafter_cache, logits, states = carry
-    # Each iteration's tokens depend on the last pass's logits and every draft is the argmax of
-    # the drafter's logits, as in the loop: every logit is needed, so XLA cannot drop an output
-    # layer (a loop that discarded the first drafter call's logits let it drop that call's output
-    # layer, and c came out 2-4x too low).
-    pending = (jnp.argmax(logits[:, -1], -1) + i) % 7 + 2
-    seq = jnp.broadcast_to(pending[:, None], (batch, cache_len))
-
-    def run_drafter(drafter_cache):
-      drafts, _, drafter_cache, _ = decode_steps.draft(
-        drafter_steps,
-        drafter_params,
-        drafter_cache,
-        seq,
-        position,
-        jax.random.key(0),  # unused when greedy, as in the loop
-        gamma=gamma,
-        sampling=None,
-        greedy=True,
-        target_states=None if states is None else (states, position - 1),
-        unroll=unroll_draft,
-      )
-      return drafts, drafter_cache
-
-    skip_drafter = lambda drafter_cache: (seq[:, :gamma], drafter_cache)
-    drafts, drafter_cache = jax.lax.cond(drafting, run_drafter, skip_drafter, drafter_cache)
-
-    def extra_call(_, carry):  # a call of the draft's scan: one token in, its argmax out
-      token, drafter_cache = carry
-      features = None if states is None else states[:, :1]
-      cache = drafter_cache.replace(end_index=position + gamma)
-      logits, _, drafter_cache = decode_steps.drafter_call(
-        drafter_steps, drafter_params, token[:, None], features, cache
-      )
-      return jnp.argmax(logits[:, 0], -1).astype(jnp.int32), drafter_cache
-
-    last, drafter_cache = jax.lax.fori_loop(
-      0, extra_calls, extra_call, (drafts[:, -1], drafter_cache)
-    )
+    pending = (jnp.argmax(logits[:, -1], -1) + i) % 7 + 2  # not loop-invariant
+    drafter = (drafter_steps, drafter_params)
+    drafts, drafter_cache = _draft(drafter, drafter_cache, pending, position, states, **shape)
     logits, states, target_cache = decode_steps.target_pass(
       target_steps,
       target_params,
-      jnp.concatenate([pending[:, None], drafts[:, :-1], last[:, None]], axis=1),
+      jnp.concatenate([pending[:, None].astype(jnp.int32), drafts], axis=1),
       target_cache.replace(end_index=position),
       with_states=reads_states,
     )
@@ -261,14 +266,15 @@ def _step_loop(model, *, batch_size, source_length, num_tokens=1, cache_len=64, 
 def _iteration_loop(
   target, drafter, *, batch_size, source_length, gamma, cache_len=64, unroll_draft=False
 ):
-  """`run(k, drafting=True, extra_calls=0)`: k iterations of the loop's model calls
-  (`_repeated_iterations`), the draft's scan unrolled with `unroll_draft`."""
+  """`run(k, draft_length=gamma)`: k iterations of the loop's model calls with a draft of
+  `draft_length` drafter calls (`_repeated_iterations`; one program per draft length), the draft's
+  scan unrolled with `unroll_draft`."""
   target_steps, target_params = step_models.as_step_model(target)
   drafter_steps, drafter_params = step_models.as_step_model(drafter)
   ids = jnp.full((batch_size, source_length), 3, jnp.int32)
   caches = _cache(target, None, ids, cache_len), _cache(drafter, target, ids, cache_len)
   position = jnp.full((batch_size,), cache_len // 4, jnp.int32)
-  return lambda k, drafting=True, extra_calls=0: _repeated_iterations(
+  return lambda k, draft_length=gamma: _repeated_iterations(
     target_steps,
     target_params,
     drafter_steps,
@@ -276,19 +282,20 @@ def _iteration_loop(
     *caches,
     position,
     gamma=gamma,
+    draft_length=draft_length,
     cache_len=cache_len,
-    calls=jnp.int32(k),
-    drafting=jnp.bool_(drafting),
-    extra_calls=jnp.int32(extra_calls),
     unroll_draft=unroll_draft,
+    calls=jnp.int32(k),
   )
 
 
 class DrafterCost(NamedTuple):
   """What a drafter's gamma calls add to an iteration of the loop: `gamma * per_call + fixed`.
 
-  `per_call` is a one-token call as the draft's scan makes it (the slope: the iteration with
-  `EXTRA_CALLS` more such calls). `fixed` is the rest of what the draft adds, once per iteration:
+  `per_call` is a one-token call as the draft makes it, scanned or unrolled as the loop runs it
+  (the slope: the iteration with a draft `EXTRA_CALLS` longer). `fixed` is the rest of what the
+  draft adds, once per iteration, as measured (negative where the draft costs less than gamma such
+  calls, e.g. unrolled):
   its first call feeds two positions (the pending token and the one before it; gamma + 1 for a
   drafter that reads the target's states), and on a CPU it reloads the weights the target pass
   evicted. One c per call, (gamma * per_call + fixed) / gamma, would fall with gamma: for the
@@ -308,10 +315,10 @@ EXTRA_CALLS = 16
 
 def _drafter_cost(without, drafting, extra, *, gamma: int, extra_calls: int, per: float):
   """`DrafterCost` from the fastest runs of one loop length without the draft, with it, and with
-  it and `extra_calls` more calls, over `per` (the loop length, or a run of target steps)."""
-  per_call = max(extra - drafting, 0.0) / extra_calls / per
-  draft = max(drafting - without, 0.0) / per
-  return DrafterCost(per_call, max(draft - gamma * per_call, 0.0))
+  a draft `extra_calls` longer, over `per` (the loop length, or a run of target steps). As
+  measured: a clamp at 0 would bias noise upward and hide a draft cheaper than its calls."""
+  per_call = (extra - drafting) / extra_calls / per
+  return DrafterCost(per_call, (drafting - without) / per - gamma * per_call)
 
 
 def iteration_seconds(
@@ -350,20 +357,21 @@ def drafter_seconds(
   **shape,
 ) -> DrafterCost:
   """Seconds that an iteration's drafter calls add to it, measured where they are spent: the loop
-  of `iteration_seconds` (one compiled program; `shape`: its batch_size, source_length and
-  cache_len) run for `calls` iterations without the draft, with it, and with `extra_calls` more
-  one-token calls, in turn `repeats` times (`DrafterCost` from the fastest runs).
+  of `iteration_seconds` (`shape`: its batch_size, source_length and cache_len) run for `calls`
+  iterations without the draft, with it, and with a draft of `extra_calls` more one-token calls,
+  in turn `repeats` times (`DrafterCost` from the fastest runs).
 
-  The runs differ in the drafter's calls alone: same program, loop length, caches and target pass,
-  so dispatch, set-up and the pass cancel, and what remains includes what the calls cost in the
+  The runs differ in the drafter's calls alone (three programs, one per draft length: the same
+  loop length, caches and target pass, its input behind an optimization barrier), so dispatch,
+  set-up and the pass cancel, and what remains includes what the calls cost in the
   loop and not alone (the reload of the drafter's weights that each pass evicted: `fixed`).
   `unroll_draft`: the draft's scan unrolled (`speculative_generate`'s `unroll_draft`).
   """
   run = _iteration_loop(target, drafter, gamma=gamma, unroll_draft=unroll_draft, **shape)
-  runs = [(False, 0), (True, 0), (True, extra_calls)]
-  seconds = _fastest({run_: functools.partial(run, calls, *run_) for run_ in runs}, repeats)
+  lengths = (0, gamma, gamma + extra_calls)
+  seconds = _fastest({n: functools.partial(run, calls, n) for n in lengths}, repeats)
   return _drafter_cost(
-    *(seconds[run_] for run_ in runs), gamma=gamma, extra_calls=extra_calls, per=calls
+    *(seconds[n] for n in lengths), gamma=gamma, extra_calls=extra_calls, per=calls
   )
 
 
@@ -436,9 +444,9 @@ def step_costs(
   runs each row as K rows of both models) the pass, the drafter and the iteration are measured at
   K x batch_size rows and the target step at batch_size rows: the costs of a K-path iteration in
   the autoregressive loop's steps. `unroll_draft` times the iteration with the draft's scan
-  unrolled, as `speculative_generate(..., unroll_draft=True)` runs it: what the draft adds,
-  gamma * c + c_fixed, is then the unrolled draft's, while c stays the slope of extra one-token
-  calls made in a loop (`EXTRA_CALLS`), so a cut in each unrolled call's cost shows in c_fixed.
+  unrolled, as `speculative_generate(..., unroll_draft=True)` runs it: c is then the slope of
+  unrolled calls (a draft `EXTRA_CALLS` longer, unrolled too) and c_fixed the rest of the
+  unrolled draft's cost, negative where the draft costs less than gamma such calls.
   """
   kw = dict(source_length=source_length, cache_len=cache_len)
   rows = dict(kw, batch_size=batch_size * num_paths)
@@ -450,8 +458,8 @@ def step_costs(
   )
   long = calls[1]
   runs = {(name, k): functools.partial(loop, k) for name, loop in loops.items() for k in calls}
-  runs['without_drafter', long] = functools.partial(loops['iteration'], long, False)
-  runs['extra_calls', long] = functools.partial(loops['iteration'], long, True, extra_calls)
+  runs['without_drafter', long] = functools.partial(loops['iteration'], long, 0)
+  runs['extra_calls', long] = functools.partial(loops['iteration'], long, gamma + extra_calls)
   measured = []
   for _ in range(rounds):
     seconds = _fastest(runs, repeats)

@@ -17,10 +17,10 @@ from tests import helpers
 
 # Fake seconds of a timing loop run: fixed setup (dispatch), plus per call of the loop _STEP per
 # position a model call scores (`_repeated_steps`), or per iteration (`_repeated_iterations`)
-# _PASS_IN_LOOP, _DRAFT per drafter call, and _FIRST_DRAFT once when it drafts (the draft's first
-# call feeds two positions, and reloads what the pass evicted). _PASS_IN_LOOP is not (gamma+1) * _STEP, so a c
-# taken as (iteration - separately timed pass) / gamma reads another value than one from the
-# iteration with and without its drafter calls.
+# _PASS_IN_LOOP, _DRAFT per drafter call of its draft, and _FIRST_DRAFT once when it drafts (the
+# draft's first call feeds two positions, and reloads what the pass evicted).
+# _PASS_IN_LOOP is not (gamma+1) * _STEP, so a c taken as (iteration - separately timed pass) /
+# gamma reads another value than one from the iteration with and without its drafter calls.
 _SETUP, _STEP, _PASS_IN_LOOP, _DRAFT, _FIRST_DRAFT = 2e-3, 1e-3, 5e-3, 4e-4, 7e-4
 _ITERATION_2 = _PASS_IN_LOOP + 2 * _DRAFT + _FIRST_DRAFT  # a fake iteration at gamma 2
 
@@ -31,9 +31,10 @@ def _run(per_call, calls):
 
 
 def _iteration_seconds(kw):
-  """Fake seconds of one iteration of `_repeated_iterations(**kw)`."""
-  drafting = bool(kw.get('drafting', True)) * (kw['gamma'] * _DRAFT + _FIRST_DRAFT)
-  return _PASS_IN_LOOP + drafting + int(kw.get('extra_calls', 0)) * _DRAFT
+  """Fake seconds of one iteration of `_repeated_iterations(**kw)`: its draft of `draft_length`
+  drafter calls (none at 0) and the pass."""
+  calls = kw['draft_length']
+  return _PASS_IN_LOOP + (calls > 0) * _FIRST_DRAFT + calls * _DRAFT
 
 
 @pytest.fixture
@@ -77,9 +78,10 @@ def test_step_and_iteration_timers_compile_once_per_shape(fake_clock, tiny_pair)
     cost = timing.drafter_seconds(target, drafter, gamma=2, calls=calls[1], **kw)
     assert cost.per_call == pytest.approx(_DRAFT)
     assert cost.fixed == pytest.approx(_FIRST_DRAFT)
-  # Two loop lengths, two calls, with and without the draft, extra calls: one program each.
+  # Two loop lengths, one program: a step loop; iterations without the draft, with it, and with a
+  # longer one (static draft lengths, no traced branch): three programs.
   assert repeated_steps._cache_size() == steps_before + 1
-  assert repeated_iterations._cache_size() == iterations_before + 1
+  assert repeated_iterations._cache_size() == iterations_before + 3
 
 
 def test_step_costs_c_is_the_drafters_calls_in_the_loop(fake_clock, tiny_pair):
@@ -103,6 +105,21 @@ def test_step_costs_c_is_the_drafters_calls_in_the_loop(fake_clock, tiny_pair):
   assert costs['c'] == pytest.approx(6 * _DRAFT / long_step)
   assert costs['c_fixed'] == pytest.approx(6 * _FIRST_DRAFT / long_step)
   assert costs['pass_cost'] == pytest.approx(_run(3 * _STEP, 6) / long_step)
+
+
+def test_c_fixed_is_reported_as_measured_below_zero(fake_clock, tiny_pair, monkeypatch):
+  # An unrolled draft can cost less than gamma of the calls that measure c (its purpose): c_fixed
+  # is then negative, and reported so (a clamp at 0 read 0.0 here and biased noise upward).
+  monkeypatch.setitem(globals(), '_FIRST_DRAFT', -3e-4)
+  target, drafter = tiny_pair
+  costs = timing.step_costs(
+    target, drafter, batch_size=1, source_length=8, gamma=2, cache_len=32, rounds=1, repeats=1,
+    calls=(2, 6),
+  )  # fmt: skip
+  long_step = _run(_STEP, 6)
+  assert costs['c'] == pytest.approx(6 * _DRAFT / long_step)
+  assert costs['c_fixed'] == pytest.approx(6 * -3e-4 / long_step)
+  assert costs['iteration'] == pytest.approx(_PASS_IN_LOOP + 2 * _DRAFT - 3e-4)
 
 
 @pytest.mark.slow  # ~30 CPU-s: 8 timed programs, 15 runs each
@@ -177,11 +194,16 @@ def test_iteration_timer_keeps_every_drafter_output_layer():
   args = [*step_models.as_step_model(target), *step_models.as_step_model(drafter)]
   args += [timing._cache(target, None, ids, 16), timing._cache(drafter, target, ids, 16)]
   args += [jnp.full((1,), 4, jnp.int32)]
-  traced = dict(calls=jnp.int32(2), drafting=jnp.bool_(True), extra_calls=jnp.int32(0))
-  text = timing._repeated_iterations.lower(*args, gamma=3, cache_len=16, **traced).compile()
-  # The draft's first call (one position's logits: `step_at`), its scan's call and the extra
-  # calls' loop: one output layer each.
-  assert _one_row_output_layers(text.as_text(), vocab) == 3
+  # The draft's first call (one position's logits: `step_at`) and its scan's call: one output
+  # layer each; unrolled, one per call. The program has the decode loop's structure: its while
+  # loop, the draft's scan (none unrolled or without a draft) and no branch.
+  for draft_length, unroll, layers, loops in ((3, False, 2, 2), (3, True, 3, 1), (0, False, 0, 1)):
+    text = timing._repeated_iterations.lower(
+      *args, gamma=3, draft_length=draft_length, cache_len=16, unroll_draft=unroll,
+      calls=jnp.int32(2),
+    ).compile().as_text()  # fmt: skip
+    assert _one_row_output_layers(text, vocab) == layers, (draft_length, unroll)
+    assert len(re.findall(r' while\(', text)) == loops and ' conditional(' not in text
   # Negative control: a program that discards its first call's logits has one output layer less.
   steps, params = step_models.as_step_model(drafter)
   encoded = target.steps.encode(target.params, jnp.full((1, 8), 3, jnp.int32), jnp.ones((1, 8)))
@@ -237,7 +259,9 @@ def test_timed_loops_do_not_run_the_encoder(tiny_pair):
   assert not _has_source_self_attention(lowered.compile().as_text(), source)
   args = [*step_models.as_step_model(target), *step_models.as_step_model(drafter)]
   args += [cache, timing._cache(drafter, target, ids, 16), position]
-  lowered = timing._repeated_iterations.lower(*args, gamma=2, cache_len=16, calls=jnp.int32(2))
+  lowered = timing._repeated_iterations.lower(
+    *args, gamma=2, draft_length=2, cache_len=16, unroll_draft=False, calls=jnp.int32(2)
+  )
   assert not _has_source_self_attention(lowered.compile().as_text(), source)
   # Negative control: the set-up program, which encodes the source, has them.
   encoder = step_models.encoder_of(target)
