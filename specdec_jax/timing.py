@@ -315,9 +315,11 @@ EXTRA_CALLS = 16
 
 def _drafter_cost(without, drafting, extra, *, gamma: int, extra_calls: int, per: float):
   """`DrafterCost` from the fastest runs of one loop length without the draft, with it, and with
-  a draft `extra_calls` longer, over `per` (the loop length, or a run of target steps). As
-  measured: a clamp at 0 would bias noise upward and hide a draft cheaper than its calls."""
-  per_call = (extra - drafting) / extra_calls / per
+  a draft `extra_calls` longer, over `per` (the loop length, or a run of target steps). `fixed`
+  as measured, negative included: a clamp at 0 would bias its noise upward and hide a draft that
+  costs less than gamma of its calls. `per_call` is a call's cost, >= 0 (the paper's c): a
+  negative slope is noise around a drafter that costs nothing, and reads 0."""
+  per_call = max(extra - drafting, 0.0) / extra_calls / per
   return DrafterCost(per_call, (drafting - without) / per - gamma * per_call)
 
 
