@@ -9,7 +9,7 @@ small CPU), which the decode loops never pay: they run inside one jit. `step_sec
 the difference of two loop lengths, which cancels dispatch; the encoder and the cache set-up run
 once before, outside the timed programs. The drafter's cost in the loop is measured inside the
 loop's own iteration, compiled without its drafter calls, with the loop's gamma of them and
-with more of them (`drafter_seconds`): a cost per call (c) and a fixed cost per iteration
+with more of them (`step_costs`): a cost per call (c) and a fixed cost per iteration
 (c_fixed). The timed iteration has the decode loop's structure and nothing more: the draft is
 `decode_steps.draft` at a static length, scanned or unrolled as the loop runs it, and no traced
 branch or loop decides the drafter's calls. Loops timed together run in turn and the fastest run
@@ -347,36 +347,6 @@ def iteration_seconds(
   return _per_call(run, calls, repeats)
 
 
-def drafter_seconds(
-  target,
-  drafter,
-  *,
-  gamma: int,
-  calls: int = 36,
-  repeats: int = 7,
-  extra_calls: int = EXTRA_CALLS,
-  unroll_draft: bool = False,
-  **shape,
-) -> DrafterCost:
-  """Seconds that an iteration's drafter calls add to it, measured where they are spent: the loop
-  of `iteration_seconds` (`shape`: its batch_size, source_length and cache_len) run for `calls`
-  iterations without the draft, with it, and with a draft of `extra_calls` more one-token calls,
-  in turn `repeats` times (`DrafterCost` from the fastest runs).
-
-  The runs differ in the drafter's calls alone (three programs, one per draft length: the same
-  loop length, caches and target pass, its input behind an optimization barrier), so dispatch,
-  set-up and the pass cancel, and what remains includes what the calls cost in the
-  loop and not alone (the reload of the drafter's weights that each pass evicted: `fixed`).
-  `unroll_draft`: the draft's scan unrolled (`speculative_generate`'s `unroll_draft`).
-  """
-  run = _iteration_loop(target, drafter, gamma=gamma, unroll_draft=unroll_draft, **shape)
-  lengths = (0, gamma, gamma + extra_calls)
-  seconds = _fastest({n: functools.partial(run, calls, n) for n in lengths}, repeats)
-  return _drafter_cost(
-    *(seconds[n] for n in lengths), gamma=gamma, extra_calls=extra_calls, per=calls
-  )
-
-
 def step_seconds(
   model,
   *,
@@ -428,11 +398,14 @@ def step_costs(
   Seconds (each in-loop, from two loop lengths as `step_seconds`): `target_step` (T=1),
   `target_pass` (gamma+1 positions), `drafter_step` (the drafter alone) and `iteration` (a whole
   iteration's model calls, `iteration_seconds`). Ratios, in target steps: `pass_cost` (pass /
-  target step), `c` and `c_fixed` (what the drafter adds to an iteration, `gamma * c + c_fixed`,
-  measured as `drafter_seconds`: `DrafterCost.per_call` and `.fixed`) and `c_alone` (a drafter
-  step alone). `c` and `c_fixed` are what the formula needs: on a CPU each target pass evicts the
-  drafter's weights, so its calls cost more in the loop than alone, and the first of them most
-  (on a TPU or GPU c is c_alone and c_fixed ~0).
+  target step), `c` and `c_fixed` (what the drafter adds to an iteration, `gamma * c + c_fixed`:
+  `DrafterCost.per_call` and `.fixed`) and `c_alone` (a drafter step alone). `c` and `c_fixed`
+  come from the iteration compiled without its draft, with it, and with a draft `extra_calls`
+  longer: the same loop length, caches and target pass (its input behind an optimization
+  barrier), so dispatch, set-up and the pass cancel, and what remains includes what the calls
+  cost in the loop and not alone. They are what the formula needs: on a CPU each target pass
+  evicts the drafter's weights, so its calls cost more in the loop than alone, and the first of
+  them most (on a TPU or GPU c is c_alone and c_fixed ~0).
 
   Every loop runs in turn with the others (`repeats` times; the fastest run of each counts).
   `pass_cost`, `c` and `c_fixed` are ratios of the longer runs alone (`calls[1]` calls each, so

@@ -72,15 +72,13 @@ def test_step_and_iteration_timers_compile_once_per_shape(fake_clock, tiny_pair)
     assert timing.iteration_seconds(target, drafter, gamma=2, calls=calls, **kw) == pytest.approx(
       _ITERATION_2
     )
-    # The drafter's calls in the loop: the same program without its draft, with it, and with 16
-    # calls more. Fails if the slope is not per call or the first call's extra is taken as per
-    # call.
-    cost = timing.drafter_seconds(target, drafter, gamma=2, calls=calls[1], **kw)
-    assert cost.per_call == pytest.approx(_DRAFT)
-    assert cost.fixed == pytest.approx(_FIRST_DRAFT)
-  # Two loop lengths, one program: a step loop; iterations without the draft, with it, and with a
+    # The drafter's calls in the loop: the iteration without its draft, with it, and with a
+    # draft 16 calls longer (`test_step_costs_c_is_the_drafters_calls_in_the_loop` checks c).
+    timing.step_costs(target, drafter, gamma=2, calls=calls, rounds=1, **kw)
+  # Two loop lengths, one program: a step loop each for the target's step (as `step_seconds`'),
+  # its 3-position pass and the drafter's step; iterations without the draft, with it, and with a
   # longer one (static draft lengths, no traced branch): three programs.
-  assert repeated_steps._cache_size() == steps_before + 1
+  assert repeated_steps._cache_size() == steps_before + 3
   assert repeated_iterations._cache_size() == iterations_before + 3
 
 
