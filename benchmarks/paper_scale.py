@@ -34,9 +34,8 @@ shipped `distilled` drafters. Four tables, every time from the project's timers
 Results on an accelerator: docs/results.md section 11 ("Paper scale, and transformers beside
 us"). A CPU has no HBM bound (--hbm_bandwidth makes one up) and XLA:CPU computes bfloat16 in
 float32: use --dtype=float32 there, and --noeigen_dots: with the main job's few-row dots
-(`benchmarks.start`, `xla_cpu`) the CPU line above measured a 4-position pass of T5-small at
-129.7 ms, 22.7 target steps, against 10.7 ms, 1.87 steps, with XLA:CPU's default kernels (2
-cores of an AMD EPYC, family 26, loaded; 2026-11-26; 7 min 13 s against 1 min 54 s in all).
+(`benchmarks.start`, `xla_cpu`) a tied target's pass is many times slower (docs/performance.md,
+"Measurements moved from docstrings").
 `--unroll_draft` runs the draft's `lax.scan` unrolled everywhere a draft is timed (tables 2-4:
 `timing.step_costs`, `timing.iteration_seconds`, `speculative_generate(..., unroll_draft=True)`),
 fewer kernel launches per iteration on a GPU (`benchmarks.drafter_kernels`); the header says which.

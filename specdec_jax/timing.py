@@ -4,8 +4,8 @@ Every timed region goes through `timed`, which raises `CompiledWhileTimed` when 
 anything during it: a region that compiles (a new shape, a device array sliced by a Python length)
 measures the compiler, not the work. Each timer runs its programs once untimed first.
 
-A model call timed from Python includes jit dispatch (~0.3-0.5 ms for a T5's params pytree on a
-small CPU), which the decode loops never pay: they run inside one jit. `step_seconds` therefore times a model call inside a jitted `fori_loop` and takes
+A model call timed from Python includes jit dispatch, which the decode loops never pay: they run
+inside one jit. `step_seconds` therefore times a model call inside a jitted `fori_loop` and takes
 the difference of two loop lengths, which cancels dispatch; the encoder and the cache set-up run
 once before, outside the timed programs. The drafter's cost in the loop is measured inside the
 loop's own iteration, compiled without its drafter calls, with the loop's gamma of them and
@@ -14,7 +14,8 @@ with more of them (`step_costs`): a cost per call (c) and a fixed cost per itera
 `decode_steps.draft` at a static length, scanned or unrolled as the loop runs it, and no traced
 branch or loop decides the drafter's calls. Loops timed together run in turn and the fastest run
 of each counts, so that a shared machine's load moves them alike (`step_costs`, which the main
-job and the benchmarks use).
+job and the benchmarks use). What these timers measured, and why they are built so:
+docs/performance.md.
 
 Axis legend: B batch, S source length, T query length.
 """
@@ -97,8 +98,8 @@ def time_call(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
 @functools.partial(jax.jit, static_argnames=('steps', 'encoder_steps', 'cache_len'))
 def _init_cache(steps, params, encoder_steps, encoder_params, input_ids, *, cache_len):
   """A model's decoder cache over an all-real source, built once outside the timed loops: the
-  encoder over S positions would otherwise run in both loop lengths, and its noise (tens of ms for
-  a 48M target at S 256) swamps the difference of 32 cheap drafter calls."""
+  encoder over S positions would otherwise run in both loop lengths, and its noise can swamp the
+  difference of 32 cheap drafter calls."""
   mask = jnp.ones_like(input_ids)
   encoded = encoder_steps.encode(encoder_params, input_ids, mask)
   return steps.init_cache(params, encoded, mask, cache_len)
@@ -298,9 +299,8 @@ class DrafterCost(NamedTuple):
   calls, e.g. unrolled):
   its first call feeds two positions (the pending token and the one before it; gamma + 1 for a
   drafter that reads the target's states), and on a CPU it reloads the weights the target pass
-  evicted. One c per call, (gamma * per_call + fixed) / gamma, would fall with gamma: for the
-  shipped 48M EN->DE pair's distilled drafter on a 2-core CPU it read 0.142 at gamma 3 and 0.083
-  at 5 in one run, while per_call reads the same at both (docs/results.md section 1).
+  evicted. One c per call, (gamma * per_call + fixed) / gamma, would fall with gamma, where
+  per_call does not (docs/results.md section 1).
   In seconds or in target steps, as returned.
   """
 
