@@ -85,7 +85,7 @@ def walltime_improvement_measured(alpha, gamma, c, target_pass_cost, c_fixed=0.0
     c: drafter step time / target step time, >= 0.
     target_pass_cost: (gamma+1)-position target pass time / 1-position target step time, > 0.
     c_fixed: what the drafter costs per iteration beyond its gamma calls, in target steps (on a
-      CPU its first call reloads what the pass evicted: `timing.DrafterCost`); may be negative,
+      CPU its first call reloads what the pass evicted: `timing.step_costs`); may be negative,
       with `c gamma + c_fixed + target_pass_cost` > 0.
 
   Returns:

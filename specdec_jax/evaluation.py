@@ -65,7 +65,7 @@ class Row:
   block_efficiency: float  # tokens emitted per target call; 1.0 for autoregressive decoding
   c: float | None = None  # a drafter call / a target step, in the loop (`timing.step_costs`)
   # What the drafter costs per iteration beyond its gamma calls, in target steps (on a CPU: its
-  # first call's reload of the weights the pass evicted; `timing.DrafterCost`).
+  # first call's reload of the weights the pass evicted; `timing.step_costs`).
   c_fixed: float | None = None
   pass_cost: float | None = None  # a (gamma+1)-position pass / a target step (median of drafters)
   speedup: float  # its baseline's seconds (same batches, timed in turn) / its own seconds

@@ -25,7 +25,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -290,37 +290,19 @@ def _iteration_loop(
   )
 
 
-class DrafterCost(NamedTuple):
-  """What a drafter's gamma calls add to an iteration of the loop: `gamma * per_call + fixed`.
-
-  `per_call` is a one-token call as the draft makes it, scanned or unrolled as the loop runs it
-  (the slope: the iteration with a draft `EXTRA_CALLS` longer). `fixed` is the rest of what the
-  draft adds, once per iteration, as measured (negative where the draft costs less than gamma such
-  calls, e.g. unrolled):
-  its first call feeds two positions (the pending token and the one before it; gamma + 1 for a
-  drafter that reads the target's states), and on a CPU it reloads the weights the target pass
-  evicted. One c per call, (gamma * per_call + fixed) / gamma, would fall with gamma, where
-  per_call does not (docs/results.md section 1).
-  In seconds or in target steps, as returned.
-  """
-
-  per_call: float
-  fixed: float
-
-
-# Extra one-token drafter calls per iteration in the run that measures `DrafterCost.per_call`:
+# Extra one-token drafter calls per iteration in the run that measures c (`step_costs`):
 # 16 make the slope a difference of ~10% of the run, not of the ~1% one call is.
 EXTRA_CALLS = 16
 
 
 def _drafter_cost(without, drafting, extra, *, gamma: int, extra_calls: int, per: float):
-  """`DrafterCost` from the fastest runs of one loop length without the draft, with it, and with
-  a draft `extra_calls` longer, over `per` (the loop length, or a run of target steps). `fixed`
-  as measured, negative included: a clamp at 0 would bias its noise upward and hide a draft that
-  costs less than gamma of its calls. `per_call` is a call's cost, >= 0 (the paper's c): a
-  negative slope is noise around a drafter that costs nothing, and reads 0."""
-  per_call = max(extra - drafting, 0.0) / extra_calls / per
-  return DrafterCost(per_call, (drafting - without) / per - gamma * per_call)
+  """(c, c_fixed) of `step_costs` from the fastest runs of one loop length without the draft,
+  with it, and with a draft `extra_calls` longer, over `per` (a run of target steps). c_fixed as
+  measured, negative included: a clamp at 0 would bias its noise upward and hide a draft that
+  costs less than gamma of its calls. c is a call's cost, >= 0 (the paper's c): a negative slope
+  is noise around a drafter that costs nothing, and reads 0."""
+  c = max(extra - drafting, 0.0) / extra_calls / per
+  return c, (drafting - without) / per - gamma * c
 
 
 def iteration_seconds(
@@ -398,10 +380,16 @@ def step_costs(
   Seconds (each in-loop, from two loop lengths as `step_seconds`): `target_step` (T=1),
   `target_pass` (gamma+1 positions), `drafter_step` (the drafter alone) and `iteration` (a whole
   iteration's model calls, `iteration_seconds`). Ratios, in target steps: `pass_cost` (pass /
-  target step), `c` and `c_fixed` (what the drafter adds to an iteration, `gamma * c + c_fixed`:
-  `DrafterCost.per_call` and `.fixed`) and `c_alone` (a drafter step alone). `c` and `c_fixed`
-  come from the iteration compiled without its draft, with it, and with a draft `extra_calls`
-  longer: the same loop length, caches and target pass (its input behind an optimization
+  target step), `c` and `c_fixed` (what the drafter adds to an iteration, `gamma * c + c_fixed`)
+  and `c_alone` (a drafter step alone). `c` is a one-token call as the draft makes it, scanned or
+  unrolled as the loop runs it (the slope: the iteration with a draft `extra_calls` longer);
+  `c_fixed` is the rest of what the draft adds, once per iteration, as measured (negative where
+  the draft costs less than gamma such calls, e.g. unrolled): its first call feeds two positions
+  (the pending token and the one before it; gamma + 1 for a drafter that reads the target's
+  states), and on a CPU it reloads the weights the target pass evicted. One c per call,
+  (gamma * c + c_fixed) / gamma, would fall with gamma, where c does not (docs/results.md
+  section 1). Both come from the iteration compiled without its draft, with it, and with the
+  longer draft: the same loop length, caches and target pass (its input behind an optimization
   barrier), so dispatch, set-up and the pass cancel, and what remains includes what the calls
   cost in the loop and not alone. They are what the formula needs: on a CPU each target pass
   evicts the drafter's weights, so its calls cost more in the loop than alone, and the first of
