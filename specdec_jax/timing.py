@@ -113,8 +113,8 @@ def _cache(model, target, input_ids, cache_len: int):
 
 
 @functools.partial(jax.jit, static_argnames=('steps', 'num_tokens'))
-def _repeated_steps(steps, params, cache, position, *, num_tokens, calls):
-  """`calls` (traced: one program for every loop length) model calls of `num_tokens` positions
+def _repeated_steps(steps, params, cache, position, *, num_tokens, loop_length):
+  """`loop_length` (traced: one program for every loop length) model calls of `num_tokens` positions
   each, every one from `position` [B] of `cache`."""
   batch = position.shape[0]
 
@@ -133,7 +133,7 @@ def _repeated_steps(steps, params, cache, position, *, num_tokens, calls):
 
   vocab = steps.vocab_size
   logits = jnp.zeros((batch, num_tokens, vocab), jnp.float32)
-  return jax.lax.fori_loop(0, calls, body, (cache, logits))[1]
+  return jax.lax.fori_loop(0, loop_length, body, (cache, logits))[1]
 
 
 def _draft(
@@ -190,12 +190,12 @@ def _repeated_iterations(
   draft_length,
   cache_len,
   unroll_draft,
-  calls,
+  loop_length,
 ):
-  """`calls` iterations of the speculative loop's model calls, by the loop's own functions: a
+  """`loop_length` iterations of the speculative loop's model calls, by the loop's own functions: a
   draft of `draft_length` drafter calls (`_draft`: 0, the loop's gamma, or more) and one
   (gamma+1)-position target pass, every iteration from `position` [B] of the caches, each
-  iteration's tokens from the last pass's logits. `calls` is traced, the loop's length: one
+  iteration's tokens from the last pass's logits. `loop_length` is traced: one
   program for every loop length, a while loop as the decode loop's. Everything else is static:
   the program holds no branch or loop the decode loop lacks (a traced `lax.cond` or trip count
   would wait for the host on a GPU, every iteration)."""
@@ -222,7 +222,7 @@ def _repeated_iterations(
 
   logits = jnp.zeros((batch, gamma + 1, target_steps.vocab_size), jnp.float32)
   carry = (target_cache, drafter_cache, logits, states)
-  return jax.lax.fori_loop(0, calls, body, carry)[2]
+  return jax.lax.fori_loop(0, loop_length, body, carry)[2]
 
 
 def _fastest(runs: dict, repeats: int) -> dict:
@@ -239,18 +239,19 @@ def _fastest(runs: dict, repeats: int) -> dict:
   return best
 
 
-def _slope(seconds: dict, name, calls: tuple[int, int]) -> float:
+def _slope(seconds: dict, name, loop_lengths: tuple[int, int]) -> float:
   """Seconds per call of a loop from its fastest runs at two lengths, `seconds[name, k]`: the
   difference over the difference of lengths, which cancels dispatch and set-up."""
-  short, long = calls
+  short, long = loop_lengths
   return max(seconds[name, long] - seconds[name, short], 0.0) / (long - short)
 
 
-def _per_call(run: Callable[[int], object], calls: tuple[int, int], repeats: int) -> float:
-  """Seconds per call of a jitted loop `run(k)` of k calls, from two loop lengths (`_slope`). The
+def _per_iteration(run: Callable[[int], object], loop_lengths: tuple[int, int], repeats: int):
+  """Seconds per iteration of a jitted loop `run(k)` of k iterations, from two loop lengths
+  (`_slope`). The
   loop length is a traced argument, so both lengths run one compiled program."""
-  runs = {('loop', k): functools.partial(run, k) for k in calls}
-  return _slope(_fastest(runs, repeats), 'loop', calls)
+  runs = {('loop', k): functools.partial(run, k) for k in loop_lengths}
+  return _slope(_fastest(runs, repeats), 'loop', loop_lengths)
 
 
 def _step_loop(model, *, batch_size, source_length, num_tokens=1, cache_len=64, target=None):
@@ -260,7 +261,7 @@ def _step_loop(model, *, batch_size, source_length, num_tokens=1, cache_len=64, 
   cache = _cache(model, target, ids, cache_len)
   position = jnp.full((batch_size,), cache_len // 4, jnp.int32)
   return lambda k: _repeated_steps(
-    steps, params, cache, position, num_tokens=num_tokens, calls=jnp.int32(k)
+    steps, params, cache, position, num_tokens=num_tokens, loop_length=jnp.int32(k)
   )
 
 
@@ -286,7 +287,7 @@ def _iteration_loop(
     draft_length=draft_length,
     cache_len=cache_len,
     unroll_draft=unroll_draft,
-    calls=jnp.int32(k),
+    loop_length=jnp.int32(k),
   )
 
 
@@ -313,7 +314,7 @@ def iteration_seconds(
   source_length: int,
   gamma: int,
   cache_len: int = 64,
-  calls: tuple[int, int] = (4, 36),
+  loop_lengths: tuple[int, int] = (4, 36),
   repeats: int = 7,
   unroll_draft: bool = False,
 ) -> float:
@@ -326,7 +327,7 @@ def iteration_seconds(
     target, drafter, batch_size=batch_size, source_length=source_length, gamma=gamma,
     cache_len=cache_len, unroll_draft=unroll_draft,
   )  # fmt: skip
-  return _per_call(run, calls, repeats)
+  return _per_iteration(run, loop_lengths, repeats)
 
 
 def step_seconds(
@@ -336,7 +337,7 @@ def step_seconds(
   source_length: int,
   num_tokens: int = 1,
   cache_len: int = 64,
-  calls: tuple[int, int] = (4, 36),
+  loop_lengths: tuple[int, int] = (4, 36),
   repeats: int = 7,
   target=None,
 ) -> float:
@@ -348,7 +349,8 @@ def step_seconds(
     source_length: S of the (all-real) source.
     num_tokens: T, positions scored per call (1 for a step, gamma + 1 for a target pass).
     cache_len: decoder slots; calls start at position cache_len // 4.
-    calls: two loop lengths; the cost is the difference of their fastest times per extra call.
+    loop_lengths: two loop lengths; the cost is the difference of their fastest times per extra
+      call.
     repeats: timed runs of each loop length, in turn.
     target: the target, for a drafter that reads the target's encoder output (its cache is built
       from the target's `encode`, as the decode loops build it; the encoder is not timed).
@@ -357,7 +359,7 @@ def step_seconds(
     model, batch_size=batch_size, source_length=source_length, num_tokens=num_tokens,
     cache_len=cache_len, target=target,
   )  # fmt: skip
-  return _per_call(run, calls, repeats)
+  return _per_iteration(run, loop_lengths, repeats)
 
 
 def step_costs(
@@ -370,7 +372,7 @@ def step_costs(
   cache_len: int = 64,
   rounds: int = 3,
   num_paths: int = 1,
-  calls: tuple[int, int] = (4, 36),
+  loop_lengths: tuple[int, int] = (4, 36),
   repeats: int = 7,
   extra_calls: int = EXTRA_CALLS,
   unroll_draft: bool = False,
@@ -396,7 +398,7 @@ def step_costs(
   them most (on a TPU or GPU c is c_alone and c_fixed ~0).
 
   Every loop runs in turn with the others (`repeats` times; the fastest run of each counts).
-  `pass_cost`, `c` and `c_fixed` are ratios of the longer runs alone (`calls[1]` calls each, so
+  `pass_cost`, `c` and `c_fixed` are ratios of the longer runs alone (`loop_lengths[1]` iterations each, so
   dispatch is well under 1% of a run of any model worth timing): runs of like length meet a
   shared machine's load alike, where a short run finds it idle more often than a long one and
   skews a difference of the two. `c_alone` is a ratio of slopes: a drafter step alone is too cheap
@@ -419,18 +421,20 @@ def step_costs(
     drafter_step=_step_loop(drafter, target=target, **rows),
     iteration=_iteration_loop(target, drafter, gamma=gamma, unroll_draft=unroll_draft, **rows),
   )
-  long = calls[1]
-  runs = {(name, k): functools.partial(loop, k) for name, loop in loops.items() for k in calls}
+  long = loop_lengths[1]
+  runs = {
+    (name, k): functools.partial(loop, k) for name, loop in loops.items() for k in loop_lengths
+  }
   runs['without_drafter', long] = functools.partial(loops['iteration'], long, 0)
   runs['extra_calls', long] = functools.partial(loops['iteration'], long, gamma + extra_calls)
   measured = []
   for _ in range(rounds):
     seconds = _fastest(runs, repeats)
-    m = {name: _slope(seconds, name, calls) for name in loops}
+    m = {name: _slope(seconds, name, loop_lengths) for name in loops}
     if m['target_step'] <= 0:
       raise RuntimeError(
-        f'A target step timed at 0 s ({long - calls[0]} extra calls did not take measurably '
-        'longer): the target is too cheap to time here; pass longer `calls`.'
+        f'A target step timed at 0 s ({long - loop_lengths[0]} extra calls did not take measurably '
+        'longer): the target is too cheap to time here; pass longer `loop_lengths`.'
       )
     step_run = seconds['target_step', long]
     m['c'], m['c_fixed'] = _drafter_cost(

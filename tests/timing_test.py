@@ -25,9 +25,9 @@ _SETUP, _STEP, _PASS_IN_LOOP, _DRAFT, _FIRST_DRAFT = 2e-3, 1e-3, 5e-3, 4e-4, 7e-
 _ITERATION_2 = _PASS_IN_LOOP + 2 * _DRAFT + _FIRST_DRAFT  # a fake iteration at gamma 2
 
 
-def _run(per_call, calls):
-  """Fake seconds of one run of a loop of `calls` calls."""
-  return _SETUP + per_call * calls
+def _run(per_call, loop_length):
+  """Fake seconds of one run of a loop of `loop_length` iterations."""
+  return _SETUP + per_call * loop_length
 
 
 def _iteration_seconds(kw):
@@ -46,7 +46,7 @@ def fake_clock(monkeypatch):
   def spy(real, per_call):
     def run(*args, **kwargs):
       out = real(*args, **kwargs)
-      now[0] += _SETUP + per_call(kwargs) * int(kwargs['calls'])
+      now[0] += _SETUP + per_call(kwargs) * int(kwargs['loop_length'])
       return out
 
     return run
@@ -64,17 +64,17 @@ def test_step_and_iteration_timers_compile_once_per_shape(fake_clock, tiny_pair)
   kw = dict(batch_size=1, source_length=8, cache_len=32, repeats=1)
   steps_before = repeated_steps._cache_size()
   iterations_before = repeated_iterations._cache_size()
-  for calls in [(2, 6), (3, 9)]:
+  for loop_lengths in [(2, 6), (3, 9)]:
     # Per call: the slope between the two loop lengths (setup cancels). Fails if a loop ignores
     # its length (0), if the difference is not divided by the extra calls (4-6x), or if the
     # lengths are swapped (clamped to 0).
-    assert timing.step_seconds(target, calls=calls, **kw) == pytest.approx(_STEP)
-    assert timing.iteration_seconds(target, drafter, gamma=2, calls=calls, **kw) == pytest.approx(
-      _ITERATION_2
-    )
+    assert timing.step_seconds(target, loop_lengths=loop_lengths, **kw) == pytest.approx(_STEP)
+    assert timing.iteration_seconds(
+      target, drafter, gamma=2, loop_lengths=loop_lengths, **kw
+    ) == pytest.approx(_ITERATION_2)
     # The drafter's calls in the loop: the iteration without its draft, with it, and with a
     # draft 16 calls longer (`test_step_costs_c_is_the_drafters_calls_in_the_loop` checks c).
-    timing.step_costs(target, drafter, gamma=2, calls=calls, rounds=1, **kw)
+    timing.step_costs(target, drafter, gamma=2, loop_lengths=loop_lengths, rounds=1, **kw)
   # Two loop lengths, one program: a step loop each for the target's step (as `step_seconds`'),
   # its 3-position pass and the drafter's step; iterations without the draft, with it, and with a
   # longer one (static draft lengths, no traced branch): three programs.
@@ -86,7 +86,7 @@ def test_step_costs_c_is_the_drafters_calls_in_the_loop(fake_clock, tiny_pair):
   target, drafter = tiny_pair
   costs = timing.step_costs(
     target, drafter, batch_size=1, source_length=8, gamma=2, cache_len=32, rounds=2, repeats=2,
-    calls=(2, 6),
+    loop_lengths=(2, 6),
   )  # fmt: skip
   # Seconds: slopes between the two loop lengths, setup cancelled.
   assert costs['target_step'] == pytest.approx(_STEP)
@@ -112,7 +112,7 @@ def test_c_fixed_is_reported_as_measured_below_zero(fake_clock, tiny_pair, monke
   target, drafter = tiny_pair
   costs = timing.step_costs(
     target, drafter, batch_size=1, source_length=8, gamma=2, cache_len=32, rounds=1, repeats=1,
-    calls=(2, 6),
+    loop_lengths=(2, 6),
   )  # fmt: skip
   long_step = _run(_STEP, 6)
   assert costs['c'] == pytest.approx(6 * _DRAFT / long_step)
@@ -198,7 +198,7 @@ def test_iteration_timer_keeps_every_drafter_output_layer():
   for draft_length, unroll, layers, loops in ((3, False, 2, 2), (3, True, 3, 1), (0, False, 0, 1)):
     text = timing._repeated_iterations.lower(
       *args, gamma=3, draft_length=draft_length, cache_len=16, unroll_draft=unroll,
-      calls=jnp.int32(2),
+      loop_length=jnp.int32(2),
     ).compile().as_text()  # fmt: skip
     assert _one_row_output_layers(text, vocab) == layers, (draft_length, unroll)
     assert len(re.findall(r' while\(', text)) == loops and ' conditional(' not in text
@@ -227,7 +227,7 @@ def test_timers_run_a_drafter_that_reads_the_target_states(fake_clock, tiny_pair
     'tiny-v1.0', seed=1, num_encoder_layers=0, encoder_dim=32, feature_dim=32,
     num_decoder_layers=1,
   )  # fmt: skip
-  kw = dict(batch_size=1, source_length=8, cache_len=32, repeats=1, calls=(1, 3))
+  kw = dict(batch_size=1, source_length=8, cache_len=32, repeats=1, loop_lengths=(1, 3))
   assert timing.step_seconds(drafter, target=target, **kw) == pytest.approx(_STEP)
   assert timing.iteration_seconds(target, drafter, gamma=2, **kw) == pytest.approx(_ITERATION_2)
   costs = timing.step_costs(target, drafter, gamma=2, rounds=1, **kw)
@@ -252,13 +252,13 @@ def test_timed_loops_do_not_run_the_encoder(tiny_pair):
   cache = timing._cache(target, None, ids, 16)
   position = jnp.full((1,), 4, jnp.int32)
   lowered = timing._repeated_steps.lower(
-    steps, params, cache, position, num_tokens=1, calls=jnp.int32(2)
+    steps, params, cache, position, num_tokens=1, loop_length=jnp.int32(2)
   )
   assert not _has_source_self_attention(lowered.compile().as_text(), source)
   args = [*step_models.as_step_model(target), *step_models.as_step_model(drafter)]
   args += [cache, timing._cache(drafter, target, ids, 16), position]
   lowered = timing._repeated_iterations.lower(
-    *args, gamma=2, draft_length=2, cache_len=16, unroll_draft=False, calls=jnp.int32(2)
+    *args, gamma=2, draft_length=2, cache_len=16, unroll_draft=False, loop_length=jnp.int32(2)
   )
   assert not _has_source_self_attention(lowered.compile().as_text(), source)
   # Negative control: the set-up program, which encodes the source, has them.
