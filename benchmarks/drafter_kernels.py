@@ -55,7 +55,7 @@ import jax.numpy as jnp
 from absl import app, flags
 
 import benchmarks
-from specdec_jax import decode, decode_steps, timing, xla_cpu
+from specdec_jax import decode, decode_steps, machines, timing, xla_cpu
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.models import t5
 
@@ -105,23 +105,6 @@ _JSON = flags.DEFINE_bool(
   'json', False, 'Print the measurements as one JSON line.', flag_values=FLAGS
 )
 
-# An H100 SXM5 80GB as XLA's GpuTargetConfigProto describes a GPU (device_description.proto);
-# the values are the card's: 132 SMs, 228 KiB shared memory a SM, 50 MiB L2, 3.35 TB/s, 1.98 GHz.
-_H100 = """
-gpu_device_info {
-  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
-  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132 fpus_per_core: 128
-  block_dim_limit_x: 2147483647 block_dim_limit_y: 65535 block_dim_limit_z: 65535
-  memory_bandwidth: 3352320000000 l2_cache_size: 52428800 clock_rate_ghz: 1.98
-  device_memory_size: 84942979072 shared_memory_per_block_optin: 232448
-  cuda_compute_capability { major: 9 } registers_per_core_limit: 65536
-  registers_per_block_limit: 65536
-}
-platform_name: "CUDA"
-dnn_version_info { major: 9 minor: 10 }
-device_description_str: "NVIDIA H100 80GB HBM3"
-"""
-
 # Instructions that launch nothing.
 _FREE = frozenset(
   ['parameter', 'constant', 'tuple', 'get-tuple-element', 'bitcast', 'after-all', 'opt-barrier']
@@ -150,12 +133,14 @@ def _computations(hlo: str) -> tuple[dict[str, list[str]], str]:
 
 
 def _category(opcode: str, rest: str) -> str:
-  head = rest.split('metadata=')[0]  # operands, kind and called computation, not op names
+  # What it runs (the called computation, a custom call's target), not its operands' names: an
+  # operand named gemm_fusion_dot.3 does not make a reduction a GEMM.
+  runs = ' '.join(re.findall(r'(?:calls=%?|custom_call_target="|"kind":")([\w.$\-]+)', rest))
   if opcode in ('dot', 'convolution'):
     return 'gemm'
-  if opcode in ('fusion', 'custom-call') and re.search(r'gemm|cublas|matmul|ynn', head, re.I):
+  if opcode in ('fusion', 'custom-call') and re.search(r'gemm|cublas|matmul|ynn', runs, re.I):
     return 'gemm'
-  if opcode in ('copy', 'transpose') or opcode == 'fusion' and re.search(r'transpose|copy', head):
+  if opcode in ('copy', 'transpose') or opcode == 'fusion' and re.search(r'transpose|copy', runs):
     return 'copy'
   return opcode if opcode in ('fusion', 'while', 'custom-call') else 'other'
 
@@ -238,21 +223,6 @@ def config_of(name: str, dtype: str) -> t5.T5Config:
   return dataclasses.replace(t5.CONFIGS[name], dtype=dtype)
 
 
-def compile_only_device(gpu: str) -> jax.Device:
-  """A compile-only device of `gpu` ('h100'): programs compile for it and never run."""
-  from jax.experimental import topologies
-
-  try:
-    topology = topologies.get_topology_desc(platform='cuda', target_config=_H100, topology='1x1x1')
-  except (NotImplementedError, RuntimeError) as e:
-    raise app.UsageError(
-      f'--compile_for={gpu} needs the CUDA plugin of this jaxlib ({jax.__version__}), e.g. '
-      f'pip install --target /tmp/gpu_site jax-cuda13-plugin=={jax.__version__} '
-      f'jax-cuda13-pjrt=={jax.__version__}, run with PYTHONPATH=/tmp/gpu_site ({e}).'
-    ) from e
-  return topology.devices[0]
-
-
 def _abstract(config: t5.T5Config, source_length: int, cache_len: int):
   """Shapes of (params, cache) of one row over an all-real source."""
   as_dtype = lambda s: jax.ShapeDtypeStruct(s.shape, config.dtype)
@@ -325,6 +295,99 @@ def count(config, *, source_length, cache_len, gamma, unrolled=True, device=None
       stablehlo=stablehlo_ops(lowered.as_text()) if unroll is None else None,
     )
   return out
+
+
+_DEFINITION = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+) = \(?([a-z]+[0-9]*)\[([\d,]*)\]')
+_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 'bf16': 2, 'f16': 2, 's16': 2, 'f32': 4, 's32': 4, 'u32': 4}
+
+
+def _operands(rest: str) -> list[str]:
+  """The names an instruction's operand list (the text after its opcode's '(') refers to."""
+  depth, end = 1, 0
+  for end, char in enumerate(rest):
+    depth += {'(': 1, ')': -1}.get(char, 0)
+    if depth == 0:
+      break
+  return re.findall(r'%([\w.\-]+)', rest[:end])
+
+
+def gemms(hlo: str, computation: str | None = None) -> list[dict]:
+  """Each GEMM that `computation` (default: the entry) of an optimized HLO module launches, the
+  computations it runs included (a loop body once), in order: {'name'; 'weights': the module
+  parameters it reads, through bitcasts (names as JAX gives them, e.g.
+  'p__decoder____layers_0____mlp____wi____kernel__.1'); 'bytes': what it reads and writes, each
+  operand whole or, where its fused computation slices it, the slice}."""
+  comps, entry = _computations(hlo)
+  shapes, lines = {}, {}
+  for body in comps.values():
+    for line in body:
+      match = _DEFINITION.match(line)
+      if match:
+        dims = [int(d) for d in match.group(3).split(',') if d]
+        shapes[match.group(1)] = _BYTES.get(match.group(2), 0) * math.prod(dims)
+        lines[match.group(1)] = line
+
+  def parameter(name):  # the module parameter `name` is, through bitcasts, or None
+    line = lines.get(name, '')
+    if re.search(r' parameter\(\d+\)', line) and name.startswith('p'):
+      return name
+    source = re.search(r' bitcast\(%?([\w.\-]+)\)', line)
+    return parameter(source.group(1)) if source else None
+
+  def read(operand, index, called):  # bytes of operand `index` that a fused computation reads
+    if called in comps:
+      names = [
+        m.group(1)
+        for line in comps[called]
+        if (m := re.match(rf'\s*%?([\w.\-]+) = \S+ parameter\({index}\)', line))
+      ]
+      for line in comps[called]:
+        sliced = re.search(r' (?:dynamic-slice|slice)\(%?([\w.\-]+)', line)
+        if names and sliced and sliced.group(1) == names[0]:
+          return shapes.get(_DEFINITION.match(line).group(1), 0)
+    return shapes.get(operand, 0)
+
+  out = []
+
+  def visit(name):
+    for line in comps[name]:
+      match = _INSTRUCTION.match(line)
+      if not match or match.group(1) in _FREE:
+        continue
+      opcode, rest = match.groups()
+      for sub in _RUNS.findall(rest):
+        visit(sub)
+      if _category(opcode, rest) != 'gemm':
+        continue
+      called = re.search(r'calls=%?([\w.\-]+)', rest.split('metadata=')[0])
+      called = called and called.group(1)
+      operands = _operands(rest)
+      result = _DEFINITION.match(line).group(1)
+      out.append(
+        dict(
+          name=result,
+          weights=[w for w in map(parameter, operands) if w],
+          bytes=shapes.get(result, 0) + sum(read(o, i, called) for i, o in enumerate(operands)),
+        )
+      )
+
+  visit(computation or entry)
+  return out
+
+
+def gemm_table(found: list[dict]) -> list[dict]:
+  """`gemms` grouped by the weights they read, layer indices as N: [{'weights', 'launches',
+  'mbytes' (each), 'total_mbytes'}], largest total first."""
+  groups = collections.defaultdict(list)
+  for gemm in found:
+    names = [re.sub(r'^p__|__\.\d+$', '', w).replace('____', '/') for w in gemm['weights']]
+    key = ' + '.join(re.sub(r'layers_\d+', 'layers_N', n) for n in names) or '(activations only)'
+    groups[key].append(gemm['bytes'])
+  rows = [
+    dict(weights=k, launches=len(v), mbytes=max(v) / 1e6, total_mbytes=sum(v) / 1e6)
+    for k, v in groups.items()
+  ]
+  return sorted(rows, key=lambda r: -r['total_mbytes'])
 
 
 def _elements(line: str) -> int:
@@ -404,7 +467,12 @@ def _model(config: t5.T5Config) -> t5.T5Model:
 def measure() -> dict:
   config = config_of(_MODEL.value, _DTYPE.value)
   shape = dict(source_length=_SOURCE_LENGTH.value, cache_len=_CACHE_LEN.value)
-  device = compile_only_device(_COMPILE_FOR.value) if _COMPILE_FOR.value else jax.devices()[0]
+  device = jax.devices()[0]
+  if _COMPILE_FOR.value:
+    try:
+      (device,) = machines.compile_only_devices(_COMPILE_FOR.value)
+    except RuntimeError as e:
+      raise app.UsageError(f'--compile_for={_COMPILE_FOR.value}: {e}') from e
   result = dict(
     device=f'{device.device_kind} ({device.platform}{", compile-only" * bool(_COMPILE_FOR.value)})',
     jax=jax.__version__,
