@@ -5,6 +5,7 @@ r"""A drafter's decoder step, kernel by kernel: what its compiled program launch
   python -m benchmarks.drafter_kernels --compile_for=h100 --target=t5-11b  # + a whole iteration
   python -m benchmarks.drafter_kernels --baseline=/tmp/base           # another checkout beside
   python -m benchmarks.drafter_kernels --time --target=t5-11b         # on a device: ms, c
+  python -m benchmarks.drafter_kernels --model=t5-11b --compile_for=h100 --gemms --nounrolled
 
 Compiles, for one row over a source of --source_length, (1) a decoder step: `t5.decode` of one
 token on a cache from `t5.init_cache` (the cache donated, as the decode loops carry it), and (2)
@@ -30,6 +31,11 @@ libraries: `pip install --target /tmp/gpu_site jax-cuda13-plugin==0.10.2
 jax-cuda13-pjrt==0.10.2`, then `PYTHONPATH=/tmp/gpu_site`. No autotuning runs: a real device may
 pick other GEMM tilings, and split-K or not (one reduction kernel more or less a GEMM).
 
+`--gemms` prints the step's GEMMs grouped by the arguments they read (`gemms`, `gemm_table`:
+each GEMM's bytes, its operands whole or the slices it takes), e.g. for a target: `--model=t5-11b
+--compile_for=h100 --gemms`. `--profile=DIR` (with --time) writes a `jax.profiler` trace of
+the timed loops, every kernel of the step with its device time.
+
 `--baseline=DIR` makes the same measurements in a child process whose `specdec_jax` is DIR's (a
 checkout of another commit: `git worktree add /tmp/base COMMIT`) and prints both. `--time`
 (a device; not with --compile_for) times a step inside a jitted loop (`timing.step_seconds`,
@@ -42,6 +48,7 @@ kernel".
 """
 
 import collections
+import contextlib
 import dataclasses
 import json
 import math
@@ -103,6 +110,12 @@ _HLO_DIR = flags.DEFINE_string(
 )
 _JSON = flags.DEFINE_bool(
   'json', False, 'Print the measurements as one JSON line.', flag_values=FLAGS
+)
+_GEMMS = flags.DEFINE_bool(
+  'gemms', False, "Print the step's GEMMs: what each reads, in MB.", flag_values=FLAGS
+)
+_PROFILE = flags.DEFINE_string(
+  'profile', None, 'With --time: write a jax.profiler trace of the timing here.', flag_values=FLAGS
 )
 
 # Instructions that launch nothing.
@@ -293,6 +306,7 @@ def count(config, *, source_length, cache_len, gamma, unrolled=True, device=None
       per_layer=per_call / calls / config.num_decoder_layers,
       loop_body=in_loop,
       stablehlo=stablehlo_ops(lowered.as_text()) if unroll is None else None,
+      gemms=gemm_table(gemms(hlo)) if unroll is None else None,
     )
   return out
 
@@ -313,11 +327,17 @@ def _operands(rest: str) -> list[str]:
 
 def gemms(hlo: str, computation: str | None = None) -> list[dict]:
   """Each GEMM that `computation` (default: the entry) of an optimized HLO module launches, the
-  computations it runs included (a loop body once), in order: {'name'; 'weights': the module
-  parameters it reads, through bitcasts (names as JAX gives them, e.g.
-  'p__decoder____layers_0____mlp____wi____kernel__.1'); 'bytes': what it reads and writes, each
-  operand whole or, where its fused computation slices it, the slice}."""
+  computations it runs included (a loop body once), in order: {'name'; 'inputs': the program's
+  arguments it reads directly or through bitcasts (names as JAX gives them, e.g.
+  'p__decoder____layers_0____mlp____wi____kernel__.1' for params passed as `p`; none inside a
+  loop body, which reads its carry); 'bytes': what it reads and writes, each operand whole or,
+  where its fused computation slices it, the slice}."""
   comps, entry = _computations(hlo)
+  arguments = {
+    m.group(1)
+    for line in comps[entry]
+    if (m := re.match(r'\s*%?([\w.\-]+) = .* parameter\(', line))
+  }
   shapes, lines = {}, {}
   for body in comps.values():
     for line in body:
@@ -327,9 +347,9 @@ def gemms(hlo: str, computation: str | None = None) -> list[dict]:
         shapes[match.group(1)] = _BYTES.get(match.group(2), 0) * math.prod(dims)
         lines[match.group(1)] = line
 
-  def parameter(name):  # the module parameter `name` is, through bitcasts, or None
+  def parameter(name):  # the program argument `name` is, through bitcasts, or None
     line = lines.get(name, '')
-    if re.search(r' parameter\(\d+\)', line) and name.startswith('p'):
+    if name in arguments:
       return name
     source = re.search(r' bitcast\(%?([\w.\-]+)\)', line)
     return parameter(source.group(1)) if source else None
@@ -366,7 +386,7 @@ def gemms(hlo: str, computation: str | None = None) -> list[dict]:
       out.append(
         dict(
           name=result,
-          weights=[w for w in map(parameter, operands) if w],
+          inputs=[w for w in map(parameter, operands) if w],
           bytes=shapes.get(result, 0) + sum(read(o, i, called) for i, o in enumerate(operands)),
         )
       )
@@ -376,15 +396,15 @@ def gemms(hlo: str, computation: str | None = None) -> list[dict]:
 
 
 def gemm_table(found: list[dict]) -> list[dict]:
-  """`gemms` grouped by the weights they read, layer indices as N: [{'weights', 'launches',
-  'mbytes' (each), 'total_mbytes'}], largest total first."""
+  """`gemms` grouped by the arguments they read (params as their paths, layer indices as N):
+  [{'inputs', 'launches', 'mbytes' (the largest), 'total_mbytes'}], largest total first."""
   groups = collections.defaultdict(list)
   for gemm in found:
-    names = [re.sub(r'^p__|__\.\d+$', '', w).replace('____', '/') for w in gemm['weights']]
-    key = ' + '.join(re.sub(r'layers_\d+', 'layers_N', n) for n in names) or '(activations only)'
+    names = [re.sub(r'^p__|__\.\d+$|\.\d+$', '', w).replace('____', '/') for w in gemm['inputs']]
+    key = ' + '.join(re.sub(r'layers_\d+', 'layers_N', n) for n in names) or '(activations)'
     groups[key].append(gemm['bytes'])
   rows = [
-    dict(weights=k, launches=len(v), mbytes=max(v) / 1e6, total_mbytes=sum(v) / 1e6)
+    dict(inputs=k, launches=len(v), mbytes=max(v) / 1e6, total_mbytes=sum(v) / 1e6)
     for k, v in groups.items()
   ]
   return sorted(rows, key=lambda r: -r['total_mbytes'])
@@ -498,10 +518,12 @@ def measure() -> dict:
         hlo_dir=_HLO_DIR.value,
       )
   if _TIME.value:
-    result['step_ms'] = timing.step_seconds(_model(config), batch_size=1, **shape) * 1e3
-    if _TARGET.value:
-      target = _model(config_of(_TARGET.value, _DTYPE.value))
-      result['target_step_ms'] = timing.step_seconds(target, batch_size=1, **shape) * 1e3
+    profile = jax.profiler.trace(_PROFILE.value) if _PROFILE.value else contextlib.nullcontext()
+    with profile:
+      result['step_ms'] = timing.step_seconds(_model(config), batch_size=1, **shape) * 1e3
+      if _TARGET.value:
+        target = _model(config_of(_TARGET.value, _DTYPE.value))
+        result['target_step_ms'] = timing.step_seconds(target, batch_size=1, **shape) * 1e3
   return result
 
 
@@ -551,6 +573,14 @@ def main(argv):
       stablehlo = c['stablehlo'] or '-'
       print(f'{label:5s} {name:22s}' + ''.join(f'{x:>8}' for x in cells) + f'  {stablehlo:>9}')
   for label, run in runs:
+    step = run['counts']['step']
+    if _GEMMS.value and step.get('gemms'):
+      mbytes = sum(g['total_mbytes'] for g in step['gemms'])
+      print(f"{label}: the step's GEMMs ({len(step['gemms'])} kinds, {mbytes:,.1f} MB in all):")
+      for g in step['gemms']:
+        print(
+          f'  {g["launches"]:4d} x {g["mbytes"]:9.3f} MB = {g["total_mbytes"]:9.1f}  {g["inputs"]}'
+        )
     for key, draft in (('iteration', 'scan'), ('iteration_unrolled', 'unrolled')):
       if key in run:
         it = run[key]
