@@ -106,4 +106,7 @@ def test_an_iteration_is_counted_with_its_draft_scan_and_unrolled():
   scan = drafter_kernels.iteration(target, drafter, **kw)
   unrolled = drafter_kernels.iteration(target, drafter, unroll_draft=True, **kw)
   for counts in (scan, unrolled):
-    assert counts['per_iteration'] > 0 and counts['weight_copies'] == 0
+    assert counts['weight_copies'] == 0
+  # What docs/performance.md reports for an H100 (1,351 -> 1,277 launches) holds on XLA:CPU at
+  # these shapes: unrolled, an iteration launches fewer kernels (no inner loop to test).
+  assert 0 < unrolled['per_iteration'] < scan['per_iteration']
