@@ -62,6 +62,7 @@ import jax.numpy as jnp
 from absl import app, flags
 
 import benchmarks
+from benchmarks import synthetic
 from specdec_jax import decode, decode_steps, machines, timing, xla_cpu
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.models import t5
@@ -231,9 +232,7 @@ def stablehlo_ops(text: str, op: str | None = None) -> int:
 
 
 def config_of(name: str, dtype: str) -> t5.T5Config:
-  if name not in t5.CONFIGS:
-    raise app.UsageError(f'--model / --target must name one of t5.CONFIGS, got {name!r}.')
-  return dataclasses.replace(t5.CONFIGS[name], dtype=dtype)
+  return dataclasses.replace(synthetic.shape(name), dtype=dtype)
 
 
 def _abstract(config: t5.T5Config, source_length: int, cache_len: int):
@@ -479,11 +478,6 @@ def iteration(
   return dict(per_iteration=per_iteration, weight_copies=copies)
 
 
-def _model(config: t5.T5Config) -> t5.T5Model:
-  cast = lambda k: jax.tree.map(lambda x: x.astype(config.dtype), t5.init_params(k, config))
-  return t5.T5Model(config=config, params=jax.jit(cast)(jax.random.key(0)))
-
-
 def measure() -> dict:
   config = config_of(_MODEL.value, _DTYPE.value)
   shape = dict(source_length=_SOURCE_LENGTH.value, cache_len=_CACHE_LEN.value)
@@ -520,9 +514,12 @@ def measure() -> dict:
   if _TIME.value:
     profile = jax.profiler.trace(_PROFILE.value) if _PROFILE.value else contextlib.nullcontext()
     with profile:
-      result['step_ms'] = timing.step_seconds(_model(config), batch_size=1, **shape) * 1e3
+      result['step_ms'] = (
+        timing.step_seconds(synthetic.model(config, dtype=config.dtype), batch_size=1, **shape)
+        * 1e3
+      )
       if _TARGET.value:
-        target = _model(config_of(_TARGET.value, _DTYPE.value))
+        target = synthetic.model(config_of(_TARGET.value, _DTYPE.value), dtype=_DTYPE.value)
         result['target_step_ms'] = timing.step_seconds(target, batch_size=1, **shape) * 1e3
   return result
 

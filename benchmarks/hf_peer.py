@@ -6,8 +6,8 @@ r"""Ours beside HF transformers on the same weights: greedy tokens/s, ratios, id
 
 The target and each T5 drafter go to transformers' `T5ForConditionalGeneration` with the same
 weights: a shipped pair through `checkpoints.save_hf_t5` and `from_pretrained` (a user's path);
-random weights (`--random_weights`, shapes from `t5.CONFIGS`, the end-of-sequence token's output
-weights zeroed so that every row decodes --max_new_tokens tokens) tensor by tensor as
+random weights (`--random_weights`: `synthetic.model`, shapes from `t5.CONFIGS`, the
+end-of-sequence token's output weights zeroed so that every row decodes --max_new_tokens tokens) tensor by tensor as
 `save_hf_t5` would write them, from our params on JAX's device to torch's through DLPack
 (`hf_from_params`: no file, no host copy; 45 GB in float32 for T5 11B). Every method decodes the same sentences one at a time (batch 1, the paper's
 setting), each source padded to --source_length with its mask, greedy, up to --max_new_tokens:
@@ -44,6 +44,7 @@ import transformers
 from absl import app, flags, logging
 
 import benchmarks
+from benchmarks import synthetic
 from specdec_jax import (
   checkpoint_utils,
   checkpoints,
@@ -114,36 +115,6 @@ class Result:
   outputs: list[list[int]] | None = None
   seconds: float = 0.0
   note: str = ''
-
-
-def random_model(config: t5.T5Config, *, dtype: str, seed: int) -> t5.T5Model:
-  """`config` in `dtype` with random params drawn leaf by leaf (no float32 copy of the whole):
-  embedding ~ N(0, 1), matrices N(0, 1 / rows), norm scales 1; the EOS token's output weights
-  zero, so its logit is 0, below the largest of the others (whose mean is 0): no row stops."""
-  config = dataclasses.replace(config, dtype=dtype)
-  shapes = jax.eval_shape(lambda key: t5.init_params(key, config), jax.random.key(0))
-  paths, treedef = jax.tree_util.tree_flatten_with_path(shapes)
-  keys = jax.random.split(jax.random.key(seed), len(paths))
-  normal = jax.jit(
-    lambda key, scale, shape: jax.random.normal(key, shape, dtype) * scale, static_argnums=2
-  )
-  leaves = []
-  for key, (path, leaf) in zip(keys, paths):
-    name = jax.tree_util.keystr(path)
-    if leaf.ndim == 1:
-      leaves.append(jax.numpy.ones(leaf.shape, dtype))
-    else:
-      scale = 1.0 if 'embedding' in name else leaf.shape[0] ** -0.5
-      leaves.append(normal(key, scale, leaf.shape))
-  params = jax.tree.unflatten(treedef, leaves)
-  eos = config.eos_token_id
-  if config.tie_word_embeddings:
-    table = params['token_embedder']['embedding']
-    params['token_embedder']['embedding'] = table.at[eos].set(0)
-  else:
-    kernel = params['decoder']['logits_dense']['kernel']
-    params['decoder']['logits_dense']['kernel'] = kernel.at[:, eos].set(0)
-  return t5.T5Model(config=config, params=params)
 
 
 def with_dtype(model, dtype: str):
@@ -277,16 +248,17 @@ def _models_and_sources():
   names = _DRAFTERS.value
   s, n = _SOURCE_LENGTH.value, _NUM.value
   if _RANDOM.value:
-    target_config = _config(_TARGET.value)
+    target_config = synthetic.shape(_TARGET.value)
     configs = {
-      name: target_config if name == 'target' else _config(name) for name in names or ['t5-small']
+      name: target_config if name == 'target' else synthetic.shape(name)
+      for name in names or ['t5-small']
     }
     for name, config in configs.items():
       if config.vocab_size != target_config.vocab_size:
         raise ValueError(f'Drafter {name!r} does not share the target vocabulary.')
-    target = random_model(target_config, dtype=_DTYPE.value, seed=0)
+    target = synthetic.model(target_config, dtype=_DTYPE.value, seed=0)
     found = {
-      name: target if name == 'target' else random_model(config, dtype=_DTYPE.value, seed=i + 1)
+      name: target if name == 'target' else synthetic.model(config, dtype=_DTYPE.value, seed=i + 1)
       for i, (name, config) in enumerate(configs.items())
     }
     vocab = target.config.vocab_size
@@ -306,12 +278,6 @@ def _models_and_sources():
   target = with_dtype(pair.target, _DTYPE.value)
   gamma = _GAMMA.value or pair.gamma(0.0)
   return target, found, ids, mask.astype(np.int32), gamma, str(pair.directory.name)
-
-
-def _config(name: str) -> t5.T5Config:
-  if name not in t5.CONFIGS:
-    raise ValueError(f'Unknown T5 shape {name!r}; one of: {", ".join(t5.CONFIGS)}.')
-  return t5.CONFIGS[name]
 
 
 def transformers_results(

@@ -7,7 +7,7 @@ r"""The engine at the paper's scale: public T5 shapes, timed in the loop, agains
       --hbm_bandwidth=100 --noeigen_dots                   # on a CPU (a made-up bandwidth)
 
 Models of `t5.CONFIGS` shapes with constant weights (a call's time should not depend on the
-values; `--weights=random` for T5X's initialisers checks it), batch 1, one device. A drafter is a
+values; `--weights=random` checks it: `synthetic.model`), batch 1, one device. A drafter is a
 `t5.CONFIGS` name (a T5 with its own encoder, e.g. `t5-small`, the paper's) or `one-layer[:NAME]`:
 one decoder layer of NAME's width (default t5-small) over the target's encoder, the shape of our
 shipped `distilled` drafters. Four tables, every time from the project's timers
@@ -50,7 +50,7 @@ import numpy as np
 from absl import app, flags
 
 import benchmarks
-from benchmarks import memory_model
+from benchmarks import memory_model, synthetic
 from specdec_jax import analysis, decode, sharding, tables, timing, xla_cpu
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
@@ -129,7 +129,7 @@ def drafter_config(name: str, target: t5.T5Config) -> t5.T5Config:
   width, default t5-small, over the target's encoder, in the target's vocabulary)."""
   kind, _, width = name.partition(':')
   if kind == 'one-layer':
-    base = _config(width or 't5-small')
+    base = synthetic.shape(width or 't5-small')
     return dataclasses.replace(
       base,
       vocab_size=target.vocab_size,
@@ -137,31 +137,13 @@ def drafter_config(name: str, target: t5.T5Config) -> t5.T5Config:
       num_decoder_layers=1,
       encoder_dim=target.d_model,
     )
-  config = _config(name)
+  config = synthetic.shape(name)
   if config.vocab_size != target.vocab_size:
     raise ValueError(
       f'Drafter {name!r} has vocabulary {config.vocab_size}, the target {target.vocab_size}: '
       'a drafter must share the target vocabulary.'
     )
   return config
-
-
-def _config(name: str) -> t5.T5Config:
-  if name not in t5.CONFIGS:
-    raise ValueError(f'Unknown T5 shape {name!r}; one of: {", ".join(t5.CONFIGS)}.')
-  return t5.CONFIGS[name]
-
-
-def make_model(config: t5.T5Config, *, dtype: str, weights: str, seed: int) -> t5.T5Model:
-  """`config` in `dtype` with constant params (every matrix 1/sqrt(its rows), vectors 1: built
-  from `jax.eval_shape`, no initialiser runs) or T5X's random ones."""
-  config = dataclasses.replace(config, dtype=dtype)
-  if weights == 'random':
-    init = jax.jit(lambda key: jax.tree.map(lambda x: x.astype(dtype), t5.init_params(key, config)))
-    return t5.T5Model(config=config, params=init(jax.random.key(seed)))
-  shapes = jax.eval_shape(lambda key: t5.init_params(key, config), jax.random.key(0))
-  fill = lambda s: jnp.full(s.shape, s.shape[0] ** -0.5 if len(s.shape) > 1 else 1.0, dtype)
-  return t5.T5Model(config=config, params=jax.jit(lambda: jax.tree.map(fill, shapes))())
 
 
 def call_bytes(model: t5.T5Model, *, positions: int, cache_len: int) -> float:
@@ -217,7 +199,7 @@ def main(argv):
     raise ValueError(
       f'--gammas must be >= 1 and --loop_gamma >= 0, got {gammas}, {_LOOP_GAMMA.value}.'
     )
-  target_config = _config(_TARGET.value)
+  target_config = synthetic.shape(_TARGET.value)
   drafter_configs = {name: drafter_config(name, target_config) for name in _DRAFTERS.value}
   kind = jax.devices()[0].device_kind
   chip = chip_for(kind)
@@ -228,10 +210,10 @@ def main(argv):
   else:
     bandwidth, hbm = None, 'HBM bandwidth unknown: --hbm_bandwidth'
   models = dict(dtype=_DTYPE.value, weights=_WEIGHTS.value)
-  target = make_model(target_config, seed=0, **models)
+  target = synthetic.model(target_config, seed=0, **models)
   xla_cpu.check_tied_target(target_config)  # T5 v1.0 on a CPU with Eigen dots: a slow pass
   found = {
-    name: make_model(config, seed=i + 1, **models)
+    name: synthetic.model(config, seed=i + 1, **models)
     for i, (name, config) in enumerate(drafter_configs.items())
   }
   print(

@@ -14,10 +14,9 @@ import torch
 from absl import flags
 from absl.testing import flagsaver
 
-from benchmarks import hf_peer
-from specdec_jax import checkpoints, checkpoints_hf, decode
+from benchmarks import hf_peer, synthetic
+from specdec_jax import checkpoints, checkpoints_hf
 from specdec_jax.models import t5
-from specdec_jax.sampling import SamplingConfig
 
 _SENTENCES = 2
 
@@ -123,7 +122,7 @@ def test_a_method_that_raises_is_a_row_with_its_error():
 
 @pytest.mark.parametrize('name', ['tiny-v1.0', 'tiny-v1.1'])  # tied and untied output layers
 def test_hf_from_params_is_the_exported_model(name, tmp_path):
-  model = hf_peer.random_model(t5.CONFIGS[name], dtype='float32', seed=3)
+  model = synthetic.model(t5.CONFIGS[name], dtype='float32', seed=3)
   checkpoints.save_hf_t5(model, tmp_path)
   want = hf_peer.hf_from_directory(tmp_path, device='cpu', dtype='float32').state_dict()
   got = hf_peer.hf_from_params(model, device='cpu', dtype='float32').state_dict()
@@ -136,7 +135,7 @@ def test_hf_from_params_shares_our_weights_without_a_host_copy():
   # bfloat16 as at 11B: every tensor goes from JAX's device to torch's through DLPack, none is
   # read to the host (as `save_hf_t5`'s numpy state dict reads them); a tensor transformers stores
   # as we do is our buffer itself.
-  model = hf_peer.random_model(t5.CONFIGS['tiny-v1.1'], dtype='bfloat16', seed=2)
+  model = synthetic.model(t5.CONFIGS['tiny-v1.1'], dtype='bfloat16', seed=2)
   want = {
     name: torch.from_numpy(np.asarray(array, np.float32)).to(torch.bfloat16)
     for name, array in checkpoints_hf.params_to_hf_state_dict(model.params, model.config).items()
@@ -180,21 +179,6 @@ def test_our_rows_bring_outputs_to_the_host_before_cutting_them(monkeypatch):
   outs += [output(n) for n in (8, 9, 10)]
   with pytest.raises(hf_peer.timing.CompiledWhileTimed):
     hf_peer.timed(old_cut, ids[:2])
-
-
-def test_random_models_never_stop():
-  model = hf_peer.random_model(t5.CONFIGS['tiny-v1.0'], dtype='float32', seed=1)
-  assert not np.asarray(model.params['token_embedder']['embedding'][1]).any()  # EOS's row
-  ids = jax.numpy.asarray(np.random.default_rng(0).integers(2, 128, (4, 6)), jax.numpy.int32)
-  out = decode.generate(
-    model,
-    ids,
-    jax.numpy.ones_like(ids),
-    sampling=SamplingConfig(temperature=0.0),
-    max_new_tokens=12,
-    rng=jax.random.key(0),
-  )
-  np.testing.assert_array_equal(out.lengths, 12)
 
 
 def test_random_weights_models_and_sources():

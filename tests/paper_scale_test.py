@@ -13,7 +13,7 @@ import pytest
 from absl import flags
 from absl.testing import flagsaver
 
-from benchmarks import memory_model, paper_scale
+from benchmarks import memory_model, paper_scale, synthetic
 from specdec_jax import analysis, decode
 from specdec_jax.models import t5
 
@@ -146,7 +146,7 @@ def test_unroll_draft_reaches_the_timers_and_the_loop(monkeypatch):
     paper_scale.FLAGS(['paper_scale', *argv, f'--source_length={_SOURCE}'])
     with pytest.raises(_Stop):
       paper_scale.main(['paper_scale'])
-    target = paper_scale.make_model(_SMOKE, dtype='float32', weights='constant', seed=0)
+    target = synthetic.model(_SMOKE, dtype='float32', weights='constant')
     with pytest.raises(_Stop):
       paper_scale.loop_seconds(target, target, gamma=_GAMMA, max_new_tokens=4)
     monkeypatch.setattr(paper_scale, 'loop_seconds', lambda *args, **kwargs: (1.0, 1.0))
@@ -257,27 +257,6 @@ def test_drafter_shapes():
     paper_scale.drafter_config('tiny-v1.0', target)
   with pytest.raises(ValueError, match="Unknown T5 shape 't5-huge'"):
     paper_scale.drafter_config('t5-huge', target)
-
-
-def test_constant_weights():
-  model = paper_scale.make_model(
-    t5.CONFIGS['tiny-v1.0'], dtype='bfloat16', weights='constant', seed=0
-  )
-  assert model.config.dtype == 'bfloat16'
-  for leaf in jax.tree.leaves(model.params):
-    assert leaf.dtype == np.dtype('bfloat16')
-    want = leaf.shape[0] ** -0.5 if leaf.ndim > 1 else 1.0
-    np.testing.assert_allclose(np.asarray(leaf, np.float32), want, rtol=1e-2)
-
-
-def test_random_weights():
-  model = paper_scale.make_model(
-    t5.CONFIGS['tiny-v1.0'], dtype='bfloat16', weights='random', seed=0
-  )
-  kernel = np.asarray(model.params['decoder']['layers_0']['mlp']['wi']['kernel'], np.float32)
-  assert model.config.dtype == 'bfloat16'
-  assert np.isfinite(kernel).all() and kernel.std() > 0
-  assert all(leaf.dtype == np.dtype('bfloat16') for leaf in jax.tree.leaves(model.params))
 
 
 def test_chip_by_device_kind():
