@@ -202,13 +202,7 @@ def main(argv):
   target_config = synthetic.shape(_TARGET.value)
   drafter_configs = {name: drafter_config(name, target_config) for name in _DRAFTERS.value}
   kind = jax.devices()[0].device_kind
-  chip = chip_for(kind)
-  if _HBM.value:
-    bandwidth, hbm = _HBM.value * 1e9, f'HBM {_HBM.value:g} GB/s (--hbm_bandwidth)'
-  elif chip:
-    bandwidth, hbm = chip.hbm_bandwidth, f'HBM {chip.hbm_bandwidth / 1e9:.0f} GB/s ({chip.name})'
-  else:
-    bandwidth, hbm = None, 'HBM bandwidth unknown: --hbm_bandwidth'
+  bandwidth, hbm = _bandwidth(kind)
   models = dict(dtype=_DTYPE.value, weights=_WEIGHTS.value)
   target = synthetic.model(target_config, seed=0, **models)
   xla_cpu.check_tied_target(target_config)  # T5 v1.0 on a CPU with Eigen dots: a slow pass
@@ -237,19 +231,53 @@ def main(argv):
     for g in gammas
     for name, drafter in found.items()
   }
-  # The target's costs, pooled over the drafters' measurements.
-  step = float(np.median([c['target_step'] for c in costs.values()]))
-  passes = {g: float(np.median([costs[n, g]['target_pass'] for n in found])) for g in gammas}
+  # The target's pass costs, pooled over the drafters' measurements.
   pass_cost = {g: float(np.median([costs[n, g]['pass_cost'] for n in found])) for g in gammas}
   step_bytes = call_bytes(target, positions=1, cache_len=_cache_len(0))
-
-  rows = [_bound_row('step', 1, step, 1.0, step_bytes, bandwidth)]
-  for g in gammas:
-    pass_bytes = call_bytes(target, positions=g + 1, cache_len=_cache_len(g))
-    rows.append(_bound_row(f'pass-{g + 1}', g + 1, passes[g], pass_cost[g], pass_bytes, bandwidth))
+  rows = _target_rows(target, costs, pass_cost, bandwidth)
   _print('1. target calls (ms; HBM bound: bytes read / bandwidth)', rows, TARGET_COLUMNS)
+  _print(
+    '2. drafters (ms; c in target steps)', _drafter_rows(costs, found, step_bytes), DRAFTER_COLUMNS
+  )
 
-  rows = [
+  if _LOOP_GAMMA.value:
+    title = f'3. decode loops, greedy, gamma {_LOOP_GAMMA.value} (ms per iteration)'
+    _print(title, _loop_rows(target, found, _LOOP_GAMMA.value), LOOP_COLUMNS)
+
+  rows = _speedup_rows(costs, pass_cost, found, gammas)
+  gamma_columns = tuple(_Col(f'gamma_{g}', f'gamma {g}', '.2f', 7, suffix='x') for g in gammas)
+  columns = SPEEDUP_COLUMNS[:4] + gamma_columns + SPEEDUP_COLUMNS[4:]
+  title = '4. speedup by the formula (measured c, pass cost); paper: pass cost 1, best gamma 1..64'
+  _print(title, rows, columns)
+
+
+def _bandwidth(device_kind: str) -> tuple[float | None, str]:
+  """(HBM bytes/s or None, what the header says of it): --hbm_bandwidth, else the chip's."""
+  chip = chip_for(device_kind)
+  if _HBM.value:
+    return _HBM.value * 1e9, f'HBM {_HBM.value:g} GB/s (--hbm_bandwidth)'
+  if chip:
+    return chip.hbm_bandwidth, f'HBM {chip.hbm_bandwidth / 1e9:.0f} GB/s ({chip.name})'
+  return None, 'HBM bandwidth unknown: --hbm_bandwidth'
+
+
+def _target_rows(target, costs: dict, pass_cost: dict, bandwidth) -> list[dict]:
+  """Table 1: the target's step and each gamma's pass (their seconds pooled over the drafters'
+  measurements), against the HBM bound."""
+  step = float(np.median([c['target_step'] for c in costs.values()]))
+  step_bytes = call_bytes(target, positions=1, cache_len=_cache_len(0))
+  rows = [_bound_row('step', 1, step, 1.0, step_bytes, bandwidth)]
+  for g in pass_cost:
+    passes = float(np.median([c['target_pass'] for (_, gamma), c in costs.items() if gamma == g]))
+    pass_bytes = call_bytes(target, positions=g + 1, cache_len=_cache_len(g))
+    rows.append(_bound_row(f'pass-{g + 1}', g + 1, passes, pass_cost[g], pass_bytes, bandwidth))
+  return rows
+
+
+def _drafter_rows(costs: dict, found: dict, step_bytes: float) -> list[dict]:
+  """Table 2: each drafter's costs at each gamma, and c at the HBM bound (its bytes over the
+  target step's)."""
+  return [
     dict(
       drafter=name,
       params=t5.param_count(found[name].params) / 1e6,
@@ -263,17 +291,6 @@ def main(argv):
     )
     for (name, g), c in costs.items()
   ]
-  _print('2. drafters (ms; c in target steps)', rows, DRAFTER_COLUMNS)
-
-  if _LOOP_GAMMA.value:
-    title = f'3. decode loops, greedy, gamma {_LOOP_GAMMA.value} (ms per iteration)'
-    _print(title, _loop_rows(target, found, _LOOP_GAMMA.value), LOOP_COLUMNS)
-
-  rows = _speedup_rows(costs, pass_cost, found, gammas)
-  gamma_columns = tuple(_Col(f'gamma_{g}', f'gamma {g}', '.2f', 7, suffix='x') for g in gammas)
-  columns = SPEEDUP_COLUMNS[:4] + gamma_columns + SPEEDUP_COLUMNS[4:]
-  title = '4. speedup by the formula (measured c, pass cost); paper: pass cost 1, best gamma 1..64'
-  _print(title, rows, columns)
 
 
 def _shape() -> dict:
