@@ -79,13 +79,10 @@ def test_every_method_has_its_row(rows):
 
 
 def test_greedy_outputs_are_identical_to_ours(rows):
-  for row in rows[:5]:
+  # Assisted generation is greedy too (rows[5]; it raised in transformers 5.17 on a GPU, and runs
+  # on this CPU with the pinned transformers): a failure of it is a failure here.
+  for row in rows[:6]:
     assert row['identical'] == f'{_SENTENCES}/{_SENTENCES}', row
-  assisted = rows[5]
-  # Assisted generation is greedy too: identical where it runs (it raised on a GPU before).
-  assert assisted['identical'] == f'{_SENTENCES}/{_SENTENCES}' or assisted['note'].startswith(
-    'failed: '
-  )
 
 
 def test_ratios_are_those_of_the_speeds(rows):
