@@ -7,10 +7,11 @@ r"""Ours beside HF transformers on the same weights: greedy tokens/s, ratios, id
 The target and each T5 drafter go to transformers' `T5ForConditionalGeneration` with the same
 weights: a shipped pair through `checkpoints.save_hf_t5` and `from_pretrained` (a user's path);
 random weights (`--random_weights`: `synthetic.model`, shapes from `t5.CONFIGS`, the
-end-of-sequence token's output weights zeroed so that every row decodes --max_new_tokens tokens) tensor by tensor as
-`save_hf_t5` would write them, from our params on JAX's device to torch's through DLPack
-(`hf_from_params`: no file, no host copy; 45 GB in float32 for T5 11B). Every method decodes the same sentences one at a time (batch 1, the paper's
-setting), each source padded to --source_length with its mask, greedy, up to --max_new_tokens:
+end-of-sequence token's output weights zeroed so that every row decodes --max_new_tokens
+tokens) tensor by tensor as `save_hf_t5` would write them, from our params on JAX's device to
+torch's through DLPack (`hf_from_params`: no file, no host copy; 45 GB in float32 for T5 11B).
+Every method decodes the same sentences one at a time (batch 1, the paper's setting), each source
+padded to --source_length with its mask, greedy, up to --max_new_tokens:
 
   ours         autoregressive (`decode.generate`); speculative with each drafter at --gamma
                (`decode.speculative_generate`; token and block verification are one program
@@ -22,7 +23,8 @@ setting), each source padded to --source_length with its mask, greedy, up to --m
 
 Each method decodes the first sentence once untimed (compilation, lazy set-up), then every
 sentence in turn, timed (`timing.timed`, which raises if JAX compiles meanwhile; ours bring each
-output to the host before cutting it to its length); tokens/s counts the tokens emitted (EOS included) over that time.
+output to the host before cutting it to its length); tokens/s counts the tokens emitted (EOS
+included) over that time.
 `identical` counts the sentences whose tokens equal ours autoregressive. A method that raises
 gets its row with the error instead of numbers; a drafter transformers cannot run as an
 assistant (a decoder over the target's encoder, `num_encoder_layers=0`, such as the shipped

@@ -382,36 +382,27 @@ def step_costs(
   Seconds (each in-loop, from two loop lengths as `step_seconds`): `target_step` (T=1),
   `target_pass` (gamma+1 positions), `drafter_step` (the drafter alone) and `iteration` (a whole
   iteration's model calls, `iteration_seconds`). Ratios, in target steps: `pass_cost` (pass /
-  target step), `c` and `c_fixed` (what the drafter adds to an iteration, `gamma * c + c_fixed`)
-  and `c_alone` (a drafter step alone). `c` is a one-token call as the draft makes it, scanned or
-  unrolled as the loop runs it (the slope: the iteration with a draft `extra_calls` longer);
-  `c_fixed` is the rest of what the draft adds, once per iteration, as measured (negative where
-  the draft costs less than gamma such calls, e.g. unrolled): its first call feeds two positions
-  (the pending token and the one before it; gamma + 1 for a drafter that reads the target's
-  states), and on a CPU it reloads the weights the target pass evicted. One c per call,
-  (gamma * c + c_fixed) / gamma, would fall with gamma, where c does not (docs/results.md
-  section 1). Both come from the iteration compiled without its draft, with it, and with the
-  longer draft: the same loop length, caches and target pass (its input behind an optimization
-  barrier), so dispatch, set-up and the pass cancel, and what remains includes what the calls
-  cost in the loop and not alone. They are what the formula needs: on a CPU each target pass
-  evicts the drafter's weights, so its calls cost more in the loop than alone, and the first of
-  them most (on a TPU or GPU c is c_alone and c_fixed ~0).
+  target step), `c_alone` (a drafter step alone), and `c` and `c_fixed`, what the drafter adds to
+  an iteration: `gamma * c + c_fixed`. `c` is a one-token call as the draft makes it, scanned or
+  unrolled (`unroll_draft`) as the loop runs it: the slope of a draft `extra_calls` longer.
+  `c_fixed` is the rest, once per iteration, as measured (negative where the draft costs less
+  than gamma such calls, e.g. unrolled): the first call feeds two positions (gamma + 1 for a
+  drafter that reads the target's states) and, on a CPU, reloads the weights the pass evicted.
+  One c per call, (gamma * c + c_fixed) / gamma, would fall with gamma (docs/results.md section
+  1). Both come from the iteration compiled without its draft, with it, and with the longer one:
+  the same loop length, caches and pass (its input behind an optimization barrier), so dispatch,
+  set-up and the pass cancel, and what remains is what the calls cost in the loop, not alone (on
+  a TPU or GPU c is c_alone and c_fixed ~0).
 
   Every loop runs in turn with the others (`repeats` times; the fastest run of each counts).
-  `pass_cost`, `c` and `c_fixed` are ratios of the longer runs alone (`loop_lengths[1]` iterations each, so
-  dispatch is well under 1% of a run of any model worth timing): runs of like length meet a
-  shared machine's load alike, where a short run finds it idle more often than a long one and
-  skews a difference of the two. `c_alone` is a ratio of slopes: a drafter step alone is too cheap
-  to be timed without cancelling dispatch. `rounds` repeats the whole measurement; each value is
-  the median over the rounds.
-
-  With `num_paths` K > 1 (a multi-draft loop, `speculative_generate(..., num_drafts=K)`, which
-  runs each row as K rows of both models) the pass, the drafter and the iteration are measured at
-  K x batch_size rows and the target step at batch_size rows: the costs of a K-path iteration in
-  the autoregressive loop's steps. `unroll_draft` times the iteration with the draft's scan
-  unrolled, as `speculative_generate(..., unroll_draft=True)` runs it: c is then the slope of
-  unrolled calls (a draft `EXTRA_CALLS` longer, unrolled too) and c_fixed the rest of the
-  unrolled draft's cost, negative where the draft costs less than gamma such calls.
+  `pass_cost`, `c` and `c_fixed` are ratios of the longer runs alone (`loop_lengths[1]`
+  iterations each, so dispatch is well under 1% of a run of any model worth timing): runs of like
+  length meet a shared machine's load alike, where a short run finds it idle more often than a
+  long one. `c_alone` is a ratio of slopes: a drafter step alone is too cheap to be timed without
+  cancelling dispatch. `rounds` repeats the whole measurement; each value is the median over the
+  rounds. With `num_paths` K > 1 (`speculative_generate(..., num_drafts=K)`, which runs each row
+  as K rows of both models) the pass, the drafter and the iteration are measured at K x
+  batch_size rows and the target step at batch_size rows.
   """
   kw = dict(source_length=source_length, cache_len=cache_len)
   rows = dict(kw, batch_size=batch_size * num_paths)
