@@ -114,8 +114,8 @@ def _cache(model, target, input_ids, cache_len: int):
 
 @functools.partial(jax.jit, static_argnames=('steps', 'num_tokens'))
 def _repeated_steps(steps, params, cache, position, *, num_tokens, loop_length):
-  """`loop_length` (traced: one program for every loop length) model calls of `num_tokens` positions
-  each, every one from `position` [B] of `cache`."""
+  """`loop_length` (traced: one program for every loop length) model calls of `num_tokens`
+  positions each, every one from `position` [B] of `cache`."""
   batch = position.shape[0]
 
   # A drafter that reads the target's states gets zeros of their width.
@@ -192,13 +192,13 @@ def _repeated_iterations(
   unroll_draft,
   loop_length,
 ):
-  """`loop_length` iterations of the speculative loop's model calls, by the loop's own functions: a
-  draft of `draft_length` drafter calls (`_draft`: 0, the loop's gamma, or more) and one
+  """`loop_length` iterations of the speculative loop's model calls, by the loop's own functions:
+  a draft of `draft_length` drafter calls (`_draft`: 0, the loop's gamma, or more) and one
   (gamma+1)-position target pass, every iteration from `position` [B] of the caches, each
-  iteration's tokens from the last pass's logits. `loop_length` is traced: one
-  program for every loop length, a while loop as the decode loop's. Everything else is static:
-  the program holds no branch or loop the decode loop lacks (a traced `lax.cond` or trip count
-  would wait for the host on a GPU, every iteration)."""
+  iteration's tokens from the last pass's logits. `loop_length` is traced: one program for every
+  loop length, a while loop as the decode loop's. Everything else is static: the program holds
+  no branch or loop the decode loop lacks (a traced `lax.cond` or trip count would wait for the
+  host on a GPU, every iteration)."""
   batch = position.shape[0]
   reads_states = getattr(drafter_steps, 'reads_target_states', False)
   states = None
@@ -240,16 +240,15 @@ def _fastest(runs: dict, repeats: int) -> dict:
 
 
 def _slope(seconds: dict, name, loop_lengths: tuple[int, int]) -> float:
-  """Seconds per call of a loop from its fastest runs at two lengths, `seconds[name, k]`: the
-  difference over the difference of lengths, which cancels dispatch and set-up."""
+  """Seconds per iteration of a loop from its fastest runs at two lengths, `seconds[name, k]`:
+  the difference over the difference of lengths, which cancels dispatch and set-up."""
   short, long = loop_lengths
   return max(seconds[name, long] - seconds[name, short], 0.0) / (long - short)
 
 
 def _per_iteration(run: Callable[[int], object], loop_lengths: tuple[int, int], repeats: int):
   """Seconds per iteration of a jitted loop `run(k)` of k iterations, from two loop lengths
-  (`_slope`). The
-  loop length is a traced argument, so both lengths run one compiled program."""
+  (`_slope`). The loop length is a traced argument, so both lengths run one compiled program."""
   runs = {('loop', k): functools.partial(run, k) for k in loop_lengths}
   return _slope(_fastest(runs, repeats), 'loop', loop_lengths)
 
