@@ -92,8 +92,12 @@ def test_ratios_are_those_of_the_speeds(rows):
       continue
     speed = _number(row['tokens_per_s'])
     assert _number(row['ms_per_token']) == pytest.approx(1e3 / speed, rel=2e-3, abs=2e-3)
-    assert _number(row['vs_ours']) == pytest.approx(speed / ours, rel=0.01, abs=0.006)
-    assert _number(row['vs_hf']) == pytest.approx(speed / hf_greedy, rel=0.01, abs=0.006)
+    # Within what printing loses: tokens/s to 0.05 each (a slow row under load reads a few
+    # tokens/s, where 0.05 is more than 1%), the ratio to 0.005.
+    for cell, base in (('vs_ours', ours), ('vs_hf', hf_greedy)):
+      ratio = speed / base
+      slack = ratio * (0.05 / speed + 0.05 / base) + 0.006
+      assert _number(row[cell]) == pytest.approx(ratio, abs=slack), (cell, row)
 
 
 def test_a_drafter_over_the_targets_encoder_has_no_hf_row(rows):
