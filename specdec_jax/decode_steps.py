@@ -112,7 +112,8 @@ def draft(
     sampling: the transform of the drafter's logits (unused when greedy).
     greedy: draft argmax ids and return no probabilities.
     target_states: (f32[B, G + 1, F] states, int32[B] position of the first) of the last target
-      pass, for a drafter that reads them (`reads_target_states`); else None.
+      pass, for a drafter that reads them (`reads_target_states`); else None. The first call
+      feeds as many positions as there are states (`timing` drafts past the pass's G).
     stop: `LoopSpec.draft_stop`, or None.
     unroll: unroll the scan of the gamma - 1 later calls (`LoopSpec.unroll_draft`): the same
       numbers, with no while loop (fewer launches on an accelerator, longer compiles).
@@ -134,7 +135,7 @@ def draft(
     # read a clipped index.
     features, state_start = target_states
     start = state_start + 1
-    tokens = row_slice(seq, start, gamma + 1)
+    tokens = row_slice(seq, start, features.shape[1])  # G + 1 in the loop (more: `timing`)
   # Only the logits after seq[n] are read.
   at = jnp.clip(n - start, 0, tokens.shape[1] - 1)
   logits, predicted, cache = drafter_call(
