@@ -99,14 +99,19 @@ def greedy_block_verify(rng, draft_tokens, draft_probs, target_probs, levels) ->
 
 
 @jax.jit
-def iteration_law(draft_tokens, draft_probs, target_probs, levels) -> tuple[jax.Array, jax.Array]:
-  """Distribution mode: the exact law of (tau, Y) that `greedy_block_verify` samples from.
+def iteration_law(draft_tokens, draft_probs, target_probs, levels):
+  """Distribution mode: every outcome of `greedy_block_verify` with its exact probability.
+
+  The same pieces as the sampler, without the draws: tau's law from the `h~` values, Y's given
+  tau, and the levels each (tau, Y) leaves (tests enumerate iterations with it and compare the
+  output's law with a rational oracle).
 
   Returns:
-    (P(tau = t) f32[B, G+1], P(Y = y | tau = t) f32[B, G+1, V]), from the same `h~` and rows.
+    (P(tau = t) f32[B, G+1], P(Y = y | tau = t) f32[B, G+1, V], the levels after (t, y)
+    f32[B, G+1, V, G-1]).
   """
   draft_probs, target_probs, levels = _check(draft_tokens, draft_probs, target_probs, levels)
-  law, _ = law_rows(draft_tokens, draft_probs, target_probs, levels)
+  law, level_log_w = law_rows(draft_tokens, draft_probs, target_probs, levels)
   log_w = path_log_weights(draft_tokens, draft_probs, law)
   h = jnp.pad(acceptance(log_w, draft_probs, law), ((0, 0), (1, 0)), constant_values=1.0)
   # P(tau = t) = h_t prod_{j > t} (1 - h_j), h_0 = 1: a reversed cumulative product.
@@ -114,7 +119,18 @@ def iteration_law(draft_tokens, draft_probs, target_probs, levels) -> tuple[jax.
   tau_probs = h * jnp.pad(after[:, 1:], ((0, 0), (0, 1)), constant_values=1.0)
   q = jnp.pad(draft_probs, ((0, 0), (0, 1), (0, 0)))  # q_{G+1} = 0: Y ~ L_G at tau = G
   y = correction(law, q, log_w)
-  return tau_probs, y / jnp.sum(y, axis=-1, keepdims=True)
+  batch, vocab = draft_tokens.shape[0], draft_probs.shape[-1]
+
+  def levels_after(t, token):
+    tau, token = jnp.full((batch,), t, jnp.int32), jnp.full((batch,), token, jnp.int32)
+    return advance_levels(draft_probs, target_probs, levels, level_log_w, log_w, law, tau, token)
+
+  every = jax.vmap(jax.vmap(levels_after, (None, 0)), (0, None))
+  after_levels = every(jnp.arange(tau_probs.shape[1]), jnp.arange(vocab))  # [G+1, V, B, D]
+  return tau_probs, y / jnp.sum(y, -1, keepdims=True), jnp.moveaxis(after_levels, 2, 0)
+
+
+# ----------------------------------------------------------------------------------------------
 
 
 def check_loop(verifier, num_drafts=1, draft_stop=None, reads_target_states=False) -> None:
