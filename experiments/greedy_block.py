@@ -14,7 +14,7 @@ and output lengths) and each gamma, at one temperature, with one drafter:
                     of `first_batch_size` with max_new_tokens = gamma + 1; the mean of
                     `DecodeStats.first_accepted` + 1 over those rows and its standard error. Every
                     verifier starts from the target's own law there, so this is where greedy block
-                    verification's per-block optimum shows (docs/method.md section 7).
+                    verification's per-block optimum shows (docs/method.md section 11).
 Each row is printed as it finishes and appended to results.csv / .json in --workdir (default:
 config.workdir); table.md (Table 4's layout) at the end.
 """

@@ -48,7 +48,7 @@ At temperature 0 (`sampling.greedy`) the loops take a fast path that never forms
 vector: p and q are one-hot, so sampling is an argmax and both verifiers reduce to comparing ids
 (`verify.greedy_verify`); the tokens are identical to the general path's, with no [B, G+1, V]
 arrays, no cumulative sums over V and no random numbers. Every verifier is then one program
-(`LoopSpec` normalizes it to 'token'; 'greedy_block' reduces to it too: docs/method.md section 7).
+(`LoopSpec` normalizes it to 'token'; 'greedy_block' reduces to it too: docs/method.md section 11).
 """
 
 import dataclasses

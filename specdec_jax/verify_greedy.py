@@ -1,5 +1,5 @@
 """Greedy block verification (Sun et al. 2024, Appendix C, as reconstructed in docs/method.md
-section 7): the most drafts one iteration can keep, paid for by a residual law carried into the
+section 11): the most drafts one iteration can keep, paid for by a residual law carried into the
 next iterations.
 
 One iteration of block verification (`verify.block_verify`) must emit a target sample on its own.
@@ -9,7 +9,7 @@ which reaches the per-block optimum `E[tau] = sum_i sum_{x^i} min(L(x^i), Ms(x^i
 al.'s toy, against 11/9 for block and 10/9 for token verification). The target mass this leaves
 unmatched is owed by the next tokens: after a rejection at `tau` with correction `Y`, the next
 `G - tau - 1` tokens follow the residual law `norm((w parent - Ms)_+)`, one "level" of a stack
-(docs/method.md section 7 proves the whole output is distributed as the target's).
+(docs/method.md section 11 proves the whole output is distributed as the target's).
 
 The carried state, per row: `levels` f32[B, G - 1]. Slot j holds `log w` of the level that governs
 the next j + 1 emitted tokens (nodes 0..j of the next block), `+inf` where there is none (a level
@@ -153,7 +153,7 @@ def check_loop(verifier, num_drafts=1, draft_stop=None, reads_target_states=Fals
 
 
 # ----------------------------------------------------------------------------------------------
-# The pieces (docs/method.md section 7, one formula each).
+# The pieces (docs/method.md section 11, one formula each).
 
 
 def scaled_residual(row, q_row, log_w) -> jax.Array:

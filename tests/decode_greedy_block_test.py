@@ -1,5 +1,5 @@
 """`speculative_generate(..., verifier='greedy_block')` through the jitted loop, its residual law
-carried from iteration to iteration per row (docs/method.md section 7).
+carried from iteration to iteration per row (docs/method.md section 11).
 
 Losslessness over whole sequences: the joint of the first N_TOKENS tokens of ROWS independent
 rows (several iterations each: at most gamma + 1 tokens per iteration) against the target's exact
@@ -136,7 +136,7 @@ def test_toy_falls_behind_block_verification_after_three_iterations():
 )
 def test_greedy_equals_generate(gamma):
   """At temperature 0 greedy block verification keeps the longest prefix of drafts equal to the
-  target's argmax (docs/method.md section 7): the loop's fast path (normalized to 'token') and its
+  target's argmax (docs/method.md section 11): the loop's fast path (normalized to 'token') and its
   general path on one-hot vectors both give greedy `generate`'s tokens."""
   target = fakes.random_markov(seed=11, vocab_size=16, positions=40, eos_id=1)
   drafter = fakes.random_markov(seed=12, vocab_size=16, positions=40, eos_id=1)

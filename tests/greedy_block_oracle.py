@@ -1,4 +1,4 @@
-"""Oracles for greedy block verification over several iterations (docs/method.md section 7).
+"""Oracles for greedy block verification over several iterations (docs/method.md section 11).
 
 `RationalChain`: exact rational arithmetic on order-1 Markov toy models (a row per last token,
 None at the start), written independently of specdec_jax (nested law tuples instead of level

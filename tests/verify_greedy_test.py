@@ -1,5 +1,5 @@
 """Tests for specdec_jax.verify_greedy: greedy block verification is exactly lossless over whole
-sequences and reaches the per-block optimum each iteration (docs/method.md section 7).
+sequences and reaches the per-block optimum each iteration (docs/method.md section 11).
 
 Two layers, deterministic (the decode loop's chi-square tests are tests/decode_greedy_block_test.py):
 1. Rational oracle (tests/greedy_block_oracle.py, independent of the kernel): the numbers of the
