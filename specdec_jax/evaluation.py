@@ -56,7 +56,7 @@ class Row:
 
   task: str  # the task's name: config.task, else the pair directory's name
   drafter: str  # the drafter's name; '-' for autoregressive decoding
-  method: str  # 'autoregressive' or the verifier's name ('token', 'block')
+  method: str  # 'autoregressive' or the verifier's name ('token', 'block', 'greedy_block')
   temp: float  # sampling temperature; 0 is greedy
   gamma: int  # drafts per iteration; 0 for autoregressive decoding
   num_drafts: int | None = None  # K draft paths per iteration (config.num_drafts); None for AR
@@ -170,7 +170,7 @@ def translate_in_turn(
   """Decodes `sources` batch by batch, each batch with every one of `methods` in turn (same rng),
   timing each call: {method: Run}.
 
-  `methods` are 'autoregressive' and verifier names (`verify.VERIFIERS`). Timed in turn, batch
+  `methods` are 'autoregressive' and verifier names (`verify.NAMES`). Timed in turn, batch
   by batch, `runs['autoregressive'].seconds / runs[verifier].seconds` compares the two under the
   same machine load, so slow drift on a shared machine cancels out, and one autoregressive
   baseline serves every verifier. Every batch is padded to [batch_size, max_source_length], so
