@@ -8,10 +8,7 @@ max_new_tokens=1 is the per-call cost (encoder, cache set-up, dispatch, transfer
 call pays once whatever the method; the main job's speedups (whole sentences) include it, the
 formula's per-iteration prediction does not. Median of --repeats calls after a compile call.
 
-Measured on the 2-core CPU (48M pair, test sentence 0: 25 tokens; two runs): max_new_tokens 1:
-autoregressive 15.3-16.2 ms, distilled 17.1-20.4 ms, bigram 17.1-17.5 ms; 64 (all 25 tokens):
-125.0-126.3 / 138.9-150.8 / 116.3-118.1 ms (this sentence's distilled drafts are mostly
-rejected; over the main job's 100 sentences the distilled drafter gives 1.10-1.13x).
+Past runs: docs/performance.md, "Measurements moved from docstrings" (`call_overhead`).
 """
 
 import jax

@@ -18,18 +18,7 @@ Everything is measured in one run on real test sources (the shipped test.tsv; ra
 Goals (issue 8): a bigram-drafted iteration <= 1.15x the bare (gamma+1)-position pass; `generate`
 <= 1.15x the bare step per token; batch-8 autoregressive throughput >= 4x batch 1.
 
-Measured on the 2-core CPU of our development machine, shipped pair, batch 1, 16 sentences
-(one run each; repeated runs vary by 10-30% on this shared machine):
-  before (commit ab82fe6; no greedy fast path, lax.cond catch-up, cumsum sampler), iteration /
-  bare model calls: generate 1.33x (T=0) / 1.56x (T=1) the step; bigram 1.19x / 1.43x the pass;
-  T5 drafter 1.38x / 1.75x (pass + 4 drafter steps). Op profile of a greedy bigram iteration
-  (4.0 ms): target matmuls 3.0 ms, one-hot/argmax over V 0.32 ms, cumsum reduce-windows 0.23 ms,
-  cache copies 0.36 ms, the rest loop.
-  after: generate 0.85x / 0.84x; bigram 0.91x / 1.05x (general path at T=0: 1.39x); T5 drafter
-  1.48x / 1.44x. Shares (T=0, fast path): bigram target 90%, sampling 8%, verify 0.4%, emit
-  0.4%, loop 0.5%; T5 drafter: target 65%, drafter 20%, sampling 6%, loop 9%.
-  Batch 8 autoregressive throughput = 1.1x batch 1 (a batch-8 step costs ~3x a batch-1 step:
-  multi-row matmul kernels on this CPU); see docs/performance.md, "Performance of the loop".
+Past runs: docs/performance.md, "Measurements moved from docstrings" (`decode_speed`).
 """
 
 from specdec_jax import profiling

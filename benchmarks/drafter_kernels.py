@@ -5,6 +5,7 @@ r"""A drafter's decoder step, kernel by kernel: what its compiled program launch
   python -m benchmarks.drafter_kernels --compile_for=h100 --target=t5-11b  # + a whole iteration
   python -m benchmarks.drafter_kernels --baseline=/tmp/base           # another checkout beside
   python -m benchmarks.drafter_kernels --time --target=t5-11b         # on a device: ms, c
+  python -m benchmarks.drafter_kernels --model=t5-11b --compile_for=h100 --gemms --nounrolled
 
 Compiles, for one row over a source of --source_length, (1) a decoder step: `t5.decode` of one
 token on a cache from `t5.init_cache` (the cache donated, as the decode loops carry it), and (2)
@@ -30,6 +31,11 @@ libraries: `pip install --target /tmp/gpu_site jax-cuda13-plugin==0.10.2
 jax-cuda13-pjrt==0.10.2`, then `PYTHONPATH=/tmp/gpu_site`. No autotuning runs: a real device may
 pick other GEMM tilings, and split-K or not (one reduction kernel more or less a GEMM).
 
+`--gemms` prints the step's GEMMs grouped by the arguments they read (`gemms`, `gemm_table`:
+each GEMM's bytes, its operands whole or the slices it takes), e.g. for a target: `--model=t5-11b
+--compile_for=h100 --gemms`. `--profile=DIR` (with --time) writes a `jax.profiler` trace of
+the timed loops, every kernel of the step with its device time.
+
 `--baseline=DIR` makes the same measurements in a child process whose `specdec_jax` is DIR's (a
 checkout of another commit: `git worktree add /tmp/base COMMIT`) and prints both. `--time`
 (a device; not with --compile_for) times a step inside a jitted loop (`timing.step_seconds`,
@@ -42,6 +48,7 @@ kernel".
 """
 
 import collections
+import contextlib
 import dataclasses
 import json
 import math
@@ -55,7 +62,8 @@ import jax.numpy as jnp
 from absl import app, flags
 
 import benchmarks
-from specdec_jax import decode, decode_steps, timing, xla_cpu
+from benchmarks import synthetic
+from specdec_jax import decode, decode_steps, machines, timing, xla_cpu
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.models import t5
 
@@ -104,23 +112,12 @@ _HLO_DIR = flags.DEFINE_string(
 _JSON = flags.DEFINE_bool(
   'json', False, 'Print the measurements as one JSON line.', flag_values=FLAGS
 )
-
-# An H100 SXM5 80GB as XLA's GpuTargetConfigProto describes a GPU (device_description.proto);
-# the values are the card's: 132 SMs, 228 KiB shared memory a SM, 50 MiB L2, 3.35 TB/s, 1.98 GHz.
-_H100 = """
-gpu_device_info {
-  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
-  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132 fpus_per_core: 128
-  block_dim_limit_x: 2147483647 block_dim_limit_y: 65535 block_dim_limit_z: 65535
-  memory_bandwidth: 3352320000000 l2_cache_size: 52428800 clock_rate_ghz: 1.98
-  device_memory_size: 84942979072 shared_memory_per_block_optin: 232448
-  cuda_compute_capability { major: 9 } registers_per_core_limit: 65536
-  registers_per_block_limit: 65536
-}
-platform_name: "CUDA"
-dnn_version_info { major: 9 minor: 10 }
-device_description_str: "NVIDIA H100 80GB HBM3"
-"""
+_GEMMS = flags.DEFINE_bool(
+  'gemms', False, "Print the step's GEMMs: what each reads, in MB.", flag_values=FLAGS
+)
+_PROFILE = flags.DEFINE_string(
+  'profile', None, 'With --time: write a jax.profiler trace of the timing here.', flag_values=FLAGS
+)
 
 # Instructions that launch nothing.
 _FREE = frozenset(
@@ -150,12 +147,14 @@ def _computations(hlo: str) -> tuple[dict[str, list[str]], str]:
 
 
 def _category(opcode: str, rest: str) -> str:
-  head = rest.split('metadata=')[0]  # operands, kind and called computation, not op names
+  # What it runs (the called computation, a custom call's target), not its operands' names: an
+  # operand named gemm_fusion_dot.3 does not make a reduction a GEMM.
+  runs = ' '.join(re.findall(r'(?:calls=%?|custom_call_target="|"kind":")([\w.$\-]+)', rest))
   if opcode in ('dot', 'convolution'):
     return 'gemm'
-  if opcode in ('fusion', 'custom-call') and re.search(r'gemm|cublas|matmul|ynn', head, re.I):
+  if opcode in ('fusion', 'custom-call') and re.search(r'gemm|cublas|matmul|ynn', runs, re.I):
     return 'gemm'
-  if opcode in ('copy', 'transpose') or opcode == 'fusion' and re.search(r'transpose|copy', head):
+  if opcode in ('copy', 'transpose') or opcode == 'fusion' and re.search(r'transpose|copy', runs):
     return 'copy'
   return opcode if opcode in ('fusion', 'while', 'custom-call') else 'other'
 
@@ -233,24 +232,7 @@ def stablehlo_ops(text: str, op: str | None = None) -> int:
 
 
 def config_of(name: str, dtype: str) -> t5.T5Config:
-  if name not in t5.CONFIGS:
-    raise app.UsageError(f'--model / --target must name one of t5.CONFIGS, got {name!r}.')
-  return dataclasses.replace(t5.CONFIGS[name], dtype=dtype)
-
-
-def compile_only_device(gpu: str) -> jax.Device:
-  """A compile-only device of `gpu` ('h100'): programs compile for it and never run."""
-  from jax.experimental import topologies
-
-  try:
-    topology = topologies.get_topology_desc(platform='cuda', target_config=_H100, topology='1x1x1')
-  except (NotImplementedError, RuntimeError) as e:
-    raise app.UsageError(
-      f'--compile_for={gpu} needs the CUDA plugin of this jaxlib ({jax.__version__}), e.g. '
-      f'pip install --target /tmp/gpu_site jax-cuda13-plugin=={jax.__version__} '
-      f'jax-cuda13-pjrt=={jax.__version__}, run with PYTHONPATH=/tmp/gpu_site ({e}).'
-    ) from e
-  return topology.devices[0]
+  return dataclasses.replace(synthetic.shape(name), dtype=dtype)
 
 
 def _abstract(config: t5.T5Config, source_length: int, cache_len: int):
@@ -323,8 +305,108 @@ def count(config, *, source_length, cache_len, gamma, unrolled=True, device=None
       per_layer=per_call / calls / config.num_decoder_layers,
       loop_body=in_loop,
       stablehlo=stablehlo_ops(lowered.as_text()) if unroll is None else None,
+      gemms=gemm_table(gemms(hlo)) if unroll is None else None,
     )
   return out
+
+
+_DEFINITION = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+) = \(?([a-z]+[0-9]*)\[([\d,]*)\]')
+_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 'bf16': 2, 'f16': 2, 's16': 2, 'f32': 4, 's32': 4, 'u32': 4}
+
+
+def _operands(rest: str) -> list[str]:
+  """The names an instruction's operand list (the text after its opcode's '(') refers to."""
+  depth, end = 1, 0
+  for end, char in enumerate(rest):
+    depth += {'(': 1, ')': -1}.get(char, 0)
+    if depth == 0:
+      break
+  return re.findall(r'%([\w.\-]+)', rest[:end])
+
+
+def gemms(hlo: str, computation: str | None = None) -> list[dict]:
+  """Each GEMM that `computation` (default: the entry) of an optimized HLO module launches, the
+  computations it runs included (a loop body once), in order: {'name'; 'inputs': the program's
+  arguments it reads directly or through bitcasts (names as JAX gives them, e.g.
+  'p__decoder____layers_0____mlp____wi____kernel__.1' for params passed as `p`; none inside a
+  loop body, which reads its carry); 'bytes': what it reads and writes, each operand whole or,
+  where its fused computation slices it, the slice}."""
+  comps, entry = _computations(hlo)
+  arguments = {
+    m.group(1)
+    for line in comps[entry]
+    if (m := re.match(r'\s*%?([\w.\-]+) = .* parameter\(', line))
+  }
+  shapes, lines = {}, {}
+  for body in comps.values():
+    for line in body:
+      match = _DEFINITION.match(line)
+      if match:
+        dims = [int(d) for d in match.group(3).split(',') if d]
+        shapes[match.group(1)] = _BYTES.get(match.group(2), 0) * math.prod(dims)
+        lines[match.group(1)] = line
+
+  def parameter(name):  # the program argument `name` is, through bitcasts, or None
+    line = lines.get(name, '')
+    if name in arguments:
+      return name
+    source = re.search(r' bitcast\(%?([\w.\-]+)\)', line)
+    return parameter(source.group(1)) if source else None
+
+  def read(operand, index, called):  # bytes of operand `index` that a fused computation reads
+    if called in comps:
+      names = [
+        m.group(1)
+        for line in comps[called]
+        if (m := re.match(rf'\s*%?([\w.\-]+) = \S+ parameter\({index}\)', line))
+      ]
+      for line in comps[called]:
+        sliced = re.search(r' (?:dynamic-slice|slice)\(%?([\w.\-]+)', line)
+        if names and sliced and sliced.group(1) == names[0]:
+          return shapes.get(_DEFINITION.match(line).group(1), 0)
+    return shapes.get(operand, 0)
+
+  out = []
+
+  def visit(name):
+    for line in comps[name]:
+      match = _INSTRUCTION.match(line)
+      if not match or match.group(1) in _FREE:
+        continue
+      opcode, rest = match.groups()
+      for sub in _RUNS.findall(rest):
+        visit(sub)
+      if _category(opcode, rest) != 'gemm':
+        continue
+      called = re.search(r'calls=%?([\w.\-]+)', rest.split('metadata=')[0])
+      called = called and called.group(1)
+      operands = _operands(rest)
+      result = _DEFINITION.match(line).group(1)
+      out.append(
+        dict(
+          name=result,
+          inputs=[w for w in map(parameter, operands) if w],
+          bytes=shapes.get(result, 0) + sum(read(o, i, called) for i, o in enumerate(operands)),
+        )
+      )
+
+  visit(computation or entry)
+  return out
+
+
+def gemm_table(found: list[dict]) -> list[dict]:
+  """`gemms` grouped by the arguments they read (params as their paths, layer indices as N):
+  [{'inputs', 'launches', 'mbytes' (the largest), 'total_mbytes'}], largest total first."""
+  groups = collections.defaultdict(list)
+  for gemm in found:
+    names = [re.sub(r'^p__|__\.\d+$|\.\d+$', '', w).replace('____', '/') for w in gemm['inputs']]
+    key = ' + '.join(re.sub(r'layers_\d+', 'layers_N', n) for n in names) or '(activations)'
+    groups[key].append(gemm['bytes'])
+  rows = [
+    dict(inputs=k, launches=len(v), mbytes=max(v) / 1e6, total_mbytes=sum(v) / 1e6)
+    for k, v in groups.items()
+  ]
+  return sorted(rows, key=lambda r: -r['total_mbytes'])
 
 
 def _elements(line: str) -> int:
@@ -396,15 +478,15 @@ def iteration(
   return dict(per_iteration=per_iteration, weight_copies=copies)
 
 
-def _model(config: t5.T5Config) -> t5.T5Model:
-  cast = lambda k: jax.tree.map(lambda x: x.astype(config.dtype), t5.init_params(k, config))
-  return t5.T5Model(config=config, params=jax.jit(cast)(jax.random.key(0)))
-
-
 def measure() -> dict:
   config = config_of(_MODEL.value, _DTYPE.value)
   shape = dict(source_length=_SOURCE_LENGTH.value, cache_len=_CACHE_LEN.value)
-  device = compile_only_device(_COMPILE_FOR.value) if _COMPILE_FOR.value else jax.devices()[0]
+  device = jax.devices()[0]
+  if _COMPILE_FOR.value:
+    try:
+      (device,) = machines.compile_only_devices(_COMPILE_FOR.value)
+    except RuntimeError as e:
+      raise app.UsageError(f'--compile_for={_COMPILE_FOR.value}: {e}') from e
   result = dict(
     device=f'{device.device_kind} ({device.platform}{", compile-only" * bool(_COMPILE_FOR.value)})',
     jax=jax.__version__,
@@ -430,10 +512,15 @@ def measure() -> dict:
         hlo_dir=_HLO_DIR.value,
       )
   if _TIME.value:
-    result['step_ms'] = timing.step_seconds(_model(config), batch_size=1, **shape) * 1e3
-    if _TARGET.value:
-      target = _model(config_of(_TARGET.value, _DTYPE.value))
-      result['target_step_ms'] = timing.step_seconds(target, batch_size=1, **shape) * 1e3
+    profile = jax.profiler.trace(_PROFILE.value) if _PROFILE.value else contextlib.nullcontext()
+    with profile:
+      result['step_ms'] = (
+        timing.step_seconds(synthetic.model(config, dtype=config.dtype), batch_size=1, **shape)
+        * 1e3
+      )
+      if _TARGET.value:
+        target = synthetic.model(config_of(_TARGET.value, _DTYPE.value), dtype=_DTYPE.value)
+        result['target_step_ms'] = timing.step_seconds(target, batch_size=1, **shape) * 1e3
   return result
 
 
@@ -483,6 +570,14 @@ def main(argv):
       stablehlo = c['stablehlo'] or '-'
       print(f'{label:5s} {name:22s}' + ''.join(f'{x:>8}' for x in cells) + f'  {stablehlo:>9}')
   for label, run in runs:
+    step = run['counts']['step']
+    if _GEMMS.value and step.get('gemms'):
+      mbytes = sum(g['total_mbytes'] for g in step['gemms'])
+      print(f"{label}: the step's GEMMs ({len(step['gemms'])} kinds, {mbytes:,.1f} MB in all):")
+      for g in step['gemms']:
+        print(
+          f'  {g["launches"]:4d} x {g["mbytes"]:9.3f} MB = {g["total_mbytes"]:9.1f}  {g["inputs"]}'
+        )
     for key, draft in (('iteration', 'scan'), ('iteration_unrolled', 'unrolled')):
       if key in run:
         it = run[key]

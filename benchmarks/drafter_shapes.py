@@ -12,18 +12,7 @@ and each candidate drafter (the shipped trigram; decoders over the target's enco
 shape would give if distillation reaches that alpha.
 Alpha itself needs a trained drafter (scripts/distill.py); this picks which shape to train.
 
-Measured on the 2-core CPU (gamma 3, one run of 2026-11-23, 4 minutes; c is a difference of two
-timings, noisy by ~0.02-0.05; this run is after the fix of the timing loop, which used to let XLA
-drop the output layer of one drafter call per iteration and gave c 2-4x too low):
-  13.5M target (step 0.6 ms, pass 1.5-1.6 steps): trigram c 0.11 -> 0.95x at alpha 0.45;
-    decoder d128 x1 c 0.32 -> 0.69x; d256 x1 c 0.72 -> 0.46x.
-  52M t5_1_1-small shape (step 3.1-3.3 ms, pass 1.4-1.5): d128 x1 c 0.06 -> 1.05x at 0.45 and
-    1.21x at 0.55; d128 x2 c 0.09; d256 x1 c 0.17 -> 0.90x at 0.45.
-  48M grown target (step 3.6-3.9 ms, pass 1.3-1.35): trigram c 0.005 -> 1.28x at 0.45, 1.48x at
-    0.55; d128 x1 c 0.04 -> 1.22x / 1.41x; d128 x2 c 0.06 -> 1.13x / 1.31x; d256 x1 c 0.09 ->
-    1.08x / 1.25x; d256 x2 c 0.15.
-  Beside the 48M target one d128 layer is the shape to distil: a second layer must buy ~0.04
-  alpha to pay for itself (distilled, it bought 0.02: pretrained/ende48m/MODEL_CARD.md).
+Past runs: docs/performance.md, "Measurements moved from docstrings" (`drafter_shapes`).
 """
 
 import jax

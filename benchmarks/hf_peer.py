@@ -6,11 +6,12 @@ r"""Ours beside HF transformers on the same weights: greedy tokens/s, ratios, id
 
 The target and each T5 drafter go to transformers' `T5ForConditionalGeneration` with the same
 weights: a shipped pair through `checkpoints.save_hf_t5` and `from_pretrained` (a user's path);
-random weights (`--random_weights`, shapes from `t5.CONFIGS`, the end-of-sequence token's output
-weights zeroed so that every row decodes --max_new_tokens tokens) through the state dict
-`save_hf_t5` would write (`checkpoints_hf.params_to_hf_state_dict`), without the file (45 GB in
-float32 for T5 11B). Every method decodes the same sentences one at a time (batch 1, the paper's
-setting), each source padded to --source_length with its mask, greedy, up to --max_new_tokens:
+random weights (`--random_weights`: `synthetic.model`, shapes from `t5.CONFIGS`, the
+end-of-sequence token's output weights zeroed so that every row decodes --max_new_tokens
+tokens) tensor by tensor as `save_hf_t5` would write them, from our params on JAX's device to
+torch's through DLPack (`hf_from_params`: no file, no host copy; 45 GB in float32 for T5 11B).
+Every method decodes the same sentences one at a time (batch 1, the paper's setting), each source
+padded to --source_length with its mask, greedy, up to --max_new_tokens:
 
   ours         autoregressive (`decode.generate`); speculative with each drafter at --gamma
                (`decode.speculative_generate`; token and block verification are one program
@@ -21,7 +22,9 @@ setting), each source padded to --source_length with its mask, greedy, up to --m
                --gamma drafts an iteration: a constant schedule and no confidence stop)
 
 Each method decodes the first sentence once untimed (compilation, lazy set-up), then every
-sentence in turn, timed; tokens/s counts the tokens emitted (EOS included) over that time.
+sentence in turn, timed (`timing.timed`, which raises if JAX compiles meanwhile; ours bring each
+output to the host before cutting it to its length); tokens/s counts the tokens emitted (EOS
+included) over that time.
 `identical` counts the sentences whose tokens equal ours autoregressive. A method that raises
 gets its row with the error instead of numbers; a drafter transformers cannot run as an
 assistant (a decoder over the target's encoder, `num_encoder_layers=0`, such as the shipped
@@ -31,10 +34,10 @@ noisy, and torch's threads compete with the rest of the machine (--torch_threads
 """
 
 import dataclasses
+import functools
 import os
 import pathlib
 import tempfile
-import time
 
 import jax
 import numpy as np
@@ -43,7 +46,16 @@ import transformers
 from absl import app, flags, logging
 
 import benchmarks
-from specdec_jax import checkpoints, checkpoints_hf, decode, pretrained, tables
+from benchmarks import synthetic
+from specdec_jax import (
+  checkpoint_utils,
+  checkpoints,
+  checkpoints_hf,
+  decode,
+  pretrained,
+  tables,
+  timing,
+)
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
 
@@ -107,36 +119,6 @@ class Result:
   note: str = ''
 
 
-def random_model(config: t5.T5Config, *, dtype: str, seed: int) -> t5.T5Model:
-  """`config` in `dtype` with random params drawn leaf by leaf (no float32 copy of the whole):
-  embedding ~ N(0, 1), matrices N(0, 1 / rows), norm scales 1; the EOS token's output weights
-  zero, so its logit is 0, below the largest of the others (whose mean is 0): no row stops."""
-  config = dataclasses.replace(config, dtype=dtype)
-  shapes = jax.eval_shape(lambda key: t5.init_params(key, config), jax.random.key(0))
-  paths, treedef = jax.tree_util.tree_flatten_with_path(shapes)
-  keys = jax.random.split(jax.random.key(seed), len(paths))
-  normal = jax.jit(
-    lambda key, scale, shape: jax.random.normal(key, shape, dtype) * scale, static_argnums=2
-  )
-  leaves = []
-  for key, (path, leaf) in zip(keys, paths):
-    name = jax.tree_util.keystr(path)
-    if leaf.ndim == 1:
-      leaves.append(jax.numpy.ones(leaf.shape, dtype))
-    else:
-      scale = 1.0 if 'embedding' in name else leaf.shape[0] ** -0.5
-      leaves.append(normal(key, scale, leaf.shape))
-  params = jax.tree.unflatten(treedef, leaves)
-  eos = config.eos_token_id
-  if config.tie_word_embeddings:
-    table = params['token_embedder']['embedding']
-    params['token_embedder']['embedding'] = table.at[eos].set(0)
-  else:
-    kernel = params['decoder']['logits_dense']['kernel']
-    params['decoder']['logits_dense']['kernel'] = kernel.at[:, eos].set(0)
-  return t5.T5Model(config=config, params=params)
-
-
 def with_dtype(model, dtype: str):
   """A `T5Model` with params and activations in `dtype` (anything else as it is)."""
   if not isinstance(model, t5.T5Model) or model.config.dtype == dtype:
@@ -161,15 +143,23 @@ def hf_from_directory(directory, *, device, dtype):
 
 
 def hf_from_params(model: t5.T5Model, *, device, dtype):
-  """transformers' model of `model`, from the state dict `save_hf_t5` writes, built on the meta
-  device and filled leaf by leaf (no file, no random init, no float32 copy on the device)."""
+  """transformers' model of `model`, with the weights `save_hf_t5` would write, built on the meta
+  device and filled tensor by tensor from our params where they are: each transposed and cast
+  on JAX's device where transformers stores it otherwise (a jitted function), then shared with
+  torch through DLPack (no copy when torch's device is JAX's). No file, no random init, no host
+  copy: at 11B a host copy of every weight took minutes (issue 40)."""
   config = transformers.T5Config(**checkpoints_hf.config_to_hf(model.config))
   with torch.device('meta'):
     hf = transformers.T5ForConditionalGeneration(config)
-  state = {
-    name: torch.from_numpy(np.array(array, np.float32)).to(device, getattr(torch, dtype))
-    for name, array in checkpoints_hf.params_to_hf_state_dict(model.params, model.config).items()
-  }
+  names = checkpoints_hf.hf_names(model.config)
+  flat = checkpoint_utils.flatten(model.params)
+  checkpoint_utils.check_shapes(flat, model.config, names)
+  state = {}
+  for ours_name, (name, transposed) in names.items():
+    array = flat[ours_name]
+    if transposed or array.dtype != dtype:
+      array = _as_stored(array, transposed=transposed, dtype=dtype)
+    state[name] = torch.from_dlpack(array).to(device)
   # The copies transformers ties to `shared.weight` (`tie_weights` would tie the output layer
   # too: transformers 5's T5Config reads every T5 as tied).
   tied = ['encoder.embed_tokens.weight', 'decoder.embed_tokens.weight']
@@ -183,13 +173,18 @@ def hf_from_params(model: t5.T5Model, *, device, dtype):
   return hf.eval()
 
 
+@functools.partial(jax.jit, static_argnames=('transposed', 'dtype'))
+def _as_stored(array, *, transposed: bool, dtype: str):
+  """`array` as transformers stores it: transposed (a kernel [in, out] -> its [out, in]), in
+  `dtype`, row-major."""
+  return (array.T if transposed else array).astype(dtype)
+
+
 def timed(decode_one, sources) -> tuple[list[list[int]], float]:
   """Outputs of `decode_one(i)` for every source (after one untimed call on the first) and the
-  seconds they took."""
+  seconds they took (`timing.timed`: raises if JAX compiles while they run)."""
   decode_one(0)
-  start = time.perf_counter()
-  outputs = [decode_one(i) for i in range(len(sources))]
-  return outputs, time.perf_counter() - start
+  return timing.timed(lambda: [decode_one(i) for i in range(len(sources))], 'decoding every source')
 
 
 def ours(target, drafter, ids, mask, *, gamma: int, max_new_tokens: int):
@@ -202,7 +197,9 @@ def ours(target, drafter, ids, mask, *, gamma: int, max_new_tokens: int):
       out = decode.generate(target, *row, **kw)
     else:
       out = decode.speculative_generate(target, drafter, *row, gamma=gamma, **kw)
-    return np.asarray(out.tokens[0, : int(out.lengths[0])]).tolist()
+    # To the host first, then cut: x[0, :n] of a device array compiles programs for each new n.
+    tokens, lengths = jax.device_get((out.tokens, out.lengths))
+    return tokens[0, : lengths[0]].tolist()
 
   return decode_one
 
@@ -253,16 +250,17 @@ def _models_and_sources():
   names = _DRAFTERS.value
   s, n = _SOURCE_LENGTH.value, _NUM.value
   if _RANDOM.value:
-    target_config = _config(_TARGET.value)
+    target_config = synthetic.shape(_TARGET.value)
     configs = {
-      name: target_config if name == 'target' else _config(name) for name in names or ['t5-small']
+      name: target_config if name == 'target' else synthetic.shape(name)
+      for name in names or ['t5-small']
     }
     for name, config in configs.items():
       if config.vocab_size != target_config.vocab_size:
         raise ValueError(f'Drafter {name!r} does not share the target vocabulary.')
-    target = random_model(target_config, dtype=_DTYPE.value, seed=0)
+    target = synthetic.model(target_config, dtype=_DTYPE.value, seed=0)
     found = {
-      name: target if name == 'target' else random_model(config, dtype=_DTYPE.value, seed=i + 1)
+      name: target if name == 'target' else synthetic.model(config, dtype=_DTYPE.value, seed=i + 1)
       for i, (name, config) in enumerate(configs.items())
     }
     vocab = target.config.vocab_size
@@ -282,12 +280,6 @@ def _models_and_sources():
   target = with_dtype(pair.target, _DTYPE.value)
   gamma = _GAMMA.value or pair.gamma(0.0)
   return target, found, ids, mask.astype(np.int32), gamma, str(pair.directory.name)
-
-
-def _config(name: str) -> t5.T5Config:
-  if name not in t5.CONFIGS:
-    raise ValueError(f'Unknown T5 shape {name!r}; one of: {", ".join(t5.CONFIGS)}.')
-  return t5.CONFIGS[name]
 
 
 def transformers_results(

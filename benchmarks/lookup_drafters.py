@@ -18,12 +18,7 @@ same value, E = (1 - alpha^(gamma+1)) / (1 - alpha). Drafters:
   idf-weighted tokens with this source, plus the source itself (copying names and numbers).
 - source copy: over the source alone.
 
-Measured (2026-11-24, 48M pair, gamma 3; 500 test / 256 valid sentences; 12 min): tokens per
-call (alpha) trigram 1.549 / 1.478 (0.366 / 0.332); datastore 1.336 / 1.345 (0.255 / 0.260);
-retrieval 8 with suffixes >= 3 tokens, the best, 1.562 / 1.502 (0.372 / 0.343); source copy
-1.538 / 1.471 (0.361 / 0.328). The references are not what this target says, so looking them up
-loses to a trigram of its outputs, and the best lookup adds 0.006-0.011 to alpha where 1.5x needs
-~0.56 (docs/results.md, issue 9's arithmetic): not built into the loop.
+Past runs: docs/performance.md, "Measurements moved from docstrings" (`lookup_drafters`).
 """
 
 import collections

@@ -10,13 +10,7 @@ kernel by the row count, so the cost is a step function of it: prints, for each 
 [I, O], the time of `x[M, I] @ W[I, O]` inside a jitted loop (`timing.time_call` of a
 `lax.fori_loop`, two loop lengths differenced) for each M, and its ratio to M = 1.
 
-Measured on the 2-core CPU (AMD EPYC, AVX-512; two runs, the training paused; single points
-vary by 20-40%): the logits matmuls [256, 8000] and [512, 8000] (53 and 113 us at M = 1) cost
-1.3-1.4x their 1-row time at M = 2-4, 1.7x at M = 5, 2.0-2.1x at M = 6 and 2.8-3.0x at M = 12;
-the smaller [256, 1024] / [512, 1024] / [1024, 256] ones 0.7-1.4x up to M = 5 and 1.6-2.1x at
-M = 6-8. So up to gamma 4 the pass rides mostly on one read of the weights, and from gamma 5 on
-it pays about two: the measured pass cost (1.3 target steps at gamma 3, 1.5-1.7 at gamma 5 on
-the shipped target) follows.
+Past runs: docs/performance.md, "Measurements moved from docstrings" (`matmul_rows`).
 
 `--tied` also times each shape as a tied output layer reads it: the embedding [O, I], contracted
 on its last axis (T5 v1.0, our distilled drafters). With few-row dots on XLA's Eigen kernels (the

@@ -13,24 +13,7 @@ mask (batch 1, 1 + K*gamma positions: a lower bound of the tree's cost, which al
 per-node mask and positions for the relative attention bias). All costs are measured inside a
 jitted loop (`timing.step_seconds`), one after another in one run.
 
-Measured 2026-11-25 on 2 cores of an AMD EPYC (Zen 3), `python -m benchmarks.multidraft_pass`
-(3.4 min; a 48M target step 15.9 ms here; the K = 1 rows, where both layouts are the same pass,
-show the noise: 0.91 and 1.11):
-
-  gamma  K  rows  tree (no mask)  rows/tree
-    3    1  2.07  2.28            0.91
-    3    2  2.93  2.40            1.22
-    3    4  3.35  1.86            1.80
-    5    1  1.87  1.69            1.11
-    5    2  2.56  2.45            1.04
-    5    4  3.11  2.80            1.11
-
-On this CPU a tree pass would cost up to 1.8x less than K rows at gamma 3 (each row reads its
-own copy of the prefix cache; the tree reads one); at gamma 5 the two are within the noise. The
-loop uses rows: it needs no change to the model (a tree needs a per-node attention mask over the
-new positions and per-node positions for T5's relative attention bias), and on a TPU/GPU, where a
-pass of a few dozen positions costs about one step either way, the layouts cost the same. A tree
-layout is the next step where K x (gamma + 1) positions are not free.
+Past runs: docs/performance.md, "Measurements moved from docstrings" (`multidraft_pass`).
 """
 
 from absl import app, flags, logging

@@ -9,7 +9,7 @@ r"""The engine at the paper's scale: public T5 shapes, timed in the loop, agains
       --hbm_bandwidth=100 --noeigen_dots                   # on a CPU (a made-up bandwidth)
 
 Models of `t5.CONFIGS` shapes with constant weights (a call's time should not depend on the
-values; `--weights=random` for T5X's initialisers checks it), batch 1, one device. A drafter is a
+values; `--weights=random` checks it: `synthetic.model`), batch 1, one device. A drafter is a
 `t5.CONFIGS` name (a T5 with its own encoder, e.g. `t5-small`, the paper's) or `one-layer[:NAME]`:
 one decoder layer of NAME's width (default t5-small) over the target's encoder, the shape of our
 shipped `distilled` drafters. Four tables, every time from the project's timers
@@ -36,9 +36,8 @@ shipped `distilled` drafters. Four tables, every time from the project's timers
 Results on an accelerator: docs/results.md section 11 ("Paper scale, and transformers beside
 us"). A CPU has no HBM bound (--hbm_bandwidth makes one up) and XLA:CPU computes bfloat16 in
 float32: use --dtype=float32 there, and --noeigen_dots: with the main job's few-row dots
-(`benchmarks.start`, `xla_cpu`) the CPU line above measured a 4-position pass of T5-small at
-129.7 ms, 22.7 target steps, against 10.7 ms, 1.87 steps, with XLA:CPU's default kernels (2
-cores of an AMD EPYC, family 26, loaded; 2026-11-26; 7 min 13 s against 1 min 54 s in all).
+(`benchmarks.start`, `xla_cpu`) a tied target's pass is many times slower (docs/performance.md,
+"Measurements moved from docstrings").
 `--unroll_draft` runs the draft's `lax.scan` unrolled everywhere a draft is timed (tables 2-4:
 `timing.step_costs`, `timing.iteration_seconds`, `speculative_generate(..., unroll_draft=True)`),
 fewer kernel launches per iteration on a GPU (`benchmarks.drafter_kernels`); the header says which.
@@ -53,7 +52,7 @@ import numpy as np
 from absl import app, flags
 
 import benchmarks
-from benchmarks import memory_model, paper_scale_tpu
+from benchmarks import memory_model, paper_scale_tpu, synthetic
 from specdec_jax import analysis, decode, sharding, tables, timing, xla_cpu
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
@@ -143,7 +142,7 @@ def drafter_config(name: str, target: t5.T5Config) -> t5.T5Config:
   width, default t5-small, over the target's encoder, in the target's vocabulary)."""
   kind, _, width = name.partition(':')
   if kind == 'one-layer':
-    base = _config(width or 't5-small')
+    base = synthetic.shape(width or 't5-small')
     return dataclasses.replace(
       base,
       vocab_size=target.vocab_size,
@@ -151,31 +150,13 @@ def drafter_config(name: str, target: t5.T5Config) -> t5.T5Config:
       num_decoder_layers=1,
       encoder_dim=target.d_model,
     )
-  config = _config(name)
+  config = synthetic.shape(name)
   if config.vocab_size != target.vocab_size:
     raise ValueError(
       f'Drafter {name!r} has vocabulary {config.vocab_size}, the target {target.vocab_size}: '
       'a drafter must share the target vocabulary.'
     )
   return config
-
-
-def _config(name: str) -> t5.T5Config:
-  if name not in t5.CONFIGS:
-    raise ValueError(f'Unknown T5 shape {name!r}; one of: {", ".join(t5.CONFIGS)}.')
-  return t5.CONFIGS[name]
-
-
-def make_model(config: t5.T5Config, *, dtype: str, weights: str, seed: int) -> t5.T5Model:
-  """`config` in `dtype` with constant params (every matrix 1/sqrt(its rows), vectors 1: built
-  from `jax.eval_shape`, no initialiser runs) or T5X's random ones."""
-  config = dataclasses.replace(config, dtype=dtype)
-  if weights == 'random':
-    init = jax.jit(lambda key: jax.tree.map(lambda x: x.astype(dtype), t5.init_params(key, config)))
-    return t5.T5Model(config=config, params=init(jax.random.key(seed)))
-  shapes = jax.eval_shape(lambda key: t5.init_params(key, config), jax.random.key(0))
-  fill = lambda s: jnp.full(s.shape, s.shape[0] ** -0.5 if len(s.shape) > 1 else 1.0, dtype)
-  return t5.T5Model(config=config, params=jax.jit(lambda: jax.tree.map(fill, shapes))())
 
 
 def call_bytes(model: t5.T5Model, *, positions: int, cache_len: int) -> float:
@@ -231,7 +212,7 @@ def main(argv):
     raise ValueError(
       f'--gammas must be >= 1 and --loop_gamma >= 0, got {gammas}, {_LOOP_GAMMA.value}.'
     )
-  target_config = _config(_TARGET.value)
+  target_config = synthetic.shape(_TARGET.value)
   drafter_configs = {name: drafter_config(name, target_config) for name in _DRAFTERS.value}
   if _COMPILE_FOR.value:
     paper_scale_tpu.run(
@@ -247,18 +228,12 @@ def main(argv):
     )
     return
   kind = jax.devices()[0].device_kind
-  chip = chip_for(kind)
-  if _HBM.value:
-    bandwidth, hbm = _HBM.value * 1e9, f'HBM {_HBM.value:g} GB/s (--hbm_bandwidth)'
-  elif chip:
-    bandwidth, hbm = chip.hbm_bandwidth, f'HBM {chip.hbm_bandwidth / 1e9:.0f} GB/s ({chip.name})'
-  else:
-    bandwidth, hbm = None, 'HBM bandwidth unknown: --hbm_bandwidth'
+  bandwidth, hbm = _bandwidth(kind)
   models = dict(dtype=_DTYPE.value, weights=_WEIGHTS.value)
-  target = make_model(target_config, seed=0, **models)
+  target = synthetic.model(target_config, seed=0, **models)
   xla_cpu.check_tied_target(target_config)  # T5 v1.0 on a CPU with Eigen dots: a slow pass
   found = {
-    name: make_model(config, seed=i + 1, **models)
+    name: synthetic.model(config, seed=i + 1, **models)
     for i, (name, config) in enumerate(drafter_configs.items())
   }
   print(
@@ -282,19 +257,53 @@ def main(argv):
     for g in gammas
     for name, drafter in found.items()
   }
-  # The target's costs, pooled over the drafters' measurements.
-  step = float(np.median([c['target_step'] for c in costs.values()]))
-  passes = {g: float(np.median([costs[n, g]['target_pass'] for n in found])) for g in gammas}
+  # The target's pass costs, pooled over the drafters' measurements.
   pass_cost = {g: float(np.median([costs[n, g]['pass_cost'] for n in found])) for g in gammas}
   step_bytes = call_bytes(target, positions=1, cache_len=_cache_len(0))
-
-  rows = [_bound_row('step', 1, step, 1.0, step_bytes, bandwidth)]
-  for g in gammas:
-    pass_bytes = call_bytes(target, positions=g + 1, cache_len=_cache_len(g))
-    rows.append(_bound_row(f'pass-{g + 1}', g + 1, passes[g], pass_cost[g], pass_bytes, bandwidth))
+  rows = _target_rows(target, costs, pass_cost, bandwidth)
   _print('1. target calls (ms; HBM bound: bytes read / bandwidth)', rows, TARGET_COLUMNS)
+  _print(
+    '2. drafters (ms; c in target steps)', _drafter_rows(costs, found, step_bytes), DRAFTER_COLUMNS
+  )
 
-  rows = [
+  if _LOOP_GAMMA.value:
+    title = f'3. decode loops, greedy, gamma {_LOOP_GAMMA.value} (ms per iteration)'
+    _print(title, _loop_rows(target, found, _LOOP_GAMMA.value), LOOP_COLUMNS)
+
+  rows = _speedup_rows(costs, pass_cost, found, gammas)
+  gamma_columns = tuple(_Col(f'gamma_{g}', f'gamma {g}', '.2f', 7, suffix='x') for g in gammas)
+  columns = SPEEDUP_COLUMNS[:4] + gamma_columns + SPEEDUP_COLUMNS[4:]
+  title = '4. speedup by the formula (measured c, pass cost); paper: pass cost 1, best gamma 1..64'
+  _print(title, rows, columns)
+
+
+def _bandwidth(device_kind: str) -> tuple[float | None, str]:
+  """(HBM bytes/s or None, what the header says of it): --hbm_bandwidth, else the chip's."""
+  chip = chip_for(device_kind)
+  if _HBM.value:
+    return _HBM.value * 1e9, f'HBM {_HBM.value:g} GB/s (--hbm_bandwidth)'
+  if chip:
+    return chip.hbm_bandwidth, f'HBM {chip.hbm_bandwidth / 1e9:.0f} GB/s ({chip.name})'
+  return None, 'HBM bandwidth unknown: --hbm_bandwidth'
+
+
+def _target_rows(target, costs: dict, pass_cost: dict, bandwidth) -> list[dict]:
+  """Table 1: the target's step and each gamma's pass (their seconds pooled over the drafters'
+  measurements), against the HBM bound."""
+  step = float(np.median([c['target_step'] for c in costs.values()]))
+  step_bytes = call_bytes(target, positions=1, cache_len=_cache_len(0))
+  rows = [_bound_row('step', 1, step, 1.0, step_bytes, bandwidth)]
+  for g in pass_cost:
+    passes = float(np.median([c['target_pass'] for (_, gamma), c in costs.items() if gamma == g]))
+    pass_bytes = call_bytes(target, positions=g + 1, cache_len=_cache_len(g))
+    rows.append(_bound_row(f'pass-{g + 1}', g + 1, passes, pass_cost[g], pass_bytes, bandwidth))
+  return rows
+
+
+def _drafter_rows(costs: dict, found: dict, step_bytes: float) -> list[dict]:
+  """Table 2: each drafter's costs at each gamma, and c at the HBM bound (its bytes over the
+  target step's)."""
+  return [
     dict(
       drafter=name,
       params=t5.param_count(found[name].params) / 1e6,
@@ -308,17 +317,6 @@ def main(argv):
     )
     for (name, g), c in costs.items()
   ]
-  _print('2. drafters (ms; c in target steps)', rows, DRAFTER_COLUMNS)
-
-  if _LOOP_GAMMA.value:
-    title = f'3. decode loops, greedy, gamma {_LOOP_GAMMA.value} (ms per iteration)'
-    _print(title, _loop_rows(target, found, _LOOP_GAMMA.value), LOOP_COLUMNS)
-
-  rows = _speedup_rows(costs, pass_cost, found, gammas)
-  gamma_columns = tuple(_Col(f'gamma_{g}', f'gamma {g}', '.2f', 7, suffix='x') for g in gammas)
-  columns = SPEEDUP_COLUMNS[:4] + gamma_columns + SPEEDUP_COLUMNS[4:]
-  title = '4. speedup by the formula (measured c, pass cost); paper: pass cost 1, best gamma 1..64'
-  _print(title, rows, columns)
 
 
 def _shape() -> dict:

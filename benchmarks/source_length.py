@@ -8,14 +8,7 @@ Every decoder position cross-attends over all S source positions, so S adds the 
 step and to each position of a pass; the pass cost (pass / step) is what the walltime formula
 needs. Each line is the median of --rounds interleaved rounds.
 
-Measured on the 2-core CPU (AMD EPYC; the 13.5M debsumm pair, distilled drafter, gamma 3, one run of
-2026-11-25, 2.5 min, XLA:CPU's default kernels then; the 48M pair with and without them:
-docs/performance.md):
-  S 32: step 2.48 ms, pass 5.48 ms = 2.22 steps, c 0.23     S 128: 2.86 ms, 5.79 ms = 1.97, c 0.18
-  S 64: step 2.56 ms, pass 5.51 ms = 2.14 steps, c 0.20     S 256: 2.94 ms, 6.45 ms = 2.20, c 0.18
-The source adds ~20% to a step from 32 to 256 tokens and the same share to a pass: the pass cost
-of ~2 steps that keeps the debsumm rows below 1x is this machine's, not the long sources' (the
-13.5M EN->DE target measured 2.02 at S 64 the same day, against 1.33-1.5 on earlier machines).
+Past runs: docs/performance.md, "Measurements moved from docstrings" (`source_length`).
 """
 
 from absl import app, flags, logging

@@ -47,7 +47,7 @@ import numpy as np
 
 from experiments import verification_report as report
 from experiments.configs import common
-from specdec_jax import decode, evaluation, results_io, verify
+from specdec_jax import decode, evaluation, results_io, verify, verify_greedy
 from specdec_jax import sampling as sampling_lib
 
 PARTS = ('toy', 'sweep', 'ccdf')
@@ -187,6 +187,23 @@ def toy_monte_carlo_distribution(
   return np.bincount(np.asarray(result.num_accepted), minlength=gamma + 1) / samples
 
 
+def toy_greedy_block_distribution(target: Sequence, drafter: Sequence, gamma: int) -> np.ndarray:
+  """P(tau = k), k = 0..gamma, of greedy block verification's first iteration (from the target's
+  own law) on context-free models: its kernel's distribution mode (`verify_greedy.iteration_law`,
+  float32) weighted by every draft block's probability: float64[gamma + 1]."""
+  p = np.asarray([float(x) for x in target], np.float32)
+  q = np.asarray([float(x) for x in drafter], np.float32)
+  blocks = np.array(list(itertools.product(range(len(q)), repeat=gamma)), np.int32)
+  rows = len(blocks)
+  tau_probs, _, _ = verify_greedy.iteration_law(
+    jnp.asarray(blocks),
+    jnp.broadcast_to(q, (rows, gamma, len(q))),
+    jnp.broadcast_to(p, (rows, gamma + 1, len(p))),
+    verify_greedy.empty_levels(rows, gamma),
+  )
+  return np.prod(q.astype(np.float64)[blocks], axis=1) @ np.asarray(tau_probs, np.float64)
+
+
 def ccdf_of_distribution(dist: Sequence) -> list:
   """P(tau >= k), k = 0..gamma, from P(tau = k)."""
   return [sum(dist[k:], start=type(dist[0])(0)) for k in range(len(dist))]
@@ -311,6 +328,9 @@ def toy_rows(config) -> Iterator[tuple[str, list[dict]]]:
       if method in EXACT_VERIFIERS:
         dist = toy_accepted_distribution(SUN_TOY_TARGET, SUN_TOY_DRAFTER, gamma, method)
         estimate, samples = 'exact', None
+      elif method == verify_greedy.NAME:  # its first iteration: the rest depends on the state
+        dist = list(toy_greedy_block_distribution(SUN_TOY_TARGET, SUN_TOY_DRAFTER, gamma))
+        estimate, samples = 'kernel_law', None
       else:
         fn = verify.VERIFIERS[method]
         args = (SUN_TOY_TARGET, SUN_TOY_DRAFTER, gamma, config.toy_samples, config.seeds[0])

@@ -10,8 +10,9 @@ Symbols (docs/method.md, "Analysis"):
   gamma: number of drafted tokens per iteration (>= 0; 0 means plain target decoding).
   c:     time of one drafter step / time of one target step (>= 0); measured, it is a drafter
          call as the decode loop pays it (`timing.step_costs`).
-  c_fixed: what the drafter costs per iteration beyond its gamma calls, in target steps (>= 0;
-         0 in the paper; measured by `timing.step_costs`).
+  c_fixed: what the drafter costs per iteration beyond its gamma calls, in target steps (0 in
+         the paper; measured by `timing.step_costs`, negative where a draft costs less than
+         gamma of its calls, e.g. unrolled).
   c_hat: drafter arithmetic operations per token / target operations per token (>= 0).
 
 Axes: V vocab; any other axes are broadcast.
@@ -83,8 +84,9 @@ def walltime_improvement_measured(alpha, gamma, c, target_pass_cost, c_fixed=0.0
     gamma: drafted tokens per iteration, >= 0.
     c: drafter step time / target step time, >= 0.
     target_pass_cost: (gamma+1)-position target pass time / 1-position target step time, > 0.
-    c_fixed: what the drafter costs per iteration beyond its gamma calls, in target steps, >= 0
-      (on a CPU its first call reloads what the pass evicted: `timing.DrafterCost`).
+    c_fixed: what the drafter costs per iteration beyond its gamma calls, in target steps (on a
+      CPU its first call reloads what the pass evicted: `timing.step_costs`); may be negative,
+      with `c gamma + c_fixed + target_pass_cost` > 0.
 
   Returns:
     float64 array, broadcast shape of the inputs.
@@ -102,12 +104,15 @@ def iteration_speedup(tokens_per_iteration, gamma, c, target_pass_cost, c_fixed=
   efficiency, with c and the pass cost measured at K rows per row (`timing.step_costs`).
   """
   c = _in_range('c', c, 0.0)
-  c_fixed = _in_range('c_fixed', c_fixed, 0.0)
+  c_fixed = _in_range('c_fixed', c_fixed, -np.inf)  # measured: any finite value
   target_pass_cost = _in_range('target_pass_cost', target_pass_cost, 0.0)
   if np.any(target_pass_cost == 0):
     raise ValueError('target_pass_cost must be > 0')
   tokens = _in_range('tokens_per_iteration', tokens_per_iteration, 0.0)
-  return tokens / (c * gamma + c_fixed + target_pass_cost)
+  cost = c * gamma + c_fixed + target_pass_cost
+  if np.any(cost <= 0):
+    raise ValueError(f'c * gamma + c_fixed + target_pass_cost must be > 0, got {np.min(cost)}')
+  return tokens / cost
 
 
 def call_speedup(loop_speedup, baseline_seconds, baseline_fixed, fixed) -> np.ndarray:

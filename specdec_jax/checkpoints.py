@@ -106,8 +106,7 @@ def save(
   (int8 arrays holding |q| <= 2^(bits-1) - 1 = Q) with one float32 scale per row of each array's
   last axis: w = base + q * scale, |error| <= scale / 2 = max|row delta| / (2 Q). Fewer bits
   compress better on disk (orbax's zstd). 6 bits keep a fine-tune at about bfloat16's precision
-  (`delta_error`; pretrained/debsumm48m's target: max error 1.1e-3 against a bfloat16 copy's
-  1.2e-2, mean 1.3e-4 against 1.0e-4) in 31 MB instead of 70 MB.
+  (`delta_error`; the shipped debsumm48m target's errors and size: docs/training.md).
   `delta.json` names the base by its path relative to `path` and its fingerprint; `restore`
   rebuilds the weights from it.
 
@@ -251,8 +250,6 @@ def restore(
       the config, (unless allowed) a weight is NaN or inf, or a delta's base is not the
       checkpoint it was made from.
   """
-  import orbax.checkpoint as ocp
-
   utils.check_dtype('dtype', dtype)
   utils.check_dtype('param_dtype', param_dtype)
   if utils.is_url(path):
@@ -266,43 +263,49 @@ def restore(
   config = _config_from_json(directory / 'config.json')
   if dtype is not None:
     config = dataclasses.replace(config, dtype=dtype)
+  targets = None if mesh is None else utils.shardings_by_name(config, mesh, rules)
   if (directory / 'delta.json').exists():
     params = _restore_int8_delta(directory, allow_nonfinite=allow_nonfinite)
     utils.check_shapes(utils.flatten(params), config)
-    leaf_dtype = param_dtype or config.dtype
-    targets = None if mesh is None else utils.shardings_by_name(config, mesh, rules)
     params = utils.unflatten(
       {
         name: jax.device_put(
-          jnp.asarray(leaf, leaf_dtype), None if targets is None else targets[name]
+          jnp.asarray(leaf, param_dtype or config.dtype), None if targets is None else targets[name]
         )
         for name, leaf in utils.flatten(params).items()
       }
     )
-    return t5.T5Model(config=config, params=params)
+  else:
+    params = _restore_orbax(directory, config, targets or {}, param_dtype)
+    if not allow_nonfinite:
+      utils.check_finite(params, directory)
+  return t5.T5Model(config=config, params=params)
+
+
+def _restore_orbax(directory: Path, config: t5.T5Config, targets: dict, param_dtype) -> Params:
+  """The params of an orbax `save` directory, each leaf onto its sharding in `targets` (by name;
+  the default device for any other) as `param_dtype`, or as saved (float32 for a float32 model:
+  bfloat16-stored params are cast back)."""
+  import orbax.checkpoint as ocp
+
   try:
     with ocp.StandardCheckpointer() as checkpointer:
       saved = utils.flatten(_orbax_tree(checkpointer.metadata(directory / 'params')))
   except Exception as e:  # orbax and tensorstore raise many types on damaged files
     raise _damaged(directory, e) from e
   utils.check_shapes(saved, config)
-  targets = {} if mesh is None else utils.shardings_by_name(config, mesh, rules)
   default = SingleDeviceSharding(jax.devices()[0])
   target = {}
   for name, leaf in saved.items():
-    # Params of a float32 model are float32 (or stored as bfloat16, then cast back).
     leaf_dtype = param_dtype or ('float32' if config.dtype == 'float32' else leaf.dtype)
     target[name] = jax.ShapeDtypeStruct(
       leaf.shape, jnp.dtype(leaf_dtype), sharding=targets.get(name, default)
     )
   try:
     with ocp.StandardCheckpointer() as checkpointer:
-      params = checkpointer.restore(directory / 'params', utils.unflatten(target))
+      return checkpointer.restore(directory / 'params', utils.unflatten(target))
   except Exception as e:  # orbax and tensorstore raise many types on damaged files
     raise _damaged(directory, e) from e
-  if not allow_nonfinite:
-    utils.check_finite(params, directory)
-  return t5.T5Model(config=config, params=params)
 
 
 def _restore_int8_delta(directory: Path, *, allow_nonfinite: bool) -> Params:

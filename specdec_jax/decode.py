@@ -47,8 +47,8 @@ position stands in for the target's at the next.
 At temperature 0 (`sampling.greedy`) the loops take a fast path that never forms a probability
 vector: p and q are one-hot, so sampling is an argmax and both verifiers reduce to comparing ids
 (`verify.greedy_verify`); the tokens are identical to the general path's, with no [B, G+1, V]
-arrays, no cumulative sums over V and no random numbers. 'token' and 'block' are then one program
-(`LoopSpec` normalizes the verifier to 'token').
+arrays, no cumulative sums over V and no random numbers. Every verifier is then one program
+(`LoopSpec` normalizes it to 'token'; 'greedy_block' reduces to it too: docs/method.md section 11).
 """
 
 import dataclasses
@@ -59,7 +59,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import decode_steps, step_models, validation, verify
+from specdec_jax import decode_steps, step_models, validation, verify, verify_greedy
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.data.tokenizer import PAD_ID
 from specdec_jax.decode_stats import (  # noqa: F401 (API)
@@ -90,8 +90,9 @@ class LoopSpec:
     max_new_tokens: M >= 1, the most tokens per row.
     gamma: G draft tokens per iteration (>= 1 for `speculative_loop`; 0 for
       `autoregressive_loop`, which reads no other field below).
-    verifier: a key of `verify.VERIFIERS`; 'token' whenever `greedy` (both verifiers are then
-      the same program).
+    verifier: one of `verify.NAMES`; 'token' whenever `greedy` (every verifier is then the same
+      program). 'greedy_block' carries per-row levels (`verify_greedy`) and needs num_drafts = 1
+      and no draft_stop.
     num_drafts: K >= 1 draft paths per iteration. K > 1 drafts K independent paths (each source
       row runs as K rows of both models), scores them in one target pass of K x (G + 1)
       positions, verifies them with `verify_multipath.VERIFIERS[verifier]` and moves every copy of
@@ -138,6 +139,7 @@ class LoopSpec:
       raise TypeError(f'unroll_draft must be a bool, got {self.unroll_draft!r}.')
     object.__setattr__(self, 'unroll_draft', bool(self.unroll_draft))
     verify.check_verifier(self.verifier)
+    verify_greedy.check_loop(self.verifier, self.num_drafts, self.draft_stop)
     if self.greedy:  # one program for both verifiers: they keep the same tokens
       object.__setattr__(self, 'verifier', 'token')
 
@@ -163,6 +165,7 @@ class _State(NamedTuple):
   # For a drafter reading the target's states: (f32[B, G + 1, F] the last target pass's states,
   # int32[B] the position of the first); else None.
   target_states: Any
+  levels: Any  # greedy block verification's carried law, f32[B, G - 1] (verify_greedy), or None
 
 
 def _init_state(batch, spec: LoopSpec, start_id, target_cache, draft_cache, state_dim) -> _State:
@@ -194,6 +197,9 @@ def _init_state(batch, spec: LoopSpec, start_id, target_cache, draft_cache, stat
     iteration=jnp.zeros((), jnp.int32),
     trace=trace,
     target_states=target_states,
+    levels=verify_greedy.empty_levels(batch, spec.gamma)
+    if spec.verifier == 'greedy_block'
+    else None,
   )
 
 
@@ -234,6 +240,7 @@ def speculative_loop(
   if spec.gamma < 1:
     raise ValueError(f'speculative_loop needs spec.gamma >= 1, got {spec.gamma}.')
   reads_states = getattr(draft_steps, 'reads_target_states', False)
+  verify_greedy.check_loop(spec.verifier, reads_target_states=reads_states)
   k = spec.num_drafts
   target_cache, draft_cache = decode_steps.init_caches(
     target_steps,
@@ -287,9 +294,14 @@ def speculative_loop(
     logits, states, target_cache = score(pass_tokens, state.target_cache, lengths, state.done)
     # 3. Keep tau drafts, then y from the residual (or from p_{gamma+1} when all were kept);
     #    with K paths, of one path, onto which every copy of the row then moves.
-    if k == 1:
+    levels = state.levels
+    if k == 1 and levels is None:
       tau, y, beta, nonfinite = decode_steps.verify_drafts(
         verify_rng, drafts, q, logits, spec, lengths
+      )
+    elif k == 1:  # greedy block verification: the levels carry into the next iteration
+      tau, y, beta, nonfinite, levels = decode_steps.verify_greedy_block(
+        verify_rng, drafts, q, logits, spec, levels
       )
     else:
       path, tau, y, beta, nonfinite = decode_steps.verify_paths(verify_rng, drafts, q, logits, spec)
@@ -311,6 +323,7 @@ def speculative_loop(
         iteration=state.iteration + 1,
         trace=_record(state, drafts, tau, y, n),
         target_states=None if states is None else (states, decode_steps.repeat_paths(state.n, k)),
+        levels=levels,
       )
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
@@ -488,7 +501,9 @@ def speculative_generate(
       decodes it (from an all-padding source), and speculative decoding is lossless on it as on
       any row (greedy: the same tokens).
     gamma: G >= 1 draft tokens per iteration.
-    verifier: a key of `verify.VERIFIERS`: 'token' (Leviathan et al.) or 'block' (Sun et al.).
+    verifier: one of `verify.NAMES`: 'token' (Leviathan et al.), 'block' (Sun et al.) or
+      'greedy_block' (Sun et al. App. C: more drafts kept per iteration, a residual law carried
+      into the next; K = 1, no draft_stop, a drafter that does not read the target's states).
     sampling: the transform applied identically to target and drafter logits.
     max_new_tokens: M >= 1, the most tokens per row.
     rng: a PRNG key, `jax.random.key(seed)`; may be None at temperature 0 (as `generate`'s).

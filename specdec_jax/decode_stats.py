@@ -32,6 +32,9 @@ class DecodeStats:
     nonfinite: int32[B] target calls whose logits or probabilities held a NaN or inf (never a
       silent answer: `generate` / `speculative_generate` raise when it is nonzero, unless asked
       not to).
+    first_calls: int32[B] 1 once the row's first iteration ran (summed: rows).
+    first_accepted: int32[B] drafts accepted in the row's first iteration, which every verifier
+      starts from the target's own law (greedy block verification's per-block optimum).
   """
 
   target_calls: jax.Array
@@ -41,6 +44,8 @@ class DecodeStats:
   beta_sum: jax.Array
   beta_count: jax.Array
   nonfinite: jax.Array
+  first_calls: jax.Array
+  first_accepted: jax.Array
 
   @classmethod
   def zeros(cls, batch: int, gamma: int) -> 'DecodeStats':
@@ -53,6 +58,8 @@ class DecodeStats:
       beta_sum=jnp.zeros((batch,), jnp.float32),
       beta_count=zero,
       nonfinite=zero,
+      first_calls=zero,
+      first_accepted=zero,
     )
 
   def accumulate(
@@ -76,6 +83,7 @@ class DecodeStats:
     """
     gamma = beta.shape[1]
     a = active.astype(jnp.int32)
+    first = a * (self.target_calls == 0)
     position = jnp.arange(gamma)
     verified = (position <= num_accepted[:, None]) & active[:, None]
     drafted = gamma
@@ -91,6 +99,8 @@ class DecodeStats:
       beta_sum=self.beta_sum + jnp.where(verified, beta, 0.0).sum(-1),
       beta_count=self.beta_count + verified.sum(-1),
       nonfinite=self.nonfinite + (nonfinite & active),
+      first_calls=self.first_calls + first,
+      first_accepted=self.first_accepted + num_accepted * first,
     )
 
   def summed(self) -> 'DecodeStats':
@@ -102,6 +112,12 @@ class DecodeStats:
     """float32[B]: mean tokens emitted per target call, (accepted + calls) / calls."""
     calls = jnp.maximum(self.target_calls, 1)
     return (self.accepted + self.target_calls) / calls
+
+  @property
+  def first_block_efficiency(self) -> jax.Array:
+    """float32[B]: tokens emitted by the first iteration, (first_accepted + 1), per row that ran
+    one (summed: the mean over rows)."""
+    return (self.first_accepted + self.first_calls) / jnp.maximum(self.first_calls, 1)
 
   @property
   def alpha(self) -> jax.Array:

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from specdec_jax import cache as cache_lib
 from specdec_jax import sampling as sampling_lib
-from specdec_jax import verify, verify_multipath
+from specdec_jax import verify, verify_greedy, verify_multipath
 
 
 def row_slice(seq: jax.Array, start: jax.Array, size: int) -> jax.Array:
@@ -112,7 +112,8 @@ def draft(
     sampling: the transform of the drafter's logits (unused when greedy).
     greedy: draft argmax ids and return no probabilities.
     target_states: (f32[B, G + 1, F] states, int32[B] position of the first) of the last target
-      pass, for a drafter that reads them (`reads_target_states`); else None.
+      pass, for a drafter that reads them (`reads_target_states`); else None. The first call
+      feeds as many positions as there are states (`timing` drafts past the pass's G).
     stop: `LoopSpec.draft_stop`, or None.
     unroll: unroll the scan of the gamma - 1 later calls (`LoopSpec.unroll_draft`): the same
       numbers, with no while loop (fewer launches on an accelerator, longer compiles).
@@ -134,7 +135,7 @@ def draft(
     # read a clipped index.
     features, state_start = target_states
     start = state_start + 1
-    tokens = row_slice(seq, start, gamma + 1)
+    tokens = row_slice(seq, start, features.shape[1])  # G + 1 in the loop (more: `timing`)
   # Only the logits after seq[n] are read.
   at = jnp.clip(n - start, 0, tokens.shape[1] - 1)
   logits, predicted, cache = drafter_call(
@@ -300,6 +301,18 @@ def verify_drafts(rng, drafts, q, logits, spec, lengths=None):
     tau, y = verify.VERIFIERS[spec.verifier](rng, drafts, q, p, lengths)
     beta = jnp.minimum(p[:, : spec.gamma], q).sum(-1)
     return tau, y, beta, verify.nonfinite_rows(q, p)
+
+
+def verify_greedy_block(rng, drafts, q, logits, spec, levels):
+  """Step 3 with greedy block verification (`spec.verifier == 'greedy_block'`, K = 1, sampled):
+  `verify_drafts`'s (tau, y, beta, nonfinite), and the carried levels f32[B, G - 1] updated
+  (`verify_greedy`; a row that stops this iteration carries them on unread)."""
+  with jax.named_scope('sampling'):
+    p = sampling_lib.logits_to_probs(logits, spec.sampling)
+  with jax.named_scope('verify'):
+    tau, y, levels = verify_greedy.greedy_block_verify(rng, drafts, q, p, levels)
+    beta = jnp.minimum(p[:, : spec.gamma], q).sum(-1)
+    return tau, y, beta, verify.nonfinite_rows(q, p), levels
 
 
 def verify_paths(rng, drafts, q, logits, spec):

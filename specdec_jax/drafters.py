@@ -171,86 +171,94 @@ class NGramDrafter:
       raise ValueError(f'{path} holds a single .npy array, not an .npz of NGramDrafter.save.')
     with contents as f:
       arrays = {k: f[k] for k in f.files}
-    fields = [field.name for field in dataclasses.fields(NGramSteps)]
-    meta = {k[5:]: v for k, v in arrays.items() if k.startswith('meta_')}
-    missing = [f'meta_{k}' for k in fields if k not in meta]
-    unknown = sorted(f'meta_{k}' for k in set(meta) - set(fields))
-    if missing or unknown:
-      raise ValueError(
-        f'{path} is not an .npz of NGramDrafter.save: missing fields {missing}, '
-        f'unexpected fields {unknown}.'
-      )
-    bad = [
-      f'meta_{k}'
-      for k, v in meta.items()
-      if v.shape != () or not np.issubdtype(v.dtype, np.integer)
-    ]
-    if bad:
-      raise ValueError(f'{path}: {bad} must be integer scalars.')
-    steps = NGramSteps(**{k: int(v) for k, v in meta.items()})
-    if steps.order not in (1, 2, 3) or steps.vocab_size < 1:
-      raise ValueError(
-        f'{path}: meta_order must be 1, 2 or 3 and meta_vocab_size >= 1, got '
-        f'{steps.order} and {steps.vocab_size}.'
-      )
+    steps = _checked_steps(path, {k[5:]: v for k, v in arrays.items() if k.startswith('meta_')})
     params = {k: v for k, v in arrays.items() if not k.startswith('meta_')}
-    vocab = steps.vocab_size
-    # name -> (shape, dtype kind); 'K' is the number of continuations kept per context.
-    expected = (
-      {'log_probs': ((vocab,), np.floating)}
-      if steps.order == 1
-      else {
-        'log_base': ((vocab,), np.floating),
-        'next_ids': ((vocab, 'K'), np.integer),
-        'next_log_probs': ((vocab, 'K'), np.floating),
-      }
-    )
-    if steps.order == 3:
-      expected.update(
-        tri_keys=(('C',), np.integer),
-        tri_ids=(('C', 'K3'), np.integer),
-        tri_probs=(('C', 'K3'), np.floating),
-        tri_weight=(('C',), np.floating),
-      )
-    missing, unknown = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))
-    if missing or unknown:
-      raise ValueError(
-        f'{path}: an order-{steps.order} NGramDrafter needs the arrays '
-        f'{sorted(expected)}; missing {missing}, unexpected {unknown}.'
-      )
-    for name, (shape, kind) in expected.items():
-      got = params[name]
-      if (
-        got.ndim != len(shape)
-        or any(s != g and not isinstance(s, str) for s, g in zip(shape, got.shape))
-        or not np.issubdtype(got.dtype, kind)
-      ):
-        want = '[' + ', '.join(map(str, shape)) + ']'
-        raise ValueError(
-          f'{path}: array {name!r} must be {kind.__name__}{want} for '
-          f'meta_vocab_size {vocab}, got {got.dtype}{list(got.shape)}.'
-        )
-    if steps.order >= 2:
-      ids = params['next_ids']
-      if ids.shape != params['next_log_probs'].shape:
-        raise ValueError(
-          f"{path}: 'next_ids' {list(ids.shape)} and 'next_log_probs' "
-          f'{list(params["next_log_probs"].shape)} differ in K.'
-        )
-      if ids.size and not 0 <= ids.min() <= ids.max() < vocab:
-        raise ValueError(f"{path}: 'next_ids' lists token ids outside [0, {vocab}).")
-    if steps.order == 3:
-      keys, ids = params['tri_keys'], params['tri_ids']
-      if not (
-        len(keys) == len(ids) == len(params['tri_weight'])
-        and ids.shape == params['tri_probs'].shape
-      ):
-        raise ValueError(f'{path}: the tri_* arrays disagree in C or K.')
-      if keys.size and (np.any(np.diff(keys) <= 0) or keys[0] < 0 or keys[-1] >= vocab**2):
-        raise ValueError(f"{path}: 'tri_keys' must be strictly increasing in [0, V^2).")
-      if ids.size and not 0 <= ids.min() <= ids.max() < vocab:
-        raise ValueError(f"{path}: 'tri_ids' lists token ids outside [0, {vocab}).")
+    _check_tables(path, steps, params)
     return cls(steps, {k: jnp.asarray(v) for k, v in params.items()})
+
+
+def _checked_steps(path, meta: dict) -> NGramSteps:
+  """The `NGramSteps` of an .npz's `meta_*` fields (names without the prefix), checked."""
+  fields = [field.name for field in dataclasses.fields(NGramSteps)]
+  missing = [f'meta_{k}' for k in fields if k not in meta]
+  unknown = sorted(f'meta_{k}' for k in set(meta) - set(fields))
+  if missing or unknown:
+    raise ValueError(
+      f'{path} is not an .npz of NGramDrafter.save: missing fields {missing}, '
+      f'unexpected fields {unknown}.'
+    )
+  bad = [
+    f'meta_{k}' for k, v in meta.items() if v.shape != () or not np.issubdtype(v.dtype, np.integer)
+  ]
+  if bad:
+    raise ValueError(f'{path}: {bad} must be integer scalars.')
+  steps = NGramSteps(**{k: int(v) for k, v in meta.items()})
+  if steps.order not in (1, 2, 3) or steps.vocab_size < 1:
+    raise ValueError(
+      f'{path}: meta_order must be 1, 2 or 3 and meta_vocab_size >= 1, got '
+      f'{steps.order} and {steps.vocab_size}.'
+    )
+  return steps
+
+
+def _check_tables(path, steps: NGramSteps, params: dict) -> None:
+  """Raises ValueError unless `params` are the tables of an n-gram drafter of `steps`: names,
+  shapes, dtypes, and token ids inside the vocabulary."""
+  vocab = steps.vocab_size
+  # name -> (shape, dtype kind); 'K' is the number of continuations kept per context.
+  expected = (
+    {'log_probs': ((vocab,), np.floating)}
+    if steps.order == 1
+    else {
+      'log_base': ((vocab,), np.floating),
+      'next_ids': ((vocab, 'K'), np.integer),
+      'next_log_probs': ((vocab, 'K'), np.floating),
+    }
+  )
+  if steps.order == 3:
+    expected.update(
+      tri_keys=(('C',), np.integer),
+      tri_ids=(('C', 'K3'), np.integer),
+      tri_probs=(('C', 'K3'), np.floating),
+      tri_weight=(('C',), np.floating),
+    )
+  missing, unknown = sorted(set(expected) - set(params)), sorted(set(params) - set(expected))
+  if missing or unknown:
+    raise ValueError(
+      f'{path}: an order-{steps.order} NGramDrafter needs the arrays '
+      f'{sorted(expected)}; missing {missing}, unexpected {unknown}.'
+    )
+  for name, (shape, kind) in expected.items():
+    got = params[name]
+    if (
+      got.ndim != len(shape)
+      or any(s != g and not isinstance(s, str) for s, g in zip(shape, got.shape))
+      or not np.issubdtype(got.dtype, kind)
+    ):
+      want = '[' + ', '.join(map(str, shape)) + ']'
+      raise ValueError(
+        f'{path}: array {name!r} must be {kind.__name__}{want} for '
+        f'meta_vocab_size {vocab}, got {got.dtype}{list(got.shape)}.'
+      )
+  if steps.order >= 2:
+    ids = params['next_ids']
+    if ids.shape != params['next_log_probs'].shape:
+      raise ValueError(
+        f"{path}: 'next_ids' {list(ids.shape)} and 'next_log_probs' "
+        f'{list(params["next_log_probs"].shape)} differ in K.'
+      )
+    if ids.size and not 0 <= ids.min() <= ids.max() < vocab:
+      raise ValueError(f"{path}: 'next_ids' lists token ids outside [0, {vocab}).")
+  if steps.order == 3:
+    keys, ids = params['tri_keys'], params['tri_ids']
+    if not (
+      len(keys) == len(ids) == len(params['tri_weight']) and ids.shape == params['tri_probs'].shape
+    ):
+      raise ValueError(f'{path}: the tri_* arrays disagree in C or K.')
+    if keys.size and (np.any(np.diff(keys) <= 0) or keys[0] < 0 or keys[-1] >= vocab**2):
+      raise ValueError(f"{path}: 'tri_keys' must be strictly increasing in [0, V^2).")
+    if ids.size and not 0 <= ids.min() <= ids.max() < vocab:
+      raise ValueError(f"{path}: 'tri_ids' lists token ids outside [0, {vocab}).")
 
 
 def _fit_bigram(

@@ -35,7 +35,6 @@ import dataclasses
 import itertools
 import math
 import numbers
-import time
 from collections.abc import Iterator, Sequence
 
 import jax
@@ -57,7 +56,7 @@ class Row:
 
   task: str  # the task's name: config.task, else the pair directory's name
   drafter: str  # the drafter's name; '-' for autoregressive decoding
-  method: str  # 'autoregressive' or the verifier's name ('token', 'block')
+  method: str  # 'autoregressive' or the verifier's name ('token', 'block', 'greedy_block')
   temp: float  # sampling temperature; 0 is greedy
   gamma: int  # drafts per iteration; 0 for autoregressive decoding
   num_drafts: int | None = None  # K draft paths per iteration (config.num_drafts); None for AR
@@ -66,7 +65,7 @@ class Row:
   block_efficiency: float  # tokens emitted per target call; 1.0 for autoregressive decoding
   c: float | None = None  # a drafter call / a target step, in the loop (`timing.step_costs`)
   # What the drafter costs per iteration beyond its gamma calls, in target steps (on a CPU: its
-  # first call's reload of the weights the pass evicted; `timing.DrafterCost`).
+  # first call's reload of the weights the pass evicted; `timing.step_costs`).
   c_fixed: float | None = None
   pass_cost: float | None = None  # a (gamma+1)-position pass / a target step (median of drafters)
   speedup: float  # its baseline's seconds (same batches, timed in turn) / its own seconds
@@ -171,7 +170,7 @@ def translate_in_turn(
   """Decodes `sources` batch by batch, each batch with every one of `methods` in turn (same rng),
   timing each call: {method: Run}.
 
-  `methods` are 'autoregressive' and verifier names (`verify.VERIFIERS`). Timed in turn, batch
+  `methods` are 'autoregressive' and verifier names (`verify.NAMES`). Timed in turn, batch
   by batch, `runs['autoregressive'].seconds / runs[verifier].seconds` compares the two under the
   same machine load, so slow drift on a shared machine cancels out, and one autoregressive
   baseline serves every verifier. Every batch is padded to [batch_size, max_source_length], so
@@ -184,47 +183,47 @@ def translate_in_turn(
   With a `mesh` (the models placed on it, see `pretrained.load`), each batch is split over its
   'data' axis and every process tokenizes only the rows its devices hold; outputs are gathered to
   every process, and each timed call starts after a barrier of all processes.
+
+  Each batch is tokenized (and, on a mesh, built) once before its timed calls, and outputs reach
+  the host after them: a timed call is the decode alone (`timing.timed`, which raises if it
+  compiles anything).
   """
   check_methods(methods)
   if trace and AUTOREGRESSIVE in methods:
     raise ValueError('trace=True needs speculative methods only (verifier names).')
   chunks = [sources[i : i + batch_size] for i in range(0, len(sources), batch_size)]
 
-  def run_batch(texts, rng, method):
+  def encode(texts):  # host work, before any timer: each batch once, for every method
     texts = list(texts) + [''] * (batch_size - len(texts))
-    encode = lambda rows: tokenizer.encode_batch(
+    rows = lambda rows: tokenizer.encode_batch(
       [texts[i] for i in rows], max_source_length, truncate=True
     )
-    if mesh is None:
-      ids, mask = encode(range(batch_size))
-    else:
-      ids, mask = sharding.global_batch(encode, batch_size, mesh)
+    return (
+      rows(range(batch_size)) if mesh is None else sharding.global_batch(rows, batch_size, mesh)
+    )
+
+  def run_batch(batch, rng, method):
     kw = dict(sampling=sampling, max_new_tokens=max_new_tokens, rng=rng)
     with on_mesh(mesh):
       if method == AUTOREGRESSIVE:
-        return decode.generate(target, ids, mask, **kw)
+        return decode.generate(target, *batch, **kw)
       return decode.speculative_generate(
-        target, drafter, ids, mask, gamma=gamma, verifier=method, trace=trace,
+        target, drafter, *batch, gamma=gamma, verifier=method, trace=trace,
         num_drafts=num_drafts, draft_stop=draft_stop, **kw,
       )  # fmt: skip
 
-  def timed(texts, rng, method):
-    sharding.barrier('translate.timed')
-    start = time.perf_counter()
-    out = jax.block_until_ready(run_batch(texts, rng, method))
-    seconds = time.perf_counter() - start
-    return decode.to_host(out), seconds
-
   if mesh is not None:
     sharding.check_batch(batch_size, mesh)
+  first = encode(chunks[0])
   for method in methods:
-    jax.block_until_ready(run_batch(chunks[0], jax.random.key(seed), method))
+    jax.block_until_ready(run_batch(first, jax.random.key(seed), method))
   outputs = {method: [] for method in methods}  # per batch: (host output, seconds, rows)
   for i, chunk in enumerate(chunks):
-    rng = jax.random.key(seed + 1 + i)
+    batch, rng = encode(chunk), jax.random.key(seed + 1 + i)
     for method in methods:
-      out, seconds = timed(chunk, rng, method)
-      outputs[method].append((out, seconds, len(chunk)))
+      sharding.barrier('translate.timed')
+      out, seconds = timing.timed(lambda: run_batch(batch, rng, method), f'{method} on batch {i}')
+      outputs[method].append((decode.to_host(out), seconds, len(chunk)))
       if on_batch:
         on_batch(len(chunk))
   return {method: _gather(batches, tokenizer, trace) for method, batches in outputs.items()}

@@ -18,9 +18,10 @@ import json
 import os
 import re
 import tempfile
-import time
 
 import jax
+
+from specdec_jax import timing
 
 TRACE_FLAG = '--xla_cpu_enable_xprof_traceme=true'
 # Innermost scope wins: sampling inside the drafter's scan counts as sampling.
@@ -125,11 +126,8 @@ def breakdown(jitted, calls, *, runs: int = 3) -> Breakdown:
   run_all = lambda: [jax.block_until_ready(jitted(*a, **k)) for a, k in calls]
   run_all()
   with tempfile.TemporaryDirectory() as logdir:
-    start = time.perf_counter()
     with jax.profiler.trace(logdir, create_perfetto_trace=True):
-      for _ in range(runs):
-        run_all()
-    wall = (time.perf_counter() - start) / runs
+      wall = timing.timed(lambda: [run_all() for _ in range(runs)], 'profiled runs')[1] / runs
     path = sorted(glob.glob(os.path.join(logdir, '**', '*.trace.json.gz'), recursive=True))[-1]
     with gzip.open(path) as f:
       events = json.load(f)

@@ -22,7 +22,9 @@ Logical axes: batch (B), length (T, S), embed (D), mlp (F), heads (N), kv (H), j
 the flattened heads of the attention kernels), vocab (V), layers (L), relpos_buckets.
 """
 
+import glob
 import os
+import pathlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -327,19 +329,22 @@ def barrier(name: str) -> None:
 MULTIHOST_ENV = 'SPECDEC_MULTIHOST'
 
 
-def _on_cloud_tpu_vm() -> bool:
-  """Whether this machine has TPU chips (a Cloud TPU VM), by PCI ids, before any backend starts."""
-  try:
-    from jax._src import hardware_utils  # private: how JAX itself decides, without a backend
-
-    return hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
-  except Exception:  # a JAX without it: fall back to the TPU runtime's environment
-    return bool(os.environ.get('TPU_ACCELERATOR_TYPE') or os.environ.get('TPU_WORKER_HOSTNAMES'))
+_GOOGLE_PCI_VENDOR = '0x1ae0'  # TPU chips show on the PCI bus under Google's vendor id
 
 
-def wants_distributed(
-  environ: Mapping[str, str] | None = None, *, on_tpu_vm=_on_cloud_tpu_vm
-) -> bool:
+def on_cloud_tpu_vm() -> bool:
+  """Whether this machine has TPU chips (a Cloud TPU VM): a PCI device of Google's vendor id, read
+  before any backend starts (as JAX's own detection reads it), or the TPU runtime's environment."""
+  for vendor in glob.glob('/sys/bus/pci/devices/*/vendor'):
+    try:
+      if pathlib.Path(vendor).read_text().strip() == _GOOGLE_PCI_VENDOR:
+        return True
+    except OSError:
+      continue
+  return bool(os.environ.get('TPU_ACCELERATOR_TYPE') or os.environ.get('TPU_WORKER_HOSTNAMES'))
+
+
+def wants_distributed(environ: Mapping[str, str] | None = None) -> bool:
   """Whether a main should call `jax.distributed.initialize()` (and let JAX find the cluster).
 
   `SPECDEC_MULTIHOST=1` / `0` decides when set (e.g. 1 in a multi-process SLURM, Open MPI or
@@ -349,7 +354,6 @@ def wants_distributed(
 
   Args:
     environ: the environment to read; `os.environ` by default.
-    on_tpu_vm: detects a Cloud TPU VM (for tests).
   """
   environ = os.environ if environ is None else environ
   flag = environ.get(MULTIHOST_ENV, '').strip().lower()
@@ -358,7 +362,7 @@ def wants_distributed(
       raise ValueError(f'{MULTIHOST_ENV} must be 1 or 0 (true / false), got {flag!r}.')
     return flag in ('1', 'true')
   hosts = [h for h in environ.get('TPU_WORKER_HOSTNAMES', '').split(',') if h.strip()]
-  return len(hosts) > 1 or on_tpu_vm()
+  return len(hosts) > 1 or on_cloud_tpu_vm()
 
 
 def maybe_initialize_distributed(
@@ -367,7 +371,6 @@ def maybe_initialize_distributed(
   process_id: int | None = None,
   *,
   environ: Mapping[str, str] | None = None,
-  on_tpu_vm=_on_cloud_tpu_vm,
 ) -> bool:
   """Starts JAX's distributed runtime when this process is one of several; call it first thing in
   a main, before anything touches a device: every host then sees the global device list, and
@@ -384,7 +387,7 @@ def maybe_initialize_distributed(
   """
   if jax.distributed.is_initialized():
     return False
-  if coordinator_address is None and not wants_distributed(environ, on_tpu_vm=on_tpu_vm):
+  if coordinator_address is None and not wants_distributed(environ):
     return False
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   jax.distributed.initialize(coordinator_address, num_processes, process_id)

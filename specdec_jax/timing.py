@@ -1,23 +1,31 @@
 """Wall-clock measurement of jitted work: whole calls, and model calls as a decode loop sees them.
 
-A model call timed from Python includes jit dispatch (~0.3-0.5 ms for a T5's params pytree on a
-small CPU), which the decode loops never pay: they run inside one jit. `step_seconds` therefore
-times a model call inside a jitted `fori_loop` and takes the difference of two loop lengths, which
-cancels dispatch; the encoder and the cache set-up run once before, outside the timed programs.
-The drafter's cost in the loop is measured inside the loop's own iteration, run without its
-drafter calls, with them, and with more of them (`drafter_seconds`): a cost per call (c) and a
-fixed cost per iteration (c_fixed). Loops timed together run in turn and the fastest
-run of each counts, so that a shared machine's load moves them alike (`step_costs`, which the
-main job and the benchmarks use).
+Every timed region goes through `timed`, which raises `CompiledWhileTimed` when XLA compiles
+anything during it: a region that compiles (a new shape, a device array sliced by a Python length)
+measures the compiler, not the work. Each timer runs its programs once untimed first.
+
+A model call timed from Python includes jit dispatch, which the decode loops never pay: they run
+inside one jit. `step_seconds` therefore times a model call inside a jitted `fori_loop` and takes
+the difference of two loop lengths, which cancels dispatch; the encoder and the cache set-up run
+once before, outside the timed programs. The drafter's cost in the loop is measured inside the
+loop's own iteration, compiled without its drafter calls, with the loop's gamma of them and
+with more of them (`step_costs`): a cost per call (c) and a fixed cost per iteration
+(c_fixed). The timed iteration has the decode loop's structure and nothing more: the draft is
+`decode_steps.draft` at a static length, scanned or unrolled as the loop runs it, and no traced
+branch or loop decides the drafter's calls. Loops timed together run in turn and the fastest run
+of each counts, so that a shared machine's load moves them alike (`step_costs`, which the main
+job and the benchmarks use). What these timers measured, and why they are built so:
+docs/performance.md.
 
 Axis legend: B batch, S source length, T query length.
 """
 
+import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable
-from typing import NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -25,25 +33,73 @@ import numpy as np
 
 from specdec_jax import decode_steps, step_models
 
+# What `jax.monitoring` records for each program XLA compiles, or reads from the persistent
+# compilation cache (jax._src.dispatch.BACKEND_COMPILE_EVENT; one event per program, with its name
+# as `fun_name`).
+BACKEND_COMPILE_EVENT = '/jax/core/compile/backend_compile_duration'
+
+
+class CompiledWhileTimed(RuntimeError):
+  """XLA compiled a program inside a timed region: the region's seconds are not the work's."""
+
+
+@contextlib.contextmanager
+def compiles() -> Iterator[list[str]]:
+  """The names of the programs XLA compiles (or loads from the persistent compilation cache)
+  while inside, e.g. ['jit(dynamic_slice)', 'jit(squeeze)'] for `x[0, :n]` of a device array at a
+  new n: a list that fills as they happen."""
+  names = []
+
+  def listener(event: str, duration: float, **kwargs) -> None:
+    del duration
+    if event == BACKEND_COMPILE_EVENT:
+      names.append(str(kwargs.get('fun_name', '?')))
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    yield names
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def timed(fn: Callable[[], Any], what: str = 'a timed call') -> tuple[Any, float]:
+  """(`fn()`'s result, ready; the seconds it took). Every timed region of the project is this.
+
+  Raises:
+    CompiledWhileTimed: XLA compiled a program while `fn` ran (its names in the message). A
+      compilation costs milliseconds to seconds, so a time that includes one is wrong by more than
+      any difference it was meant to show; run `fn` once untimed first (same shapes), and keep
+      host work whose programs depend on values (slicing a device array by a Python length,
+      tokenizing, building a batch) out of `fn`.
+  """
+  with compiles() as compiled:
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn())
+    seconds = time.perf_counter() - start
+  if compiled:
+    shown = ', '.join(compiled[:6]) + (', ...' if len(compiled) > 6 else '')
+    raise CompiledWhileTimed(
+      f'{what} compiled {len(compiled)} program(s) while timed ({shown}): its time would include '
+      'compilation. Warm it up with the same shapes, and move work that compiles per value (e.g. '
+      'x[0, :n] of a device array for a new n: gather to the host first) out of the timed call.'
+    )
+  return out, seconds
+
 
 def time_call(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
-  """(seconds of the first call, median seconds of `repeats` further calls); waits for results."""
+  """(seconds of the first call, compilation included; median seconds of `repeats` further
+  calls, each `timed`); waits for results."""
   start = time.perf_counter()
   jax.block_until_ready(fn())
   first = time.perf_counter() - start
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return first, float(np.median(times))
+  return first, float(np.median([timed(fn)[1] for _ in range(repeats)]))
 
 
 @functools.partial(jax.jit, static_argnames=('steps', 'encoder_steps', 'cache_len'))
 def _init_cache(steps, params, encoder_steps, encoder_params, input_ids, *, cache_len):
   """A model's decoder cache over an all-real source, built once outside the timed loops: the
-  encoder over S positions would otherwise run in both loop lengths, and its noise (tens of ms for
-  a 48M target at S 256) swamps the difference of 32 cheap drafter calls."""
+  encoder over S positions would otherwise run in both loop lengths, and its noise can swamp the
+  difference of 32 cheap drafter calls."""
   mask = jnp.ones_like(input_ids)
   encoded = encoder_steps.encode(encoder_params, input_ids, mask)
   return steps.init_cache(params, encoded, mask, cache_len)
@@ -57,9 +113,9 @@ def _cache(model, target, input_ids, cache_len: int):
 
 
 @functools.partial(jax.jit, static_argnames=('steps', 'num_tokens'))
-def _repeated_steps(steps, params, cache, position, *, num_tokens, calls):
-  """`calls` (traced: one program for every loop length) model calls of `num_tokens` positions
-  each, every one from `position` [B] of `cache`."""
+def _repeated_steps(steps, params, cache, position, *, num_tokens, loop_length):
+  """`loop_length` (traced: one program for every loop length) model calls of `num_tokens`
+  positions each, every one from `position` [B] of `cache`."""
   batch = position.shape[0]
 
   # A drafter that reads the target's states gets zeros of their width.
@@ -77,12 +133,50 @@ def _repeated_steps(steps, params, cache, position, *, num_tokens, calls):
 
   vocab = steps.vocab_size
   logits = jnp.zeros((batch, num_tokens, vocab), jnp.float32)
-  return jax.lax.fori_loop(0, calls, body, (cache, logits))[1]
+  return jax.lax.fori_loop(0, loop_length, body, (cache, logits))[1]
+
+
+def _draft(
+  drafter, drafter_cache, pending, position, states, *, gamma, draft_length, cache_len, unroll
+):
+  """The drafts an iteration's target pass scores, int32[B, gamma], and the drafter's cache.
+
+  `draft_length` 0: no drafter call (tokens made from `pending`). Else `decode_steps.draft` of
+  `draft_length` >= gamma tokens, greedy, scanned or unrolled (`unroll`) as the loop runs it; past
+  gamma its later tokens are extra one-token calls of the same scan, and the last one's argmax
+  takes the place of the gamma-th draft, so that every call's logits are read (a loop that
+  discarded the first drafter call's logits let XLA drop that call's output layer, and c came out
+  2-4x too low). Either way the drafts pass through an optimization barrier, so that XLA cannot
+  shape the target pass by how they were made."""
+  steps, params = drafter
+  batch = pending.shape[0]
+  if draft_length == 0:
+    drafts = (pending[:, None] + jnp.arange(gamma, dtype=jnp.int32)) % 7 + 2
+    return jax.lax.optimization_barrier(drafts), drafter_cache
+  seq = jnp.broadcast_to(pending[:, None], (batch, cache_len))
+  drafts, _, drafter_cache, _ = decode_steps.draft(
+    steps,
+    params,
+    drafter_cache,
+    seq,
+    position,
+    jax.random.key(0),  # unused when greedy, as in the loop
+    gamma=draft_length,
+    sampling=None,
+    greedy=True,
+    target_states=None if states is None else (states, position - 1),
+    unroll=unroll,
+  )
+  drafts = jnp.concatenate([drafts[:, : gamma - 1], drafts[:, -1:]], axis=1)
+  return jax.lax.optimization_barrier(drafts), drafter_cache
 
 
 @functools.partial(
-  jax.jit, static_argnames=('target_steps', 'drafter_steps', 'gamma', 'cache_len', 'unroll_draft')
-)
+  jax.jit,
+  static_argnames=(
+    'target_steps', 'drafter_steps', 'gamma', 'draft_length', 'cache_len', 'unroll_draft'
+  ),
+)  # fmt: skip
 def _repeated_iterations(
   target_steps,
   target_params,
@@ -93,70 +187,34 @@ def _repeated_iterations(
   position,
   *,
   gamma,
+  draft_length,
   cache_len,
-  calls,
-  drafting=True,
-  extra_calls=0,
-  unroll_draft=False,
+  unroll_draft,
+  loop_length,
 ):
-  """`calls` iterations of the speculative loop's model calls, by the loop's own functions: the
-  drafter's gamma calls (`decode_steps.draft`, greedy), then `extra_calls` more one-token drafter
-  calls as its scan makes them, and one (gamma+1)-position target pass, every iteration from
-  `position` [B] of the caches. `drafting` False skips the draft (the pass scores fixed drafts).
-  `calls`, `drafting` and `extra_calls` are traced: one program for every loop length and count
-  of calls, as two programs are compiled apart (an iteration compiled without its drafter calls
-  ran faster by more than they cost: an n-gram drafter that costs nothing alone read c 0.13).
-  `unroll_draft` (static) unrolls the draft's scan, as `LoopSpec.unroll_draft` does in the loop."""
+  """`loop_length` iterations of the speculative loop's model calls, by the loop's own functions:
+  a draft of `draft_length` drafter calls (`_draft`: 0, the loop's gamma, or more) and one
+  (gamma+1)-position target pass, every iteration from `position` [B] of the caches, each
+  iteration's tokens from the last pass's logits. `loop_length` is traced: one program for every
+  loop length, a while loop as the decode loop's. Everything else is static: the program holds
+  no branch or loop the decode loop lacks (a traced `lax.cond` or trip count would wait for the
+  host on a GPU, every iteration)."""
   batch = position.shape[0]
   reads_states = getattr(drafter_steps, 'reads_target_states', False)
   states = None
   if reads_states:
     states = jnp.zeros((batch, gamma + 1, drafter_steps.feature_dim), jnp.float32)
+  shape = dict(gamma=gamma, draft_length=draft_length, cache_len=cache_len, unroll=unroll_draft)
 
   def body(i, carry):
     target_cache, drafter_cache, logits, states = carry
-    # Each iteration's tokens depend on the last pass's logits and every draft is the argmax of
-    # the drafter's logits, as in the loop: every logit is needed, so XLA cannot drop an output
-    # layer (a loop that discarded the first drafter call's logits let it drop that call's output
-    # layer, and c came out 2-4x too low).
-    pending = (jnp.argmax(logits[:, -1], -1) + i) % 7 + 2
-    seq = jnp.broadcast_to(pending[:, None], (batch, cache_len))
-
-    def run_drafter(drafter_cache):
-      drafts, _, drafter_cache, _ = decode_steps.draft(
-        drafter_steps,
-        drafter_params,
-        drafter_cache,
-        seq,
-        position,
-        jax.random.key(0),  # unused when greedy, as in the loop
-        gamma=gamma,
-        sampling=None,
-        greedy=True,
-        target_states=None if states is None else (states, position - 1),
-        unroll=unroll_draft,
-      )
-      return drafts, drafter_cache
-
-    skip_drafter = lambda drafter_cache: (seq[:, :gamma], drafter_cache)
-    drafts, drafter_cache = jax.lax.cond(drafting, run_drafter, skip_drafter, drafter_cache)
-
-    def extra_call(_, carry):  # a call of the draft's scan: one token in, its argmax out
-      token, drafter_cache = carry
-      features = None if states is None else states[:, :1]
-      cache = drafter_cache.replace(end_index=position + gamma)
-      logits, _, drafter_cache = decode_steps.drafter_call(
-        drafter_steps, drafter_params, token[:, None], features, cache
-      )
-      return jnp.argmax(logits[:, 0], -1).astype(jnp.int32), drafter_cache
-
-    last, drafter_cache = jax.lax.fori_loop(
-      0, extra_calls, extra_call, (drafts[:, -1], drafter_cache)
-    )
+    pending = (jnp.argmax(logits[:, -1], -1) + i) % 7 + 2  # not loop-invariant
+    drafter = (drafter_steps, drafter_params)
+    drafts, drafter_cache = _draft(drafter, drafter_cache, pending, position, states, **shape)
     logits, states, target_cache = decode_steps.target_pass(
       target_steps,
       target_params,
-      jnp.concatenate([pending[:, None], drafts[:, :-1], last[:, None]], axis=1),
+      jnp.concatenate([pending[:, None].astype(jnp.int32), drafts], axis=1),
       target_cache.replace(end_index=position),
       with_states=reads_states,
     )
@@ -164,7 +222,7 @@ def _repeated_iterations(
 
   logits = jnp.zeros((batch, gamma + 1, target_steps.vocab_size), jnp.float32)
   carry = (target_cache, drafter_cache, logits, states)
-  return jax.lax.fori_loop(0, calls, body, carry)[2]
+  return jax.lax.fori_loop(0, loop_length, body, carry)[2]
 
 
 def _fastest(runs: dict, repeats: int) -> dict:
@@ -177,24 +235,22 @@ def _fastest(runs: dict, repeats: int) -> dict:
   best = dict.fromkeys(runs, math.inf)
   for _ in range(repeats):
     for key, run in runs.items():
-      start = time.perf_counter()
-      jax.block_until_ready(run())
-      best[key] = min(best[key], time.perf_counter() - start)
+      best[key] = min(best[key], timed(run, f'timing loop {key}')[1])
   return best
 
 
-def _slope(seconds: dict, name, calls: tuple[int, int]) -> float:
-  """Seconds per call of a loop from its fastest runs at two lengths, `seconds[name, k]`: the
-  difference over the difference of lengths, which cancels dispatch and set-up."""
-  short, long = calls
+def _slope(seconds: dict, name, loop_lengths: tuple[int, int]) -> float:
+  """Seconds per iteration of a loop from its fastest runs at two lengths, `seconds[name, k]`:
+  the difference over the difference of lengths, which cancels dispatch and set-up."""
+  short, long = loop_lengths
   return max(seconds[name, long] - seconds[name, short], 0.0) / (long - short)
 
 
-def _per_call(run: Callable[[int], object], calls: tuple[int, int], repeats: int) -> float:
-  """Seconds per call of a jitted loop `run(k)` of k calls, from two loop lengths (`_slope`). The
-  loop length is a traced argument, so both lengths run one compiled program."""
-  runs = {('loop', k): functools.partial(run, k) for k in calls}
-  return _slope(_fastest(runs, repeats), 'loop', calls)
+def _per_iteration(run: Callable[[int], object], loop_lengths: tuple[int, int], repeats: int):
+  """Seconds per iteration of a jitted loop `run(k)` of k iterations, from two loop lengths
+  (`_slope`). The loop length is a traced argument, so both lengths run one compiled program."""
+  runs = {('loop', k): functools.partial(run, k) for k in loop_lengths}
+  return _slope(_fastest(runs, repeats), 'loop', loop_lengths)
 
 
 def _step_loop(model, *, batch_size, source_length, num_tokens=1, cache_len=64, target=None):
@@ -204,21 +260,22 @@ def _step_loop(model, *, batch_size, source_length, num_tokens=1, cache_len=64, 
   cache = _cache(model, target, ids, cache_len)
   position = jnp.full((batch_size,), cache_len // 4, jnp.int32)
   return lambda k: _repeated_steps(
-    steps, params, cache, position, num_tokens=num_tokens, calls=jnp.int32(k)
+    steps, params, cache, position, num_tokens=num_tokens, loop_length=jnp.int32(k)
   )
 
 
 def _iteration_loop(
   target, drafter, *, batch_size, source_length, gamma, cache_len=64, unroll_draft=False
 ):
-  """`run(k, drafting=True, extra_calls=0)`: k iterations of the loop's model calls
-  (`_repeated_iterations`), the draft's scan unrolled with `unroll_draft`."""
+  """`run(k, draft_length=gamma)`: k iterations of the loop's model calls with a draft of
+  `draft_length` drafter calls (`_repeated_iterations`; one program per draft length), the draft's
+  scan unrolled with `unroll_draft`."""
   target_steps, target_params = step_models.as_step_model(target)
   drafter_steps, drafter_params = step_models.as_step_model(drafter)
   ids = jnp.full((batch_size, source_length), 3, jnp.int32)
   caches = _cache(target, None, ids, cache_len), _cache(drafter, target, ids, cache_len)
   position = jnp.full((batch_size,), cache_len // 4, jnp.int32)
-  return lambda k, drafting=True, extra_calls=0: _repeated_iterations(
+  return lambda k, draft_length=gamma: _repeated_iterations(
     target_steps,
     target_params,
     drafter_steps,
@@ -226,42 +283,26 @@ def _iteration_loop(
     *caches,
     position,
     gamma=gamma,
+    draft_length=draft_length,
     cache_len=cache_len,
-    calls=jnp.int32(k),
-    drafting=jnp.bool_(drafting),
-    extra_calls=jnp.int32(extra_calls),
     unroll_draft=unroll_draft,
+    loop_length=jnp.int32(k),
   )
 
 
-class DrafterCost(NamedTuple):
-  """What a drafter's gamma calls add to an iteration of the loop: `gamma * per_call + fixed`.
-
-  `per_call` is a one-token call as the draft's scan makes it (the slope: the iteration with
-  `EXTRA_CALLS` more such calls). `fixed` is the rest of what the draft adds, once per iteration:
-  its first call feeds two positions (the pending token and the one before it; gamma + 1 for a
-  drafter that reads the target's states), and on a CPU it reloads the weights the target pass
-  evicted. One c per call, (gamma * per_call + fixed) / gamma, would fall with gamma: for the
-  shipped 48M EN->DE pair's distilled drafter on a 2-core CPU it read 0.142 at gamma 3 and 0.083
-  at 5 in one run, while per_call reads the same at both (docs/results.md section 1).
-  In seconds or in target steps, as returned.
-  """
-
-  per_call: float
-  fixed: float
-
-
-# Extra one-token drafter calls per iteration in the run that measures `DrafterCost.per_call`:
+# Extra one-token drafter calls per iteration in the run that measures c (`step_costs`):
 # 16 make the slope a difference of ~10% of the run, not of the ~1% one call is.
 EXTRA_CALLS = 16
 
 
 def _drafter_cost(without, drafting, extra, *, gamma: int, extra_calls: int, per: float):
-  """`DrafterCost` from the fastest runs of one loop length without the draft, with it, and with
-  it and `extra_calls` more calls, over `per` (the loop length, or a run of target steps)."""
-  per_call = max(extra - drafting, 0.0) / extra_calls / per
-  draft = max(drafting - without, 0.0) / per
-  return DrafterCost(per_call, max(draft - gamma * per_call, 0.0))
+  """(c, c_fixed) of `step_costs` from the fastest runs of one loop length without the draft,
+  with it, and with a draft `extra_calls` longer, over `per` (a run of target steps). c_fixed as
+  measured, negative included: a clamp at 0 would bias its noise upward and hide a draft that
+  costs less than gamma of its calls. c is a call's cost, >= 0 (the paper's c): a negative slope
+  is noise around a drafter that costs nothing, and reads 0."""
+  c = max(extra - drafting, 0.0) / extra_calls / per
+  return c, (drafting - without) / per - gamma * c
 
 
 def iteration_seconds(
@@ -272,7 +313,7 @@ def iteration_seconds(
   source_length: int,
   gamma: int,
   cache_len: int = 64,
-  calls: tuple[int, int] = (4, 36),
+  loop_lengths: tuple[int, int] = (4, 36),
   repeats: int = 7,
   unroll_draft: bool = False,
 ) -> float:
@@ -285,36 +326,7 @@ def iteration_seconds(
     target, drafter, batch_size=batch_size, source_length=source_length, gamma=gamma,
     cache_len=cache_len, unroll_draft=unroll_draft,
   )  # fmt: skip
-  return _per_call(run, calls, repeats)
-
-
-def drafter_seconds(
-  target,
-  drafter,
-  *,
-  gamma: int,
-  calls: int = 36,
-  repeats: int = 7,
-  extra_calls: int = EXTRA_CALLS,
-  unroll_draft: bool = False,
-  **shape,
-) -> DrafterCost:
-  """Seconds that an iteration's drafter calls add to it, measured where they are spent: the loop
-  of `iteration_seconds` (one compiled program; `shape`: its batch_size, source_length and
-  cache_len) run for `calls` iterations without the draft, with it, and with `extra_calls` more
-  one-token calls, in turn `repeats` times (`DrafterCost` from the fastest runs).
-
-  The runs differ in the drafter's calls alone: same program, loop length, caches and target pass,
-  so dispatch, set-up and the pass cancel, and what remains includes what the calls cost in the
-  loop and not alone (the reload of the drafter's weights that each pass evicted: `fixed`).
-  `unroll_draft`: the draft's scan unrolled (`speculative_generate`'s `unroll_draft`).
-  """
-  run = _iteration_loop(target, drafter, gamma=gamma, unroll_draft=unroll_draft, **shape)
-  runs = [(False, 0), (True, 0), (True, extra_calls)]
-  seconds = _fastest({run_: functools.partial(run, calls, *run_) for run_ in runs}, repeats)
-  return _drafter_cost(
-    *(seconds[run_] for run_ in runs), gamma=gamma, extra_calls=extra_calls, per=calls
-  )
+  return _per_iteration(run, loop_lengths, repeats)
 
 
 def step_seconds(
@@ -324,7 +336,7 @@ def step_seconds(
   source_length: int,
   num_tokens: int = 1,
   cache_len: int = 64,
-  calls: tuple[int, int] = (4, 36),
+  loop_lengths: tuple[int, int] = (4, 36),
   repeats: int = 7,
   target=None,
 ) -> float:
@@ -336,7 +348,8 @@ def step_seconds(
     source_length: S of the (all-real) source.
     num_tokens: T, positions scored per call (1 for a step, gamma + 1 for a target pass).
     cache_len: decoder slots; calls start at position cache_len // 4.
-    calls: two loop lengths; the cost is the difference of their fastest times per extra call.
+    loop_lengths: two loop lengths; the cost is the difference of their fastest times per extra
+      call.
     repeats: timed runs of each loop length, in turn.
     target: the target, for a drafter that reads the target's encoder output (its cache is built
       from the target's `encode`, as the decode loops build it; the encoder is not timed).
@@ -345,7 +358,7 @@ def step_seconds(
     model, batch_size=batch_size, source_length=source_length, num_tokens=num_tokens,
     cache_len=cache_len, target=target,
   )  # fmt: skip
-  return _per_call(run, calls, repeats)
+  return _per_iteration(run, loop_lengths, repeats)
 
 
 def step_costs(
@@ -358,7 +371,7 @@ def step_costs(
   cache_len: int = 64,
   rounds: int = 3,
   num_paths: int = 1,
-  calls: tuple[int, int] = (4, 36),
+  loop_lengths: tuple[int, int] = (4, 36),
   repeats: int = 7,
   extra_calls: int = EXTRA_CALLS,
   unroll_draft: bool = False,
@@ -368,27 +381,27 @@ def step_costs(
   Seconds (each in-loop, from two loop lengths as `step_seconds`): `target_step` (T=1),
   `target_pass` (gamma+1 positions), `drafter_step` (the drafter alone) and `iteration` (a whole
   iteration's model calls, `iteration_seconds`). Ratios, in target steps: `pass_cost` (pass /
-  target step), `c` and `c_fixed` (what the drafter adds to an iteration, `gamma * c + c_fixed`,
-  measured as `drafter_seconds`: `DrafterCost.per_call` and `.fixed`) and `c_alone` (a drafter
-  step alone). `c` and `c_fixed` are what the formula needs: on a CPU each target pass evicts the
-  drafter's weights, so its calls cost more in the loop than alone, and the first of them most
-  (on a TPU or GPU c is c_alone and c_fixed ~0).
+  target step), `c_alone` (a drafter step alone), and `c` and `c_fixed`, what the drafter adds to
+  an iteration: `gamma * c + c_fixed`. `c` is a one-token call as the draft makes it, scanned or
+  unrolled (`unroll_draft`) as the loop runs it: the slope of a draft `extra_calls` longer.
+  `c_fixed` is the rest, once per iteration, as measured (negative where the draft costs less
+  than gamma such calls, e.g. unrolled): the first call feeds two positions (gamma + 1 for a
+  drafter that reads the target's states) and, on a CPU, reloads the weights the pass evicted.
+  One c per call, (gamma * c + c_fixed) / gamma, would fall with gamma (docs/results.md section
+  1). Both come from the iteration compiled without its draft, with it, and with the longer one:
+  the same loop length, caches and pass (its input behind an optimization barrier), so dispatch,
+  set-up and the pass cancel, and what remains is what the calls cost in the loop, not alone (on
+  a TPU or GPU c is c_alone and c_fixed ~0).
 
   Every loop runs in turn with the others (`repeats` times; the fastest run of each counts).
-  `pass_cost`, `c` and `c_fixed` are ratios of the longer runs alone (`calls[1]` calls each, so
-  dispatch is well under 1% of a run of any model worth timing): runs of like length meet a
-  shared machine's load alike, where a short run finds it idle more often than a long one and
-  skews a difference of the two. `c_alone` is a ratio of slopes: a drafter step alone is too cheap
-  to be timed without cancelling dispatch. `rounds` repeats the whole measurement; each value is
-  the median over the rounds.
-
-  With `num_paths` K > 1 (a multi-draft loop, `speculative_generate(..., num_drafts=K)`, which
-  runs each row as K rows of both models) the pass, the drafter and the iteration are measured at
-  K x batch_size rows and the target step at batch_size rows: the costs of a K-path iteration in
-  the autoregressive loop's steps. `unroll_draft` times the iteration with the draft's scan
-  unrolled, as `speculative_generate(..., unroll_draft=True)` runs it: what the draft adds,
-  gamma * c + c_fixed, is then the unrolled draft's, while c stays the slope of extra one-token
-  calls made in a loop (`EXTRA_CALLS`), so a cut in each unrolled call's cost shows in c_fixed.
+  `pass_cost`, `c` and `c_fixed` are ratios of the longer runs alone (`loop_lengths[1]`
+  iterations each, so dispatch is well under 1% of a run of any model worth timing): runs of like
+  length meet a shared machine's load alike, where a short run finds it idle more often than a
+  long one. `c_alone` is a ratio of slopes: a drafter step alone is too cheap to be timed without
+  cancelling dispatch. `rounds` repeats the whole measurement; each value is the median over the
+  rounds. With `num_paths` K > 1 (`speculative_generate(..., num_drafts=K)`, which runs each row
+  as K rows of both models) the pass, the drafter and the iteration are measured at K x
+  batch_size rows and the target step at batch_size rows.
   """
   kw = dict(source_length=source_length, cache_len=cache_len)
   rows = dict(kw, batch_size=batch_size * num_paths)
@@ -398,18 +411,20 @@ def step_costs(
     drafter_step=_step_loop(drafter, target=target, **rows),
     iteration=_iteration_loop(target, drafter, gamma=gamma, unroll_draft=unroll_draft, **rows),
   )
-  long = calls[1]
-  runs = {(name, k): functools.partial(loop, k) for name, loop in loops.items() for k in calls}
-  runs['without_drafter', long] = functools.partial(loops['iteration'], long, False)
-  runs['extra_calls', long] = functools.partial(loops['iteration'], long, True, extra_calls)
+  long = loop_lengths[1]
+  runs = {
+    (name, k): functools.partial(loop, k) for name, loop in loops.items() for k in loop_lengths
+  }
+  runs['without_drafter', long] = functools.partial(loops['iteration'], long, 0)
+  runs['extra_calls', long] = functools.partial(loops['iteration'], long, gamma + extra_calls)
   measured = []
   for _ in range(rounds):
     seconds = _fastest(runs, repeats)
-    m = {name: _slope(seconds, name, calls) for name in loops}
+    m = {name: _slope(seconds, name, loop_lengths) for name in loops}
     if m['target_step'] <= 0:
       raise RuntimeError(
-        f'A target step timed at 0 s ({long - calls[0]} extra calls did not take measurably '
-        'longer): the target is too cheap to time here; pass longer `calls`.'
+        f'A target step timed at 0 s ({long - loop_lengths[0]} extra calls did not take measurably '
+        'longer): the target is too cheap to time here; pass longer `loop_lengths`.'
       )
     step_run = seconds['target_step', long]
     m['c'], m['c_fixed'] = _drafter_cost(

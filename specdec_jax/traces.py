@@ -179,10 +179,6 @@ def plot_trace(trace, row: int, tokenizer=None, *, ax=None):
     The `matplotlib.figure.Figure`. Iteration i (1-based) is the text row at y = i; the token
     boxes are `ax.texts`, and a line (`ax.lines`) strikes through each rejected draft.
   """
-  # ~0.5 s of imports that only plotting needs.
-  from matplotlib import figure as figure_lib
-  from matplotlib import patches
-
   steps = iterations(trace, row)
   rows = [[(kind, _label(token, tokenizer)) for kind, token in _cells(s)] for s in steps]
   # x is measured in characters of the monospace font: a box is its label plus _PAD on each
@@ -190,50 +186,14 @@ def plot_trace(trace, row: int, tokenizer=None, *, ax=None):
   lengths = [_GAP + sum(len(label) + 2 * _PAD + _GAP for _, label in cells) for cells in rows]
   chars = max(lengths, default=10.0)
   if ax is None:
-    inches = min(chars * _CHAR_EM * _FONT_SIZE / 72, 16.0)
-    fig = figure_lib.Figure(figsize=(max(inches + 0.8, 6.0), 0.3 * len(rows) + 1.0))
-    top = 1.0 - 0.6 / fig.get_figheight()  # room for the legend
-    ax = fig.add_axes(
-      (
-        0.6 / fig.get_figwidth(),
-        0.1 / fig.get_figheight(),
-        1.0 - 0.8 / fig.get_figwidth(),
-        top - 0.1 / fig.get_figheight(),
-      )
-    )
+    ax = _new_axes(chars, len(rows))
   fig = ax.figure
   position = ax.get_position()
   width_pt = position.width * fig.get_figwidth() * 72
   row_pt = position.height * fig.get_figheight() * 72 / max(len(rows), 1)
   size = min(_FONT_SIZE, width_pt / (chars * _CHAR_EM), row_pt / 1.8)
   for y, cells in enumerate(rows, start=1):
-    x = _GAP  # clear of the axis line
-    for kind, label in cells:
-      center = x + _PAD + len(label) / 2
-      ax.text(
-        center,
-        y,
-        label,
-        ha='center',
-        va='center',
-        family='monospace',
-        fontsize=size,
-        fontweight='bold' if kind == 'extra' else 'normal',
-        parse_math=False,
-        color='#606060' if kind == 'cut' else 'black',
-        bbox=dict(
-          boxstyle=f'round,pad={_PAD * _CHAR_EM:.3f}', facecolor=_FACE[kind], edgecolor='none'
-        ),
-      )
-      if kind == 'rejected':
-        ax.plot(
-          [center - len(label) / 2, center + len(label) / 2],
-          [y, y],
-          color='#b2182b',
-          linewidth=1.2,
-          zorder=4,
-        )  # over the box (texts are drawn at zorder 3)
-      x += len(label) + 2 * _PAD + _GAP
+    _draw_row(ax, y, cells, size)
   ax.set_xlim(0, max(chars, width_pt / (_CHAR_EM * size)))
   ax.set_ylim(len(rows) + 0.6, 0.4)  # iteration 1 at the top, as text reads
   ax.set_yticks(range(1, len(rows) + 1))
@@ -242,7 +202,63 @@ def plot_trace(trace, row: int, tokenizer=None, *, ax=None):
   ax.set_xticks([])
   for side in ('top', 'right', 'bottom'):
     ax.spines[side].set_visible(False)
-  shown = {kind for cells in rows for kind, _ in cells}
+  _legend(ax, {kind for cells in rows for kind, _ in cells})
+  return fig
+
+
+def _new_axes(chars: float, num_rows: int):
+  """Axes on a new `Figure` sized to `num_rows` lines of up to `chars` characters (up to 16
+  inches wide), with room above for the legend."""
+  from matplotlib import figure as figure_lib  # ~0.5 s of imports that only plotting needs
+
+  inches = min(chars * _CHAR_EM * _FONT_SIZE / 72, 16.0)
+  fig = figure_lib.Figure(figsize=(max(inches + 0.8, 6.0), 0.3 * num_rows + 1.0))
+  top = 1.0 - 0.6 / fig.get_figheight()  # room for the legend
+  return fig.add_axes(
+    (
+      0.6 / fig.get_figwidth(),
+      0.1 / fig.get_figheight(),
+      1.0 - 0.8 / fig.get_figwidth(),
+      top - 0.1 / fig.get_figheight(),
+    )
+  )
+
+
+def _draw_row(ax, y: float, cells, size: float) -> None:
+  """One iteration's (kind, label) boxes at height y, left to right; x counts characters."""
+  x = _GAP  # clear of the axis line
+  for kind, label in cells:
+    center = x + _PAD + len(label) / 2
+    ax.text(
+      center,
+      y,
+      label,
+      ha='center',
+      va='center',
+      family='monospace',
+      fontsize=size,
+      fontweight='bold' if kind == 'extra' else 'normal',
+      parse_math=False,
+      color='#606060' if kind == 'cut' else 'black',
+      bbox=dict(
+        boxstyle=f'round,pad={_PAD * _CHAR_EM:.3f}', facecolor=_FACE[kind], edgecolor='none'
+      ),
+    )
+    if kind == 'rejected':
+      ax.plot(
+        [center - len(label) / 2, center + len(label) / 2],
+        [y, y],
+        color='#b2182b',
+        linewidth=1.2,
+        zorder=4,
+      )  # over the box (texts are drawn at zorder 3)
+    x += len(label) + 2 * _PAD + _GAP
+
+
+def _legend(ax, shown: set) -> None:
+  """The legend of the kinds of box `shown`, above the axes."""
+  from matplotlib import patches
+
   handles = [
     patches.Patch(facecolor=_FACE[k], label=text) for k, text in _LEGEND.items() if k in shown
   ]
@@ -255,4 +271,3 @@ def plot_trace(trace, row: int, tokenizer=None, *, ax=None):
     frameon=False,
     borderaxespad=0.2,
   )
-  return fig

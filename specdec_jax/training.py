@@ -404,6 +404,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   sharding.check_placement(config.model_sharding, 'config.model_sharding')
   data = _data(config, tok)
   optimizer_config = OptimizerConfig.from_config(config)
+  state, step_fn = _state_and_step(config, model_config, optimizer_config, mesh)
+  schedule = learning_rate_schedule(optimizer_config)
+  with jax.set_mesh(mesh):
+    return train_loop.run(
+      state,
+      _batch_step(step_fn, data['train'], mesh),
+      _evaluator(config, model_config, data, tok, mesh),
+      cadence=train_loop.Cadence.from_config(config),
+      workdir=workdir,
+      export=exporter(model_config, paths['tokenizer']),
+      best=train_loop.Best('valid_nll'),
+      log_extra=lambda step: {'learning_rate': float(schedule(step - 1))},
+    )
+
+
+def _state_and_step(config, model_config: t5.T5Config, optimizer_config, mesh):
+  """The initial train state on `mesh` (from `config.init_from` if set) and the compiled step."""
   init_params = None
   if config.init_from:
     init_params = _initial_params(config.init_from, model_config, config.seed)
@@ -429,11 +446,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     mesh,
     shardings,
   )
+  return state, step_fn
 
-  pairs = data['train'].data
+
+def _batch_step(step_fn, train, mesh):
+  """`train_loop.run`'s step: the global batch of a step (each process builds its rows), one
+  compiled step, and the counts of what it read (on the host: no sync)."""
+  pairs = train.data
 
   def step(state, step):
-    index, source_length, target_length = data['train'].batch_index(step)
+    index, source_length, target_length = train.batch_index(step)
     batch = global_batch(
       lambda rows: batching.batch_arrays(pairs, rows, source_length, target_length), index, mesh
     )
@@ -445,6 +467,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       'padded_tokens': len(index) * (source_length + target_length),
     }
     return state, metrics, counts
+
+  return step
+
+
+def _evaluator(config, model_config: t5.T5Config, data, tok, mesh):
+  """`train_loop.run`'s evaluation: validation loss and perplexity, and BLEU of greedy outputs."""
 
   def evaluate(params):
     valid_nll = evaluate_loss(params, data['valid'], model_config=model_config, mesh=mesh)
@@ -461,15 +489,4 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     train_loop.say(f'  e.g. {bleu_pairs[0][0]!r} -> {hyps[0]!r}')
     return {'valid_nll': valid_nll, 'valid_ppl': math.exp(min(valid_nll, 50)), 'valid_bleu': bleu}
 
-  schedule = learning_rate_schedule(optimizer_config)
-  with jax.set_mesh(mesh):
-    return train_loop.run(
-      state,
-      step,
-      evaluate,
-      cadence=train_loop.Cadence.from_config(config),
-      workdir=workdir,
-      export=exporter(model_config, paths['tokenizer']),
-      best=train_loop.Best('valid_nll'),
-      log_extra=lambda step: {'learning_rate': float(schedule(step - 1))},
-    )
+  return evaluate

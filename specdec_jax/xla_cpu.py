@@ -11,10 +11,14 @@ dots") has the measurements. The main job and the decode benchmarks call
 was started with). Setting the flag yourself (any value of it in XLA_FLAGS) wins.
 
 The exception is a tied output layer (T5 v1.0: the embedding read transposed), which Eigen runs
-18-54x slower from two rows on than one: the decode loops' drafter reads one row of its first
-call (`t5.decode(logits_at=)`), and a tied *target*'s pass reads them all, so `check_tied_target`
-warns (the main job and `benchmarks.paper_scale` call it) and names the value that keeps
-YNNPACK's dots.
+many times slower from two rows on than one (docs/performance.md, "Few-row dots"): the decode
+loops' drafter reads one row of its first call (`t5.decode(logits_at=)`), and a tied *target*'s
+pass reads them all, so `check_tied_target` warns (the main job and `benchmarks.paper_scale` call
+it) and names the value that keeps YNNPACK's dots.
+
+`prefer_eigen_dots` imports JAX's private `xla_bridge`, the package's one private JAX import: JAX
+has no public way to ask whether a backend has started without starting one, and XLA_FLAGS set
+after that are read too late.
 """
 
 import logging
@@ -31,7 +35,7 @@ def prefer_eigen_dots() -> bool:
   does nothing when XLA_FLAGS already sets `xla_cpu_experimental_ynn_fusion_type`, and warns and
   does nothing when a backend has started (the flag would be read too late to matter).
   """
-  from jax._src import xla_bridge
+  from jax._src import xla_bridge  # private: see the module docstring
 
   flags = os.environ.get('XLA_FLAGS', '')
   if 'xla_cpu_experimental_ynn_fusion_type' in flags:
@@ -55,8 +59,8 @@ def eigen_dots() -> bool:
 def check_tied_target(config) -> None:
   """Warns when a target with a tied output layer (`config.tie_word_embeddings`: T5 v1.0) runs on
   a CPU with few-row dots on Eigen: its (gamma+1)-row pass then reads the embedding transposed on a
-  kernel that costs 18-54x its one row from two rows on (docs/performance.md, "Few-row dots"), and
-  speculative decoding loses to autoregressive decoding for that alone."""
+  kernel that costs many times its one row from two rows on (docs/performance.md, "Few-row dots"),
+  and speculative decoding loses to autoregressive decoding for that alone."""
   import jax
 
   if not getattr(config, 'tie_word_embeddings', False) or not eigen_dots():

@@ -29,7 +29,7 @@ def test_to_host_returns_numpy_leaves_of_the_same_values():
   host = decode.to_host(out)
   assert isinstance(host, decode.DecodeOutput)
   leaves, want = jax.tree.leaves(host), jax.tree.leaves(out)
-  assert len(leaves) == len(want) == 2 + 7 + 4  # tokens, lengths, stats and trace
+  assert len(leaves) == len(want) == 2 + 9 + 4  # tokens, lengths, stats and trace
   for got, expected in zip(leaves, want):
     assert type(got) is np.ndarray
     np.testing.assert_array_equal(got, expected)

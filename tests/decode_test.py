@@ -451,8 +451,10 @@ def test_rng_none_only_at_temperature_zero():
     keyed = call(sampling=GREEDY, rng=jax.random.key(7), **kw)
     unkeyed = call(sampling=GREEDY, rng=None, **kw)
     np.testing.assert_array_equal(unkeyed.tokens, keyed.tokens, err_msg=name)
-    raw = call(sampling=SAMPLINGS[0], rng=jax.random.PRNGKey(7), **kw)  # a raw key is one key
-    assert raw.tokens.shape == keyed.tokens.shape
+    # A raw uint32 key is one key: the tokens of the typed key holding the same bits.
+    raw = call(sampling=SAMPLINGS[0], rng=jax.random.PRNGKey(7), **kw)
+    typed = call(sampling=SAMPLINGS[0], rng=jax.random.wrap_key_data(jax.random.PRNGKey(7)), **kw)
+    np.testing.assert_array_equal(raw.tokens, typed.tokens, err_msg=name)
 
 
 def _with_nan(model, position=1):

@@ -156,7 +156,8 @@ def test_step_costs_of_a_drafter_over_the_target_encoder():
     'target_step', 'target_pass', 'drafter_step', 'iteration', 'c', 'c_fixed', 'c_alone',
     'pass_cost',
   }  # fmt: skip
-  assert all(np.isfinite(v) and v >= 0 for v in costs.values())
+  assert all(np.isfinite(v) for v in costs.values())
+  assert all(v >= 0 for k, v in costs.items() if k != 'c_fixed')  # c_fixed as measured: any sign
   with pytest.raises(ValueError, match='pass target='):
     timing.step_seconds(drafter, batch_size=1, source_length=16)
 

@@ -5,6 +5,7 @@ params (the random-weights path) against `save_hf_t5` + `from_pretrained`."""
 import contextlib
 import io
 import math
+import types
 
 import jax
 import numpy as np
@@ -13,10 +14,9 @@ import torch
 from absl import flags
 from absl.testing import flagsaver
 
-from benchmarks import hf_peer
-from specdec_jax import checkpoints, decode
+from benchmarks import hf_peer, synthetic
+from specdec_jax import checkpoints, checkpoints_hf
 from specdec_jax.models import t5
-from specdec_jax.sampling import SamplingConfig
 
 _SENTENCES = 2
 
@@ -79,13 +79,10 @@ def test_every_method_has_its_row(rows):
 
 
 def test_greedy_outputs_are_identical_to_ours(rows):
-  for row in rows[:5]:
+  # Assisted generation is greedy too (rows[5]; it raised in transformers 5.17 on a GPU, and runs
+  # on this CPU with the pinned transformers): a failure of it is a failure here.
+  for row in rows[:6]:
     assert row['identical'] == f'{_SENTENCES}/{_SENTENCES}', row
-  assisted = rows[5]
-  # Assisted generation is greedy too: identical where it runs (it raised on a GPU before).
-  assert assisted['identical'] == f'{_SENTENCES}/{_SENTENCES}' or assisted['note'].startswith(
-    'failed: '
-  )
 
 
 def test_ratios_are_those_of_the_speeds(rows):
@@ -95,8 +92,12 @@ def test_ratios_are_those_of_the_speeds(rows):
       continue
     speed = _number(row['tokens_per_s'])
     assert _number(row['ms_per_token']) == pytest.approx(1e3 / speed, rel=2e-3, abs=2e-3)
-    assert _number(row['vs_ours']) == pytest.approx(speed / ours, rel=0.01, abs=0.006)
-    assert _number(row['vs_hf']) == pytest.approx(speed / hf_greedy, rel=0.01, abs=0.006)
+    # Within what printing loses: tokens/s to 0.05 each (a slow row under load reads a few
+    # tokens/s, where 0.05 is more than 1%), the ratio to 0.005.
+    for cell, base in (('vs_ours', ours), ('vs_hf', hf_greedy)):
+      ratio = speed / base
+      slack = ratio * (0.05 / speed + 0.05 / base) + 0.006
+      assert _number(row[cell]) == pytest.approx(ratio, abs=slack), (cell, row)
 
 
 def test_a_drafter_over_the_targets_encoder_has_no_hf_row(rows):
@@ -122,7 +123,7 @@ def test_a_method_that_raises_is_a_row_with_its_error():
 
 @pytest.mark.parametrize('name', ['tiny-v1.0', 'tiny-v1.1'])  # tied and untied output layers
 def test_hf_from_params_is_the_exported_model(name, tmp_path):
-  model = hf_peer.random_model(t5.CONFIGS[name], dtype='float32', seed=3)
+  model = synthetic.model(t5.CONFIGS[name], dtype='float32', seed=3)
   checkpoints.save_hf_t5(model, tmp_path)
   want = hf_peer.hf_from_directory(tmp_path, device='cpu', dtype='float32').state_dict()
   got = hf_peer.hf_from_params(model, device='cpu', dtype='float32').state_dict()
@@ -131,19 +132,54 @@ def test_hf_from_params_is_the_exported_model(name, tmp_path):
     torch.testing.assert_close(got[key], tensor, rtol=0, atol=0, msg=key)
 
 
-def test_random_models_never_stop():
-  model = hf_peer.random_model(t5.CONFIGS['tiny-v1.0'], dtype='float32', seed=1)
-  assert not np.asarray(model.params['token_embedder']['embedding'][1]).any()  # EOS's row
-  ids = jax.numpy.asarray(np.random.default_rng(0).integers(2, 128, (4, 6)), jax.numpy.int32)
-  out = decode.generate(
-    model,
-    ids,
-    jax.numpy.ones_like(ids),
-    sampling=SamplingConfig(temperature=0.0),
-    max_new_tokens=12,
-    rng=jax.random.key(0),
+def test_hf_from_params_shares_our_weights_without_a_host_copy():
+  # bfloat16 as at 11B: every tensor goes from JAX's device to torch's through DLPack, none is
+  # read to the host (as `save_hf_t5`'s numpy state dict reads them); a tensor transformers stores
+  # as we do is our buffer itself.
+  model = synthetic.model(t5.CONFIGS['tiny-v1.1'], dtype='bfloat16', seed=2)
+  want = {
+    name: torch.from_numpy(np.asarray(array, np.float32)).to(torch.bfloat16)
+    for name, array in checkpoints_hf.params_to_hf_state_dict(model.params, model.config).items()
+  }
+  scale = model.params['decoder']['decoder_norm']['scale']
+
+  def to_host(*args, **kwargs):
+    raise AssertionError('a JAX array read to the host')
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(type(scale), '__array__', to_host)
+    with pytest.raises(AssertionError, match='read to the host'):  # the patch holds
+      np.asarray(scale)
+    got = hf_peer.hf_from_params(model, device='cpu', dtype='bfloat16').state_dict()
+  assert sorted(want) == sorted(
+    set(got) - {'encoder.embed_tokens.weight', 'decoder.embed_tokens.weight'}
   )
-  np.testing.assert_array_equal(out.lengths, 12)
+  for key, tensor in want.items():
+    assert got[key].dtype == torch.bfloat16
+    torch.testing.assert_close(got[key], tensor, rtol=0, atol=0, msg=key)
+  assert got['decoder.final_layer_norm.weight'].data_ptr() == scale.unsafe_buffer_pointer()
+
+
+def test_our_rows_bring_outputs_to_the_host_before_cutting_them(monkeypatch):
+  # A timed pass over sentences of different lengths compiles nothing (hf_peer's timer raises if
+  # it does); the old cut, x[0, :n] of the device array, compiles for each new length.
+  tokens = jax.numpy.arange(20, dtype=jax.numpy.int32)[None]
+  output = lambda n: types.SimpleNamespace(tokens=tokens, lengths=jax.numpy.array([n]))
+  outs = [output(n) for n in (3, 5, 7, 4, 6)]
+  monkeypatch.setattr(hf_peer.decode, 'generate', lambda *a, **k: outs.pop(0))
+  ids = np.zeros((4, 2), np.int32)
+  outputs, seconds = hf_peer.timed(
+    hf_peer.ours(None, None, ids, ids, gamma=1, max_new_tokens=20), ids
+  )
+  assert outputs == [list(range(n)) for n in (5, 7, 4, 6)] and seconds > 0
+
+  def old_cut(i):
+    out = outs.pop(0)
+    return np.asarray(out.tokens[0, : int(out.lengths[0])]).tolist()
+
+  outs += [output(n) for n in (8, 9, 10)]
+  with pytest.raises(hf_peer.timing.CompiledWhileTimed):
+    hf_peer.timed(old_cut, ids[:2])
 
 
 def test_random_weights_models_and_sources():

@@ -66,15 +66,15 @@ def test_maybe_initialize_distributed_only_when_wanted(monkeypatch, environ, tpu
   monkeypatch.setattr(jax.distributed, 'initialize', lambda *a, **k: calls.append(a))
   monkeypatch.setattr(jax.distributed, 'is_initialized', lambda: False)
   monkeypatch.setattr(jax.config, 'update', lambda *a: None)
-  on_tpu_vm = lambda: tpu_vm
-  assert sharding.wants_distributed(environ, on_tpu_vm=on_tpu_vm) == expected
-  got = sharding.maybe_initialize_distributed(environ=environ, on_tpu_vm=on_tpu_vm)
+  monkeypatch.setattr(sharding, 'on_cloud_tpu_vm', lambda: tpu_vm)
+  assert sharding.wants_distributed(environ) == expected
+  got = sharding.maybe_initialize_distributed(environ=environ)
   assert got == expected
   # No arguments: JAX's cluster detection decides the coordinator, count and id.
   assert calls == ([(None, None, None)] if expected else [])
   # Once initialized, never again.
   monkeypatch.setattr(jax.distributed, 'is_initialized', lambda: True)
-  assert not sharding.maybe_initialize_distributed(environ=environ, on_tpu_vm=on_tpu_vm)
+  assert not sharding.maybe_initialize_distributed(environ=environ)
   assert len(calls) == int(expected)
 
 

@@ -8,6 +8,7 @@ import types
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from specdec_jax import step_models, timing
@@ -16,23 +17,24 @@ from tests import helpers
 
 # Fake seconds of a timing loop run: fixed setup (dispatch), plus per call of the loop _STEP per
 # position a model call scores (`_repeated_steps`), or per iteration (`_repeated_iterations`)
-# _PASS_IN_LOOP, _DRAFT per drafter call, and _FIRST_DRAFT once when it drafts (the draft's first
-# call feeds two positions, and reloads what the pass evicted). _PASS_IN_LOOP is not (gamma+1) * _STEP, so a c
-# taken as (iteration - separately timed pass) / gamma reads another value than one from the
-# iteration with and without its drafter calls.
+# _PASS_IN_LOOP, _DRAFT per drafter call of its draft, and _FIRST_DRAFT once when it drafts (the
+# draft's first call feeds two positions, and reloads what the pass evicted).
+# _PASS_IN_LOOP is not (gamma+1) * _STEP, so a c taken as (iteration - separately timed pass) /
+# gamma reads another value than one from the iteration with and without its drafter calls.
 _SETUP, _STEP, _PASS_IN_LOOP, _DRAFT, _FIRST_DRAFT = 2e-3, 1e-3, 5e-3, 4e-4, 7e-4
 _ITERATION_2 = _PASS_IN_LOOP + 2 * _DRAFT + _FIRST_DRAFT  # a fake iteration at gamma 2
 
 
-def _run(per_call, calls):
-  """Fake seconds of one run of a loop of `calls` calls."""
-  return _SETUP + per_call * calls
+def _run(per_call, loop_length):
+  """Fake seconds of one run of a loop of `loop_length` iterations."""
+  return _SETUP + per_call * loop_length
 
 
 def _iteration_seconds(kw):
-  """Fake seconds of one iteration of `_repeated_iterations(**kw)`."""
-  drafting = bool(kw.get('drafting', True)) * (kw['gamma'] * _DRAFT + _FIRST_DRAFT)
-  return _PASS_IN_LOOP + drafting + int(kw.get('extra_calls', 0)) * _DRAFT
+  """Fake seconds of one iteration of `_repeated_iterations(**kw)`: its draft of `draft_length`
+  drafter calls (none at 0) and the pass."""
+  calls = kw['draft_length']
+  return _PASS_IN_LOOP + (calls > 0) * _FIRST_DRAFT + calls * _DRAFT
 
 
 @pytest.fixture
@@ -44,7 +46,7 @@ def fake_clock(monkeypatch):
   def spy(real, per_call):
     def run(*args, **kwargs):
       out = real(*args, **kwargs)
-      now[0] += _SETUP + per_call(kwargs) * int(kwargs['calls'])
+      now[0] += _SETUP + per_call(kwargs) * int(kwargs['loop_length'])
       return out
 
     return run
@@ -62,30 +64,29 @@ def test_step_and_iteration_timers_compile_once_per_shape(fake_clock, tiny_pair)
   kw = dict(batch_size=1, source_length=8, cache_len=32, repeats=1)
   steps_before = repeated_steps._cache_size()
   iterations_before = repeated_iterations._cache_size()
-  for calls in [(2, 6), (3, 9)]:
+  for loop_lengths in [(2, 6), (3, 9)]:
     # Per call: the slope between the two loop lengths (setup cancels). Fails if a loop ignores
     # its length (0), if the difference is not divided by the extra calls (4-6x), or if the
     # lengths are swapped (clamped to 0).
-    assert timing.step_seconds(target, calls=calls, **kw) == pytest.approx(_STEP)
-    assert timing.iteration_seconds(target, drafter, gamma=2, calls=calls, **kw) == pytest.approx(
-      _ITERATION_2
-    )
-    # The drafter's calls in the loop: the same program without its draft, with it, and with 16
-    # calls more. Fails if the slope is not per call or the first call's extra is taken as per
-    # call.
-    cost = timing.drafter_seconds(target, drafter, gamma=2, calls=calls[1], **kw)
-    assert cost.per_call == pytest.approx(_DRAFT)
-    assert cost.fixed == pytest.approx(_FIRST_DRAFT)
-  # Two loop lengths, two calls, with and without the draft, extra calls: one program each.
-  assert repeated_steps._cache_size() == steps_before + 1
-  assert repeated_iterations._cache_size() == iterations_before + 1
+    assert timing.step_seconds(target, loop_lengths=loop_lengths, **kw) == pytest.approx(_STEP)
+    assert timing.iteration_seconds(
+      target, drafter, gamma=2, loop_lengths=loop_lengths, **kw
+    ) == pytest.approx(_ITERATION_2)
+    # The drafter's calls in the loop: the iteration without its draft, with it, and with a
+    # draft 16 calls longer (`test_step_costs_c_is_the_drafters_calls_in_the_loop` checks c).
+    timing.step_costs(target, drafter, gamma=2, loop_lengths=loop_lengths, rounds=1, **kw)
+  # Two loop lengths, one program: a step loop each for the target's step (as `step_seconds`'),
+  # its 3-position pass and the drafter's step; iterations without the draft, with it, and with a
+  # longer one (static draft lengths, no traced branch): three programs.
+  assert repeated_steps._cache_size() == steps_before + 3
+  assert repeated_iterations._cache_size() == iterations_before + 3
 
 
 def test_step_costs_c_is_the_drafters_calls_in_the_loop(fake_clock, tiny_pair):
   target, drafter = tiny_pair
   costs = timing.step_costs(
     target, drafter, batch_size=1, source_length=8, gamma=2, cache_len=32, rounds=2, repeats=2,
-    calls=(2, 6),
+    loop_lengths=(2, 6),
   )  # fmt: skip
   # Seconds: slopes between the two loop lengths, setup cancelled.
   assert costs['target_step'] == pytest.approx(_STEP)
@@ -102,6 +103,21 @@ def test_step_costs_c_is_the_drafters_calls_in_the_loop(fake_clock, tiny_pair):
   assert costs['c'] == pytest.approx(6 * _DRAFT / long_step)
   assert costs['c_fixed'] == pytest.approx(6 * _FIRST_DRAFT / long_step)
   assert costs['pass_cost'] == pytest.approx(_run(3 * _STEP, 6) / long_step)
+
+
+def test_c_fixed_is_reported_as_measured_below_zero(fake_clock, tiny_pair, monkeypatch):
+  # An unrolled draft can cost less than gamma of the calls that measure c (its purpose): c_fixed
+  # is then negative, and reported so (a clamp at 0 read 0.0 here and biased noise upward).
+  monkeypatch.setitem(globals(), '_FIRST_DRAFT', -3e-4)
+  target, drafter = tiny_pair
+  costs = timing.step_costs(
+    target, drafter, batch_size=1, source_length=8, gamma=2, cache_len=32, rounds=1, repeats=1,
+    loop_lengths=(2, 6),
+  )  # fmt: skip
+  long_step = _run(_STEP, 6)
+  assert costs['c'] == pytest.approx(6 * _DRAFT / long_step)
+  assert costs['c_fixed'] == pytest.approx(6 * -3e-4 / long_step)
+  assert costs['iteration'] == pytest.approx(_PASS_IN_LOOP + 2 * _DRAFT - 3e-4)
 
 
 @pytest.mark.slow  # ~30 CPU-s: 8 timed programs, 15 runs each
@@ -128,6 +144,32 @@ def test_a_deeper_drafter_reads_a_larger_c():
   assert costs[8]['c'] > costs[1]['c'], costs
 
 
+def test_the_guard_fails_a_timed_call_that_slices_a_device_array_per_length():
+  # Negative control: `x[0, :n]` of a device array compiles two small programs for each new n
+  # (what hf_peer's autoregressive row paid inside its timer); gathered to the host first, the
+  # same outputs compile nothing.
+  x = jnp.arange(64, dtype=jnp.int32).reshape(2, 32)
+  lengths = iter(range(3, 9))
+  with pytest.raises(timing.CompiledWhileTimed, match=r'compiled 2 program\(s\).*dynamic_slice'):
+    timing.timed(lambda: x[0, : next(lengths)], 'slicing')
+  on_host = lambda: np.asarray(x)[0, : next(lengths)]
+  np.testing.assert_array_equal(timing.timed(on_host)[0], np.arange(4))
+  out, seconds = timing.timed(on_host)
+  assert out.shape == (5,) and seconds >= 0
+  # `compiles` names what compiled; a jitted function compiles on its first call only.
+  double = jax.jit(lambda v: v * 2)
+  with timing.compiles() as first:
+    double(x)
+  with timing.compiles() as again:
+    double(x)
+  assert len(first) == 1 and 'jit(<lambda>)' in first[0] and again == []
+  # `time_call`'s first call may compile; its timed repeats may not.
+  plus = jax.jit(lambda v: v + 3)
+  assert timing.time_call(lambda: plus(x), 2)[0] > 0
+  with pytest.raises(timing.CompiledWhileTimed):
+    timing.time_call(lambda: jax.jit(lambda v: v + 3)(x), 1)  # a new jit object each call
+
+
 def _one_row_output_layers(compiled_text: str, vocab: int) -> int:
   """Dots of a compiled program that produce one row of `vocab` logits: drafter output layers at
   batch 1 (the target's pass produces gamma + 1 rows)."""
@@ -150,11 +192,16 @@ def test_iteration_timer_keeps_every_drafter_output_layer():
   args = [*step_models.as_step_model(target), *step_models.as_step_model(drafter)]
   args += [timing._cache(target, None, ids, 16), timing._cache(drafter, target, ids, 16)]
   args += [jnp.full((1,), 4, jnp.int32)]
-  traced = dict(calls=jnp.int32(2), drafting=jnp.bool_(True), extra_calls=jnp.int32(0))
-  text = timing._repeated_iterations.lower(*args, gamma=3, cache_len=16, **traced).compile()
-  # The draft's first call (one position's logits: `step_at`), its scan's call and the extra
-  # calls' loop: one output layer each.
-  assert _one_row_output_layers(text.as_text(), vocab) == 3
+  # The draft's first call (one position's logits: `step_at`) and its scan's call: one output
+  # layer each; unrolled, one per call. The program has the decode loop's structure: its while
+  # loop, the draft's scan (none unrolled or without a draft) and no branch.
+  for draft_length, unroll, layers, loops in ((3, False, 2, 2), (3, True, 3, 1), (0, False, 0, 1)):
+    text = timing._repeated_iterations.lower(
+      *args, gamma=3, draft_length=draft_length, cache_len=16, unroll_draft=unroll,
+      loop_length=jnp.int32(2),
+    ).compile().as_text()  # fmt: skip
+    assert _one_row_output_layers(text, vocab) == layers, (draft_length, unroll)
+    assert len(re.findall(r' while\(', text)) == loops and ' conditional(' not in text
   # Negative control: a program that discards its first call's logits has one output layer less.
   steps, params = step_models.as_step_model(drafter)
   encoded = target.steps.encode(target.params, jnp.full((1, 8), 3, jnp.int32), jnp.ones((1, 8)))
@@ -180,7 +227,7 @@ def test_timers_run_a_drafter_that_reads_the_target_states(fake_clock, tiny_pair
     'tiny-v1.0', seed=1, num_encoder_layers=0, encoder_dim=32, feature_dim=32,
     num_decoder_layers=1,
   )  # fmt: skip
-  kw = dict(batch_size=1, source_length=8, cache_len=32, repeats=1, calls=(1, 3))
+  kw = dict(batch_size=1, source_length=8, cache_len=32, repeats=1, loop_lengths=(1, 3))
   assert timing.step_seconds(drafter, target=target, **kw) == pytest.approx(_STEP)
   assert timing.iteration_seconds(target, drafter, gamma=2, **kw) == pytest.approx(_ITERATION_2)
   costs = timing.step_costs(target, drafter, gamma=2, rounds=1, **kw)
@@ -205,12 +252,14 @@ def test_timed_loops_do_not_run_the_encoder(tiny_pair):
   cache = timing._cache(target, None, ids, 16)
   position = jnp.full((1,), 4, jnp.int32)
   lowered = timing._repeated_steps.lower(
-    steps, params, cache, position, num_tokens=1, calls=jnp.int32(2)
+    steps, params, cache, position, num_tokens=1, loop_length=jnp.int32(2)
   )
   assert not _has_source_self_attention(lowered.compile().as_text(), source)
   args = [*step_models.as_step_model(target), *step_models.as_step_model(drafter)]
   args += [cache, timing._cache(drafter, target, ids, 16), position]
-  lowered = timing._repeated_iterations.lower(*args, gamma=2, cache_len=16, calls=jnp.int32(2))
+  lowered = timing._repeated_iterations.lower(
+    *args, gamma=2, draft_length=2, cache_len=16, unroll_draft=False, loop_length=jnp.int32(2)
+  )
   assert not _has_source_self_attention(lowered.compile().as_text(), source)
   # Negative control: the set-up program, which encodes the source, has them.
   encoder = step_models.encoder_of(target)

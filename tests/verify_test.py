@@ -558,7 +558,9 @@ def test_bad_shapes(tokens_shape, q_shape, p_shape, message):
 @pytest.mark.parametrize('bad', ['nope', 'Token', '', None, 1])
 def test_check_verifier_is_one_clear_error(bad):
   assert [verify.check_verifier(name) for name in METHODS] == list(METHODS)
-  with pytest.raises(ValueError, match=r"Unknown verifier .*; choose one of \['block', 'token'\]"):
+  with pytest.raises(
+    ValueError, match=r"Unknown verifier .*; choose one of \['block', 'greedy_block', 'token'\]"
+  ):
     verify.check_verifier(bad)
 
 

@@ -30,4 +30,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.workdir = '/tmp/specdec_debsumm'
   c.max_source_length = 256
   c.max_new_tokens = 40
-  return common.parse(arg, c, {'runlocal': _runlocal, 'full': ende._full})
+  return common.parse(arg, c, {'runlocal': _runlocal, 'full': ende.full})

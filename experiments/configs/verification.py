@@ -9,8 +9,9 @@ r"""Token vs block verification on the shipped EN->DE pair: Sun et al. 2024 (arX
 Parts (`parts`, run in this order):
   toy    Sun et al.'s two-token toy model (§3: Mb = (1/3, 2/3), Ms = (2/3, 1/3) over {A, B},
          context-free): P(accepted length >= k) of each verifier, exact by enumeration (rational
-         arithmetic) for 'token' and 'block', Monte Carlo with the jitted verifier for any other
-         verifier in `verifiers`; at every gamma of `toy_gammas` (the paper's example is gamma 2).
+         arithmetic) for 'token' and 'block', the first iteration's law from its kernel's
+         distribution mode for 'greedy_block' (float32), Monte Carlo with the jitted verifier for
+         any other verifier in `verifiers`; at every gamma of `toy_gammas` (the paper's: 2).
   sweep  Tables 1-2 / Figures 4-5: every drafter x gamma x temperature x batch size x seed x
          verifier, plus autoregressive decoding per temperature x batch size x seed (the speedup
          baseline): block efficiency (tokens per target call), tokens/s, walltime speedup; then
@@ -40,6 +41,10 @@ and 4 draft paths (`speculative_generate(..., num_drafts=K)`: 'block/K2' is gree
 block verification, 'token/K2' recursive rejection) and with draft stops 0.3 / 0.5 / 0.7
 (adaptive draft length, 'block/stop0.5'). `num_drafts=...` / `draft_stops=...` add the same
 variants to any sweep.
+
+`greedy`: every part with greedy block verification beside token and block verification
+('greedy_block'; Sun et al. App. C): the toy's first-iteration CCDF from its kernel's law, the
+sweep and the traced CCDF. Its Table 4 on both 48M pairs is experiments/configs/greedy_block.py.
 
 `runlocal`: one drafter, gamma 2, temperature 1, two seeds, 4 sentences of at most 16 new tokens;
 every part runs and every file is written (~45 s); `batch,runlocal`: batch 1 and 2, one seed.
@@ -77,12 +82,16 @@ def _multipath(c):
   c.workdir = '/tmp/specdec_verification_multipath'
 
 
+def _greedy(c):
+  c.verifiers = ('token', 'block', 'greedy_block')
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.parts = ('toy', 'sweep', 'ccdf')  # any of these, run in this order
   c.pretrained = 'ende'  # a pair under pretrained/, or a directory laid out the same way
   c.drafters = ('distilled', 'small-t5')  # names of the pair's drafters, or all
-  c.verifiers = ('token', 'block')  # keys of specdec_jax.verify.VERIFIERS; gains are vs 'token'
+  c.verifiers = ('token', 'block')  # of specdec_jax.verify.NAMES; gains are vs 'token'
   c.workdir = '/tmp/specdec_verification'
   c.num_examples = 80
   c.batch_sizes = (1,)
@@ -100,4 +109,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # ('block/K2') and adaptive draft length ('block/stop0.5'); (1,) and () add none.
   c.num_drafts = (1,)
   c.draft_stops = ()
-  return common.parse(arg, c, {'runlocal': _runlocal, 'batch': _batch, 'multipath': _multipath})
+  variants = {'runlocal': _runlocal, 'batch': _batch, 'multipath': _multipath, 'greedy': _greedy}
+  return common.parse(arg, c, variants)

@@ -498,10 +498,9 @@ def forward(
     f32[B, T, V] logits; position t predicts decoder position t + 1 (causal, no cache).
   """
   encoded = encode(params, input_ids, input_mask, config=config, dropout=dropout)
-  states = decoder_states(
+  return decode_forward(
     params, encoded, input_mask, decoder_input_ids, config=config, dropout=dropout
   )
-  return output_logits(params, states, config=config)
 
 
 def decode_forward(
@@ -511,8 +510,10 @@ def decode_forward(
   decoder_input_ids: jax.Array,
   *,
   config: T5Config,
+  dropout: Dropout = None,
 ) -> jax.Array:
-  """Teacher-forced decoder logits over an encoder output (this model's, or another's).
+  """Teacher-forced decoder logits over an encoder output (this model's, or another's: a
+  drafter over its target's encoder); `forward` is `encode` then this.
 
   Args:
     params: model params.
@@ -520,11 +521,14 @@ def decode_forward(
     input_mask: bool or int[B, S], nonzero at real source tokens.
     decoder_input_ids: int32[B, T] decoder inputs.
     config: model config.
+    dropout: as `forward`'s.
 
   Returns:
     f32[B, T, V] logits, as `forward`.
   """
-  states = decoder_states(params, encoded, input_mask, decoder_input_ids, config=config)
+  states = decoder_states(
+    params, encoded, input_mask, decoder_input_ids, config=config, dropout=dropout
+  )
   return output_logits(params, states, config=config)
 
 

@@ -89,6 +89,81 @@ def _layer_positions(old: int, new: int) -> list[int]:
   return [i * new // old for i in range(old)]
 
 
+def _into(old_w, new_w, *, rows_from_old: bool):
+  """old_w in the top-left corner of new_w (new rows / columns: new_w's, or zero)."""
+  out = new_w if rows_from_old else jnp.zeros_like(new_w)
+  return out.at[: old_w.shape[0], : old_w.shape[1]].set(old_w)
+
+
+def _identity(layer):
+  """A fresh layer whose residual writes are zero."""
+  return {
+    name: {
+      dense: {'kernel': jnp.zeros_like(p['kernel'])} if dense in _WRITERS else p
+      for dense, p in sub.items()
+    }
+    if 'scale' not in sub
+    else sub
+    for name, sub in layer.items()
+  }
+
+
+@dataclasses.dataclass
+class _Growth:
+  """Widening by k: kernels that read the residual stream get noisy copies of their rows (one key
+  each, from `keys`), kernels that write to it copies of their columns."""
+
+  k: int
+  keys: object  # an iterator of PRNG keys
+  noise: float
+
+  def read(self, w):
+    return _read(w, self.k, next(self.keys), self.noise)
+
+  def write(self, w):
+    """A kernel [n, d] writing to the residual stream -> [n, k * d]: columns copied."""
+    return jnp.tile(w, (1, self.k))
+
+  def kernel(self, name: str, w, new_w):
+    if name in _WRITERS:  # [heads*d_kv | d_ff, d]: the new heads' / units' rows are zero
+      return _into(self.write(w), new_w, rows_from_old=False)
+    # query/key/value/wi: [d, heads*d_kv | d_ff] (cross-attention reads the grown encoder output)
+    return _into(self.read(w), new_w, rows_from_old=True)
+
+  def layer(self, old_layer, new_layer):
+    out = {}
+    for name, sub in new_layer.items():
+      if name not in old_layer:
+        out[name] = sub
+      elif 'scale' in sub:  # an RMSNorm
+        out[name] = {'scale': jnp.tile(old_layer[name]['scale'], self.k)}
+      else:  # attention or mlp: a dict of dense layers
+        out[name] = {
+          dense: {'kernel': self.kernel(dense, old_layer[name][dense]['kernel'], p['kernel'])}
+          for dense, p in sub.items()
+        }
+    return out
+
+  def stack(self, old_part, new_part, norm: str, num_heads: int, n_old: int, n_new: int):
+    """An encoder or decoder: the old layers spread over the new depth, fresh identities between."""
+    rel = new_part['relpos_bias']['rel_embedding']
+    out = {
+      'relpos_bias': {
+        'rel_embedding': rel.at[:num_heads].set(old_part['relpos_bias']['rel_embedding'])
+      },
+      norm: {'scale': jnp.tile(old_part[norm]['scale'], self.k)},
+    }
+    placed = dict(zip(_layer_positions(n_old, n_new), range(n_old)))
+    for i in range(n_new):
+      new_layer = new_part[f'layers_{i}']
+      out[f'layers_{i}'] = (
+        self.layer(old_part[f'layers_{placed[i]}'], new_layer)
+        if i in placed
+        else _identity(new_layer)
+      )
+    return out
+
+
 def grow(model: t5.T5Model, config: T5Config, rng: jax.Array, noise: float = 1e-2) -> t5.T5Model:
   """`model` grown to `config`, computing the same function (see the module docstring).
 
@@ -97,76 +172,16 @@ def grow(model: t5.T5Model, config: T5Config, rng: jax.Array, noise: float = 1e-
       embeddings, a width that is not a multiple), naming every problem.
   """
   old = model.config
-  k = _check(old, config)
   init_key, noise_key = jax.random.split(rng)
   fresh = t5.init_params(init_key, config)
-  keys = iter(jax.random.split(noise_key, 4096))  # one per kernel that reads the residual
-
-  def read(w):
-    return _read(w, k, next(keys), noise)
-
-  def write(w):
-    """A kernel [n, d] writing to the residual stream -> [n, k * d]: columns copied."""
-    return jnp.tile(w, (1, k))
-
-  def into(old_w, new_w, *, rows_from_old: bool):
-    """Place old_w in the top-left corner of new_w (new rows/columns: new_w, or zero)."""
-    out = new_w if rows_from_old else jnp.zeros_like(new_w)
-    return out.at[: old_w.shape[0], : old_w.shape[1]].set(old_w)
-
-  def kernel(name: str, w, new_w):
-    if name in _WRITERS:  # [heads*d_kv | d_ff, d]: the new heads' / units' rows are zero
-      return into(write(w), new_w, rows_from_old=False)
-    # query/key/value/wi: [d, heads*d_kv | d_ff] (cross-attention reads the grown encoder output)
-    return into(read(w), new_w, rows_from_old=True)
-
-  def grow_layer(old_layer, new_layer):
-    out = {}
-    for name, sub in new_layer.items():
-      if name not in old_layer:
-        out[name] = sub
-      elif 'scale' in sub:  # an RMSNorm
-        out[name] = {'scale': jnp.tile(old_layer[name]['scale'], k)}
-      else:  # attention or mlp: a dict of dense layers
-        out[name] = {
-          dense: {'kernel': kernel(dense, old_layer[name][dense]['kernel'], p['kernel'])}
-          for dense, p in sub.items()
-        }
-    return out
-
-  def identity(layer):
-    """A fresh layer whose residual writes are zero."""
-    return {
-      name: {
-        dense: {'kernel': jnp.zeros_like(p['kernel'])} if dense in _WRITERS else p
-        for dense, p in sub.items()
-      }
-      if 'scale' not in sub
-      else sub
-      for name, sub in layer.items()
-    }
+  # One noise key per kernel that reads the residual.
+  growth = _Growth(_check(old, config), iter(jax.random.split(noise_key, 4096)), noise)
 
   def stack(part: str, norm: str, n_old: int, n_new: int):
-    old_part, new_part = model.params[part], fresh[part]
-    rel = new_part['relpos_bias']['rel_embedding']
-    out = {
-      'relpos_bias': {
-        'rel_embedding': rel.at[: old.num_heads].set(old_part['relpos_bias']['rel_embedding'])
-      },
-      norm: {'scale': jnp.tile(old_part[norm]['scale'], k)},
-    }
-    placed = dict(zip(_layer_positions(n_old, n_new), range(n_old)))
-    for i in range(n_new):
-      new_layer = new_part[f'layers_{i}']
-      out[f'layers_{i}'] = (
-        grow_layer(old_part[f'layers_{placed[i]}'], new_layer)
-        if i in placed
-        else identity(new_layer)
-      )
-    return out
+    return growth.stack(model.params[part], fresh[part], norm, old.num_heads, n_old, n_new)
 
   params = {
-    'token_embedder': {'embedding': write(model.params['token_embedder']['embedding'])},
+    'token_embedder': {'embedding': growth.write(model.params['token_embedder']['embedding'])},
     'decoder': stack('decoder', 'decoder_norm', old.num_decoder_layers, config.num_decoder_layers),
   }
   if old.num_encoder_layers:
@@ -175,7 +190,7 @@ def grow(model: t5.T5Model, config: T5Config, rng: jax.Array, noise: float = 1e-
     )
   if not old.tie_word_embeddings:
     params['decoder']['logits_dense'] = {
-      'kernel': read(model.params['decoder']['logits_dense']['kernel'])
+      'kernel': growth.read(model.params['decoder']['logits_dense']['kernel'])
     }
   return t5.T5Model(config=config, params=params)
 

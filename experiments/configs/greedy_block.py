@@ -1,0 +1,39 @@
+r"""Table 4 of Sun et al. (Appendix C): token, block and greedy block verification on both shipped
+48M pairs (experiments/greedy_block.py).
+
+  python -m experiments.greedy_block --config=experiments/configs/greedy_block.py
+  python -m experiments.greedy_block --config=experiments/configs/greedy_block.py:runlocal
+  python -m experiments.greedy_block --config=experiments/configs/greedy_block.py:tasks=ende,gammas=8
+
+Tasks are main-job configs (experiments/configs/ende.py: EnDe on pretrained/ende48m, 64 source
+and 64 new tokens; debsumm.py: DebSumm on pretrained/debsumm48m, 256 / 40), each with its pair's
+`distilled` drafter at temperature 1, gammas 4 / 6 / 8 (the paper's Table 4 is at gamma 8),
+batch 1 as the main job times it, on the first 40 test sources of each pair; the first iteration
+from 16 samples per source (640 rows). How long it took, on which machine: docs/results.md
+section 7. Items apply in the order written (experiments/configs/common.py).
+"""
+
+import ml_collections
+
+from experiments.configs import common
+
+
+def _runlocal(c):
+  c.tasks, c.gammas, c.num_examples, c.first_samples = ('ende',), (4,), 3, 4
+  c.workdir = '/tmp/specdec_greedy_block_runlocal'
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.tasks = ('ende', 'debsumm')  # main-job configs (experiments/configs/<task>.py)
+  c.drafter = 'distilled'
+  c.verifiers = ('token', 'block', 'greedy_block')  # names of specdec_jax.verify.NAMES
+  c.gammas = (4, 6, 8)
+  c.temperature = 1.0
+  c.num_examples = 40  # test sources per task (timed, whole sequences)
+  c.batch_size = 1  # the main job's: each sentence timed alone
+  c.first_samples = 16  # untimed first-iteration rows per source
+  c.first_batch_size = 64
+  c.seed = 0
+  c.workdir = '/tmp/specdec_greedy_block'
+  return common.parse(arg, c, {'runlocal': _runlocal})

@@ -1,0 +1,226 @@
+r"""Table 4 of Sun et al. 2024 (arXiv 2403.10444, Appendix C) on our pairs: token, block and
+greedy block verification, per iteration and over whole sequences.
+
+  python -m experiments.greedy_block --config=experiments/configs/greedy_block.py
+  python -m experiments.greedy_block --config=experiments/configs/greedy_block.py:runlocal
+
+For each task of the config (a main-job config, experiments/configs/<task>.py: its pair, source
+and output lengths) and each gamma, at one temperature, with one drafter:
+  whole sequences   the main job's timing (`evaluation.translate_in_turn`, batch `batch_size`):
+                    every batch decoded autoregressively, then with each verifier, each call
+                    timed; block efficiency (tokens per target call), alpha, speedup (the
+                    autoregressive seconds of the same batches / the verifier's), tokens/s, BLEU.
+  first iteration   untimed: every test source repeated `first_samples` times, decoded in batches
+                    of `first_batch_size` with max_new_tokens = gamma + 1; the mean of
+                    `DecodeStats.first_accepted` + 1 over those rows and its standard error. Every
+                    verifier starts from the target's own law there, so this is where greedy block
+                    verification's per-block optimum shows (docs/method.md section 11).
+Each row is printed as it finishes and appended to results.csv / .json in --workdir (default:
+config.workdir); table.md (Table 4's layout) at the end.
+"""
+
+import dataclasses
+import math
+import os
+import time
+
+import jax
+import numpy as np
+
+from experiments.configs import common, debsumm, ende
+from specdec_jax import decode, evaluation, results_io, tables
+from specdec_jax import sampling as sampling_lib
+
+TASKS = {'ende': ende, 'debsumm': debsumm}  # main-job configs a task can name
+COLUMNS = (
+  'task',
+  'pair',
+  'drafter',
+  'method',
+  'temp',
+  'gamma',
+  'alpha',
+  'first_block_efficiency',
+  'first_block_efficiency_se',
+  'first_samples',
+  'block_efficiency',
+  'speedup',
+  'tokens_per_s',
+  'seconds',
+  'baseline_seconds',
+  'bleu',
+  'sentences',
+)
+TABLE = (
+  tables.Column('task', width=7, align='<'),
+  tables.Column('gamma', fmt='d', width=5),
+  tables.Column('method', width=12, align='<'),
+  tables.Column('alpha', fmt='.3f', width=6),
+  tables.Column('first_block_efficiency', 'first iter.', '.3f', 11),
+  tables.Column('first_block_efficiency_se', '+-', '.3f', 5),
+  tables.Column('block_efficiency', 'whole seq.', '.3f', 10),
+  tables.Column('speedup', fmt='.2f', suffix='x', width=7),
+  tables.Column('tokens_per_s', 'tok/s', '.1f', 7),
+  tables.Column('bleu', fmt='.2f', width=6),
+)
+
+
+@dataclasses.dataclass
+class Task:
+  name: str  # the main job's task name (EnDe, DebSumm)
+  config: object  # the main-job config the task's rows use
+  plan: evaluation.Plan
+
+
+def task_config(config, task: str):
+  """The main job's config of `task` with this experiment's drafter, gammas, temperature,
+  verifiers, sentences, batch size and seed."""
+  if task not in TASKS:
+    raise ValueError(f'Unknown task {task!r} in config.tasks; choose from {sorted(TASKS)}.')
+  c = TASKS[task].get_config()
+  c.drafters, c.gammas = (config.drafter,), tuple(config.gammas)
+  c.temperatures, c.verifiers = (config.temperature,), tuple(config.verifiers)
+  c.num_examples, c.batch_size, c.seed = config.num_examples, config.batch_size, config.seed
+  return c
+
+
+def prepare(config) -> list[Task]:
+  """Checks every setting and loads every pair before anything is decoded.
+
+  Raises:
+    ValueError naming the bad setting.
+  """
+  if not config.tasks:
+    raise ValueError('config.tasks is empty.')
+  for name in ('first_samples', 'first_batch_size'):
+    if isinstance(config[name], bool) or not isinstance(config[name], int) or config[name] < 1:
+      raise ValueError(f'config.{name} must be an int >= 1, got {config[name]!r}.')
+  tasks = []
+  for name in config.tasks:
+    c = task_config(config, name)
+    tasks.append(Task(c.task, c, evaluation.prepare(c)))
+  return tasks
+
+
+def first_iteration(plan: evaluation.Plan, c, method: str, gamma: int, config):
+  """(mean tokens of the first iteration, its standard error, rows) of `method` over every test
+  source repeated `config.first_samples` times (untimed, batches of `config.first_batch_size`)."""
+  pair, drafter = plan.pair, plan.drafters[config.drafter]
+  sources = [s for s in plan.sources for _ in range(config.first_samples)]
+  size = config.first_batch_size
+  taus = []
+  for i in range(0, len(sources), size):
+    texts = sources[i : i + size]
+    ids, mask = pair.tokenizer.encode_batch(
+      texts + [''] * (size - len(texts)), c.max_source_length, truncate=True
+    )
+    out = decode.speculative_generate(
+      pair.target, drafter, ids, mask, gamma=gamma, verifier=method,
+      sampling=sampling_lib.SamplingConfig(temperature=config.temperature),
+      max_new_tokens=gamma + 1, rng=jax.random.key(config.seed + 1_000_003 + i),
+    )  # fmt: skip
+    taus.append(np.asarray(out.stats.first_accepted)[: len(texts)])
+  taus = np.concatenate(taus).astype(np.float64)
+  return float(taus.mean() + 1), float(taus.std(ddof=1) / math.sqrt(taus.size)), int(taus.size)
+
+
+def rows(tasks: list[Task], config, say=print):
+  """Yields one row per (task, gamma, verifier) as soon as it is measured."""
+  for task in tasks:
+    plan, c = task.plan, task.config
+    for gamma in config.gammas:
+      runs = evaluation.translate_in_turn(
+        plan.pair.target, plan.drafters[config.drafter], plan.pair.tokenizer, plan.sources,
+        methods=(evaluation.AUTOREGRESSIVE, *config.verifiers), gamma=gamma,
+        sampling=sampling_lib.SamplingConfig(temperature=config.temperature),
+        batch_size=c.batch_size, max_source_length=c.max_source_length,
+        max_new_tokens=c.max_new_tokens, seed=c.seed,
+      )  # fmt: skip
+      baseline = runs[evaluation.AUTOREGRESSIVE]
+      for method in config.verifiers:
+        run = runs[method]
+        first, first_se, samples = first_iteration(plan, c, method, gamma, config)
+        yield dict(
+          task=task.name,
+          pair=plan.pair.directory.name,
+          drafter=config.drafter,
+          method=method,
+          temp=config.temperature,
+          gamma=gamma,
+          alpha=float(run.stats.alpha),
+          first_block_efficiency=first,
+          first_block_efficiency_se=first_se,
+          first_samples=samples,
+          block_efficiency=float(run.stats.block_efficiency),
+          speedup=baseline.seconds / run.seconds,
+          tokens_per_s=run.tokens / run.seconds,
+          seconds=run.seconds,
+          baseline_seconds=baseline.seconds,
+          bleu=plan.bleu(run.hypotheses),
+          sentences=len(plan.sources),
+        )
+
+
+def format_table4(results: list[dict], verifiers) -> str:
+  """Table 4's layout: per task and gamma, first-iteration and whole-sequence block efficiency
+  and speedup of each verifier (markdown)."""
+  names = ' / '.join(verifiers)
+  lines = [
+    f'| task | gamma | first iteration: {names} | whole sequences: {names} | speedup: {names} |',
+    '|---|---:|---|---|---|',
+  ]
+  groups = {}
+  for r in results:
+    groups.setdefault((r['task'], r['gamma']), {})[r['method']] = r
+  for (task, gamma), by in groups.items():
+    cell = lambda key, fmt: ' / '.join(
+      format(by[m][key], fmt) if m in by and by[m][key] is not None else '-' for m in verifiers
+    )
+    first = ' / '.join(
+      f'{by[m]["first_block_efficiency"]:.3f} +- {by[m]["first_block_efficiency_se"]:.3f}'
+      if m in by
+      else '-'
+      for m in verifiers
+    )
+    lines.append(
+      f'| {task} | {gamma} | {first} | {cell("block_efficiency", ".3f")} | '
+      f'{cell("speedup", ".2f")} |'
+    )
+  return '\n'.join(lines)
+
+
+def run(config, workdir: str, *, echo=print) -> dict[str, str]:
+  """Every row of `config`, printed and written to `workdir` as it finishes; table.md at the end
+  (also after an interruption). Returns the paths written."""
+  tasks = prepare(config)  # fails here, before anything is decoded or written
+  writer = results_io.ResultsWriter(workdir, name='results', columns=COLUMNS)
+  echo(
+    f'tasks {[t.name for t in tasks]} ({[t.plan.pair.directory.name for t in tasks]}), '
+    f'{config.num_examples} sentences each, drafter {config.drafter}, gammas '
+    f'{tuple(config.gammas)}, temperature {config.temperature}, verifiers '
+    f'{tuple(config.verifiers)}, batch {config.batch_size}; first iteration: '
+    f'{config.first_samples} samples per sentence'
+  )
+  echo(tables.format_header(TABLE))
+  start = time.perf_counter()
+  paths = dict(writer.paths)
+  try:
+    for row in rows(tasks, config):
+      writer.add(row)
+      echo(tables.format_line(row, TABLE))
+  finally:
+    if writer.rows:
+      paths['table.md'] = os.path.join(workdir, 'table.md')
+      with open(paths['table.md'], 'w') as f:
+        f.write(format_table4(writer.rows, tuple(config.verifiers)) + '\n')
+      echo(format_table4(writer.rows, tuple(config.verifiers)))
+    echo(f'{time.perf_counter() - start:.0f} s after loading')
+  return paths
+
+
+if __name__ == '__main__':
+  common.run_experiment(
+    lambda config, workdir: print(
+      'Wrote', ', '.join(p for p in run(config, workdir).values() if os.path.exists(p)), flush=True
+    )
+  )
