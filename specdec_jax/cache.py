@@ -8,6 +8,8 @@ Axis legend: L decoder layers, B batch, T new positions, S_max decoder cache slo
 S_enc encoder positions, N heads, H head dim.
 """
 
+import functools
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -50,10 +52,11 @@ def write(
   keeps a decode step from copying the cache. Positions at or past S_max are dropped, so an
   overlong write loses its tail but never lands on valid slots.
 
-  One row and several positions (a batch-1 target pass) are written by a select over the row's
-  slots instead (`_select_write`, the same values): XLA:TPU lays a one-row scatter of several
+  On a TPU, one row of several positions (a batch-1 target pass) is written by a select over the
+  row's slots instead (`select_write`, the same values): XLA:TPU lays a one-row scatter of several
   positions out against the attention that reads the cache, and copies the whole stacked cache
-  to and from that layout at every layer (docs/performance.md, "What XLA:TPU shows").
+  to and from that layout at every layer (docs/performance.md, "What XLA:TPU shows"). Elsewhere
+  the scatter stays: on a GPU the select reads and writes every slot of the layer.
 
   Args:
     kv: [B, S_max, N, H] keys or values, or [L, B, S_max, N, H] with `layer` given.
@@ -66,7 +69,18 @@ def write(
   """
   batch, t = new.shape[:2]
   if batch == 1 and t > 1:
-    return _select_write(kv, new, end_index, layer)
+    return jax.lax.platform_dependent(
+      kv,
+      new,
+      end_index,
+      tpu=functools.partial(select_write, layer=layer),
+      default=functools.partial(_scatter_write, layer=layer),
+    )
+  return _scatter_write(kv, new, end_index, layer=layer)
+
+
+def _scatter_write(kv, new, end_index, *, layer):
+  batch, t = new.shape[:2]
   rows = jnp.arange(batch)[:, None]
   positions = end_index[:, None] + jnp.arange(t)
   index = (rows, positions) if layer is None else (layer, rows, positions)
@@ -75,15 +89,15 @@ def write(
   )
 
 
-def _select_write(kv, new, end_index, layer):
-  """`write` as a select: slot s of row b takes new[b, s - end_index[b]] where that is one of the
+def select_write(kv, new, end_index, *, layer: int | None = None):
+  """`write` as a select (its path on a TPU for one row of several positions): slot s of row b takes new[b, s - end_index[b]] where that is one of the
   T new positions, else keeps its value. Reads and writes the layer's [B, S_max, N, H] slots
   (no arithmetic on the values: NaN or inf in `new` stay in their own slots)."""
   t = new.shape[1]
   layer_kv = kv if layer is None else kv[layer]
   offset = jnp.arange(layer_kv.shape[1])[None, :] - end_index[:, None]  # [B, S_max]
   spread = jnp.take_along_axis(
-    new.astype(kv.dtype), jnp.clip(offset, 0, t - 1)[:, :, None, None], axis=1
+    new.astype(kv.dtype), jnp.clip(offset, min=0, max=t - 1)[:, :, None, None], axis=1
   )
   inside = ((offset >= 0) & (offset < t))[:, :, None, None]
   written = jnp.where(inside, spread, layer_kv)

@@ -66,9 +66,9 @@ def test_max_decode_len():
 @pytest.mark.parametrize('stacked', [False, True])
 @pytest.mark.parametrize('start', [0, 2, 4, 6])
 def test_one_row_write_of_several_positions_matches_the_scatter(start, stacked):
-  # One row and T > 1 goes through `_select_write`, the same row in a batch of two through the
-  # scatter: both give the reference, positions past the end dropped, NaN and inf in `new` kept
-  # to their own slots, the other layers of a stacked cache untouched.
+  # One row and T > 1 through `select_write` (a TPU's path), the same row in a batch of two
+  # through `write`'s scatter: both give the reference, positions past the end dropped, NaN and
+  # inf in `new` kept to their own slots, the other layers of a stacked cache untouched.
   rng = np.random.default_rng(start)
   kv = rng.normal(size=(2, 7, 2, 3)).astype(np.float32)  # [B, S_max, N, H]
   new = rng.normal(size=(2, 3, 2, 3)).astype(np.float32)
@@ -79,11 +79,26 @@ def test_one_row_write_of_several_positions_matches_the_scatter(start, stacked):
   layer = 1 if stacked else None
   wrap = (lambda x: np.stack([x - 5, x, x + 5])) if stacked else (lambda x: x)
   row = (lambda x: np.asarray(x)[1, 0]) if stacked else (lambda x: np.asarray(x)[0])
-  write = lambda rows, ends: cache_lib.write(
+  write = lambda fn, rows, ends: fn(
     jnp.asarray(wrap(kv[:rows])), jnp.asarray(new[:rows]), jnp.array(ends), layer=layer
   )
-  one, two = write(1, [start]), write(2, [start, 0])
+  one, two = write(cache_lib.select_write, 1, [start]), write(cache_lib.write, 2, [start, 0])
   np.testing.assert_array_equal(row(one), expected)
   np.testing.assert_array_equal(row(two), expected)
   if stacked:
     np.testing.assert_array_equal(np.asarray(one)[[0, 2]], wrap(kv[:1])[[0, 2]])
+
+
+def test_one_row_write_is_a_select_on_a_tpu_and_a_scatter_elsewhere():
+  machines = pytest.importorskip('specdec_jax.machines')
+  from tests import helpers
+
+  kv, new = jnp.zeros((1, 7, 2, 3)), jnp.ones((1, 3, 2, 3))
+  args = (kv, new, jnp.zeros((1,), jnp.int32))
+  write = jax.jit(cache_lib.write)
+  assert 'scatter' in write.lower(*args).as_text(dialect='hlo')
+  if not helpers.HAS_LIBTPU:
+    pytest.skip("libtpu absent: pip install 'jax[tpu]' to check a TPU's lowering")
+  tpu = jax.sharding.SingleDeviceSharding(machines.compile_only_devices('tpu-v4')[0])
+  text = jax.jit(cache_lib.write, in_shardings=tpu).lower(*args).as_text(dialect='hlo')
+  assert 'scatter' not in text and 'select' in text
