@@ -13,25 +13,37 @@ the target's, and nothing runs.
 
 A TPU v4 chip has two TensorCores that a VM shows as one JAX device (megacore): v4-8 is 4 chips,
 4 devices on one host; v4-16 8 devices on 2 hosts; v4-32 16 devices on 4 hosts. A v5e chip has
-one TensorCore: v5e-8 (v5litepod-8) is 8 chips on one host. 'tpu-v4' / 'tpu-v5e' are one chip.
+one TensorCore: v5e-4 / v5e-8 (v5litepod-4 / -8) are 4 / 8 chips on one host. 'tpu-v4' /
+'tpu-v5e' are one chip. A slice of several hosts compiles in one process (each device carries
+its host's `process_index`), as each host of the real slice compiles the same program.
+
+Off a TPU VM, libtpu (the compiler) is told it is alone on no TPU host while it starts
+(`_off_tpu_compiler_env`): it then neither takes the one-process TPU lock (so several processes,
+the test suite's workers, compile at once) nor prints warnings about the TPU metadata it cannot
+find.
 """
 
+import contextlib
 import dataclasses
+import os
 from collections.abc import Sequence
 
 import jax
+
+from specdec_jax import sharding
 
 GiB = 2**30
 
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-  """One accelerator chip: peak dense bf16 FLOP/s, HBM bandwidth (bytes/s) and capacity (bytes)."""
+  """One accelerator chip: peak dense bf16 FLOP/s, HBM bandwidth (bytes/s) and capacity (bytes;
+  None where only the roofline constants are wanted)."""
 
   name: str
   peak_flops: float
   hbm_bandwidth: float
-  hbm_bytes: int
+  hbm_bytes: int | None = None
 
 
 # TPU v4: "Peak compute per chip 275 teraflops (bf16 or int8)", "HBM2 capacity and bandwidth
@@ -68,6 +80,7 @@ MACHINES = {
     Machine('v4-16', TPU_V4, 8, 2, 'tpu', 'v4:2x2x2', (2, 2, 1)),
     Machine('v4-32', TPU_V4, 16, 4, 'tpu', 'v4:2x2x4', (2, 2, 1)),
     Machine('tpu-v5e', TPU_V5E, 1, 1, 'tpu', 'v5e:1x1'),
+    Machine('v5e-4', TPU_V5E, 4, 1, 'tpu', 'v5e:2x2', (2, 2, 1)),
     Machine('v5e-8', TPU_V5E, 8, 1, 'tpu', 'v5e:2x4', (2, 4, 1)),
     Machine('h100', H100, 1, 1, 'cuda', '1x1x1'),
   )
@@ -98,14 +111,51 @@ def get(name: str) -> Machine:
   return MACHINES[name]
 
 
-def _install_line(machine: Machine) -> str:
-  version = jax.__version__
+def with_devices(name: str, devices: int) -> Machine:
+  """The machine of `name`'s chip that shows `devices` devices: 'tpu-v4' with 4 is a v4-8 (how a
+  mesh's size picks the slice); ValueError naming the sizes there are."""
+  chip = get(name).chip
+  same = {m.devices: m for m in MACHINES.values() if m.chip is chip}
+  if devices not in same:
+    raise ValueError(
+      f'No {chip.name} machine has {devices} devices; the ones known have {sorted(same)} '
+      f'({", ".join(m.name for m in same.values())}).'
+    )
+  return same[devices]
+
+
+def install_line(name: str) -> str:
+  """The pip line that brings the compiler of machine `name` into this Python."""
+  machine, version = get(name), jax.__version__
   if machine.platform == 'tpu':
     return f"pip install 'jax[tpu]=={version}' (libtpu; no TPU needed to compile)"
   return (
     f'pip install --target /tmp/gpu_site jax-cuda13-plugin=={version} '
     f'jax-cuda13-pjrt=={version}, then run with PYTHONPATH=/tmp/gpu_site (no GPU needed)'
   )
+
+
+@contextlib.contextmanager
+def _off_tpu_compiler_env():
+  """While libtpu starts on a host without TPU chips: it may load beside other processes' libtpu
+  (ALLOW_MULTIPLE_LIBTPU_LOAD; there is no TPU to share) and is told the metadata it would
+  otherwise look for and warn about (an accelerator type, one worker). Variables already set are
+  kept; the environment is restored after, so nothing else (e.g. `sharding.wants_distributed`)
+  sees them. On a TPU VM this changes nothing."""
+  quiet = {
+    'ALLOW_MULTIPLE_LIBTPU_LOAD': '1',
+    'TPU_ACCELERATOR_TYPE': 'v4-8',
+    'TPU_WORKER_HOSTNAMES': 'localhost',
+  }
+  added = (
+    {} if sharding.on_cloud_tpu_vm() else {k: v for k, v in quiet.items() if k not in os.environ}
+  )
+  os.environ.update(added)
+  try:
+    yield
+  finally:
+    for key in added:
+      os.environ.pop(key, None)
 
 
 def compile_only_devices(name: str) -> list[jax.Device]:
@@ -119,21 +169,22 @@ def compile_only_devices(name: str) -> list[jax.Device]:
   machine = get(name)
   try:
     if machine.platform == 'tpu':
-      topology = topologies.get_topology_desc(
-        topology_name=machine.topology,
-        platform='tpu',
-        chip_config_name='megacore' if machine.chip is TPU_V4 else 'default',
-        chips_per_host_bounds=machine.chips_per_host,
-        num_slices=1,
-        wrap=(False, False, False),
-      )
+      with _off_tpu_compiler_env():
+        topology = topologies.get_topology_desc(
+          topology_name=machine.topology,
+          platform='tpu',
+          chip_config_name='megacore' if machine.chip is TPU_V4 else 'default',
+          chips_per_host_bounds=machine.chips_per_host,
+          num_slices=1,
+          wrap=(False, False, False),
+        )
     else:
       topology = topologies.get_topology_desc(
         platform='cuda', target_config=_H100_TARGET, topology=machine.topology
       )
   except (NotImplementedError, RuntimeError, ValueError) as e:
     raise RuntimeError(
-      f'Compiling for {name} needs its compiler in this Python: {_install_line(machine)}. ({e})'
+      f'Compiling for {name} needs its compiler in this Python: {install_line(name)}. ({e})'
     ) from e
   devices = list(topology.devices)
   if len(devices) != machine.devices:  # a libtpu that reads the topology otherwise
@@ -146,16 +197,27 @@ def compile_only_devices(name: str) -> list[jax.Device]:
 
 def compile_only_mesh(name: str, data: int, model: int) -> jax.sharding.Mesh:
   """A (data, model) mesh (`sharding.make_mesh`) over the compile-only devices of `name`."""
-  from specdec_jax import sharding
-
   return sharding.make_mesh(data, model, devices=compile_only_devices(name))
+
+
+def simulate_cpu_devices(count: int) -> None:
+  """JAX on XLA:CPU alone, showing `count` devices: what a plan compiled for a mesh of simulated
+  CPU devices needs. Call it before anything starts a JAX backend; where one has started (a test
+  calling a main), a CPU backend of at least `count` devices is kept, else RuntimeError."""
+  try:
+    jax.config.update('jax_platforms', 'cpu')
+    jax.config.update('jax_num_cpu_devices', count)
+  except RuntimeError as e:
+    if jax.default_backend() != 'cpu' or jax.device_count() < count:
+      raise RuntimeError(
+        f'{count} simulated CPU devices are needed, and JAX started with {jax.devices()}: call '
+        'simulate_cpu_devices before any JAX operation.'
+      ) from e
 
 
 def parse_machine_mesh(text: str) -> list[tuple[str, int, int]]:
   """'v4-8:1x4,h100:1x1' -> [('v4-8', 1, 4), ('h100', 1, 1)]: machines checked, meshes read by
   `sharding.parse_mesh`."""
-  from specdec_jax import sharding
-
   out = []
   for item in text.split(','):
     name, _, mesh = item.strip().partition(':')

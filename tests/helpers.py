@@ -12,6 +12,7 @@ Fixtures built on them (a loaded shipped pair, the tiny target/drafter pair) are
 """
 
 import dataclasses
+import importlib.util
 import os
 import pathlib
 import random
@@ -22,7 +23,7 @@ import sys
 import jax
 import pytest
 
-from specdec_jax import pretrained
+from specdec_jax import machines, pretrained
 from specdec_jax.models import t5
 
 # `t5.forward`, `encode` and `decode_forward` jitted: one compiled program per config and
@@ -78,6 +79,19 @@ def shipped(name: str = 'ende') -> bool:
 def needs_pair(name: str = 'ende'):
   """A mark that skips a test (or a parameter) where `pretrained/<name>` is not shipped."""
   return pytest.mark.skipif(not shipped(name), reason=f'pretrained/{name} not shipped')
+
+
+# XLA:TPU's compiler (libtpu) compiles for abstract TPU devices on any host (specdec_jax.machines).
+HAS_LIBTPU = importlib.util.find_spec('libtpu') is not None
+NO_LIBTPU = (
+  "libtpu (XLA:TPU's compiler) is not installed: pip install -e '.[test]' brings it, or "
+  + machines.install_line('tpu-v4')
+)
+
+
+def needs_libtpu(test):
+  """Skips `test` (a test or a mark target) where libtpu is absent, naming the install line."""
+  return pytest.mark.skipif(not HAS_LIBTPU, reason=NO_LIBTPU)(test)
 
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
