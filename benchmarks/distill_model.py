@@ -1,7 +1,7 @@
 """A distillation step on a mesh without the hardware: per-device bytes of the compiled step and
 the teacher's forward on the roofline, from abstract sharded models (the library part of `python
 -m benchmarks.distill_plan`, which simulates the devices, reads its flags and prints). Chips and
-machines: `benchmarks.memory_model`.
+machines: `specdec_jax.machines`.
 """
 
 import functools
@@ -13,7 +13,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from benchmarks import memory_model
-from specdec_jax import distill, distill_loss, sharding, training
+from specdec_jax import distill, distill_loss, machines, sharding, training
 from specdec_jax.models import t5
 
 
@@ -142,7 +142,7 @@ def xla_forward_cost(model: t5.T5Model, *, batch: int, source_length: int, targe
 def distill_rows(
   teacher_config: t5.T5Config,
   distill_config,
-  machines: list[tuple[str, int, int]],
+  meshes: list[tuple[str, int, int]],
   batches: list[int],
   *,
   teacher_param_dtype: str,
@@ -151,8 +151,8 @@ def distill_rows(
   compile_dtype: str | None = 'float32',
   log=lambda row: None,
 ) -> list[dict]:
-  """The distillation plan: a row per (machine, DATAxMODEL mesh) of `machines` (keys of
-  `memory_model.MACHINES`) and batch size, bytes per device.
+  """The distillation plan: a row per (machine, DATAxMODEL mesh) of `meshes` (machines of
+  `specdec_jax.machines.MACHINES`) and batch size, bytes per device.
 
   The teacher has `teacher_config`'s shapes (and compute dtype), params in `teacher_param_dtype`
   sharded by `sharding.DEFAULT_RULES`; the student, its optimizer, divergence and placement are
@@ -176,11 +176,11 @@ def distill_rows(
   """
   optimizer_config = training.OptimizerConfig.from_config(distill_config)
   rows = []
-  for name, data, model in machines:
-    machine = memory_model.MACHINES[name]
-    if data * model != machine.chips:
+  for name, data, model in meshes:
+    machine = machines.get(name)
+    if data * model != machine.devices:
       raise ValueError(
-        f'{name} has {machine.chips} chips; a {data}x{model} mesh has {data * model}.'
+        f'{name} has {machine.devices} devices; a {data}x{model} mesh has {data * model}.'
       )
     mesh = sharding.make_mesh(data, model)
     teacher = memory_model.abstract_model(
@@ -219,7 +219,9 @@ def distill_rows(
           compile_seconds=time.time() - start,
         )
         row['total'] = lower + row['output'] + row['temp'] - row['alias']
-      row['fits'] = memory_model.fits(lower, max(lower, row.get('total', lower)))[machine.hbm]
+      row['fits'] = memory_model.fits(lower, max(lower, row.get('total', lower)), [machine.chip])[
+        machine.chip.name
+      ]
       cost = forward_cost(teacher, mesh, **shape)
       row.update(
         forward=cost,

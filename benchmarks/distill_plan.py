@@ -26,7 +26,7 @@ decoder run in every step) and compiles it. Per device it prints:
   batch     bytes of the batch's rows (int32 ids, bool masks);
   compiled  the step's `memory_analysis()`: argument (= teacher + state + batch), output, temp,
             and total = argument + output + temp - alias (the state is donated), the bound;
-  fits      whether the total fits one chip's HBM (`memory_model.HBM_BYTES`): 'yes', 'no' if
+  fits      whether the total fits one chip's HBM (`specdec_jax.machines`): 'yes', 'no' if
             even teacher + state + batch do not, 'maybe' in between;
   forward   the teacher's forward per step on the roofline of the machine's chip
             (`distill_model.forward_cost`: max(FLOPs / peak, weight bytes / HBM bandwidth) per
@@ -82,7 +82,7 @@ from absl import app, flags  # noqa: E402
 
 from benchmarks import distill_model, memory_model  # noqa: E402
 from experiments.configs import distill_drafter  # noqa: E402
-from specdec_jax import distill, sharding  # noqa: E402
+from specdec_jax import distill, machines, sharding  # noqa: E402
 from specdec_jax.models import t5  # noqa: E402
 
 _TEACHER = flags.DEFINE_string('teacher', 't5-11b', 'Teacher shapes: a key of t5.CONFIGS.')
@@ -98,7 +98,7 @@ _DISTILL_CONFIG = flags.DEFINE_string(
 _MACHINES = flags.DEFINE_string(
   'machines',
   DEFAULT_MACHINES,
-  f'MACHINE:DATAxMODEL items, MACHINE one of {sorted(memory_model.MACHINES)} (simulated devices).',
+  f'MACHINE:DATAxMODEL items, MACHINE one of {sorted(machines.MACHINES)} (simulated devices).',
 )
 _BATCH = flags.DEFINE_list('batch', ['32', '128'], 'Batch sizes (global rows per step).')
 _SOURCE_LENGTH = flags.DEFINE_integer('source_length', 512, 'Source tokens per row.')
@@ -115,7 +115,7 @@ _COMPILE_DTYPE = flags.DEFINE_enum(
 
 
 def _gib(n: float) -> str:
-  return f'{n / memory_model.GiB:.2f}'
+  return f'{n / machines.GiB:.2f}'
 
 
 def _print_row(row: dict) -> None:
@@ -131,15 +131,13 @@ def _print_row(row: dict) -> None:
 
 def main(argv):
   del argv
-  machines = parse_machines(_MACHINES.value)
-  for name, data, model in machines:
-    if name not in memory_model.MACHINES:
+  meshes = parse_machines(_MACHINES.value)
+  for name, data, model in meshes:
+    if name not in machines.MACHINES:
+      raise app.UsageError(f'Unknown machine {name!r}; choose one of {sorted(machines.MACHINES)}.')
+    if data * model != machines.MACHINES[name].devices:
       raise app.UsageError(
-        f'Unknown machine {name!r}; choose one of {sorted(memory_model.MACHINES)}.'
-      )
-    if data * model != memory_model.MACHINES[name].chips:
-      raise app.UsageError(
-        f'{name} has {memory_model.MACHINES[name].chips} chips; the mesh {data}x{model} has '
+        f'{name} has {machines.MACHINES[name].devices} chips; the mesh {data}x{model} has '
         f'{data * model}.'
       )
     if data * model > jax.device_count():
@@ -183,7 +181,7 @@ def main(argv):
   distill_model.distill_rows(
     teacher_config,
     config,
-    machines,
+    meshes,
     batches,
     teacher_param_dtype=_TEACHER_PARAM_DTYPE.value,
     compile_dtype=compile_dtype,

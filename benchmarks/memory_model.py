@@ -1,7 +1,6 @@
 """Per-device memory and a roofline of the decode loops, from abstract sharded models: the library
 part of `python -m benchmarks.memory_plan` (which simulates the devices, reads its flags and
-prints; its docstring has the method and the constants' sources). The chips, machines and their
-constants here serve `benchmarks.distill_model` too.
+prints; its docstring has the method). The chips and machines are `specdec_jax.machines`'.
 """
 
 import dataclasses
@@ -14,55 +13,11 @@ from jax.sharding import PartitionSpec as P
 
 from specdec_jax import analysis, decode, sharding
 from specdec_jax import sampling as sampling_lib
+from specdec_jax.machines import H100, TPU_V4, TPU_V5E, Chip
 from specdec_jax.models import t5
 
-GiB = 2**30
-# HBM per chip. TPU v4: "HBM2 capacity and bandwidth 32 GiB, 1200 GBps"
-# (https://cloud.google.com/tpu/docs/v4); TPU v5e: "16 GB, 819 GBps"
-# (https://cloud.google.com/tpu/docs/v5e); H100 SXM: 80 GB HBM3.
-HBM_BYTES = {'TPU v4': 32 * GiB, 'TPU v5e': 16 * GiB, 'H100': 80 * GiB}
-
-
-@dataclasses.dataclass(frozen=True)
-class Chip:
-  """Roofline constants of one chip: peak dense bf16 FLOP/s and HBM bandwidth in bytes/s."""
-
-  name: str
-  peak_flops: float
-  hbm_bandwidth: float
-
-
-# TPU v4: "Peak compute per chip 275 teraflops (bf16 or int8)", "32 GiB, 1200 GBps"
-# (https://cloud.google.com/tpu/docs/v4). TPU v5e: "197 TFLOPS" (bf16), "16 GB, 819 GBps"
-# (https://cloud.google.com/tpu/docs/v5e).
-TPU_V4 = Chip('TPU v4', peak_flops=275e12, hbm_bandwidth=1.2e12)
-TPU_V5E = Chip('TPU v5e', peak_flops=197e12, hbm_bandwidth=819e9)
-# H100 SXM (NVIDIA's H100 datasheet): BF16 Tensor Core 1,979 TFLOPS with 2:4 sparsity, so 989
-# dense; 3.35 TB/s HBM3.
-H100 = Chip('H100 SXM', peak_flops=989e12, hbm_bandwidth=3.35e12)
-CHIPS = {'v4': TPU_V4, 'v5e': TPU_V5E, 'h100': H100}
-
-
-@dataclasses.dataclass(frozen=True)
-class Machine:
-  """`chips` chips of one kind, each one JAX device with `hbm` bytes (a key of `HBM_BYTES`)."""
-
-  name: str
-  chip: Chip
-  chips: int
-  hbm: str
-
-
-# Chips per machine. A TPU v4 slice is named by its TensorCores, two per chip: v4-8 is 4 chips on
-# one host, v4-32 16 chips on 4 hosts (https://cloud.google.com/tpu/docs/v4, "each TPU v4 chip
-# contains two TensorCores"; scripts/launch_tpu.py). A v5e slice is named by its chips: v5e-8
-# (v5litepod-8) is 8 chips, one TensorCore each (https://cloud.google.com/tpu/docs/v5e).
-MACHINES = {
-  'v4-8': Machine('v4-8', TPU_V4, 4, 'TPU v4'),
-  'v4-32': Machine('v4-32', TPU_V4, 16, 'TPU v4'),
-  'v5e-8': Machine('v5e-8', TPU_V5E, 8, 'TPU v5e'),
-  'h100': Machine('H100', H100, 1, 'H100'),
-}
+# The chips whose HBM a plan's `fits` judges (their constants and sources: specdec_jax/machines.py).
+PLAN_CHIPS = (TPU_V4, TPU_V5E, H100)
 
 # (label, alpha at temperature 0, alpha at temperature 1).
 ALPHAS = (
@@ -147,14 +102,16 @@ def cache_bytes_per_device(
   return out
 
 
-def fits(lower_bound: int, upper_bound: int) -> dict[str, str]:
-  """Per chip of `HBM_BYTES`: 'yes' if `upper_bound` bytes fit, 'no' if even `lower_bound`
-  bytes do not, else 'maybe'."""
+def fits(lower_bound: int, upper_bound: int, chips=PLAN_CHIPS) -> dict[str, str]:
+  """Per chip (by name) of `chips`: 'yes' if `upper_bound` bytes fit its HBM, 'no' if even
+  `lower_bound` bytes do not, else 'maybe'."""
   if lower_bound > upper_bound:
     raise ValueError(f'lower_bound {lower_bound} exceeds upper_bound {upper_bound}.')
   return {
-    chip: 'yes' if upper_bound <= hbm else ('no' if lower_bound > hbm else 'maybe')
-    for chip, hbm in HBM_BYTES.items()
+    chip.name: 'yes'
+    if upper_bound <= chip.hbm_bytes
+    else ('no' if lower_bound > chip.hbm_bytes else 'maybe')
+    for chip in chips
   }
 
 

@@ -79,9 +79,7 @@ import jax  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from benchmarks.memory_model import (  # noqa: E402
-  CHIPS,
-  HBM_BYTES,
-  GiB,
+  PLAN_CHIPS,
   abstract_model,
   call_cost,
   compile_loops,
@@ -91,9 +89,11 @@ from benchmarks.memory_model import (  # noqa: E402
   with_dtype,
   xla_step_cost,
 )
-from specdec_jax import decode, sharding  # noqa: E402
+from specdec_jax import decode, machines, sharding  # noqa: E402
 from specdec_jax import sampling as sampling_lib  # noqa: E402
 from specdec_jax.models import t5  # noqa: E402
+
+CHIPS = {'v4': machines.TPU_V4, 'v5e': machines.TPU_V5E, 'h100': machines.H100}
 
 _TARGET = flags.DEFINE_string('target', 't5_1_1-xxl', 'Target: a key of t5.CONFIGS.')
 _DRAFTER = flags.DEFINE_string('drafter', 't5_1_1-small', 'Drafter: a key of t5.CONFIGS.')
@@ -124,7 +124,7 @@ _COMPILE_DTYPE = flags.DEFINE_enum(
 
 
 def _gib(n: float) -> str:
-  return f'{n / GiB:.2f}'
+  return f'{n / machines.GiB:.2f}'
 
 
 def _config(name: str, dtype: str) -> t5.T5Config:
@@ -177,11 +177,11 @@ def main(argv):
     )
     + 'total = params + inputs + output + temp - alias, the upper bound.'
   )
-  chips = ' | '.join(HBM_BYTES)
+  chips = ' | '.join(chip.name for chip in PLAN_CHIPS)
   print(
     f'\n| batch | loop | params | caches | params+caches | argument | output | temp | total | {chips} |'
   )
-  print('|' + '---:|' * (9 + len(HBM_BYTES)))
+  print('|' + '---:|' * (9 + len(PLAN_CHIPS)))
   for batch in batches:
     compiled = None
     if _COMPILE.value:

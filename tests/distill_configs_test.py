@@ -5,9 +5,8 @@ import pathlib
 
 import pytest
 
-from benchmarks import memory_model
 from experiments.configs import distill_drafter, ende
-from specdec_jax import distill, distill_loss, sharding, training
+from specdec_jax import distill, distill_loss, machines, sharding, training
 from specdec_jax.models import t5
 
 _VARIANTS = (
@@ -50,7 +49,7 @@ def test_paper_reads_the_target_files_of_ende_paper():
 def test_paper_fits_a_v4_32_mesh():
   config = distill_drafter.get_config('paper')
   data, model = sharding.parse_mesh(config.mesh)
-  assert data * model == memory_model.MACHINES['v4-32'].chips == 16
+  assert data * model == machines.MACHINES['v4-32'].devices == 16
   for name in ('batch_size', 'generate_batch_size', 'eval_batch_size'):
     assert config[name] % data == 0, (name, config[name], data)
   sharding.check_placement(config.student_sharding)

@@ -12,14 +12,14 @@ from jax.sharding import PartitionSpec as P
 
 from benchmarks import distill_model, memory_model, memory_plan
 from experiments.configs import distill_drafter
-from specdec_jax import sharding
+from specdec_jax import machines, sharding
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
 from tests import helpers
 
 _MESH = AbstractMesh((2, 4), ('data', 'model'))
 _ONE = AbstractMesh((1, 1), ('data', 'model'))
-GiB = memory_model.GiB
+GiB = machines.GiB
 
 
 def _model(name, mesh=_MESH, *, shard=True, dtype='float32', param_dtype='float32'):
@@ -85,17 +85,21 @@ def test_cache_bytes_match_the_formula_and_init_cache(batch):
 
 
 def test_fits_flips_at_each_chips_capacity():
-  assert memory_model.fits(16 * GiB, 16 * GiB) == {'TPU v4': 'yes', 'TPU v5e': 'yes', 'H100': 'yes'}
+  assert memory_model.fits(16 * GiB, 16 * GiB) == {
+    'TPU v4': 'yes',
+    'TPU v5e': 'yes',
+    'H100 SXM': 'yes',
+  }
   assert memory_model.fits(16 * GiB + 1, 16 * GiB + 1)['TPU v5e'] == 'no'
   assert memory_model.fits(32 * GiB + 1, 32 * GiB + 1) == {
     'TPU v4': 'no',
     'TPU v5e': 'no',
-    'H100': 'yes',
+    'H100 SXM': 'yes',
   }
   assert memory_model.fits(10 * GiB, 20 * GiB) == {
     'TPU v4': 'yes',
     'TPU v5e': 'maybe',
-    'H100': 'yes',
+    'H100 SXM': 'yes',
   }
   with pytest.raises(ValueError, match='exceeds upper_bound'):
     memory_model.fits(2, 1)
@@ -248,7 +252,7 @@ def test_compiled_plan_on_one_device():
 
 _COMPILED_PLAN_SCRIPT = """
 import jax
-from specdec_jax import sharding
+from specdec_jax import machines, sharding
 from tests import memory_plan_test
 
 assert jax.device_count() == 4, jax.devices()
@@ -311,7 +315,7 @@ def test_distill_plan_bytes_on_one_device():
 
 
 def test_distill_plan_rejects_a_mesh_of_another_size():
-  with pytest.raises(ValueError, match='v4-8 has 4 chips; a 2x4 mesh has 8'):
+  with pytest.raises(ValueError, match='v4-8 has 4 devices; a 2x4 mesh has 8'):
     _distill_rows([('v4-8', 2, 4)])
 
 
