@@ -12,8 +12,8 @@ T5 v1.0 11B, the checkpoint `ende.py:paper` and `distill_drafter.py:paper` read)
 --teacher_param_dtype computing in float32 (what `pretrained.load_model` gives for a T5X
 checkpoint), sharded by `sharding.DEFAULT_RULES` over 'model' as `distill` shards it.
 
-Run as a script it simulates as many XLA:CPU devices as the largest machine has (it sets
-`XLA_FLAGS=--xla_force_host_platform_device_count=N` before JAX starts). For each machine and
+It simulates as many XLA:CPU devices as the largest machine has
+(`machines.simulate_cpu_devices`). For each machine and
 DATAxMODEL mesh of --machines and each batch size it builds, with nothing allocated, the teacher's
 params (`memory_model.abstract_model`), the student's step-0 train state (`jax.eval_shape` of
 `training.init_state`, placed by `training.state_shardings`) and a batch split over 'data', each a
@@ -44,46 +44,17 @@ reads the flags and prints. Results, with the exact command and the CPU:
 docs/results/memory_plan.md.
 """
 
-import os
-import sys
+import dataclasses
 
-_MACHINES_FLAG = '--machines='
+import jax
+from absl import app, flags
+
+from benchmarks import distill_model, memory_model
+from experiments.configs import distill_drafter
+from specdec_jax import distill, machines, sharding
+from specdec_jax.models import t5
+
 DEFAULT_MACHINES = 'v4-8:1x4,v4-8:2x2,v4-32:4x4,v5e-8:1x8,v5e-8:2x4,h100:1x1'
-
-
-def parse_machines(text: str) -> list[tuple[str, int, int]]:
-  """'v4-8:1x4,h100:1x1' -> [('v4-8', 1, 4), ('h100', 1, 1)] (names checked in main)."""
-  out = []
-  for item in text.split(','):
-    name, _, mesh = item.partition(':')
-    parts = mesh.lower().split('x')
-    if not name or len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
-      raise ValueError(f'--machines items are MACHINE:DATAxMODEL (e.g. v4-8:2x2), got {item!r}.')
-    out.append((name, int(parts[0]), int(parts[1])))
-  return out
-
-
-def _simulate_devices(argv) -> None:
-  """Asks XLA:CPU for as many devices as the largest mesh of --machines; before JAX starts."""
-  text = next((a[len(_MACHINES_FLAG) :] for a in argv if a.startswith(_MACHINES_FLAG)), None)
-  devices = max(data * model for _, data, model in parse_machines(text or DEFAULT_MACHINES))
-  flags = os.environ.get('XLA_FLAGS', '')
-  os.environ['XLA_FLAGS'] = f'{flags} --xla_force_host_platform_device_count={devices}'
-  os.environ['JAX_PLATFORMS'] = 'cpu'
-
-
-if __name__ == '__main__':
-  _simulate_devices(sys.argv)
-
-import dataclasses  # noqa: E402
-
-import jax  # noqa: E402
-from absl import app, flags  # noqa: E402
-
-from benchmarks import distill_model, memory_model  # noqa: E402
-from experiments.configs import distill_drafter  # noqa: E402
-from specdec_jax import distill, machines, sharding  # noqa: E402
-from specdec_jax.models import t5  # noqa: E402
 
 _TEACHER = flags.DEFINE_string('teacher', 't5-11b', 'Teacher shapes: a key of t5.CONFIGS.')
 _TEACHER_PARAM_DTYPE = flags.DEFINE_enum(
@@ -131,20 +102,17 @@ def _print_row(row: dict) -> None:
 
 def main(argv):
   del argv
-  meshes = parse_machines(_MACHINES.value)
+  try:
+    meshes = machines.parse_machine_mesh(_MACHINES.value)
+  except ValueError as e:
+    raise app.UsageError(f'--machines: {e}') from e
   for name, data, model in meshes:
-    if name not in machines.MACHINES:
-      raise app.UsageError(f'Unknown machine {name!r}; choose one of {sorted(machines.MACHINES)}.')
     if data * model != machines.MACHINES[name].devices:
       raise app.UsageError(
-        f'{name} has {machines.MACHINES[name].devices} chips; the mesh {data}x{model} has '
+        f'{name} has {machines.MACHINES[name].devices} devices; the mesh {data}x{model} has '
         f'{data * model}.'
       )
-    if data * model > jax.device_count():
-      raise app.UsageError(
-        f'{name}:{data}x{model} needs {data * model} devices, JAX has {jax.device_count()}: run '
-        'as `python -m benchmarks.distill_plan`, which simulates them.'
-      )
+  machines.simulate_cpu_devices(max(data * model for _, data, model in meshes))
   if _TEACHER.value not in t5.CONFIGS:
     raise app.UsageError(f'Unknown teacher {_TEACHER.value!r}; choose one of {sorted(t5.CONFIGS)}.')
   teacher_config = dataclasses.replace(t5.CONFIGS[_TEACHER.value], dtype='float32')

@@ -3,8 +3,7 @@ r"""A memory and cost plan for a T5 pair on a device mesh, without the hardware.
   python -m benchmarks.memory_plan --target=t5_1_1-xxl --drafter=t5_1_1-small --mesh=1x4 \
     --batch=1,8,32 --source_length=512 --max_new_tokens=128 --gamma=5 --param_dtype=bfloat16
 
-Run as a script it simulates DATA x MODEL CPU devices (it sets
-`XLA_FLAGS=--xla_force_host_platform_device_count=N` before JAX starts), builds the pair as
+It simulates DATA x MODEL CPU devices (`machines.simulate_cpu_devices`), builds the pair as
 abstract params (`jax.eval_shape` of `t5.init_params`, each leaf a `jax.ShapeDtypeStruct` carrying
 its `NamedSharding` from `sharding.param_shardings`; the drafter replicated or sharded per
 --drafter_sharding) and abstract sharded inputs, and lowers and compiles the autoregressive and
@@ -49,36 +48,11 @@ docs/results/memory_plan.md.
 """
 
 import dataclasses
-import os
-import sys
 
-_MESH_FLAG = '--mesh='
+import jax
+from absl import app, flags
 
-
-def parse_mesh(text: str) -> tuple[int, int]:
-  """'DATAxMODEL' (e.g. '1x4') -> (data, model)."""
-  parts = text.lower().split('x')
-  if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
-    raise ValueError(f'--mesh must be DATAxMODEL with positive sizes (e.g. 1x4), got {text!r}.')
-  return int(parts[0]), int(parts[1])
-
-
-def _simulate_devices(argv) -> None:
-  """Asks XLA:CPU for as many devices as the --mesh flag needs; must run before JAX starts."""
-  mesh = next((a[len(_MESH_FLAG) :] for a in argv if a.startswith(_MESH_FLAG)), '1x4')
-  data, model = parse_mesh(mesh)
-  flags = os.environ.get('XLA_FLAGS', '')
-  os.environ['XLA_FLAGS'] = f'{flags} --xla_force_host_platform_device_count={data * model}'
-  os.environ['JAX_PLATFORMS'] = 'cpu'
-
-
-if __name__ == '__main__':
-  _simulate_devices(sys.argv)
-
-import jax  # noqa: E402
-from absl import app, flags  # noqa: E402
-
-from benchmarks.memory_model import (  # noqa: E402
+from benchmarks.memory_model import (
   PLAN_CHIPS,
   abstract_model,
   call_cost,
@@ -89,9 +63,9 @@ from benchmarks.memory_model import (  # noqa: E402
   with_dtype,
   xla_step_cost,
 )
-from specdec_jax import decode, machines, sharding  # noqa: E402
-from specdec_jax import sampling as sampling_lib  # noqa: E402
-from specdec_jax.models import t5  # noqa: E402
+from specdec_jax import decode, machines, sharding
+from specdec_jax import sampling as sampling_lib
+from specdec_jax.models import t5
 
 CHIPS = {'v4': machines.TPU_V4, 'v5e': machines.TPU_V5E, 'h100': machines.H100}
 
@@ -135,12 +109,10 @@ def _config(name: str, dtype: str) -> t5.T5Config:
 
 def main(argv):
   del argv
-  data, model = parse_mesh(_MESH.value)
-  if jax.device_count() < data * model:
-    raise app.UsageError(
-      f'--mesh={_MESH.value} needs {data * model} devices, JAX has {jax.device_count()}: run '
-      'as `python -m benchmarks.memory_plan`, which simulates them.'
-    )
+  if _MESH.value.strip().lower() in ('', 'auto'):
+    raise app.UsageError(f'--mesh must be DATAxMODEL (e.g. 1x4), got {_MESH.value!r}.')
+  data, model = sharding.parse_mesh(_MESH.value)
+  machines.simulate_cpu_devices(data * model)
   mesh = sharding.make_mesh(data, model)
   batches = [int(b) for b in _BATCH.value]
   shape = dict(

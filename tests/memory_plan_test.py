@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from benchmarks import distill_model, memory_model, memory_plan
+from benchmarks import distill_model, memory_model
 from experiments.configs import distill_drafter
 from specdec_jax import machines, sharding
 from specdec_jax.models import t5
@@ -29,13 +29,6 @@ def _model(name, mesh=_MESH, *, shard=True, dtype='float32', param_dtype='float3
 
 def _total_bytes(tree):
   return sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
-
-
-def test_parse_mesh():
-  assert memory_plan.parse_mesh('4x2') == (4, 2)
-  for bad in ('4', '0x4', 'ax4', '1x2x3'):
-    with pytest.raises(ValueError, match='DATAxMODEL'):
-      memory_plan.parse_mesh(bad)
 
 
 def test_bytes_per_device_of_a_fully_sharded_tree_times_devices_is_the_total():
