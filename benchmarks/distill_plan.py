@@ -49,6 +49,7 @@ import dataclasses
 import jax
 from absl import app, flags
 
+import benchmarks
 from benchmarks import distill_model, memory_model
 from experiments.configs import distill_drafter
 from specdec_jax import distill, machines, sharding
@@ -56,25 +57,44 @@ from specdec_jax.models import t5
 
 DEFAULT_MACHINES = 'v4-8:1x4,v4-8:2x2,v4-32:4x4,v5e-8:1x8,v5e-8:2x4,h100:1x1'
 
-_TEACHER = flags.DEFINE_string('teacher', 't5-11b', 'Teacher shapes: a key of t5.CONFIGS.')
+# This main's own flags (`benchmarks.flags_parser`): memory_plan and distill_plan (and other
+# benchmarks) define --batch, --source_length, ... too; one process (the test suite) imports them.
+FLAGS = flags.FlagValues()
+_TEACHER = flags.DEFINE_string(
+  'teacher', 't5-11b', 'Teacher shapes: a key of t5.CONFIGS.', flag_values=FLAGS
+)
 _TEACHER_PARAM_DTYPE = flags.DEFINE_enum(
-  'teacher_param_dtype', 'bfloat16', ['float32', 'bfloat16'], "The teacher's params on device."
+  'teacher_param_dtype',
+  'bfloat16',
+  ['float32', 'bfloat16'],
+  "The teacher's params on device.",
+  flag_values=FLAGS,
 )
 _DISTILL_CONFIG = flags.DEFINE_string(
   'distill_config',
   'paper',
   'Items of experiments/configs/distill_drafter.py (e.g. "paper,student.d_ff=2048"): the '
   "student's shape, optimizer, divergence and student_sharding.",
+  flag_values=FLAGS,
 )
 _MACHINES = flags.DEFINE_string(
   'machines',
   DEFAULT_MACHINES,
   f'MACHINE:DATAxMODEL items, MACHINE one of {sorted(machines.MACHINES)} (simulated devices).',
+  flag_values=FLAGS,
 )
-_BATCH = flags.DEFINE_list('batch', ['32', '128'], 'Batch sizes (global rows per step).')
-_SOURCE_LENGTH = flags.DEFINE_integer('source_length', 512, 'Source tokens per row.')
-_TARGET_LENGTH = flags.DEFINE_integer('target_length', 128, 'Target tokens per row.')
-_COMPILE = flags.DEFINE_bool('compile', True, 'Compile the step (off: shapes and roofline only).')
+_BATCH = flags.DEFINE_list(
+  'batch', ['32', '128'], 'Batch sizes (global rows per step).', flag_values=FLAGS
+)
+_SOURCE_LENGTH = flags.DEFINE_integer(
+  'source_length', 512, 'Source tokens per row.', flag_values=FLAGS
+)
+_TARGET_LENGTH = flags.DEFINE_integer(
+  'target_length', 128, 'Target tokens per row.', flag_values=FLAGS
+)
+_COMPILE = flags.DEFINE_bool(
+  'compile', True, 'Compile the step (off: shapes and roofline only).', flag_values=FLAGS
+)
 _COMPILE_DTYPE = flags.DEFINE_enum(
   'compile_dtype',
   'float32',
@@ -82,6 +102,7 @@ _COMPILE_DTYPE = flags.DEFINE_enum(
   "Compile with the teacher's params in float32 (its temporaries are then the activations "
   'alone) or as planned (--teacher_param_dtype: XLA:CPU then adds a float32 copy of the bf16 '
   'weights to the temporaries).',
+  flag_values=FLAGS,
 )
 
 
@@ -169,4 +190,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=benchmarks.flags_parser(FLAGS))

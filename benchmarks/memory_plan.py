@@ -52,6 +52,7 @@ import dataclasses
 import jax
 from absl import app, flags
 
+import benchmarks
 from benchmarks.memory_model import (
   PLAN_CHIPS,
   abstract_model,
@@ -69,31 +70,62 @@ from specdec_jax.models import t5
 
 CHIPS = {'v4': machines.TPU_V4, 'v5e': machines.TPU_V5E, 'h100': machines.H100}
 
-_TARGET = flags.DEFINE_string('target', 't5_1_1-xxl', 'Target: a key of t5.CONFIGS.')
-_DRAFTER = flags.DEFINE_string('drafter', 't5_1_1-small', 'Drafter: a key of t5.CONFIGS.')
-_MESH = flags.DEFINE_string('mesh', '1x4', 'DATAxMODEL device mesh (simulated on CPU).')
-_BATCH = flags.DEFINE_list('batch', ['1', '8', '32'], 'Batch sizes (global).')
-_SOURCE_LENGTH = flags.DEFINE_integer('source_length', 512, 'Source tokens per row.')
-_MAX_NEW_TOKENS = flags.DEFINE_integer('max_new_tokens', 128, 'Tokens decoded per row.')
-_GAMMA = flags.DEFINE_integer('gamma', 5, 'Drafted tokens per iteration.')
-_PARAM_DTYPE = flags.DEFINE_enum('param_dtype', 'bfloat16', ['float32', 'bfloat16'], 'Params.')
+# This main's own flags (`benchmarks.flags_parser`): memory_plan and distill_plan (and other
+# benchmarks) define --batch, --source_length, ... too; one process (the test suite) imports them.
+FLAGS = flags.FlagValues()
+_TARGET = flags.DEFINE_string(
+  'target', 't5_1_1-xxl', 'Target: a key of t5.CONFIGS.', flag_values=FLAGS
+)
+_DRAFTER = flags.DEFINE_string(
+  'drafter', 't5_1_1-small', 'Drafter: a key of t5.CONFIGS.', flag_values=FLAGS
+)
+_MESH = flags.DEFINE_string(
+  'mesh', '1x4', 'DATAxMODEL device mesh (simulated on CPU).', flag_values=FLAGS
+)
+_BATCH = flags.DEFINE_list('batch', ['1', '8', '32'], 'Batch sizes (global).', flag_values=FLAGS)
+_SOURCE_LENGTH = flags.DEFINE_integer(
+  'source_length', 512, 'Source tokens per row.', flag_values=FLAGS
+)
+_MAX_NEW_TOKENS = flags.DEFINE_integer(
+  'max_new_tokens', 128, 'Tokens decoded per row.', flag_values=FLAGS
+)
+_GAMMA = flags.DEFINE_integer('gamma', 5, 'Drafted tokens per iteration.', flag_values=FLAGS)
+_PARAM_DTYPE = flags.DEFINE_enum(
+  'param_dtype', 'bfloat16', ['float32', 'bfloat16'], 'Params.', flag_values=FLAGS
+)
 _DTYPE = flags.DEFINE_enum(
-  'dtype', 'bfloat16', ['float32', 'bfloat16'], 'Activation and cache dtype (T5Config.dtype).'
+  'dtype',
+  'bfloat16',
+  ['float32', 'bfloat16'],
+  'Activation and cache dtype (T5Config.dtype).',
+  flag_values=FLAGS,
 )
 _DRAFTER_SHARDING = flags.DEFINE_enum(
-  'drafter_sharding', 'replicated', ['replicated', 'model'], 'Drafter params on the mesh.'
+  'drafter_sharding',
+  'replicated',
+  ['replicated', 'model'],
+  'Drafter params on the mesh.',
+  flag_values=FLAGS,
 )
 _TEMPERATURE = flags.DEFINE_float(
-  'temperature', 1.0, 'Sampling of the compiled loops (> 0 forms probabilities: more temporaries).'
+  'temperature',
+  1.0,
+  'Sampling of the compiled loops (> 0 forms probabilities: more temporaries).',
+  flag_values=FLAGS,
 )
-_CHIP = flags.DEFINE_enum('chip', 'v4', sorted(CHIPS), 'Chip of the roofline prediction.')
-_COMPILE = flags.DEFINE_bool('compile', True, 'Compile the loops (off: params + caches only).')
+_CHIP = flags.DEFINE_enum(
+  'chip', 'v4', sorted(CHIPS), 'Chip of the roofline prediction.', flag_values=FLAGS
+)
+_COMPILE = flags.DEFINE_bool(
+  'compile', True, 'Compile the loops (off: params + caches only).', flag_values=FLAGS
+)
 _COMPILE_DTYPE = flags.DEFINE_enum(
   'compile_dtype',
   'float32',
   ['float32', 'params'],
   "Compile the loops in float32 (whose temporaries bound the planned dtype's) or as planned "
   '(--param_dtype / --dtype; XLA:CPU then adds f32 copies of bf16 weights to the temporaries).',
+  flag_values=FLAGS,
 )
 
 
@@ -231,4 +263,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=benchmarks.flags_parser(FLAGS))
