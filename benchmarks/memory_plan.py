@@ -139,17 +139,8 @@ def _config(name: str, dtype: str) -> t5.T5Config:
   return dataclasses.replace(t5.CONFIGS[name], dtype=dtype)
 
 
-def main(argv):
-  del argv
-  if _MESH.value.strip().lower() in ('', 'auto'):
-    raise app.UsageError(f'--mesh must be DATAxMODEL (e.g. 1x4), got {_MESH.value!r}.')
-  data, model = sharding.parse_mesh(_MESH.value)
-  machines.simulate_cpu_devices(data * model)
-  mesh = sharding.make_mesh(data, model)
-  batches = [int(b) for b in _BATCH.value]
-  shape = dict(
-    source_length=_SOURCE_LENGTH.value, max_new_tokens=_MAX_NEW_TOKENS.value, gamma=_GAMMA.value
-  )
+def _pair(mesh) -> tuple[t5.T5Model, t5.T5Model]:
+  """The flags' target (sharded) and drafter (per --drafter_sharding) as abstract models."""
   target = abstract_model(
     _config(_TARGET.value, _DTYPE.value), mesh, param_dtype=_PARAM_DTYPE.value, shard=True
   )
@@ -159,11 +150,11 @@ def main(argv):
     param_dtype=_PARAM_DTYPE.value,
     shard=_DRAFTER_SHARDING.value == 'model',
   )
-  chip = CHIPS[_CHIP.value]
-  compiled_pair = (target, drafter)
-  if _COMPILE_DTYPE.value == 'float32':
-    compiled_pair = (with_dtype(target, 'float32'), with_dtype(drafter, 'float32'))
-  sampling = sampling_lib.SamplingConfig(temperature=_TEMPERATURE.value)
+  return target, drafter
+
+
+def _print_header(target, drafter, mesh, shape: dict) -> None:
+  data, model = mesh.shape['data'], mesh.shape['model']
   print(
     f'{_TARGET.value} + {_DRAFTER.value} (drafter {_DRAFTER_SHARDING.value}), mesh '
     f'{data}x{model} ({jax.device_count()} simulated {jax.devices()[0].platform} devices), '
@@ -181,6 +172,14 @@ def main(argv):
     )
     + 'total = params + inputs + output + temp - alias, the upper bound.'
   )
+
+
+def _print_memory(target, drafter, mesh, batches: list[int], shape: dict) -> None:
+  """The memory table: a row per batch and loop (`memory_rows`), compiled unless --nocompile."""
+  compiled_pair = (target, drafter)
+  if _COMPILE_DTYPE.value == 'float32':
+    compiled_pair = (with_dtype(target, 'float32'), with_dtype(drafter, 'float32'))
+  sampling = sampling_lib.SamplingConfig(temperature=_TEMPERATURE.value)
   chips = ' | '.join(chip.name for chip in PLAN_CHIPS)
   print(
     f'\n| batch | loop | params | caches | params+caches | argument | output | temp | total | {chips} |'
@@ -198,9 +197,13 @@ def main(argv):
       cells += [_gib(row['params'] + row['caches'])] + measured + list(row['fits'].values())
       print('| ' + ' | '.join(cells) + ' |', flush=True)
 
+
+def _print_roofline(target, drafter, mesh, chip, batches: list[int], shape: dict) -> dict:
+  """The roofline table of each batch (`predict`); returns the predictions by batch."""
   print(
     f'\nRoofline on one {chip.name} chip ({chip.peak_flops / 1e12:.0f} TFLOP/s bf16, '
-    f'{chip.hbm_bandwidth / 1e9:.0f} GB/s HBM) per chip of the {data}x{model} mesh; ms per call:'
+    f'{chip.hbm_bandwidth / 1e9:.0f} GB/s HBM) per chip of the '
+    f'{mesh.shape["data"]}x{mesh.shape["model"]} mesh; ms per call:'
   )
   print(
     '\n| batch | target step | pass (gamma+1) | pass cost | drafter step | c | iteration | '
@@ -217,8 +220,13 @@ def main(argv):
       f'{p["pass_cost"]:.2f} | {s["drafter_step"] * 1e3:.3f} | {p["c"]:.3f} | '
       f'{p["iteration"] * 1e3:.3f} | {bounds} |'
     )
+  return predictions
+
+
+def _print_speedups(predictions: dict, gamma: int) -> None:
+  batches = list(predictions)
   print(
-    f'\nPredicted speedup at gamma {shape["gamma"]}: paper = analysis.walltime_improvement '
+    f'\nPredicted speedup at gamma {gamma}: paper = analysis.walltime_improvement '
     '(pass cost 1), roofline = analysis.walltime_improvement_measured (roofline pass cost); '
     'best gamma by the paper formula.'
   )
@@ -241,6 +249,8 @@ def main(argv):
       + ' |'
     )
 
+
+def _print_cross_check(target, batches: list[int], shape: dict) -> None:
   one = jax.sharding.AbstractMesh((1, 1), ('data', 'model'))
   print('\nCross-check (global, unsharded target call): analytic FLOPs vs XLA cost_analysis')
   for batch in batches:
@@ -260,6 +270,25 @@ def main(argv):
         f'accessed {xla["bytes accessed"]:.4g} ({xla["bytes accessed"] / ours.bytes:.2f}x)',
         flush=True,
       )
+
+
+def main(argv):
+  del argv
+  if _MESH.value.strip().lower() in ('', 'auto'):
+    raise app.UsageError(f'--mesh must be DATAxMODEL (e.g. 1x4), got {_MESH.value!r}.')
+  data, model = sharding.parse_mesh(_MESH.value)
+  machines.simulate_cpu_devices(data * model)
+  mesh = sharding.make_mesh(data, model)
+  batches = [int(b) for b in _BATCH.value]
+  shape = dict(
+    source_length=_SOURCE_LENGTH.value, max_new_tokens=_MAX_NEW_TOKENS.value, gamma=_GAMMA.value
+  )
+  target, drafter = _pair(mesh)
+  _print_header(target, drafter, mesh, shape)
+  _print_memory(target, drafter, mesh, batches, shape)
+  predictions = _print_roofline(target, drafter, mesh, CHIPS[_CHIP.value], batches, shape)
+  _print_speedups(predictions, shape['gamma'])
+  _print_cross_check(target, batches, shape)
 
 
 if __name__ == '__main__':
