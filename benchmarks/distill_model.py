@@ -6,6 +6,7 @@ machines: `specdec_jax.machines`.
 
 import functools
 import time
+from collections.abc import Collection
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +33,7 @@ def abstract_distill_batch(mesh, *, batch: int, source_length: int, target_lengt
   }
 
 
-def compile_distill_step(
+def lower_distill_step(
   teacher: t5.T5Model,
   state: training.TrainState,
   shardings: training.TrainState,
@@ -44,17 +45,14 @@ def compile_distill_step(
   batch: int,
   source_length: int,
   target_length: int,
-) -> dict:
-  """`memory_analysis()` of one distillation step with the live teacher (its encoder and decoder
-  run in the step), compiled for `mesh` as `distill.distill_and_evaluate` compiles it.
+) -> jax.stages.Lowered:
+  """One distillation step with the live teacher (its encoder and decoder run in the step),
+  lowered for `mesh` as `distill.distill_and_evaluate` compiles it (`training.compile_step`: the
+  state donated, the batch split over 'data'), from abstract inputs.
 
   Args:
     teacher: an `abstract_model` (params carrying their shardings).
     state, shardings: `training.abstract_state`'s.
-
-  Returns:
-    Bytes per device of the compiled program: argument, output, alias (the state is donated:
-    its output aliases its argument), temp.
   """
   step = training.compile_step(
     functools.partial(
@@ -71,13 +69,7 @@ def compile_distill_step(
     mesh, batch=batch, source_length=source_length, target_length=target_length
   )
   with jax.set_mesh(mesh):
-    stats = step.lower(state, rows, teacher).compile().memory_analysis()
-  return dict(
-    argument=stats.argument_size_in_bytes,
-    output=stats.output_size_in_bytes,
-    alias=stats.alias_size_in_bytes,
-    temp=stats.temp_size_in_bytes,
-  )
+    return step.lower(state, rows, teacher)
 
 
 def forward_cost(
@@ -149,6 +141,7 @@ def distill_rows(
   source_length: int,
   target_length: int,
   compile_dtype: str | None = 'float32',
+  compile_for: Collection[machines.Chip] = (),
   log=lambda row: None,
 ) -> list[dict]:
   """The distillation plan: a row per (machine, DATAxMODEL mesh) of `meshes` (machines of
@@ -159,22 +152,27 @@ def distill_rows(
   `distill_config`'s (a `distill_drafter` config, completed by `distill.student_config_for`).
 
   Args:
-    compile_dtype: compile the step with the teacher's params in 'float32' (XLA:CPU would
-      otherwise hold a float32 copy of the bf16 weights among its temporaries; the teacher
-      computes in float32 either way, so the temporaries are the planned program's activations),
-      'params' (as planned), or None (no compilation).
+    compile_dtype: on simulated XLA:CPU devices, compile the step with the teacher's params in
+      'float32' (XLA:CPU would otherwise hold a float32 copy of the bf16 weights among its
+      temporaries; the teacher computes in float32 either way, so the temporaries are the planned
+      program's activations), 'params' (as planned), or None (no compilation).
+    compile_for: chips whose machines' rows are compiled by their own compiler (XLA:TPU) for the
+      machine's compile-only devices, as planned; fits is then that compiler's verdict: 'yes'
+      if it compiled the step and its peak fits the chip's HBM, 'no' if not (or if it refused the
+      step for want of memory: `out_of_memory`). The other rows compile on XLA:CPU devices.
     log: called with each row as it is made.
 
   Returns:
-    Dicts: machine, mesh, batch; teacher (its params), state (the student's params, AdamW
-    moments and step counters), batch_bytes (the rows: int32 ids, bool masks); with a compile,
-    the compiled argument / output / alias / temp and total = teacher + state + batch_bytes +
-    output + temp - alias (the compiled program's own total when compiled as planned), and
-    compile_seconds; fits on the machine's chip, `memory_model.fits(teacher + state + batch_bytes, total)`;
-    forward, the teacher's `forward_cost`, with forward_seconds and forward_bound on the chip;
-    student_forward, the student's (its backward costs about twice as much again).
+    Dicts: machine, mesh, batch, compiler ('cpu' or the machine's platform); teacher (its
+    params), state (the student's params, AdamW moments and step counters), batch_bytes (the
+    rows: int32 ids, bool masks); with a compile, `memory_model.compile_memory`'s bytes and
+    total = teacher + state + batch_bytes + output + temp - alias (the compiled program's own
+    total when compiled as planned), and compile_seconds; fits on the machine's chip (on
+    XLA:CPU, `memory_model.fits(teacher + state + batch_bytes, total)`); forward, the teacher's
+    `forward_cost`, with forward_seconds and forward_bound on the chip; student_forward, the
+    student's (its backward costs about twice as much again).
   """
-  optimizer_config = training.OptimizerConfig.from_config(distill_config)
+  shape = dict(source_length=source_length, target_length=target_length)
   rows = []
   for name, data, model in meshes:
     machine = machines.get(name)
@@ -182,53 +180,101 @@ def distill_rows(
       raise ValueError(
         f'{name} has {machine.devices} devices; a {data}x{model} mesh has {data * model}.'
       )
-    mesh = sharding.make_mesh(data, model)
-    teacher = memory_model.abstract_model(
-      teacher_config, mesh, param_dtype=teacher_param_dtype, shard=True
-    )
-    student_config = distill.student_config_for(distill_config, teacher)
-    state, shardings = training.abstract_state(
-      student_config, optimizer_config, mesh, distill_config.student_sharding
+    own = machine.chip in compile_for
+    mesh, teacher, student_config, state, step = _mesh_plan(
+      machine,
+      data,
+      model,
+      own,
+      teacher_config,
+      distill_config,
+      teacher_param_dtype=teacher_param_dtype,
+      compile_dtype=compile_dtype,
+      **shape,
     )
     for batch in batches:
-      sharding.check_batch(batch, mesh)
-      shape = dict(batch=batch, source_length=source_length, target_length=target_length)
       row = dict(machine=machine.name, mesh=f'{data}x{model}', batch=batch)
+      row['compiler'] = machine.platform if own else 'cpu'
       row.update(
-        teacher=memory_model.bytes_per_device(teacher.params),
-        state=memory_model.bytes_per_device(state),
-        batch_bytes=memory_model.bytes_per_device(abstract_distill_batch(mesh, **shape)),
+        _bytes_and_costs(teacher, state, mesh, machine.chip, student_config, batch, **shape)
       )
-      lower = row['teacher'] + row['state'] + row['batch_bytes']
-      if compile_dtype is not None:
+      if own or compile_dtype is not None:
         start = time.time()
-        compiled_teacher = (
-          teacher if compile_dtype == 'params' else memory_model.with_dtype(teacher, compile_dtype)
-        )
         row.update(
-          compile_distill_step(
-            compiled_teacher,
-            state,
-            shardings,
-            mesh,
-            student_config=student_config,
-            optimizer_config=optimizer_config,
-            divergence=distill_config.divergence,
-            **shape,
-          ),
-          compile_seconds=time.time() - start,
+          memory_model.compile_memory(step(batch=batch)), compile_seconds=time.time() - start
         )
-        row['total'] = lower + row['output'] + row['temp'] - row['alias']
-      row['fits'] = memory_model.fits(lower, max(lower, row.get('total', lower)), [machine.chip])[
-        machine.chip.name
-      ]
-      cost = forward_cost(teacher, mesh, **shape)
-      row.update(
-        forward=cost,
-        forward_seconds=cost.seconds(machine.chip),
-        forward_bound=cost.bound(machine.chip),
-        student_forward=forward_cost(t5.T5Model(student_config, state.params), mesh, **shape),
-      )
+      row['fits'] = _fits(row, machine.chip, own)
       log(row)
       rows.append(row)
   return rows
+
+
+def _mesh_plan(
+  machine,
+  data,
+  model,
+  own,
+  teacher_config,
+  distill_config,
+  *,
+  teacher_param_dtype,
+  compile_dtype,
+  **shape,
+):
+  """(mesh, teacher, student config, student state, the step lowered at a batch size) of one
+  machine's mesh: compile-only devices of `machine` when `own`, else XLA:CPU's."""
+  optimizer_config = training.OptimizerConfig.from_config(distill_config)
+  if own:
+    mesh = machines.compile_only_mesh(machine.name, data, model)
+  else:
+    mesh = sharding.make_mesh(data, model)
+  teacher = memory_model.abstract_model(
+    teacher_config, mesh, param_dtype=teacher_param_dtype, shard=True
+  )
+  student_config = distill.student_config_for(distill_config, teacher)
+  state, shardings = training.abstract_state(
+    student_config, optimizer_config, mesh, distill_config.student_sharding
+  )
+  compiled_teacher = teacher
+  if not own and compile_dtype == 'float32':
+    compiled_teacher = memory_model.with_dtype(teacher, 'float32')
+  step = functools.partial(
+    lower_distill_step,
+    compiled_teacher,
+    state,
+    shardings,
+    mesh,
+    student_config=student_config,
+    optimizer_config=optimizer_config,
+    divergence=distill_config.divergence,
+    **shape,
+  )
+  return mesh, teacher, student_config, state, step
+
+
+def _bytes_and_costs(teacher, state, mesh, chip, student_config, batch, **shape) -> dict:
+  """A row's bytes per device (teacher, state, batch_bytes) and the teacher's and student's
+  forward costs on `chip`."""
+  sharding.check_batch(batch, mesh)
+  cost = forward_cost(teacher, mesh, batch=batch, **shape)
+  return dict(
+    teacher=memory_model.bytes_per_device(teacher.params),
+    state=memory_model.bytes_per_device(state),
+    batch_bytes=memory_model.bytes_per_device(abstract_distill_batch(mesh, batch=batch, **shape)),
+    forward=cost,
+    forward_seconds=cost.seconds(chip),
+    forward_bound=cost.bound(chip),
+    student_forward=forward_cost(
+      t5.T5Model(student_config, state.params), mesh, batch=batch, **shape
+    ),
+  )
+
+
+def _fits(row: dict, chip: machines.Chip, own_compiler: bool) -> str:
+  """The row's verdict on `chip` (adds its total where the step compiled)."""
+  lower = row['teacher'] + row['state'] + row['batch_bytes']
+  if 'argument' in row:
+    row['total'] = lower + row['output'] + row['temp'] - row['alias']
+  if own_compiler:
+    return 'yes' if 'argument' in row and row['peak'] <= chip.hbm_bytes else 'no'
+  return memory_model.fits(lower, max(lower, row.get('total', lower)), [chip])[chip.name]

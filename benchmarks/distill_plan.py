@@ -2,7 +2,8 @@ r"""A memory and cost plan for distilling a drafter from a large teacher, withou
 
   python -m benchmarks.distill_plan --teacher=t5-11b --distill_config=paper --batch=32,128 \
     --source_length=512 --target_length=128 \
-    --machines=v4-8:1x4,v4-8:2x2,v4-32:4x4,v5e-8:1x8,v5e-8:2x4,h100:1x1
+    --machines=v4-8:1x4,v4-8:2x2,v4-32:4x4,v5e-8:1x8,v5e-8:2x4,h100:1x1 \
+    --compile_for=tpu-v4,tpu-v5e
 
 The student, its optimizer and its placement are those of
 `experiments/configs/distill_drafter.py:<--distill_config>` (`paper`: one decoder layer at the
@@ -12,8 +13,11 @@ T5 v1.0 11B, the checkpoint `ende.py:paper` and `distill_drafter.py:paper` read)
 --teacher_param_dtype computing in float32 (what `pretrained.load_model` gives for a T5X
 checkpoint), sharded by `sharding.DEFAULT_RULES` over 'model' as `distill` shards it.
 
-It simulates as many XLA:CPU devices as the largest machine has
-(`machines.simulate_cpu_devices`). For each machine and
+The machines of the chips in --compile_for compile the step with the chip's own compiler for
+their compile-only devices (`machines.compile_only_mesh`; XLA:TPU comes with libtpu, `pip install
+'jax[tpu]'`), as planned: the memory is that program's, and fits is the compiler's yes or no. The
+others compile on as many simulated XLA:CPU devices as the largest of them has
+(`machines.simulate_cpu_devices`), whose buffers bound the accelerator's. For each machine and
 DATAxMODEL mesh of --machines and each batch size it builds, with nothing allocated, the teacher's
 params (`memory_model.abstract_model`), the student's step-0 train state (`jax.eval_shape` of
 `training.init_state`, placed by `training.state_shardings`) and a batch split over 'data', each a
@@ -25,26 +29,32 @@ decoder run in every step) and compiles it. Per device it prints:
   state     bytes of the student's params and AdamW moments (float32) and the step counters;
   batch     bytes of the batch's rows (int32 ids, bool masks);
   compiled  the step's `memory_analysis()`: argument (= teacher + state + batch), output, temp,
-            and total = argument + output + temp - alias (the state is donated), the bound;
-  fits      whether the total fits one chip's HBM (`specdec_jax.machines`): 'yes', 'no' if
-            even teacher + state + batch do not, 'maybe' in between;
+            the compiler's peak of live bytes, and total = argument + output + temp - alias (the
+            state is donated), the bound;
+  fits      by the chip's own compiler: 'yes' if it compiled the step and its peak fits the
+            chip's HBM (`specdec_jax.machines`), 'no' if not or if it refused the step for want
+            of memory (its message is printed under the table). On XLA:CPU: 'yes' if the total
+            fits, 'no' if even teacher + state + batch do not, 'maybe' in between;
   forward   the teacher's forward per step on the roofline of the machine's chip
             (`distill_model.forward_cost`: max(FLOPs / peak, weight bytes / HBM bandwidth) per
-            chip; the chips' constants and their sources are in memory_model.py). Not modelled:
+            chip; the chips' constants and their sources are in specdec_jax/machines.py). Not modelled:
             the model-parallel collectives, the student's own step (its FLOPs per chip are
             printed beside it, the student / teacher column), and the chip's efficiency (the
             roofline is a lower bound on the time).
 
 XLA:CPU compiles the program the step runs on an accelerator (same shapes, shardings and
-dtypes: the teacher computes in float32 from its bf16 weights there too), so its buffer sizes are
-the plan; the CPU's own scheduling decides the temporaries, an accelerator's may differ.
+dtypes: the teacher computes in float32 from its bf16 weights there too), so its buffer sizes
+bound the plan; the CPU's own scheduling decides the temporaries, an accelerator's differ (the
+reason for --compile_for). Nothing runs; nothing is timed.
 
-The computations live in `benchmarks/memory_model.py` (no flags); this file simulates the devices,
-reads the flags and prints. Results, with the exact command and the CPU:
+The computations live in `benchmarks/distill_model.py` (no flags); this file makes the devices,
+reads the flags and prints (the command to rerun first). Results, with the exact command and the CPU:
 docs/results/memory_plan.md.
 """
 
 import dataclasses
+import shlex
+import sys
 
 import jax
 from absl import app, flags
@@ -52,7 +62,7 @@ from absl import app, flags
 import benchmarks
 from benchmarks import distill_model, memory_model
 from experiments.configs import distill_drafter
-from specdec_jax import distill, machines, sharding
+from specdec_jax import distill, machines
 from specdec_jax.models import t5
 
 DEFAULT_MACHINES = 'v4-8:1x4,v4-8:2x2,v4-32:4x4,v5e-8:1x8,v5e-8:2x4,h100:1x1'
@@ -92,6 +102,15 @@ _SOURCE_LENGTH = flags.DEFINE_integer(
 _TARGET_LENGTH = flags.DEFINE_integer(
   'target_length', 128, 'Target tokens per row.', flag_values=FLAGS
 )
+_COMPILE_FOR = flags.DEFINE_list(
+  'compile_for',
+  [],
+  'Chips, as machine names of specdec_jax.machines (e.g. tpu-v4,tpu-v5e): the rows of their '
+  "machines compile by the chip's own compiler (XLA:TPU from libtpu) for the machine's "
+  "compile-only devices, as planned; fits is that compiler's yes / no. The other rows compile on "
+  'simulated XLA:CPU devices (bounds).',
+  flag_values=FLAGS,
+)
 _COMPILE = flags.DEFINE_bool(
   'compile', True, 'Compile the step (off: shapes and roofline only).', flag_values=FLAGS
 )
@@ -99,7 +118,7 @@ _COMPILE_DTYPE = flags.DEFINE_enum(
   'compile_dtype',
   'float32',
   ['float32', 'params'],
-  "Compile with the teacher's params in float32 (its temporaries are then the activations "
+  "On XLA:CPU: compile with the teacher's params in float32 (its temporaries are then the activations "
   'alone) or as planned (--teacher_param_dtype: XLA:CPU then adds a float32 copy of the bf16 '
   'weights to the temporaries).',
   flag_values=FLAGS,
@@ -110,35 +129,76 @@ def _gib(n: float) -> str:
   return f'{n / machines.GiB:.2f}'
 
 
+_REFUSED = []  # the compiler's messages of the steps it refused for want of memory
+
+
 def _print_row(row: dict) -> None:
-  compiled = [row.get(k) for k in ('argument', 'output', 'temp', 'total')]
-  cells = [row['machine'], row['mesh'], str(row['batch'])]
+  compiled = [row.get(k) for k in ('argument', 'output', 'temp', 'peak', 'total')]
+  cells = [row['machine'], row['mesh'], str(row['batch']), row['compiler']]
   cells += [_gib(row[k]) for k in ('teacher', 'state', 'batch_bytes')]
   cells += ['-' if v is None else _gib(v) for v in compiled]
   cells += [row['fits'], f'{row["forward_seconds"] * 1e3:.1f}', row['forward_bound']]
   cells += [f'{300 * row["student_forward"].flops / row["forward"].flops:.1f}%']
   cells += [f'{row.get("compile_seconds", 0):.0f}']
   print('| ' + ' | '.join(cells) + ' |', flush=True)
+  if 'out_of_memory' in row:
+    _REFUSED.append(f'{row["machine"]} {row["mesh"]} batch {row["batch"]}: {row["out_of_memory"]}')
 
 
-def main(argv):
-  del argv
+def _meshes() -> tuple[list[tuple[str, int, int]], set]:
+  """(--machines' (machine, data, model) items, the chips of --compile_for), checked; the host
+  gets as many simulated XLA:CPU devices as the largest mesh compiled there."""
   try:
     meshes = machines.parse_machine_mesh(_MACHINES.value)
+    chips = {machines.get(name).chip for name in _COMPILE_FOR.value if _COMPILE.value}
   except ValueError as e:
-    raise app.UsageError(f'--machines: {e}') from e
+    raise app.UsageError(f'--machines / --compile_for: {e}') from e
   for name, data, model in meshes:
     if data * model != machines.MACHINES[name].devices:
       raise app.UsageError(
         f'{name} has {machines.MACHINES[name].devices} devices; the mesh {data}x{model} has '
         f'{data * model}.'
       )
-  machines.simulate_cpu_devices(max(data * model for _, data, model in meshes))
+  on_cpu = [d * m for name, d, m in meshes if machines.get(name).chip not in chips]
+  machines.simulate_cpu_devices(max(on_cpu, default=1))
+  return meshes, chips
+
+
+def _print_header(teacher, config, student, student_params, shape, compile_dtype) -> None:
+  print('python -m benchmarks.distill_plan ' + shlex.join(sys.argv[1:]))
+  print(
+    f'teacher {_TEACHER.value} ({t5.param_count(teacher.params) / 1e9:.2f}B params, '
+    f'{_TEACHER_PARAM_DTYPE.value}, computing in float32, sharded over model); student '
+    f'distill_drafter.py:{_DISTILL_CONFIG.value} ({t5.param_count(student_params) / 1e6:.1f}M '
+    f'params, float32, AdamW, {config.student_sharding}, divergence {config.divergence}): '
+    f'{student}; source {shape["source_length"]}, target {shape["target_length"]}; compiled by '
+    f'XLA:TPU for {", ".join(_COMPILE_FOR.value) or "no chip"} (compile-only, as planned: '
+    f"nothing ran), else on simulated cpu devices with the teacher's params in "
+    f'{compile_dtype or "-"}.'
+  )
+  print(
+    "\nGiB per device. argument / output / temp / peak: the compiled step (peak: its compiler's "
+    'peak of live bytes); total = teacher + student state + batch + output + temp - alias. Fits: '
+    "by the chip's own compiler (compiler tpu), the step compiled and its peak fits the HBM; on "
+    'cpu, bounds (maybe between them). Teacher forward: per step on the roofline of the '
+    "machine's chip. Student / teacher: the student's forward and backward (3 x its forward) "
+    "in FLOPs per chip, against the teacher's forward."
+  )
+  print(
+    '\n| machine | mesh | batch | compiler | teacher | student state | batch | argument | output | '
+    'temp | peak | total | fits | teacher forward (ms) | bound | student / teacher | compile (s) |'
+  )
+  print('|---|---|---:|---|' + '---:|' * 13)
+
+
+def main(argv):
+  del argv
+  meshes, chips = _meshes()
   if _TEACHER.value not in t5.CONFIGS:
     raise app.UsageError(f'Unknown teacher {_TEACHER.value!r}; choose one of {sorted(t5.CONFIGS)}.')
   teacher_config = dataclasses.replace(t5.CONFIGS[_TEACHER.value], dtype='float32')
   config = distill_drafter.get_config(_DISTILL_CONFIG.value)
-  one = sharding.make_mesh(1, 1)
+  one = jax.sharding.AbstractMesh((1, 1), ('data', 'model'))
   teacher = memory_model.abstract_model(
     teacher_config, one, param_dtype=_TEACHER_PARAM_DTYPE.value, shard=True
   )
@@ -147,26 +207,7 @@ def main(argv):
   batches = [int(b) for b in _BATCH.value]
   shape = dict(source_length=_SOURCE_LENGTH.value, target_length=_TARGET_LENGTH.value)
   compile_dtype = _COMPILE_DTYPE.value if _COMPILE.value else None
-  print(
-    f'teacher {_TEACHER.value} ({t5.param_count(teacher.params) / 1e9:.2f}B params, '
-    f'{_TEACHER_PARAM_DTYPE.value}, computing in float32, sharded over model); student '
-    f'distill_drafter.py:{_DISTILL_CONFIG.value} ({t5.param_count(student_params) / 1e6:.1f}M '
-    f'params, float32, AdamW, {config.student_sharding}, divergence {config.divergence}): '
-    f'{student}; source {shape["source_length"]}, target {shape["target_length"]}; '
-    f'{jax.device_count()} simulated {jax.devices()[0].platform} devices; step compiled with the '
-    f"teacher's params in {compile_dtype or '-'}."
-  )
-  print(
-    '\nGiB per device. argument / output / temp: the compiled step; total = teacher + student '
-    'state + batch + output + temp - alias. Teacher forward: per step on the roofline of the '
-    "machine's chip. Student / teacher: the student's forward and backward (3 x its forward) "
-    "in FLOPs per chip, against the teacher's forward."
-  )
-  print(
-    '\n| machine | mesh | batch | teacher | student state | batch | argument | output | temp | '
-    'total | fits | teacher forward (ms) | bound | student / teacher | compile (s) |'
-  )
-  print('|---|---|' + '---:|' * 13)
+  _print_header(teacher, config, student, student_params, shape, compile_dtype)
   distill_model.distill_rows(
     teacher_config,
     config,
@@ -174,9 +215,12 @@ def main(argv):
     batches,
     teacher_param_dtype=_TEACHER_PARAM_DTYPE.value,
     compile_dtype=compile_dtype,
+    compile_for=chips,
     log=_print_row,
     **shape,
   )
+  for line in _REFUSED:
+    print(f'  {line}')
 
   print('\nCross-check (global, unsharded teacher forward): analytic FLOPs vs XLA cost_analysis')
   for batch in batches:

@@ -294,6 +294,33 @@ def with_dtype(model: t5.T5Model, dtype: str) -> t5.T5Model:
   return t5.T5Model(config=dataclasses.replace(model.config, dtype=dtype), params=params)
 
 
+def memory_stats(compiled: jax.stages.Compiled) -> dict[str, int]:
+  """Bytes per device of a compiled program (`memory_analysis()`): argument, output, alias (the
+  outputs written over donated arguments), temp, and peak (the compiler's own peak of what is
+  live at once)."""
+  stats = compiled.memory_analysis()
+  return dict(
+    argument=stats.argument_size_in_bytes,
+    output=stats.output_size_in_bytes,
+    alias=stats.alias_size_in_bytes,
+    temp=stats.temp_size_in_bytes,
+    peak=stats.peak_memory_in_bytes,
+  )
+
+
+def compile_memory(lowered: jax.stages.Lowered) -> dict:
+  """`memory_stats` of `lowered` compiled, or {'out_of_memory': the compiler's message} where the
+  compiler refuses it for want of memory (XLA:TPU checks the program against its chip's HBM;
+  XLA:CPU never refuses)."""
+  try:
+    compiled = lowered.compile()
+  except jax.errors.JaxRuntimeError as e:
+    if 'RESOURCE_EXHAUSTED' not in str(e):
+      raise
+    return {'out_of_memory': str(e).strip().splitlines()[0]}
+  return memory_stats(compiled)
+
+
 def compile_loops(
   target: t5.T5Model,
   drafter: t5.T5Model,
@@ -308,8 +335,8 @@ def compile_loops(
   """`memory_analysis()` of both decode loops compiled for `mesh` from abstract inputs.
 
   Returns:
-    {'autoregressive': stats, 'speculative': stats}, each a dict of bytes per device: argument,
-    output, alias, temp, and inputs (the arguments that are not params: ids, mask, PRNG key).
+    {'autoregressive': stats, 'speculative': stats}, each `compile_memory`'s (bytes per device),
+    with inputs, the arguments that are not params (ids, mask, PRNG key), where it compiled.
   """
   ids = abstract_batch(mesh, batch, source_length)
   with jax.set_mesh(mesh):
@@ -330,31 +357,29 @@ def compile_loops(
     }
     out = {}
     for (name, low), models in zip(lowered.items(), ([target], [target, drafter])):
-      stats = low.compile().memory_analysis()
-      row = dict(
-        argument=stats.argument_size_in_bytes,
-        output=stats.output_size_in_bytes,
-        alias=stats.alias_size_in_bytes,
-        temp=stats.temp_size_in_bytes,
-      )
-      row['inputs'] = row['argument'] - sum(bytes_per_device(m.params) for m in models)
-      out[name] = row
+      row = out[name] = compile_memory(low)
+      if 'argument' in row:
+        row['inputs'] = row['argument'] - sum(bytes_per_device(m.params) for m in models)
   return out
 
 
-def memory_rows(target, drafter, mesh, compiled: dict | None, **shape) -> list[dict]:
+def memory_rows(target, drafter, mesh, compiled: dict | None, *, chip=None, **shape) -> list[dict]:
   """A row per loop: params, caches, compiled bytes per device and the fits verdicts.
 
   Args:
     target, drafter: `abstract_model`s.
     compiled: `compile_loops` output (of these models, or of them in float32: its temporaries
       then bound this pair's), or None (params + caches only).
+    chip: the `machines.Chip` whose compiler compiled these very models (XLA:TPU): fits is then
+      that compiler's verdict, {chip name: 'yes' if it compiled the loop and its peak fits the
+      HBM, else 'no'}. None: `compiled` is XLA:CPU's, and fits judges every chip of
+      `PLAN_CHIPS` by bounds.
     shape: batch, source_length, max_new_tokens, gamma.
 
   Returns:
     Dicts of bytes per device: params, caches, the compiled stats, and total = params + inputs
     + output + temp - alias (the compiled program's own total when it compiled these params);
-    and fits, `fits(params + caches, total)`.
+    and fits, `fits(params + caches, total)` (or the compiler's verdict, with `chip`).
   """
   batch, source_length = shape['batch'], shape['source_length']
   rows = []
@@ -375,12 +400,14 @@ def memory_rows(target, drafter, mesh, compiled: dict | None, **shape) -> list[d
     row = dict(loop=loop, batch=batch, params=params, caches=caches)
     if compiled is not None:
       row.update(compiled[loop])
+    if 'argument' in row:
       row['total'] = params + row['inputs'] + row['output'] + row['temp'] - row['alias']
+    if chip is not None:
+      fit = 'argument' in row and row['peak'] <= chip.hbm_bytes
+      row['fits'] = {chip.name: 'yes' if fit else 'no'}
+    elif 'total' in row:
       row['fits'] = fits(params + caches, max(row['total'], params + caches))
     else:
       row['fits'] = fits(params + caches, params + caches)
     rows.append(row)
   return rows
-
-
-# Distillation (`distill.distill_step` compiled by `training.compile_step`, as `distill` runs it).

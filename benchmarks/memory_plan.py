@@ -1,9 +1,18 @@
 r"""A memory and cost plan for a T5 pair on a device mesh, without the hardware.
 
   python -m benchmarks.memory_plan --target=t5_1_1-xxl --drafter=t5_1_1-small --mesh=1x4 \
-    --batch=1,8,32 --source_length=512 --max_new_tokens=128 --gamma=5 --param_dtype=bfloat16
+    --batch=1,8,32 --source_length=512 --max_new_tokens=128 --gamma=5 --compile_for=tpu-v4
 
-It simulates DATA x MODEL CPU devices (`machines.simulate_cpu_devices`), builds the pair as
+With --compile_for=MACHINE (a name of `specdec_jax.machines`: tpu-v4, tpu-v5e, v4-8, ...) the
+loops are compiled by that accelerator's own compiler for the machine of its chip with the mesh's
+device count (tpu-v4 and 1x4: a v4-8's 4 devices), compile-only (`machines.compile_only_mesh`;
+XLA:TPU comes with libtpu, `pip install 'jax[tpu]'`), as planned (--param_dtype, --dtype). Its
+`memory_analysis()` is then the program's own, and fits is the compiler's yes or no: 'yes' when it
+compiled the loop and its peak fits the chip's HBM, 'no' when it refuses the program for want of
+HBM (its message is printed under the table). Nothing runs; nothing is timed.
+
+Without --compile_for it simulates DATA x MODEL CPU devices (`machines.simulate_cpu_devices`), and
+XLA:CPU's buffers bound the accelerator's (below). Either way it builds the pair as
 abstract params (`jax.eval_shape` of `t5.init_params`, each leaf a `jax.ShapeDtypeStruct` carrying
 its `NamedSharding` from `sharding.param_shardings`; the drafter replicated or sharded per
 --drafter_sharding) and abstract sharded inputs, and lowers and compiles the autoregressive and
@@ -15,13 +24,14 @@ allocated. Per device and batch size it prints:
             L x 2 x B x buffer_len x N x H and cross-attention L x 2 x B x S x N x H, times the
             dtype's bytes, sharded as `sharding.DEFAULT_RULES` shard the cache (batch over
             'data', heads over 'model' where they divide);
-  compiled  the compiled loop's `memory_analysis()`: argument, output and temporary bytes, and
-            the bound total = params + inputs (ids, mask, key) + output + temp - alias;
-  fits      whether that total fits one chip of TPU v4 (32 GiB HBM), TPU v5e (16 GiB) and H100
-            (80 GiB): 'yes' if the compiled total fits, 'no' if even params + caches do not,
-            'maybe' in between.
+  compiled  the compiled loop's `memory_analysis()`: argument, output and temporary bytes, the
+            compiler's peak of live bytes, and the bound total = params + inputs (ids, mask,
+            key) + output + temp - alias;
+  fits      with --compile_for, the compiler's verdict (above); without, whether the total
+            fits one chip of TPU v4 (32 GiB HBM), TPU v5e (16 GiB) and H100 (80 GiB): 'yes' if
+            the compiled total fits, 'no' if even params + caches do not, 'maybe' in between.
 
-XLA:CPU computes in float32: compiled as planned (--compile_dtype=params), it upcasts bf16 weights
+Without --compile_for, XLA:CPU computes in float32: compiled as planned (--compile_dtype=params), it upcasts bf16 weights
 before every dot and the upcast copies are temporaries (for XXL, about one f32 copy of the
 weights). So by default (--compile_dtype=float32) the loops are compiled with float32 params and
 activations, and the temporaries of that f32-compiled program (caches, activations, all twice
@@ -42,12 +52,14 @@ greedy, 0.62 at temperature 1) and ours (docs/results.md section 2: debsumm dist
 0.54, ende48m distilled 0.49 / 0.48). The FLOPs are cross-checked against XLA's
 `cost_analysis()` of one lowered target call (whose FLOPs also count the elementwise work).
 
-The computations live in `benchmarks/memory_model.py` (no flags); this file simulates the
-devices, reads the flags and prints. Results, with the exact commands and the CPU:
+The computations live in `benchmarks/memory_model.py` (no flags); this file makes the devices,
+reads the flags and prints (the command to rerun first). Results, with the exact commands and the CPU:
 docs/results/memory_plan.md.
 """
 
 import dataclasses
+import shlex
+import sys
 
 import jax
 from absl import app, flags
@@ -114,7 +126,19 @@ _TEMPERATURE = flags.DEFINE_float(
   flag_values=FLAGS,
 )
 _CHIP = flags.DEFINE_enum(
-  'chip', 'v4', sorted(CHIPS), 'Chip of the roofline prediction.', flag_values=FLAGS
+  'chip',
+  None,
+  sorted(CHIPS),
+  "Chip of the roofline prediction (default: --compile_for's, else v4).",
+  flag_values=FLAGS,
+)
+_COMPILE_FOR = flags.DEFINE_string(
+  'compile_for',
+  '',
+  'Compile for this machine (specdec_jax.machines: tpu-v4, tpu-v5e, ...; the machine of its chip '
+  "with the mesh's device count) with its own compiler, compile-only, as planned: fits is then "
+  "the compiler's yes / no. Empty: simulated XLA:CPU devices (bounds).",
+  flag_values=FLAGS,
 )
 _COMPILE = flags.DEFINE_bool(
   'compile', True, 'Compile the loops (off: params + caches only).', flag_values=FLAGS
@@ -123,8 +147,9 @@ _COMPILE_DTYPE = flags.DEFINE_enum(
   'compile_dtype',
   'float32',
   ['float32', 'params'],
-  "Compile the loops in float32 (whose temporaries bound the planned dtype's) or as planned "
-  '(--param_dtype / --dtype; XLA:CPU then adds f32 copies of bf16 weights to the temporaries).',
+  'Without --compile_for: compile the loops in float32 (whose temporaries bound the planned '
+  "dtype's) or as planned (--param_dtype / --dtype; XLA:CPU then adds f32 copies of bf16 weights "
+  'to the temporaries).',
   flag_values=FLAGS,
 )
 
@@ -137,6 +162,21 @@ def _config(name: str, dtype: str) -> t5.T5Config:
   if name not in t5.CONFIGS:
     raise app.UsageError(f'Unknown config {name!r}; choose one of {sorted(t5.CONFIGS)}.')
   return dataclasses.replace(t5.CONFIGS[name], dtype=dtype)
+
+
+def _mesh(data: int, model: int):
+  """(the mesh, the machine compiled for or None): --compile_for's compile-only devices, else
+  as many simulated XLA:CPU devices."""
+  # The host's own JAX runs nothing but the cross-check's CPU lowering: CPU alone, so that no
+  # TPU backend is tried on a host without one.
+  machines.simulate_cpu_devices(1 if _COMPILE_FOR.value else data * model)
+  if not _COMPILE_FOR.value:
+    return sharding.make_mesh(data, model), None
+  try:
+    machine = machines.with_devices(_COMPILE_FOR.value, data * model)
+    return machines.compile_only_mesh(machine.name, data, model), machine
+  except (ValueError, RuntimeError) as e:
+    raise app.UsageError(f'--compile_for={_COMPILE_FOR.value}: {e}') from e
 
 
 def _pair(mesh) -> tuple[t5.T5Model, t5.T5Model]:
@@ -153,49 +193,66 @@ def _pair(mesh) -> tuple[t5.T5Model, t5.T5Model]:
   return target, drafter
 
 
-def _print_header(target, drafter, mesh, shape: dict) -> None:
+def _print_header(target, drafter, mesh, shape: dict, machine) -> None:
   data, model = mesh.shape['data'], mesh.shape['model']
-  print(
-    f'{_TARGET.value} + {_DRAFTER.value} (drafter {_DRAFTER_SHARDING.value}), mesh '
-    f'{data}x{model} ({jax.device_count()} simulated {jax.devices()[0].platform} devices), '
-    f'params {_PARAM_DTYPE.value}, activations/caches {_DTYPE.value}, source '
-    f'{shape["source_length"]}, {shape["max_new_tokens"]} new tokens, gamma {shape["gamma"]}, '
-    f'temperature {_TEMPERATURE.value}'
+  print('python -m benchmarks.memory_plan ' + shlex.join(sys.argv[1:]))
+  devices = list(mesh.devices.flat)
+  where = (
+    f'simulated {devices[0].platform} devices'
+    if machine is None
+    else f'{machines.on_devices(devices)} of a {machine.name}, compile-only: nothing ran'
   )
   print(
-    f'params {t5.param_count(target.params) / 1e9:.2f}B + {t5.param_count(drafter.params) / 1e6:.0f}M'
-    '; GiB per device. argument / output / temp: the loops compiled '
-    + (
-      "in float32 (XLA:CPU computes in f32): the f32 temporaries bound the planned dtype's; "
-      if _COMPILE_DTYPE.value == 'float32'
-      else 'as planned; XLA:CPU upcasts bf16 to f32, so temp holds f32 copies of the weights; '
+    f'{_TARGET.value} + {_DRAFTER.value} (drafter {_DRAFTER_SHARDING.value}), mesh '
+    f'{data}x{model} ({where}), params {_PARAM_DTYPE.value}, activations/caches {_DTYPE.value}, '
+    f'source {shape["source_length"]}, {shape["max_new_tokens"]} new tokens, gamma '
+    f'{shape["gamma"]}, temperature {_TEMPERATURE.value}'
+  )
+  if machine is not None:
+    how = (
+      f'as planned by XLA:{devices[0].platform.upper()} for {machine.name}; peak: its peak of live '
+      f"bytes; fits: it compiled the loop and the peak fits the chip's "
+      f'{_gib(machine.chip.hbm_bytes)} GiB; '
     )
+  elif _COMPILE_DTYPE.value == 'float32':
+    how = "in float32 (XLA:CPU computes in f32): the f32 temporaries bound the planned dtype's; "
+  else:
+    how = 'as planned; XLA:CPU upcasts bf16 to f32, so temp holds f32 copies of the weights; '
+  print(
+    f'params {t5.param_count(target.params) / 1e9:.2f}B + {t5.param_count(drafter.params) / 1e6:.0f}M'
+    '; GiB per device. argument / output / temp / peak: the loops compiled '
+    + how
     + 'total = params + inputs + output + temp - alias, the upper bound.'
   )
 
 
-def _print_memory(target, drafter, mesh, batches: list[int], shape: dict) -> None:
-  """The memory table: a row per batch and loop (`memory_rows`), compiled unless --nocompile."""
+def _print_memory(target, drafter, mesh, batches: list[int], shape: dict, machine) -> None:
+  """The memory table: a row per batch and loop (`memory_rows`), compiled unless --nocompile,
+  for `machine` by its compiler (None: XLA:CPU)."""
   compiled_pair = (target, drafter)
-  if _COMPILE_DTYPE.value == 'float32':
+  if machine is None and _COMPILE_DTYPE.value == 'float32':
     compiled_pair = (with_dtype(target, 'float32'), with_dtype(drafter, 'float32'))
   sampling = sampling_lib.SamplingConfig(temperature=_TEMPERATURE.value)
-  chips = ' | '.join(chip.name for chip in PLAN_CHIPS)
-  print(
-    f'\n| batch | loop | params | caches | params+caches | argument | output | temp | total | {chips} |'
-  )
-  print('|' + '---:|' * (9 + len(PLAN_CHIPS)))
+  chips = PLAN_CHIPS if machine is None else [machine.chip]
+  columns = 'argument | output | temp | peak | total | ' + ' | '.join(c.name for c in chips)
+  print(f'\n| batch | loop | params | caches | params+caches | {columns} |')
+  print('|' + '---:|' * (10 + len(chips)))
+  refused = []
   for batch in batches:
     compiled = None
     if _COMPILE.value:
       compiled = compile_loops(*compiled_pair, mesh, batch=batch, sampling=sampling, **shape)
-    for row in memory_rows(target, drafter, mesh, compiled, batch=batch, **shape):
-      measured = (
-        [_gib(row[k]) for k in ('argument', 'output', 'temp', 'total')] if compiled else ['-'] * 4
-      )
+    chip = None if machine is None else machine.chip
+    for row in memory_rows(target, drafter, mesh, compiled, chip=chip, batch=batch, **shape):
+      keys = ('argument', 'output', 'temp', 'peak', 'total')
+      measured = [_gib(row[k]) for k in keys] if 'total' in row else ['-'] * 5
       cells = [str(batch), row['loop'], _gib(row['params']), _gib(row['caches'])]
       cells += [_gib(row['params'] + row['caches'])] + measured + list(row['fits'].values())
       print('| ' + ' | '.join(cells) + ' |', flush=True)
+      if 'out_of_memory' in row:
+        refused.append(f'batch {batch} {row["loop"]}: {row["out_of_memory"]}')
+  for line in refused:
+    print(f'  {line}')
 
 
 def _print_roofline(target, drafter, mesh, chip, batches: list[int], shape: dict) -> dict:
@@ -276,17 +333,16 @@ def main(argv):
   del argv
   if _MESH.value.strip().lower() in ('', 'auto'):
     raise app.UsageError(f'--mesh must be DATAxMODEL (e.g. 1x4), got {_MESH.value!r}.')
-  data, model = sharding.parse_mesh(_MESH.value)
-  machines.simulate_cpu_devices(data * model)
-  mesh = sharding.make_mesh(data, model)
+  mesh, machine = _mesh(*sharding.parse_mesh(_MESH.value))
   batches = [int(b) for b in _BATCH.value]
   shape = dict(
     source_length=_SOURCE_LENGTH.value, max_new_tokens=_MAX_NEW_TOKENS.value, gamma=_GAMMA.value
   )
   target, drafter = _pair(mesh)
-  _print_header(target, drafter, mesh, shape)
-  _print_memory(target, drafter, mesh, batches, shape)
-  predictions = _print_roofline(target, drafter, mesh, CHIPS[_CHIP.value], batches, shape)
+  _print_header(target, drafter, mesh, shape, machine)
+  _print_memory(target, drafter, mesh, batches, shape, machine)
+  chip = CHIPS[_CHIP.value] if _CHIP.value else machine.chip if machine else machines.TPU_V4
+  predictions = _print_roofline(target, drafter, mesh, chip, batches, shape)
   _print_speedups(predictions, shape['gamma'])
   _print_cross_check(target, batches, shape)
 

@@ -239,6 +239,36 @@ def _check_compiled_plan(mesh, *, batch, rows_per_device, in_float32):
     assert set(row['fits'].values()) == {'yes'}, row
 
 
+@helpers.needs_libtpu
+def test_the_tpu_compiler_refuses_what_its_hbm_does_not_hold():
+  """compile_memory's bytes on XLA:TPU, and its verdict where 20 GiB of output meet a v5e's 16."""
+  mesh = machines.compile_only_mesh('tpu-v5e', 1, 1)
+  whole = NamedSharding(mesh, P())
+  x = jax.ShapeDtypeStruct((), jnp.float32, sharding=whole)
+
+  def lowered(n):
+    return jax.jit(lambda x: jnp.zeros((n,), jnp.float32) + x, out_shardings=whole).lower(x)
+
+  fitting = memory_model.compile_memory(lowered(GiB // 4))
+  assert fitting['output'] == GiB and fitting['peak'] >= GiB, fitting
+  refused = memory_model.compile_memory(lowered(5 * GiB))
+  assert list(refused) == ['out_of_memory'], refused
+  assert refused['out_of_memory'].startswith('RESOURCE_EXHAUSTED'), refused
+
+
+def test_rows_of_a_chips_own_compiler_say_yes_or_no():
+  target, drafter = _model('tiny-v1.1', _ONE), _model('tiny-v1.0', _ONE)
+  stats = dict(argument=100, output=10, alias=0, temp=GiB, peak=GiB, inputs=20)
+  compiled = {'autoregressive': stats, 'speculative': {'out_of_memory': 'RESOURCE_EXHAUSTED'}}
+  shape = dict(batch=1, source_length=8, max_new_tokens=4, gamma=2)
+  rows = memory_model.memory_rows(target, drafter, _ONE, compiled, chip=machines.TPU_V5E, **shape)
+  assert [r['fits'] for r in rows] == [{'TPU v5e': 'yes'}, {'TPU v5e': 'no'}]
+  assert rows[0]['total'] == rows[0]['params'] + 20 + 10 + GiB and 'total' not in rows[1]
+  small = dataclasses.replace(machines.TPU_V5E, hbm_bytes=GiB - 1)  # the peak no longer fits
+  rows = memory_model.memory_rows(target, drafter, _ONE, compiled, chip=small, **shape)
+  assert rows[0]['fits'] == {'TPU v5e': 'no'}
+
+
 def test_compiled_plan_on_one_device():
   _check_compiled_plan(sharding.make_mesh(1, 1), batch=2, rows_per_device=2, in_float32=True)
 
