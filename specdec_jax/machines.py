@@ -18,7 +18,7 @@ one TensorCore: v5e-4 / v5e-8 (v5litepod-4 / -8) are 4 / 8 chips on one host. 't
 its host's `process_index`), as each host of the real slice compiles the same program.
 
 Off a TPU VM, libtpu (the compiler) is told it is alone on no TPU host while it starts
-(`_off_tpu_compiler_env`): it then neither takes the one-process TPU lock (so several processes,
+(`quiet_libtpu`): it then neither takes the one-process TPU lock (so several processes,
 the test suite's workers, compile at once) nor prints warnings about the TPU metadata it cannot
 find.
 """
@@ -136,12 +136,13 @@ def install_line(name: str) -> str:
 
 
 @contextlib.contextmanager
-def _off_tpu_compiler_env():
-  """While libtpu starts on a host without TPU chips: it may load beside other processes' libtpu
+def quiet_libtpu():
+  """Wraps whatever first starts libtpu in a process (a compile-only topology, or JAX trying its
+  TPU backend) on a host without TPU chips: libtpu may then load beside other processes' libtpu
   (ALLOW_MULTIPLE_LIBTPU_LOAD; there is no TPU to share) and is told the metadata it would
-  otherwise look for and warn about (an accelerator type, one worker). Variables already set are
-  kept; the environment is restored after, so nothing else (e.g. `sharding.wants_distributed`)
-  sees them. On a TPU VM this changes nothing."""
+  otherwise look for and warn about on stderr (an accelerator type, one worker). Variables already
+  set are kept; the environment is restored after, so nothing else (e.g.
+  `sharding.wants_distributed`) sees them. On a TPU VM this changes nothing."""
   quiet = {
     'ALLOW_MULTIPLE_LIBTPU_LOAD': '1',
     'TPU_ACCELERATOR_TYPE': 'v4-8',
@@ -169,7 +170,7 @@ def compile_only_devices(name: str) -> list[jax.Device]:
   machine = get(name)
   try:
     if machine.platform == 'tpu':
-      with _off_tpu_compiler_env():
+      with quiet_libtpu():
         topology = topologies.get_topology_desc(
           topology_name=machine.topology,
           platform='tpu',

@@ -8,7 +8,7 @@ import tempfile
 import jax
 import pytest
 
-from specdec_jax import pretrained
+from specdec_jax import machines, pretrained
 from tests import helpers
 
 _CACHE_ENV = 'JAX_COMPILATION_CACHE_DIR'
@@ -30,10 +30,14 @@ def pytest_configure(config):
     'jax_persistent_cache_min_compile_time_secs',
     float(os.environ.get('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', 1.0)),
   )
+  # The first backend JAX starts here; with libtpu installed (the test extra) it tries the TPU's
+  # too, and on a host without one libtpu would warn on stderr.
+  with machines.quiet_libtpu():
+    backend = jax.default_backend()
   # The tests compare float32 paths (a chunked decode with the one-pass forward, a narrowed pass
   # with the full one) at 1e-5. On a GPU (TF32) or TPU (bfloat16 passes) a float32 matmul is not
   # float32 by default, and the two paths then differ by ~1e-3 (seen on an H200, 2026-11-26).
-  if jax.default_backend() != 'cpu':
+  if backend != 'cpu':
     jax.config.update('jax_default_matmul_precision', 'highest')
 
 
@@ -41,6 +45,8 @@ def pytest_configure(config):
 # the two xdist workers take whole files in collection order, and a heavy file left for last runs
 # while the other worker has nothing left to take.
 _HEAVIEST_FIRST = (
+  'tpu_compile_test.py',
+  'tpu_paper_test.py',
   'multihost_training_test.py',
   'multihost_test.py',
   'decode_test.py',

@@ -1,0 +1,196 @@
+"""The TPU compile gate: every program of the project compiled by XLA:TPU, without a TPU.
+
+libtpu's compile-only client (`specdec_jax.machines`) gives the abstract devices of one TPU v4
+chip and of a v4-8 (4 chips); on each of one chip, a 1x4 and a 2x2 mesh of them, with the
+project's sharding rules (the target over 'model' by `sharding.param_shardings`, the drafter and
+the student replicated, the batch over 'data'), a tiny T5 pair's programs compile:
+
+  generate           temperature 0, and 1 with top-k and top-p;
+  speculative        every verifier of `verify.VERIFIERS` at temperature 1 with top-k / top-p,
+                     the trace on and the draft unrolled; draft_stop; temperature 0; 2 draft
+                     paths with every verifier of `verify_multipath.VERIFIERS`;
+  training step      `training.train_step` (dropout, label smoothing) on the train state
+                     `training.compile_step` places (params over 'model');
+  distillation step  `distill_loss.distill_step`, the live teacher over 'model' and the student
+                     replicated (`benchmarks.distill_model`, as `distill_plan --compile_for` runs).
+
+A program that stops compiling for a TPU fails here. Nothing runs. The paper's configuration is
+tests/tpu_paper_test.py. Skipped where libtpu is absent (it comes with `pip install -e '.[test]'`).
+"""
+
+import dataclasses
+import functools
+
+import jax
+import pytest
+
+from tests import helpers
+
+pytest.importorskip('libtpu', reason=helpers.NO_LIBTPU)
+
+from benchmarks import distill_model, memory_model  # noqa: E402
+from experiments.configs import distill_drafter  # noqa: E402
+from specdec_jax import decode, machines, training, verify, verify_multipath  # noqa: E402
+from specdec_jax.models import t5  # noqa: E402
+from specdec_jax.sampling import SamplingConfig  # noqa: E402
+
+# Every program compiles on the 2x2 mesh (both axes split: the batch over 'data', the target over
+# 'model') by default; on one chip and 1x4 the cheapest by default and the rest with -m slow
+# (all 31 programs took 226 CPU-seconds, the default ones about 90: docs/results.md section 12).
+MESHES = [('v4-8', 2, 2), ('v4-8', 1, 4), ('tpu-v4', 1, 1)]
+_ALWAYS = ('generate-T0',)
+
+
+def _meshes(always: bool = False) -> list:
+  """MESHES as parameters: the 2x2 mesh in the default suite, the others slow unless `always`."""
+  marks = [] if always else [pytest.mark.slow]
+  return [
+    pytest.param(m, id=f'{m[0]}:{m[1]}x{m[2]}', marks=[] if m == MESHES[0] else marks)
+    for m in MESHES
+  ]
+
+
+_GREEDY = SamplingConfig(temperature=0.0)
+_SAMPLED = SamplingConfig(temperature=1.0, top_k=5, top_p=0.9)
+_SHAPE = dict(max_new_tokens=4)
+_GAMMA = 2
+
+
+def _speculative(verifier, sampling, **options):
+  """A `decode.speculative_loop` of `LoopSpec` options (the trace among them, which
+  `lower_speculative` leaves off), lowered as `lower_speculative` lowers it."""
+
+  def lower(target, drafter, ids):
+    spec = decode.LoopSpec(sampling=sampling, gamma=_GAMMA, verifier=verifier, **_SHAPE, **options)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    return decode.speculative_loop.lower(
+      target.steps, target.params, drafter.steps, drafter.params, ids, ids, key, spec=spec
+    )
+
+  return lower
+
+
+def _public(**options):
+  """`decode.lower_speculative` with these options (the public lowering: trace off)."""
+  return lambda t, d, ids: decode.lower_speculative(
+    t, d, ids, ids, gamma=_GAMMA, **_SHAPE, **options
+  )
+
+
+def _decode_programs() -> dict:
+  """name -> lower(target, drafter, ids): the loops' programs, each option at least once."""
+  programs = {
+    'generate-T0': lambda t, d, ids: decode.lower_generate(t, ids, ids, sampling=_GREEDY, **_SHAPE),
+    'generate-T1-topk-topp': lambda t, d, ids: decode.lower_generate(
+      t, ids, ids, sampling=_SAMPLED, **_SHAPE
+    ),
+    'speculative-T0-draft_stop': _public(sampling=_GREEDY, draft_stop=0.5),
+    'speculative-token-T1-draft_stop': _public(sampling=_SAMPLED, draft_stop=0.5),
+  }
+  for verifier in verify.VERIFIERS:
+    programs[f'speculative-{verifier}-T1-topk-topp-trace-unrolled'] = _speculative(
+      verifier, _SAMPLED, trace=True, unroll_draft=True
+    )
+  for verifier in verify_multipath.VERIFIERS:
+    programs[f'speculative-{verifier}-T1-2-paths'] = _public(
+      verifier=verifier, sampling=_SAMPLED, num_drafts=2
+    )
+  return programs
+
+
+_PROGRAMS = _decode_programs()
+
+
+@functools.cache
+def _mesh(name: str, data: int, model: int):
+  return machines.compile_only_mesh(name, data, model)
+
+
+def _tiny(name: str, mesh, *, shard: bool) -> t5.T5Model:
+  """A tiny T5 of one layer a side (every kind of param, the fastest compile), abstract params
+  on `mesh`: sharded by the default rules or replicated."""
+  config = dataclasses.replace(t5.CONFIGS[name], num_encoder_layers=1, num_decoder_layers=1)
+  return memory_model.abstract_model(config, mesh, param_dtype='float32', shard=shard)
+
+
+def _check_on_tpu(compiled, mesh) -> dict:
+  """The program was compiled for `mesh`'s TPU devices; its memory per device."""
+  devices = set(mesh.devices.flat)
+  for s in jax.tree.leaves(compiled.input_shardings):
+    assert s.device_set <= devices and {d.device_kind for d in s.device_set} == {'TPU v4'}, s
+  stats = memory_model.memory_stats(compiled)
+  assert 0 < stats['peak'] < machines.TPU_V4.hbm_bytes, stats
+  return stats
+
+
+def _ids(mesh):
+  return memory_model.abstract_batch(mesh, 2, 8)
+
+
+@pytest.mark.parametrize(
+  'mesh_name, program',
+  [
+    pytest.param(*mesh.values, program, id=f'{program}-{mesh.id}', marks=mesh.marks)
+    for program in _PROGRAMS
+    for mesh in _meshes(always=program in _ALWAYS)
+  ],
+)
+def test_decode_loop_compiles_for_tpu(mesh_name, program):
+  mesh = _mesh(*mesh_name)
+  target, drafter = _tiny('tiny-v1.1', mesh, shard=True), _tiny('tiny-v1.0', mesh, shard=False)
+  with jax.set_mesh(mesh):
+    compiled = _PROGRAMS[program](target, drafter, _ids(mesh)).compile()
+  stats = _check_on_tpu(compiled, mesh)
+  # Each device holds its shard of the target: a quarter of the 'model'-split params on 1x4.
+  shards = memory_model.bytes_per_device(target.params)
+  assert stats['argument'] >= shards, (stats, shards)
+
+
+@pytest.mark.parametrize('mesh_name', _meshes())
+def test_training_step_compiles_for_tpu(mesh_name):
+  mesh = _mesh(*mesh_name)
+  config = dataclasses.replace(t5.CONFIGS['tiny-v1.1'], num_encoder_layers=1, num_decoder_layers=1)
+  optimizer = training.OptimizerConfig(warmup_steps=2, num_train_steps=10)
+  state, shardings = training.abstract_state(config, optimizer, mesh, 'model')
+  step = training.compile_step(
+    functools.partial(
+      training.train_step,
+      model_config=config,
+      optimizer_config=optimizer,
+      label_smoothing=0.1,
+      dropout_rate=0.1,
+    ),
+    mesh,
+    shardings,
+  )
+  batch = distill_model.abstract_distill_batch(mesh, batch=2, source_length=8, target_length=6)
+  with jax.set_mesh(mesh):
+    compiled = step.lower(state, batch).compile()
+  stats = _check_on_tpu(compiled, mesh)
+  assert stats['alias'] >= memory_model.bytes_per_device(state), stats  # the state is donated
+
+
+@pytest.mark.parametrize('mesh_name', _meshes(always=True))
+def test_distillation_step_compiles_for_tpu(mesh_name):
+  student = 'paper,student.d_model=16,student.num_heads=2,student.d_kv=8,student.d_ff=32'
+  (row,) = distill_model.distill_rows(
+    dataclasses.replace(t5.CONFIGS['tiny-v1.0'], num_encoder_layers=1, num_decoder_layers=1),
+    distill_drafter.get_config(student),
+    [mesh_name],
+    [2],
+    teacher_param_dtype='bfloat16',
+    source_length=8,
+    target_length=6,
+    compile_for={machines.TPU_V4},
+  )
+  assert row['compiler'] == 'tpu' and row['fits'] == 'yes', row
+  assert row['argument'] >= row['teacher'] + row['state'] + row['batch_bytes'], row
+
+
+def test_every_verifier_and_option_is_in_the_gate():
+  """The program list follows the verifiers: a new one is compiled without editing this file."""
+  names = ' '.join(_PROGRAMS)
+  for verifier in verify.VERIFIERS:
+    assert f'speculative-{verifier}-T1-topk-topp-trace-unrolled' in names
+  for option in ('T0', 'topk-topp', 'trace', 'unrolled', 'draft_stop', '2-paths'):
+    assert option in names, option
