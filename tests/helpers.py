@@ -12,7 +12,6 @@ Fixtures built on them (a loaded shipped pair, the tiny target/drafter pair) are
 """
 
 import dataclasses
-import importlib.util
 import os
 import pathlib
 import random
@@ -82,7 +81,12 @@ def needs_pair(name: str = 'ende'):
 
 
 # XLA:TPU's compiler (libtpu) compiles for abstract TPU devices on any host (specdec_jax.machines).
-HAS_LIBTPU = importlib.util.find_spec('libtpu') is not None
+try:
+  import libtpu  # noqa: F401  (a small Python module beside libtpu.so)
+
+  HAS_LIBTPU = True
+except ImportError:
+  HAS_LIBTPU = False
 NO_LIBTPU = (
   "libtpu (XLA:TPU's compiler) is not installed: pip install -e '.[test]' brings it, or "
   + machines.install_line('tpu-v4')
