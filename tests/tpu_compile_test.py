@@ -6,16 +6,17 @@ project's sharding rules (the target over 'model' by `sharding.param_shardings`,
 the student replicated, the batch over 'data'), a tiny T5 pair's programs compile:
 
   generate           temperature 0, and 1 with top-k and top-p;
-  speculative        every verifier of `verify.VERIFIERS` at temperature 1 with top-k / top-p,
-                     the trace on and the draft unrolled; draft_stop; temperature 0; 2 draft
-                     paths with every verifier of `verify_multipath.VERIFIERS`;
+  speculative        every verifier (`_VERIFIERS`) at temperature 1 with top-k / top-p, the
+                     trace on and the draft unrolled; draft_stop; temperature 0; 2 draft paths
+                     with every verifier of `verify_multipath.VERIFIERS`;
   training step      `training.train_step` (dropout, label smoothing) on the train state
                      `training.compile_step` places (params over 'model');
   distillation step  `distill_loss.distill_step`, the live teacher over 'model' and the student
                      replicated (`benchmarks.distill_model`, as `distill_plan --compile_for` runs).
 
-A program that stops compiling for a TPU fails here. Nothing runs. The paper's configuration is
-tests/tpu_paper_test.py. Skipped where libtpu is absent (it comes with `pip install -e '.[test]'`).
+Every program compiles on the 2x2 mesh by default; on one chip and 1x4, generate at temperature
+0 and the distillation step by default, the rest with `pytest -m slow`. A program that stops
+compiling for a TPU fails here. Nothing runs. The paper's configuration is tests/tpu_paper_test.py. Skipped where libtpu is absent (it comes with `pip install -e '.[test]'`).
 """
 
 import dataclasses
@@ -54,6 +55,9 @@ _GREEDY = SamplingConfig(temperature=0.0)
 _SAMPLED = SamplingConfig(temperature=1.0, top_k=5, top_p=0.9)
 _SHAPE = dict(max_new_tokens=4)
 _GAMMA = 2
+# Every verifier the single-path loop runs: `verify.NAMES` where greedy block verification is
+# merged (it lists 'greedy_block' beside `verify.VERIFIERS`), else `verify.VERIFIERS`.
+_VERIFIERS = tuple(getattr(verify, 'NAMES', verify.VERIFIERS))
 
 
 def _speculative(verifier, sampling, **options):
@@ -87,7 +91,7 @@ def _decode_programs() -> dict:
     'speculative-T0-draft_stop': _public(sampling=_GREEDY, draft_stop=0.5),
     'speculative-token-T1-draft_stop': _public(sampling=_SAMPLED, draft_stop=0.5),
   }
-  for verifier in verify.VERIFIERS:
+  for verifier in _VERIFIERS:
     programs[f'speculative-{verifier}-T1-topk-topp-trace-unrolled'] = _speculative(
       verifier, _SAMPLED, trace=True, unroll_draft=True
     )
@@ -190,7 +194,7 @@ def test_distillation_step_compiles_for_tpu(mesh_name):
 def test_every_verifier_and_option_is_in_the_gate():
   """The program list follows the verifiers: a new one is compiled without editing this file."""
   names = ' '.join(_PROGRAMS)
-  for verifier in verify.VERIFIERS:
+  for verifier in _VERIFIERS:
     assert f'speculative-{verifier}-T1-topk-topp-trace-unrolled' in names
   for option in ('T0', 'topk-topp', 'trace', 'unrolled', 'draft_stop', '2-paths'):
     assert option in names, option
