@@ -145,12 +145,13 @@ def test_a_deeper_drafter_reads_a_larger_c():
 
 
 def test_the_guard_fails_a_timed_call_that_slices_a_device_array_per_length():
-  # Negative control: `x[0, :n]` of a device array compiles two small programs for each new n
-  # (what hf_peer's autoregressive row paid inside its timer); gathered to the host first, the
+  # Negative control: `x[0, :n]` of a device array compiles small programs for each new n (what
+  # hf_peer's autoregressive row paid inside its timer: a dynamic_slice, and an index program that
+  # another test in the same worker may have compiled already); gathered to the host first, the
   # same outputs compile nothing.
   x = jnp.arange(64, dtype=jnp.int32).reshape(2, 32)
   lengths = iter(range(3, 9))
-  with pytest.raises(timing.CompiledWhileTimed, match=r'compiled 2 program\(s\).*dynamic_slice'):
+  with pytest.raises(timing.CompiledWhileTimed, match=r'compiled [12] program\(s\).*dynamic_slice'):
     timing.timed(lambda: x[0, : next(lengths)], 'slicing')
   on_host = lambda: np.asarray(x)[0, : next(lengths)]
   np.testing.assert_array_equal(timing.timed(on_host)[0], np.arange(4))
