@@ -1,14 +1,14 @@
 """Benchmark mains: each prints ratios measured in one run (these machines are noisy).
 
 Every decode benchmark calls `start()` first in its main, so that its few-row dots run on the
-kernels the main job uses (`specdec_jax.xla_cpu`); `--noeigen_dots` keeps XLA:CPU's default.
+kernels the main job uses (`specdec_jax.measure.xla_cpu`); `--noeigen_dots` keeps XLA:CPU's default.
 """
 
 import sys
 
 from absl import app, flags
 
-from specdec_jax import xla_cpu
+from specdec_jax.measure import xla_cpu
 
 _EIGEN_DOTS = flags.DEFINE_bool(
   'eigen_dots',

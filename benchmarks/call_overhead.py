@@ -15,7 +15,8 @@ import jax
 from absl import app, flags
 
 import benchmarks
-from specdec_jax import decode, pretrained, timing
+from specdec_jax import decode, pretrained
+from specdec_jax.measure import timing
 from specdec_jax.sampling import SamplingConfig
 
 _DIR = flags.DEFINE_string('pretrained', 'ende48m', 'Shipped pair (name or directory).')

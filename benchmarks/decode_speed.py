@@ -9,7 +9,7 @@ Everything is measured in one run on real test sources (the shipped test.tsv; ra
    target pass and its cost in steps, the drafter step and c.
 2. Per iteration, for each batch in --breakdown_batches and temperature: wall time of `generate`
    and `speculative_generate` (bigram and T5 drafters), the goals' ratios, and the share of an
-   iteration spent in each component, from XLA:CPU's per-op trace (`specdec_jax.profiling`):
+   iteration spent in each component, from XLA:CPU's per-op trace (`specdec_jax.measure.profiling`):
    drafter model, target model, sampling (probability transforms and draws), verification,
    emit/rewind/stats, and the loop itself (time in no op). At temperature 0 the general path
    (one-hot vectors, what the loops ran before the greedy fast path) is measured too.
@@ -21,7 +21,7 @@ Goals (issue 8): a bigram-drafted iteration <= 1.15x the bare (gamma+1)-position
 Past runs: docs/performance.md, "Measurements moved from docstrings" (`decode_speed`).
 """
 
-from specdec_jax import profiling
+from specdec_jax.measure import profiling
 
 profiling.enable_tracing()  # before JAX starts: per-op trace events for the breakdown
 
@@ -33,8 +33,9 @@ import numpy as np
 from absl import app, flags
 
 import benchmarks
-from specdec_jax import decode, drafters, pretrained, timing
+from specdec_jax import decode, drafters, pretrained
 from specdec_jax import sampling as sampling_lib
+from specdec_jax.measure import timing
 from specdec_jax.models import t5
 
 _DIR = flags.DEFINE_string('pretrained', 'ende', 'Shipped pair (name or directory).')

@@ -14,13 +14,14 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from benchmarks import memory_model
-from specdec_jax import distill, distill_loss, machines, sharding, training
+from specdec_jax import machines, sharding
 from specdec_jax.models import t5
+from specdec_jax.training import distill, distill_loss, trainer
 
 
 def abstract_distill_batch(mesh, *, batch: int, source_length: int, target_length: int) -> dict:
   """A live-teacher distillation batch (`batching.batch_arrays`' fields: int32 inputs / targets,
-  bool masks) as shape structs split over 'data' as `training.compile_step` takes it."""
+  bool masks) as shape structs split over 'data' as `trainer.compile_step` takes it."""
   fields = {
     'inputs': ((batch, source_length), jnp.int32),
     'input_mask': ((batch, source_length), jnp.bool_),
@@ -35,26 +36,26 @@ def abstract_distill_batch(mesh, *, batch: int, source_length: int, target_lengt
 
 def lower_distill_step(
   teacher: t5.T5Model,
-  state: training.TrainState,
-  shardings: training.TrainState,
+  state: trainer.TrainState,
+  shardings: trainer.TrainState,
   mesh,
   *,
   student_config: t5.T5Config,
-  optimizer_config: training.OptimizerConfig,
+  optimizer_config: trainer.OptimizerConfig,
   divergence: str,
   batch: int,
   source_length: int,
   target_length: int,
 ) -> jax.stages.Lowered:
   """One distillation step with the live teacher (its encoder and decoder run in the step),
-  lowered for `mesh` as `distill.distill_and_evaluate` compiles it (`training.compile_step`: the
+  lowered for `mesh` as `distill.distill_and_evaluate` compiles it (`trainer.compile_step`: the
   state donated, the batch split over 'data'), from abstract inputs.
 
   Args:
     teacher: an `abstract_model` (params carrying their shardings).
-    state, shardings: `training.abstract_state`'s.
+    state, shardings: `trainer.abstract_state`'s.
   """
-  step = training.compile_step(
+  step = trainer.compile_step(
     functools.partial(
       distill_loss.distill_step,
       student_config=student_config,
@@ -223,7 +224,7 @@ def _mesh_plan(
 ):
   """(mesh, teacher, student config, student state, the step lowered at a batch size) of one
   machine's mesh: compile-only devices of `machine` when `own`, else XLA:CPU's."""
-  optimizer_config = training.OptimizerConfig.from_config(distill_config)
+  optimizer_config = trainer.OptimizerConfig.from_config(distill_config)
   if own:
     mesh = machines.compile_only_mesh(machine.name, data, model)
   else:
@@ -232,7 +233,7 @@ def _mesh_plan(
     teacher_config, mesh, param_dtype=teacher_param_dtype, shard=True
   )
   student_config = distill.student_config_for(distill_config, teacher)
-  state, shardings = training.abstract_state(
+  state, shardings = trainer.abstract_state(
     student_config, optimizer_config, mesh, distill_config.student_sharding
   )
   compiled_teacher = teacher

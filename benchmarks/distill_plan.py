@@ -62,8 +62,9 @@ from absl import app, flags
 import benchmarks
 from benchmarks import distill_model, memory_model
 from experiments.configs import distill_drafter
-from specdec_jax import distill, machines
+from specdec_jax import machines
 from specdec_jax.models import t5
+from specdec_jax.training import distill
 
 DEFAULT_MACHINES = 'v4-8:1x4,v4-8:2x2,v4-32:4x4,v5e-8:1x8,v5e-8:2x4,h100:1x1'
 

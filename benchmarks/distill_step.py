@@ -15,9 +15,11 @@ import numpy as np
 from absl import app, flags
 
 from experiments.configs import distill_drafter, train_target
-from specdec_jax import distill_data, distill_loss, pretrained, timing, training
+from specdec_jax import pretrained
 from specdec_jax.data import batching
+from specdec_jax.measure import timing
 from specdec_jax.models import t5
+from specdec_jax.training import distill_data, distill_loss, trainer
 
 _SHAPE = flags.DEFINE_enum('target_shape', 'shipped', ['shipped', 't5_1_1_small'], 'Target.')
 _STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps per mode.')
@@ -53,8 +55,8 @@ def main(argv):
       progress=False,
     )  # fmt: skip
   cached = dict(live, **cache.fields(index, length, length))
-  optimizer = training.OptimizerConfig()
-  state = training.init_state(jax.random.key(0), student_config, optimizer)
+  optimizer = trainer.OptimizerConfig()
+  state = trainer.init_state(jax.random.key(0), student_config, optimizer)
   kw = dict(student_config=student_config, optimizer_config=optimizer, divergence='fkl')
   times = {'live': [], 'cached': []}
   # Untimed: the first step compiles, and so does the second, on the state a step returns.

@@ -63,8 +63,9 @@ from absl import app, flags
 
 import benchmarks
 from benchmarks import synthetic
-from specdec_jax import decode, decode_steps, machines, timing, xla_cpu
+from specdec_jax import decode, decode_steps, machines
 from specdec_jax import sampling as sampling_lib
+from specdec_jax.measure import timing, xla_cpu
 from specdec_jax.models import t5
 
 # This main's own flags (`benchmarks.flags_parser`): other benchmarks define --target, --dtype,

@@ -19,7 +19,8 @@ import jax
 from absl import app, flags, logging
 
 import benchmarks
-from specdec_jax import analysis, pretrained, timing
+from specdec_jax import analysis, pretrained
+from specdec_jax.measure import timing
 from specdec_jax.models import t5
 
 _GAMMA = flags.DEFINE_integer('gamma', 3, 'Drafted tokens per iteration.')

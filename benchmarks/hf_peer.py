@@ -47,15 +47,10 @@ from absl import app, flags, logging
 
 import benchmarks
 from benchmarks import synthetic
-from specdec_jax import (
-  checkpoint_utils,
-  checkpoints,
-  checkpoints_hf,
-  decode,
-  pretrained,
-  tables,
-  timing,
-)
+from specdec_jax import checkpoints, decode, pretrained
+from specdec_jax.checkpoints import common as checkpoint_utils
+from specdec_jax.checkpoints import hf as checkpoints_hf
+from specdec_jax.measure import tables, timing
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
 

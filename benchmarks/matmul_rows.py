@@ -26,7 +26,7 @@ import numpy as np
 from absl import app, flags
 
 import benchmarks
-from specdec_jax import timing
+from specdec_jax.measure import timing
 
 _SHAPES = flags.DEFINE_list(
   'shapes', ['256x8000', '256x1024', '1024x256', '512x8000', '512x1024'], 'Weight shapes IxO.'

@@ -19,7 +19,8 @@ Past runs: docs/performance.md, "Measurements moved from docstrings" (`multidraf
 from absl import app, flags, logging
 
 import benchmarks
-from specdec_jax import pretrained, timing
+from specdec_jax import pretrained
+from specdec_jax.measure import timing
 
 _PAIR = flags.DEFINE_string('pair', 'ende48m', 'Shipped pair whose target is measured.')
 _GAMMAS = flags.DEFINE_list('gammas', ['3', '5'], 'Drafted tokens per path.')

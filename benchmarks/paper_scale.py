@@ -13,7 +13,7 @@ values; `--weights=random` checks it: `synthetic.model`), batch 1, one device. A
 `t5.CONFIGS` name (a T5 with its own encoder, e.g. `t5-small`, the paper's) or `one-layer[:NAME]`:
 one decoder layer of NAME's width (default t5-small) over the target's encoder, the shape of our
 shipped `distilled` drafters. Four tables, every time from the project's timers
-(`specdec_jax.timing`: model calls inside a jitted loop, dispatch cancelled):
+(`specdec_jax.measure.timing`: model calls inside a jitted loop, dispatch cancelled):
 
 1. target: the step and the (gamma+1)-position pass at each of --gammas, against the HBM bound,
    the bytes a call reads (`memory_model.call_cost`: decoder weights, the tied embedding, both
@@ -53,7 +53,8 @@ from absl import app, flags
 
 import benchmarks
 from benchmarks import memory_model, paper_scale_tpu, synthetic
-from specdec_jax import analysis, decode, sharding, tables, timing, xla_cpu
+from specdec_jax import analysis, decode, sharding
+from specdec_jax.measure import tables, timing, xla_cpu
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
 

@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks import memory_model, tpu_costs
-from specdec_jax import analysis, decode, decode_steps, machines, sharding, tables, timing
+from specdec_jax import analysis, decode, decode_steps, machines, sharding
+from specdec_jax.measure import tables, timing
 from specdec_jax.models import t5
 
 # Leviathan et al. 2023, Table 2, T5-XXL on EnDe with the T5-small drafter on TPU-v4:

@@ -14,7 +14,8 @@ Past runs: docs/performance.md, "Measurements moved from docstrings" (`source_le
 from absl import app, flags, logging
 
 import benchmarks
-from specdec_jax import decode, pretrained, timing
+from specdec_jax import decode, pretrained
+from specdec_jax.measure import timing
 
 _DIR = flags.DEFINE_string('pretrained', 'debsumm48m', 'Shipped pair (name or directory).')
 _DRAFTER = flags.DEFINE_string('drafter', None, 'A drafter of the pair (default: recommended).')

@@ -42,8 +42,9 @@ from jax.sharding import PartitionSpec as P
 
 import benchmarks
 from benchmarks import memory_model, tpu_costs
-from specdec_jax import decode, machines, tables
+from specdec_jax import decode, machines
 from specdec_jax import sampling as sampling_lib
+from specdec_jax.measure import tables
 from specdec_jax.models import t5
 
 FLAGS = flags.FlagValues()

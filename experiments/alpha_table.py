@@ -21,8 +21,8 @@ import numpy as np
 from matplotlib import figure
 
 from experiments.configs import common
-from specdec_jax import evaluation, results_io, tables
 from specdec_jax import sampling as sampling_lib
+from specdec_jax.measure import evaluation, results_io, tables
 
 COLUMNS = (
   'task',

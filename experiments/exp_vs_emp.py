@@ -25,7 +25,8 @@ import numpy as np
 from matplotlib import figure
 
 from experiments.configs import common
-from specdec_jax import analysis, evaluation, results_io, tables
+from specdec_jax import analysis
+from specdec_jax.measure import evaluation, results_io, tables
 
 COLUMNS = (
   'task',

@@ -28,8 +28,9 @@ import jax
 import numpy as np
 
 from experiments.configs import common, debsumm, ende
-from specdec_jax import decode, evaluation, results_io, tables
+from specdec_jax import decode
 from specdec_jax import sampling as sampling_lib
+from specdec_jax.measure import evaluation, results_io, tables
 
 TASKS = {'ende': ende, 'debsumm': debsumm}  # main-job configs a task can name
 COLUMNS = (

@@ -40,8 +40,9 @@ import jax.numpy as jnp
 from matplotlib import figure
 
 from experiments.configs import common
-from specdec_jax import analysis, decode, evaluation, results_io, step_models, tables
+from specdec_jax import analysis, decode, step_models
 from specdec_jax import sampling as sampling_lib
+from specdec_jax.measure import evaluation, results_io, tables
 
 COLUMNS = (
   'task',

@@ -15,7 +15,8 @@ Ctrl-C keeps every finished row; speedup.png at the end. Third-party INFO logs o
 from tqdm.auto import tqdm
 
 from experiments.configs import common
-from specdec_jax import evaluation, results_io, sharding, tables
+from specdec_jax import sharding
+from specdec_jax.measure import evaluation, results_io, tables
 
 
 def run(config, workdir: str) -> list[evaluation.Row]:

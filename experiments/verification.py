@@ -47,8 +47,9 @@ import numpy as np
 
 from experiments import verification_report as report
 from experiments.configs import common
-from specdec_jax import decode, evaluation, results_io, verify, verify_greedy
+from specdec_jax import decode, verify, verify_greedy
 from specdec_jax import sampling as sampling_lib
+from specdec_jax.measure import evaluation, results_io
 
 PARTS = ('toy', 'sweep', 'ccdf')
 RUN_COLUMNS = (

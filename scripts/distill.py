@@ -1,4 +1,4 @@
-"""Distils a drafter from a target (`specdec_jax.distill`); see experiments/configs/distill_drafter.py.
+"""Distils a drafter from a target (`specdec_jax.training.distill`); see experiments/configs/distill_drafter.py.
 
   python -m scripts.distill --config=experiments/configs/distill_drafter.py --workdir=workdir/distill
 
@@ -6,7 +6,7 @@ Override any field: `--config.num_train_steps=6000 --config.divergence=tvd`. Rer
 """
 
 from experiments.configs import common
-from specdec_jax import distill
+from specdec_jax.training import distill
 
 
 def run(config, workdir: str) -> None:

@@ -17,9 +17,10 @@ lookup per step (c ~ 0); load it with `drafters.NGramDrafter.load`.
 import numpy as np
 from absl import app, flags
 
-from specdec_jax import distill_data, drafters, pretrained
+from specdec_jax import drafters, pretrained
 from specdec_jax.data import batching, pairs
 from specdec_jax.data import tokenizer as tokenizer_lib
+from specdec_jax.training import distill_data
 
 _PAIRS = flags.DEFINE_string('pairs', 'data/ende/train.tsv', 'TSV / JSONL of (source, target).')
 _TOKENIZER = flags.DEFINE_string('tokenizer', 'pretrained/ende/spm.model', 'SentencePiece.')

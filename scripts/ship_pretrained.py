@@ -26,10 +26,11 @@ import shutil
 
 from absl import app, flags
 
-from specdec_jax import checkpoints, drafters, training
+from specdec_jax import checkpoints, drafters
 from specdec_jax.data import batching, pairs
 from specdec_jax.data import tokenizer as tokenizer_lib
 from specdec_jax.models import t5
+from specdec_jax.training import trainer
 
 # Per task: data directory, tokenizer file in it, max source / target tokens, and the corpus
 # paragraph of the model card.
@@ -95,7 +96,7 @@ def _describe(name: str, export_dir: str, model, test, tok, lengths) -> dict:
   kept = [
     p for p in test if len(tok.encode(p[0])) <= max_source and len(tok.encode(p[1])) <= max_target
   ]
-  bleu, _ = training.evaluate_bleu(
+  bleu, _ = trainer.evaluate_bleu(
     model, data, [t for _, t in kept], tok, batch_size=64, max_new_tokens=max_target
   )
   return {

@@ -10,12 +10,12 @@ resumes from the latest checkpoint in --workdir; the trained model is exported t
 """
 
 from experiments.configs import common
-from specdec_jax import training
+from specdec_jax.training import trainer
 
 
 def run(config, workdir: str) -> None:
   print(config, flush=True)
-  result = training.train_and_evaluate(config, workdir)
+  result = trainer.train_and_evaluate(config, workdir)
   print(f'final eval: {result}')
 
 

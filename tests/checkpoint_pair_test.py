@@ -6,7 +6,8 @@ import pytest
 from jax.sharding import AbstractMesh
 
 from experiments.configs import ende
-from specdec_jax import checkpoints, evaluation, pretrained, sharding, timing
+from specdec_jax import checkpoints, pretrained, sharding
+from specdec_jax.measure import evaluation, timing
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 _T5X = _REPO / 'tests' / 'testdata' / 't5x_tiny' / 'checkpoint_0'

@@ -11,7 +11,8 @@ _SCRIPT = """
 import collections, math, tempfile, pathlib
 import flax.serialization, jax, numpy as np
 from jax.sharding import PartitionSpec as P
-from specdec_jax import checkpoint_utils, checkpoints, checkpoints_hf, checkpoints_t5x, sharding
+from specdec_jax import checkpoints, sharding
+from specdec_jax.checkpoints import common as checkpoint_utils, hf as checkpoints_hf, t5x as checkpoints_t5x
 from specdec_jax.models import t5
 from tests.checkpoints_test import T5X_TINY
 from tests.checkpoints_t5x_test import _t5x_state, _write_t5x_tensorstore_checkpoint

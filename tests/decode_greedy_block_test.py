@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from experiments.configs import ende
-from specdec_jax import decode, evaluation, verify_greedy
+from specdec_jax import decode, verify_greedy
 from specdec_jax import sampling as sampling_lib
+from specdec_jax.measure import evaluation
 from tests import chisquare, fakes
 from tests import greedy_block_oracle as go
 from tests import verify_greedy_test as vgt

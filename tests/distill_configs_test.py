@@ -6,8 +6,9 @@ import pathlib
 import pytest
 
 from experiments.configs import distill_drafter, ende
-from specdec_jax import distill, distill_loss, machines, sharding, training
+from specdec_jax import machines, sharding
 from specdec_jax.models import t5
+from specdec_jax.training import distill, distill_loss, trainer
 
 _VARIANTS = (
   'runlocal',
@@ -25,7 +26,7 @@ _VARIANTS = (
 def test_every_variant_parses(variant):
   config = distill_drafter.get_config(variant)
   assert config.divergence in distill_loss.DIVERGENCES
-  training.OptimizerConfig.from_config(config)  # raises on a bad schedule
+  trainer.OptimizerConfig.from_config(config)  # raises on a bad schedule
 
 
 def test_paper_reads_the_target_files_of_ende_paper():

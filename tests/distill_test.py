@@ -1,4 +1,4 @@
-"""Distillation (specdec_jax.distill): the divergences, and the runlocal run end to end."""
+"""Distillation (specdec_jax.training.distill): the divergences, and the runlocal run end to end."""
 
 import dataclasses
 import json
@@ -10,17 +10,10 @@ import numpy as np
 import pytest
 
 from experiments.configs import distill_drafter
-from specdec_jax import (
-  checkpoints,
-  decode,
-  distill,
-  distill_data,
-  distill_loss,
-  pretrained,
-  training,
-)
+from specdec_jax import checkpoints, decode, pretrained
 from specdec_jax.data import batching
 from specdec_jax.models import t5
+from specdec_jax.training import distill, distill_data, distill_loss, trainer
 from tests import helpers
 
 _SHIPPED = (pretrained.ROOT / 'ende' / 'target').exists()
@@ -134,7 +127,7 @@ def test_configs_share_one_parser():
 @pytest.mark.slow  # ~30 CPU-s
 @pytest.mark.skipif(not _SHIPPED, reason='pretrained/ende not shipped in this checkout')
 def test_step_costs_of_a_drafter_over_the_target_encoder():
-  from specdec_jax import timing
+  from specdec_jax.measure import timing
   from specdec_jax.models import t5
 
   pair = pretrained.load('ende')
@@ -192,14 +185,14 @@ def test_cached_teacher_states_give_the_live_targets_step(tmp_path, over_target_
   other = helpers.tiny_t5(teacher_config, seed=2)
   with pytest.raises(ValueError, match='computed from other sources, another target'):
     distill_data.TeacherStates.compute(other, data, shard_dir=str(tmp_path), **kw)
-  optimizer_config = training.OptimizerConfig(learning_rate=1e-2, warmup_steps=1)
+  optimizer_config = trainer.OptimizerConfig(learning_rate=1e-2, warmup_steps=1)
   index = np.array([0, 3, 5, 9])
   live = batching.batch_arrays(data, index, 12, 9)
   fast = dict(live, **cached.fields(index, 12, 9))
   assert ('encoded' in fast) == over_target_encoder
   results = []
   for batch in (live, fast):
-    state = training.init_state(jax.random.key(0), student_config, optimizer_config)
+    state = trainer.init_state(jax.random.key(0), student_config, optimizer_config)
     results.append(
       distill_loss.jit_distill_step(
         state, batch, teacher, student_config=student_config,
@@ -213,7 +206,7 @@ def test_cached_teacher_states_give_the_live_targets_step(tmp_path, over_target_
     np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
   # A wrong cache (another pair's states) changes the loss: the test can fail.
   wrong = dict(live, **cached.fields(index[::-1], 12, 9))
-  state = training.init_state(jax.random.key(0), student_config, optimizer_config)
+  state = trainer.init_state(jax.random.key(0), student_config, optimizer_config)
   _, m3 = distill_loss.jit_distill_step(
     state, wrong, teacher, student_config=student_config,
     optimizer_config=optimizer_config, divergence='fkl',

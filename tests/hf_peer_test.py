@@ -15,7 +15,8 @@ from absl import flags
 from absl.testing import flagsaver
 
 from benchmarks import hf_peer, synthetic
-from specdec_jax import checkpoints, checkpoints_hf
+from specdec_jax import checkpoints
+from specdec_jax.checkpoints import hf as checkpoints_hf
 from specdec_jax.models import t5
 
 _SENTENCES = 2

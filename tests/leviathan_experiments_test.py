@@ -17,7 +17,8 @@ from experiments.configs import debsumm as debsumm_config
 from experiments.configs import ende
 from experiments.configs import exp_vs_emp as exp_vs_emp_config
 from experiments.configs import ops_memory as ops_memory_config
-from specdec_jax import analysis, evaluation, pretrained
+from specdec_jax import analysis, pretrained
+from specdec_jax.measure import evaluation
 from tests import helpers
 
 needs_pair = helpers.needs_pair('ende')

@@ -42,7 +42,7 @@ from specdec_jax import decode
 from experiments import translate
 from experiments.configs import ende
 if costs == 'fake':
-  from specdec_jax import timing
+  from specdec_jax.measure import timing
   timing.step_costs = lambda *a, **k: dict(c=0.1, c_fixed=0.05, c_alone=0.1, pass_cost=1.5)
 
 multi = pid >= 0
@@ -165,7 +165,7 @@ def test_two_processes_decode_and_run_the_main_job_as_one(tmp_path, costs, verif
   'module',
   [
     'specdec_jax.decode',
-    'specdec_jax.evaluation',
+    'specdec_jax.measure.evaluation',
     'specdec_jax.pretrained',
     'specdec_jax.checkpoints',
     'experiments.translate',

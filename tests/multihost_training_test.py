@@ -1,7 +1,7 @@
 """Training and distillation on a mesh of 2 processes x 4 CPU devices, against one device.
 
 Two processes join over localhost (`sharding.maybe_initialize_distributed`, gloo collectives),
-each with 4 CPU devices, and run `training.train_and_evaluate` (the tiny target, its params and
+each with 4 CPU devices, and run `trainer.train_and_evaluate` (the tiny target, its params and
 optimizer state sharded over 'model') and then `distill.distill_and_evaluate` (a tiny target
 sharded over 'model' and run live in each step, a one-layer student over its encoder
 replicated, every other batch the student's own samples) on a global (data=2, model=4) mesh. Each run is interrupted right after its checkpoint at step 2 and rerun, which
@@ -23,9 +23,11 @@ import jax
 import numpy as np
 import pytest
 
-from specdec_jax import checkpoints, pretrained, train_loop, training
+from specdec_jax import checkpoints, pretrained
 from specdec_jax.data import pairs, tokenizer
 from specdec_jax.models import t5
+from specdec_jax.training import loop as train_loop
+from specdec_jax.training import trainer
 from tests import helpers
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -41,7 +43,7 @@ if multi:
 import jax
 from jax.sharding import PartitionSpec as P
 from experiments.configs import distill_drafter, train_target
-from specdec_jax import distill, train_loop, training
+from specdec_jax.training import distill, loop as train_loop, trainer
 assert jax.device_count() == (8 if multi else 1)
 
 def on_every_device(state):
@@ -81,10 +83,10 @@ mesh = '2x4' if multi else 'auto'
 steps = 'num_train_steps=4,log_every=1,checkpoint_every=2,eval_every=4,length_buckets=32'
 config = train_target.get_config(
   f'runlocal,data_dir={data_dir},{steps},mesh={mesh},model_sharding=model,model.vocab_size=320')
-interrupted_and_resumed(training.train_and_evaluate, config, f'{out}/train')
-query = training.create_state(
-  jax.random.key(0), training.model_config_from(config),
-  training.OptimizerConfig.from_config(config), sharding.mesh_from_spec(mesh), 'model',
+interrupted_and_resumed(trainer.train_and_evaluate, config, f'{out}/train')
+query = trainer.create_state(
+  jax.random.key(0), trainer.model_config_from(config),
+  trainer.OptimizerConfig.from_config(config), sharding.mesh_from_spec(mesh), 'model',
 )[1].params['decoder']['layers_0']['self_attention']['query']['kernel']
 assert not multi or query.spec == P(None, 'model'), query  # heads split over model=4
 
@@ -117,9 +119,9 @@ def _assert_same_records(got: list[dict], want: list[dict], exact: tuple[str, ..
         np.testing.assert_allclose(g[key], value, rtol=2e-5, atol=1e-6, err_msg=f'{key} {w}')
 
 
-def _restore(workdir: pathlib.Path, config: t5.T5Config, optimizer: training.OptimizerConfig):
+def _restore(workdir: pathlib.Path, config: t5.T5Config, optimizer: trainer.OptimizerConfig):
   """The latest checkpoint in `workdir`, restored onto this process's one device."""
-  state, _ = training.create_state(
+  state, _ = trainer.create_state(
     jax.random.key(1), config, optimizer, jax.make_mesh((1, 1), ('data', 'model'))
   )
   files = train_loop.Workdir(
@@ -169,8 +171,8 @@ def test_a_checkpoint_of_two_processes_restores_in_one(runs):
   from experiments.configs import train_target
 
   config = train_target.get_config('runlocal,num_train_steps=4,model.vocab_size=320')
-  model_config = training.model_config_from(config)
-  optimizer = training.OptimizerConfig.from_config(config)
+  model_config = trainer.model_config_from(config)
+  optimizer = trainer.OptimizerConfig.from_config(config)
   multi, one = (_restore(runs / run / 'train', model_config, optimizer) for run in ('multi', 'one'))
   assert int(multi.step) == int(one.step) == 4
   for x, y in zip(jax.tree.leaves(multi), jax.tree.leaves(one)):

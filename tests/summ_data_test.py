@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from experiments.configs import train_summ_drafter, train_summ_target
-from specdec_jax import training
 from specdec_jax.data import batching, debsumm, pairs
 from specdec_jax.data import debian_descriptions as dd
+from specdec_jax.training import trainer
 
 _TRANSLATION = """Package: 0xffff
 Description-md5: 183c49f6505eb3432d1b069800f1f5b6
@@ -343,7 +343,7 @@ def test_summ_configs_parse_and_runlocal_builds(module):
   assert small.tokenizer == '/tmp/elsewhere/spm_debsumm_8k.model'  # follows data_dir
   assert module.get_config('tokenizer=/x/spm.model').tokenizer == '/x/spm.model'
   assert small.num_train_steps < 10 and max(small.length_buckets) == small.max_source_length
-  model_config = training.model_config_from(small)
+  model_config = trainer.model_config_from(small)
   assert model_config.d_model <= 32
   with pytest.raises(ValueError, match='Unknown config item'):
     module.get_config('runlokal')
@@ -360,7 +360,7 @@ def test_from_ende48m_starts_from_the_48m_target_and_checkpoints_often():
   config = train_summ_target.get_config('from_ende48m')
   with open(os.path.join(config.init_from, 'config.json')) as f:
     shipped = json.load(f)
-  model = training.model_config_from(config)
+  model = trainer.model_config_from(config)
   # The shipped target's own shape, so init_from restores it as it is (no growing).
   assert {k: getattr(model, k) for k in config.model} == {k: shipped[k] for k in config.model}
   assert model.d_model == 512 and model.num_decoder_layers == 8
@@ -375,9 +375,9 @@ def test_from_ende48m_starts_from_the_48m_target_and_checkpoints_often():
 def test_train_step_with_targets_shorter_than_sources():
   config = train_summ_target.get_config('runlocal')
   config.model.vocab_size = 300
-  model_config = training.model_config_from(config)
-  optimizer_config = training.OptimizerConfig.from_config(config)
-  state = training.init_state(jax.random.key(0), model_config, optimizer_config)
+  model_config = trainer.model_config_from(config)
+  optimizer_config = trainer.OptimizerConfig.from_config(config)
+  state = trainer.init_state(jax.random.key(0), model_config, optimizer_config)
   rng = np.random.default_rng(0)
   batch = {
     'inputs': rng.integers(3, 300, (4, 64)).astype(np.int32),
@@ -385,7 +385,7 @@ def test_train_step_with_targets_shorter_than_sources():
     'targets': rng.integers(3, 300, (4, 32)).astype(np.int32),
     'target_mask': np.ones((4, 32), bool),
   }
-  state, metrics = training.jit_train_step(
+  state, metrics = trainer.jit_train_step(
     state,
     batch,
     model_config=model_config,

@@ -5,7 +5,9 @@ import math
 
 import pytest
 
-from specdec_jax import checkpoint_utils, checkpoints, checkpoints_t5x
+from specdec_jax import checkpoints
+from specdec_jax.checkpoints import common as checkpoint_utils
+from specdec_jax.checkpoints import t5x as checkpoints_t5x
 from specdec_jax.models import t5
 
 PUBLISHED = [

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from specdec_jax import evaluation, tables
+from specdec_jax.measure import evaluation, tables
 
 COLUMNS = (
   tables.Column('drafter', width=8, align='<'),

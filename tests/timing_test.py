@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import step_models, timing
+from specdec_jax import step_models
+from specdec_jax.measure import timing
 from specdec_jax.models import t5
 from tests import helpers
 

@@ -9,8 +9,8 @@ the student replicated, the batch over 'data'), a tiny T5 pair's programs compil
   speculative        every verifier (`_VERIFIERS`) at temperature 1 with top-k / top-p, the
                      trace on and the draft unrolled; draft_stop; temperature 0; 2 draft paths
                      with every verifier of `verify_multipath.VERIFIERS`;
-  training step      `training.train_step` (dropout, label smoothing) on the train state
-                     `training.compile_step` places (params over 'model');
+  training step      `trainer.train_step` (dropout, label smoothing) on the train state
+                     `trainer.compile_step` places (params over 'model');
   distillation step  `distill_loss.distill_step`, the live teacher over 'model' and the student
                      replicated (`benchmarks.distill_model`, as `distill_plan --compile_for` runs).
 
@@ -31,9 +31,10 @@ pytest.importorskip('libtpu', reason=helpers.NO_LIBTPU)
 
 from benchmarks import distill_model, memory_model  # noqa: E402
 from experiments.configs import distill_drafter  # noqa: E402
-from specdec_jax import decode, machines, training, verify, verify_multipath  # noqa: E402
+from specdec_jax import decode, machines, verify, verify_multipath
 from specdec_jax.models import t5  # noqa: E402
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
+from specdec_jax.training import trainer  # noqa: E402
 
 # Every program compiles on the 2x2 mesh (both axes split: the batch over 'data', the target over
 # 'model') by default; on one chip and 1x4 the cheapest by default and the rest with -m slow
@@ -154,11 +155,11 @@ def test_decode_loop_compiles_for_tpu(mesh_name, program):
 def test_training_step_compiles_for_tpu(mesh_name):
   mesh = _mesh(*mesh_name)
   config = dataclasses.replace(t5.CONFIGS['tiny-v1.1'], num_encoder_layers=1, num_decoder_layers=1)
-  optimizer = training.OptimizerConfig(warmup_steps=2, num_train_steps=10)
-  state, shardings = training.abstract_state(config, optimizer, mesh, 'model')
-  step = training.compile_step(
+  optimizer = trainer.OptimizerConfig(warmup_steps=2, num_train_steps=10)
+  state, shardings = trainer.abstract_state(config, optimizer, mesh, 'model')
+  step = trainer.compile_step(
     functools.partial(
-      training.train_step,
+      trainer.train_step,
       model_config=config,
       optimizer_config=optimizer,
       label_smoothing=0.1,

@@ -12,9 +12,10 @@ import pytest
 from matplotlib import colors
 from matplotlib import figure as figure_lib
 
-from specdec_jax import decode, traces
+from specdec_jax import decode
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.data import tokenizer as tokenizer_lib
+from specdec_jax.measure import traces
 from tests import fakes
 
 TARGET = fakes.random_markov(seed=41, vocab_size=8, positions=40, eos_id=1)

@@ -1,4 +1,4 @@
-"""Tests for specdec_jax.train_loop: resume, records written once, cadence, best/final exports.
+"""Tests for specdec_jax.training.loop: resume, records written once, cadence, best/final exports.
 
 A counting model stands in for a network: its one parameter adds the step number at each step,
 so the params after any run say exactly which steps it took.
@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import train_loop
+from specdec_jax.training import loop as train_loop
 
 
 @flax.struct.dataclass

@@ -1,4 +1,4 @@
-"""Tests for specdec_jax.training, specdec_jax.data.batching and the train configs.
+"""Tests for specdec_jax.training.trainer, specdec_jax.data.batching and the train configs.
 
 The end-to-end test runs the `runlocal` target config on a synthetic fixture corpus and a tiny
 tokenizer written to tmp, then reruns it to check that training resumes from the checkpoint.
@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from experiments.configs import train_drafter, train_target
-from specdec_jax import checkpoints, training
+from specdec_jax import checkpoints
 from specdec_jax.data import batching, pairs, tokenizer
 from specdec_jax.models import t5
+from specdec_jax.training import trainer
 from tests import helpers
 
 
@@ -45,17 +46,17 @@ def test_runlocal_trains_resumes_and_exports(corpus, tmp_path):
   data_dir, tok = corpus
   config = _smoke_config(data_dir, tok.vocab_size)  # 6 steps, checkpoints at 3 and 6
   workdir = tmp_path / 'work'
-  result = training.train_and_evaluate(config, str(workdir))
+  result = trainer.train_and_evaluate(config, str(workdir))
   assert result['step'] == 6 and np.isfinite(result['valid_nll'])
   uninterrupted = checkpoints.restore(workdir / 'final')
-  assert uninterrupted.config == training.model_config_from(config)
+  assert uninterrupted.config == trainer.model_config_from(config)
   assert tokenizer.Tokenizer.load(workdir / 'final' / 'spm.model').vocab_size == tok.vocab_size
   checkpoints.restore(workdir / 'best')
 
   # Interrupted after the checkpoint at step 3: rerunning resumes there and ends where the
   # uninterrupted run ended (same batches, same updates).
   shutil.rmtree(workdir / 'checkpoints' / '6')
-  assert training.train_and_evaluate(config, str(workdir))['step'] == 6
+  assert trainer.train_and_evaluate(config, str(workdir))['step'] == 6
   resumed = checkpoints.restore(workdir / 'final')
   for a, b in zip(jax.tree.leaves(uninterrupted.params), jax.tree.leaves(resumed.params)):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
@@ -82,15 +83,15 @@ def test_train_step_fits_a_fixed_batch(corpus, dropout_rate):
     num_train_steps=1000,
     lr_decay='constant',
   )
-  model_config = training.model_config_from(config)
+  model_config = trainer.model_config_from(config)
   data, _ = batching.encode_pairs(
     helpers.fixture_pairs(8, seed=2), tok, max_source_length=32, max_target_length=32
   )
   batch = batching.batch_arrays(data, np.arange(8), 32, 32)
-  optimizer_config = training.OptimizerConfig.from_config(config)
-  state = training.init_state(jax.random.key(0), model_config, optimizer_config)
+  optimizer_config = trainer.OptimizerConfig.from_config(config)
+  state = trainer.init_state(jax.random.key(0), model_config, optimizer_config)
   step = functools.partial(
-    training.jit_train_step,
+    trainer.jit_train_step,
     model_config=model_config,
     optimizer_config=optimizer_config,
     label_smoothing=0.0,
@@ -112,7 +113,7 @@ def test_cross_entropy_matches_numpy(label_smoothing):
   logits = rng.normal(size=(2, 3, 5)).astype(np.float32)
   targets = rng.integers(0, 5, size=(2, 3))
   mask = np.array([[1, 1, 0], [1, 0, 0]], bool)
-  loss, nll, tokens = training.cross_entropy(
+  loss, nll, tokens = trainer.cross_entropy(
     jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(mask), label_smoothing=label_smoothing
   )
   log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
@@ -164,7 +165,7 @@ def test_configs_param_ratio_and_runlocal():
   shapes = {}
   for name, module in (('target', train_target), ('drafter', train_drafter)):
     config = module.get_config()
-    model_config = training.model_config_from(config)
+    model_config = trainer.model_config_from(config)
     params = jax.eval_shape(lambda c=model_config: t5.init_params(jax.random.key(0), c))
     shapes[name] = (model_config, t5.param_count(params))
     assert model_config.vocab_size == 8000
@@ -179,9 +180,9 @@ def test_configs_param_ratio_and_runlocal():
 
 @pytest.mark.parametrize('lr_decay', ['cosine', 'rsqrt', 'constant'])
 def test_learning_rate_schedule_warmup_then_decay(lr_decay):
-  config = training.OptimizerConfig.from_config(train_target.get_config())
+  config = trainer.OptimizerConfig.from_config(train_target.get_config())
   config = dataclasses.replace(config, lr_decay=lr_decay)
-  schedule = training.learning_rate_schedule(config)
+  schedule = trainer.learning_rate_schedule(config)
   peak, warmup = config.learning_rate, config.warmup_steps
   assert float(schedule(0)) == 0.0
   np.testing.assert_allclose(float(schedule(warmup // 2)), peak / 2, rtol=1e-6)
@@ -201,19 +202,19 @@ def test_init_from_a_smaller_model_starts_at_its_loss(corpus, tmp_path):
   data_dir, tok = corpus
   config = _smoke_config(data_dir, tok.vocab_size, num_train_steps=0)
   small_config = dataclasses.replace(
-    training.model_config_from(config), d_model=16, num_heads=2, d_ff=32
+    trainer.model_config_from(config), d_model=16, num_heads=2, d_ff=32
   )
   small = helpers.tiny_t5(small_config, seed=3)
   checkpoints.save(small, tmp_path / 'small')
   config.init_from = str(tmp_path / 'small')
-  result = training.train_and_evaluate(config, str(tmp_path / 'work'))
+  result = trainer.train_and_evaluate(config, str(tmp_path / 'work'))
   grown = checkpoints.restore(tmp_path / 'work' / 'final')
-  assert grown.config == training.model_config_from(config) != small_config
+  assert grown.config == trainer.model_config_from(config) != small_config
   # Grown, not trained (0 steps): the valid loss is the small model's.
   valid, _ = batching.encode_pairs(
     pairs.load_pairs(data_dir / 'valid.tsv'), tok, max_source_length=32, max_target_length=32
   )
-  want = training.evaluate_loss(
+  want = trainer.evaluate_loss(
     small.params, batching.eval_batches(valid, config.eval_batch_size), model_config=small_config
   )
   np.testing.assert_allclose(result['valid_nll'], want, rtol=1e-4)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from experiments.configs import debsumm, ende
-from specdec_jax import analysis, decode_stats, evaluation, results_io, tables, timing
+from specdec_jax import analysis, decode_stats
+from specdec_jax.measure import evaluation, results_io, tables, timing
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
 from tests import helpers

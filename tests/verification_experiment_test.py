@@ -16,7 +16,8 @@ import pytest
 
 from experiments import verification, verification_report
 from experiments.configs import verification as verification_config
-from specdec_jax import evaluation, verify
+from specdec_jax import verify
+from specdec_jax.measure import evaluation
 from specdec_jax.sampling import SamplingConfig
 from tests import helpers
 from tests import verify_oracle as oracle

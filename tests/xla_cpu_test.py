@@ -9,7 +9,7 @@ import pytest
 # Prints whether the call changed XLA_FLAGS, then whether a 4-row dot compiled to a YNNPACK fusion.
 _SCRIPT = """
 import sys
-from specdec_jax import xla_cpu
+from specdec_jax.measure import xla_cpu
 import jax, jax.numpy as jnp
 applied = xla_cpu.prefer_eigen_dots() if sys.argv[1] == 'call' else None
 dot = jax.jit(lambda x, w: jnp.tanh(x @ w))
@@ -42,7 +42,7 @@ def test_prefer_eigen_dots_moves_few_row_dots_off_ynnpack(mode, xla_flags, want)
 def test_prefer_eigen_dots_after_the_backend_started_changes_nothing():
   import jax
 
-  from specdec_jax import xla_cpu
+  from specdec_jax.measure import xla_cpu
 
   jax.devices()  # this test process's backend has started
   before = os.environ.get('XLA_FLAGS')
@@ -68,7 +68,7 @@ def test_a_tied_target_on_eigen_dots_is_warned_of(
 ):
   import types
 
-  from specdec_jax import xla_cpu
+  from specdec_jax.measure import xla_cpu
 
   monkeypatch.setenv('XLA_FLAGS', xla_flags)
   assert xla_cpu.eigen_dots() == eigen

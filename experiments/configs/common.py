@@ -139,7 +139,8 @@ def run_experiment(run: Callable[[ml_collections.ConfigDict, str], object]) -> N
   from absl import app, flags, logging
   from ml_collections import config_flags
 
-  from specdec_jax import sharding, xla_cpu
+  from specdec_jax import sharding
+  from specdec_jax.measure import xla_cpu
 
   xla_cpu.prefer_eigen_dots()  # before any backend starts
 

@@ -1,4 +1,4 @@
-r"""Distil a drafter from the shipped target (DistillSpec-style; `specdec_jax.distill`).
+r"""Distil a drafter from the shipped target (DistillSpec-style; `specdec_jax.training.distill`).
 
   python -m scripts.distill --config=experiments/configs/distill_drafter.py --workdir=workdir/distill
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:independent \
@@ -190,7 +190,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.test_file = str(_ROOT / 'pretrained' / 'ende' / 'test.tsv')
   c.data_temperatures = (0.0, 1.0)  # one target output per source per temperature
   c.generate_batch_size = 64
-  c.divergence = 'fkl'  # 'fkl' | 'rkl' | 'tvd' (specdec_jax.distill_loss.DIVERGENCES)
+  c.divergence = 'fkl'  # 'fkl' | 'rkl' | 'tvd' (specdec_jax.training.distill_loss.DIVERGENCES)
   c.on_policy_every = 0  # k > 0: every k-th batch is drafted by the student itself
   # An EAGLE-style student (student.feature_dim set): teacher-forced passes per step (the 2nd on
   # reads its own predicted states at a random half of the positions; distill_loss._student_passes)

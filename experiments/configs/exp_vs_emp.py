@@ -5,7 +5,7 @@ r"""Expected vs empirical speedup (Leviathan et al. Table 4, §3.5), experiments
   python -m experiments.exp_vs_emp --config=experiments/configs/exp_vs_emp.py:gammas=2,4,8
   python -m experiments.exp_vs_emp --config=experiments/configs/exp_vs_emp.py:ende48m   # ~35 min
 
-Every (drafter, gamma, temperature) point of the main job's measurement (specdec_jax.evaluation:
+Every (drafter, gamma, temperature) point of the main job's measurement (specdec_jax.measure.evaluation:
 batch 1, compilation excluded, c and the (gamma+1)-pass cost timed in the loop), token
 verification. The fields are the main job's (experiments/configs/ende.py). Items apply in the
 order written (experiments/configs/common.py).

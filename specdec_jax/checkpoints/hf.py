@@ -21,8 +21,8 @@ import safetensors
 import safetensors.numpy
 from jax.sharding import Mesh
 
-from specdec_jax import checkpoint_utils as utils
 from specdec_jax import sharding
+from specdec_jax.checkpoints import common
 from specdec_jax.models import t5
 
 # Per transformer block: (our sublayer, its pre-norm, HF module); HF numbers them block.{i}.layer.{j}.
@@ -50,7 +50,7 @@ _HF_IGNORED = frozenset(
 )
 
 
-def hf_names(config: t5.T5Config) -> utils.NameTable:
+def hf_names(config: t5.T5Config) -> common.NameTable:
   """The HF state-dict name of each of our parameters, and whether HF stores it transposed."""
   mlp = ('wi_0', 'wi_1', 'wo') if config.feed_forward == 'gated-gelu' else ('wi', 'wo')
   names = {'token_embedder/embedding': ('shared.weight', False)}
@@ -77,14 +77,14 @@ def hf_names(config: t5.T5Config) -> utils.NameTable:
   return names
 
 
-def params_to_hf_state_dict(params: utils.Params, config: t5.T5Config) -> dict[str, np.ndarray]:
+def params_to_hf_state_dict(params: common.Params, config: t5.T5Config) -> dict[str, np.ndarray]:
   """Our params as an HF T5ForConditionalGeneration state dict (numpy, C-contiguous).
 
   A tied model has no `lm_head.weight`: HF ties it to `shared.weight` when loading.
   """
   names = hf_names(config)
-  flat = utils.flatten(params)
-  utils.check_shapes(flat, config, names)
+  flat = common.flatten(params)
+  common.check_shapes(flat, config, names)
   state_dict = {}
   for ours, (name, transposed) in names.items():
     array = np.asarray(flat[ours])
@@ -99,11 +99,11 @@ def hf_state_dict_to_params(
   param_dtype: str | None = None,
   mesh: Mesh | None = None,
   rules: sharding.Rules = sharding.DEFAULT_RULES,
-) -> utils.Params:
+) -> common.Params:
   """Our params (jax arrays) from an HF T5ForConditionalGeneration state dict.
 
   Args:
-    state_dict: HF name -> array (numpy, torch, or a `checkpoint_utils.LazyArray`).
+    state_dict: HF name -> array (numpy, torch, or a `common.LazyArray`).
     config: the model config.
     param_dtype: the dtype of the params (None: `config.dtype`).
     mesh: shard the params over this mesh, reading only this process's slices of lazy arrays.
@@ -131,8 +131,8 @@ def hf_state_dict_to_params(
     # initialized T5 v1.1): an unscaled output layer equal to the embedding.
     state_dict['lm_head.weight'] = shared
   names = hf_names(config)
-  flat = utils.rename(state_dict, names, ignored=_HF_IGNORED)
-  return utils.place_params(flat, config, names=names, dtype=param_dtype, mesh=mesh, rules=rules)
+  flat = common.rename(state_dict, names, ignored=_HF_IGNORED)
+  return common.place_params(flat, config, names=names, dtype=param_dtype, mesh=mesh, rules=rules)
 
 
 # HF config.json key -> T5Config field, for the fields that carry over unchanged.
@@ -224,7 +224,7 @@ def _hf_weight_files(directory: Path) -> list[Path]:
       continue
     if not name.endswith('.index.json'):
       return [file]
-    index = utils.read_json(file)
+    index = common.read_json(file)
     weight_map = index.get('weight_map') if isinstance(index, Mapping) else None
     if (
       not isinstance(weight_map, Mapping)
@@ -245,7 +245,7 @@ def _hf_weight_files(directory: Path) -> list[Path]:
   )
 
 
-def _open_weights(file: Path) -> dict[str, utils.LazyArray | np.ndarray]:
+def _open_weights(file: Path) -> dict[str, common.LazyArray | np.ndarray]:
   """One HF weight file's tensors: lazy (read by slice) for safetensors, else read whole.
 
   A pickled PyTorch state dict is read whole into numpy (float32 for bfloat16 tensors: float32
@@ -267,18 +267,18 @@ def _open_weights(file: Path) -> dict[str, utils.LazyArray | np.ndarray]:
   }
 
 
-def _safetensors_array(handle: Any, name: str) -> utils.LazyArray:
+def _safetensors_array(handle: Any, name: str) -> common.LazyArray:
   shape = tuple(handle.get_slice(name).get_shape())
-  return utils.LazyArray(shape, lambda index: read_safetensors_slice(handle, name, index))
+  return common.LazyArray(shape, lambda index: read_safetensors_slice(handle, name, index))
 
 
-def read_safetensors_slice(handle: Any, name: str, index: utils.Index) -> np.ndarray:
+def read_safetensors_slice(handle: Any, name: str, index: common.Index) -> np.ndarray:
   """`name`[index] of an open safetensors file: reads only that slice of the file."""
   return handle.get_slice(name)[index]
 
 
 def load_hf_t5(
-  path: utils.PathLike,
+  path: common.PathLike,
   *,
   config: t5.T5Config | None = None,
   allow_nonfinite: bool = False,
@@ -303,9 +303,9 @@ def load_hf_t5(
   Returns:
     The model; params are jax arrays of `param_dtype`.
   """
-  utils.check_dtype('dtype', dtype)
-  utils.check_dtype('param_dtype', param_dtype)
-  if utils.is_url(path):
+  common.check_dtype('dtype', dtype)
+  common.check_dtype('param_dtype', param_dtype)
+  if common.is_url(path):
     raise ValueError(
       f'load_hf_t5 reads local directories, got the URL {path!r}: copy the checkpoint to local '
       'disk first (e.g. `gcloud storage cp -r`).'
@@ -317,7 +317,7 @@ def load_hf_t5(
     config_file = directory / 'config.json'
     if not config_file.is_file():
       raise FileNotFoundError(f'{directory} has no config.json (or pass config=).')
-    config = config_from_hf(utils.read_json(config_file))
+    config = config_from_hf(common.read_json(config_file))
   if dtype is not None:
     config = dataclasses.replace(config, dtype=dtype)
   state_dict = {}
@@ -327,11 +327,11 @@ def load_hf_t5(
     state_dict, config, param_dtype=param_dtype, mesh=mesh, rules=rules
   )
   if not allow_nonfinite:
-    utils.check_finite(params, directory, hf_names(config))
+    common.check_finite(params, directory, hf_names(config))
   return t5.T5Model(config=config, params=params)
 
 
-def save_hf_t5(model: t5.T5Model, path: utils.PathLike) -> None:
+def save_hf_t5(model: t5.T5Model, path: common.PathLike) -> None:
   """Writes config.json and model.safetensors that HF's `from_pretrained` loads as this model.
 
   Weights are written as float32 (exact for bfloat16 params).

@@ -21,7 +21,7 @@ import tempfile
 
 import jax
 
-from specdec_jax import timing
+from specdec_jax.measure import timing
 
 TRACE_FLAG = '--xla_cpu_enable_xprof_traceme=true'
 # Innermost scope wins: sampling inside the drafter's scan counts as sampling.

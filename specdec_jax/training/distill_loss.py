@@ -14,8 +14,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from specdec_jax import sharding, training
+from specdec_jax import sharding
 from specdec_jax.models import t5
+from specdec_jax.training import trainer
 
 DIVERGENCES = ('fkl', 'rkl', 'tvd')
 
@@ -118,18 +119,18 @@ def _masked_means(terms: dict, mask: jax.Array) -> dict:
 
 
 def distill_step(
-  state: training.TrainState,
+  state: trainer.TrainState,
   batch,
   teacher: t5.T5Model,
   *,
   student_config: t5.T5Config,
-  optimizer_config: training.OptimizerConfig,
+  optimizer_config: trainer.OptimizerConfig,
   divergence: str,
   feature_passes: int = 2,
   feature_weight: float = 0.5,
 ):
   """One AdamW step on the mean token `divergence` between target and drafter (not jitted: the
-  loop compiles it on its mesh, `training.compile_step`; `jit_distill_step` on one device).
+  loop compiles it on its mesh, `trainer.compile_step`; `jit_distill_step` on one device).
 
     An EAGLE-style student (`feature_dim`) makes `feature_passes` passes (`_student_passes`); its
     loss is the divergence averaged over them plus `feature_weight` times the mean `feature_error`
@@ -167,12 +168,12 @@ def distill_step(
     return loss, means
 
   (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-  updates, opt_state = training.make_optimizer(optimizer_config).update(
+  updates, opt_state = trainer.make_optimizer(optimizer_config).update(
     grads, state.opt_state, state.params
   )
   params = optax.apply_updates(state.params, updates)
   metrics = dict(metrics, grad_norm=optax.global_norm(grads))
-  return training.TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+  return trainer.TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
 jit_distill_step = jax.jit(

@@ -8,7 +8,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 
-from specdec_jax.evaluation import AUTOREGRESSIVE, COLUMNS, Row
+from specdec_jax.measure.evaluation import AUTOREGRESSIVE, COLUMNS, Row
 
 
 class ResultsWriter:

@@ -1,4 +1,4 @@
-"""The distillation data (`specdec_jax.distill`): what the target says about the training sources.
+"""The distillation data (`specdec_jax.training.distill`): what the target says about the training sources.
 
 - `generate_outputs`: the target's own outputs (greedy or sampled) on the sources, the sequences a
   drafter is trained on, generated once in resumable shards.

@@ -18,8 +18,8 @@ import tensorstore as ts
 from flax import serialization
 from jax.sharding import Mesh
 
-from specdec_jax import checkpoint_utils as utils
 from specdec_jax import sharding
+from specdec_jax.checkpoints import common
 from specdec_jax.models import t5
 
 # T5X. A `checkpoint_<step>/` directory in one of two layouts, every array read by tensorstore:
@@ -35,13 +35,13 @@ from specdec_jax.models import t5
 #            e.g. key 'target.encoder.layers_0.attention.key.kernel/.zarray'.
 
 
-def t5x_names(config: t5.T5Config) -> utils.NameTable:
+def t5x_names(config: t5.T5Config) -> common.NameTable:
   """The T5X name of each of our parameters: the same name, never transposed."""
-  return {name: (name, False) for name in utils.param_shapes(config)}
+  return {name: (name, False) for name in common.param_shapes(config)}
 
 
 def load_t5x(
-  path: utils.PathLike,
+  path: common.PathLike,
   *,
   config: t5.T5Config | None = None,
   allow_nonfinite: bool = False,
@@ -69,8 +69,8 @@ def load_t5x(
   Returns:
     The model; params are jax arrays of `param_dtype`.
   """
-  utils.check_dtype('dtype', dtype)
-  utils.check_dtype('param_dtype', param_dtype)
+  common.check_dtype('dtype', dtype)
+  common.check_dtype('param_dtype', param_dtype)
   checkpoint = _t5x_checkpoint(path)
   arrays = _open_arrays(checkpoint.specs())
   if config is None:
@@ -78,10 +78,10 @@ def load_t5x(
   if dtype is not None:
     config = dataclasses.replace(config, dtype=dtype)
   names = t5x_names(config)
-  flat = utils.rename(arrays, names)
-  params = utils.place_params(flat, config, names=names, dtype=param_dtype, mesh=mesh, rules=rules)
+  flat = common.rename(arrays, names)
+  params = common.place_params(flat, config, names=names, dtype=param_dtype, mesh=mesh, rules=rules)
   if not allow_nonfinite:
-    utils.check_finite(params, checkpoint.where)
+    common.check_finite(params, checkpoint.where)
   return t5.T5Model(config=config, params=params)
 
 
@@ -150,9 +150,9 @@ class _Checkpoint:
     }
 
 
-def _t5x_checkpoint(path: utils.PathLike) -> _Checkpoint:
+def _t5x_checkpoint(path: common.PathLike) -> _Checkpoint:
   """The msgpack `checkpoint` file, or the OCDBT directory, of a T5X checkpoint at `path`."""
-  if utils.is_url(path):
+  if common.is_url(path):
     return _t5x_checkpoint_at_url(str(path))
   path = Path(path)
   if path.is_file():
@@ -216,7 +216,7 @@ def _read_t5x_target(raw: bytes, file: Path | str) -> dict[str, Any]:
   if not isinstance(target, Mapping):
     keys = sorted(contents) if isinstance(contents, Mapping) else type(contents).__name__
     raise ValueError(f'{file}: no optimizer/target params in the checkpoint (found {keys}).')
-  return utils.flatten(target, is_leaf=_is_tensorstore_spec)
+  return common.flatten(target, is_leaf=_is_tensorstore_spec)
 
 
 def _t5x_leaf_spec(
@@ -283,7 +283,7 @@ def _t5x_ocdbt_specs(base: str, where: Path | str) -> dict[str, dict[str, Any]]:
   return specs
 
 
-def _open_arrays(sources: Mapping[str, Any]) -> dict[str, utils.LazyArray]:
+def _open_arrays(sources: Mapping[str, Any]) -> dict[str, common.LazyArray]:
   """Lazy arrays (read by slice) from inline arrays or tensorstore specs, by name.
 
   Every array is opened at once (tensorstore futures); opening reads only the metadata.
@@ -300,27 +300,27 @@ def _open_arrays(sources: Mapping[str, Any]) -> dict[str, utils.LazyArray]:
   arrays = {}
   for name, source in sources.items():
     if isinstance(source, np.ndarray):
-      arrays[name] = utils.LazyArray.of(source)
+      arrays[name] = common.LazyArray.of(source)
       continue
     try:
       store = opened[name].result()
     except Exception as e:  # tensorstore reports every failure as a ValueError-like status
       raise _read_error(name, source, e) from e
-    arrays[name] = utils.LazyArray(
+    arrays[name] = common.LazyArray(
       tuple(store.shape),
       lambda index, name=name, store=store, source=source: _read(name, store, source, index),
     )
   return arrays
 
 
-def _read(name: str, store: ts.TensorStore, source: dict[str, Any], index: utils.Index):
+def _read(name: str, store: ts.TensorStore, source: dict[str, Any], index: common.Index):
   try:
     return read_tensorstore_slice(store, index)
   except Exception as e:  # damaged chunks surface only when read
     raise _read_error(name, source, e) from e
 
 
-def read_tensorstore_slice(store: ts.TensorStore, index: utils.Index) -> np.ndarray:
+def read_tensorstore_slice(store: ts.TensorStore, index: common.Index) -> np.ndarray:
   """store[index] as host numpy: tensorstore reads only the chunks that the slice touches."""
   return store[index].read().result()
 

@@ -2,7 +2,7 @@
 
 Library half of `scripts/train.py`: the train state, the label-smoothed cross-entropy, the step,
 evaluation (valid loss and greedy BLEU via `decode.generate`), and `train_and_evaluate`, which
-runs them in `train_loop.run` (checkpoints, resume, metrics, exports). Configs live in
+runs them in `loop.run` (checkpoints, resume, metrics, exports). Configs live in
 `experiments/configs/train_*.py`; nothing here reads flags.
 
 On a ('data', 'model') mesh (`config.mesh`, as the main job's; one device by default), as T5X's
@@ -35,10 +35,11 @@ import sacrebleu
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from specdec_jax import checkpoints, decode, sampling, sharding, train_loop
+from specdec_jax import checkpoints, decode, sampling, sharding
 from specdec_jax.data import batching, pairs
 from specdec_jax.data import tokenizer as tokenizer_lib
 from specdec_jax.models import t5, t5_growth
+from specdec_jax.training import loop
 
 
 @flax.struct.dataclass
@@ -330,8 +331,8 @@ def export(model: t5.T5Model, path: str, tokenizer_path: str) -> None:
   sharding.barrier(f'export {path}: renamed')
 
 
-def exporter(model_config: t5.T5Config, tokenizer_path: str) -> train_loop.ExportFn:
-  """The `train_loop.ExportFn` of T5 params of `model_config`: `export` with the tokenizer."""
+def exporter(model_config: t5.T5Config, tokenizer_path: str) -> loop.ExportFn:
+  """The `loop.ExportFn` of T5 params of `model_config`: `export` with the tokenizer."""
   return lambda params, path: export(
     t5.T5Model(config=model_config, params=params), path, tokenizer_path
   )
@@ -342,9 +343,7 @@ def _initial_params(init_from: str, model_config: t5.T5Config, seed: int):
   config is `model_config`, else grown to it by `t5_growth.grow` (same function, larger shape)."""
   init = checkpoints.restore(init_from)
   if init.config != model_config:
-    train_loop.say(
-      f'growing {init_from} ({t5.param_count(init.params):,} params) to the model shape'
-    )
+    loop.say(f'growing {init_from} ({t5.param_count(init.params):,} params) to the model shape')
     init = t5_growth.grow(init, model_config, jax.random.key(seed + 1))
   return jax.device_get(init.params)
 
@@ -368,7 +367,7 @@ def _data(config: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenizer) -> di
   batches = batching.BucketedBatches(
     train_data, batch_size=config.batch_size, buckets=config.length_buckets, seed=config.seed
   )
-  train_loop.say(
+  loop.say(
     f'train: {len(train_data)} pairs ({dropped} too long), {batches.num_batches_per_epoch} '
     f'batches/epoch; valid: {len(valid_data)} pairs for loss ({valid_dropped} too long), '
     f'{len(bleu_pairs)} for BLEU'
@@ -383,7 +382,7 @@ def _data(config: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenizer) -> di
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains `config.model` on the pairs, resuming from `workdir/checkpoints` if present.
 
-  Writes (`train_loop.run`) `workdir/metrics.jsonl` (train and eval records), orbax checkpoints
+  Writes (`loop.run`) `workdir/metrics.jsonl` (train and eval records), orbax checkpoints
   of the full train state every `checkpoint_every` steps, `workdir/best/` (lowest valid loss so
   far) and, at the end, `workdir/final/`: both `checkpoints.save` directories with the tokenizer
   as `spm.model`. On a mesh of several processes every process runs this (module docstring);
@@ -407,14 +406,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   state, step_fn = _state_and_step(config, model_config, optimizer_config, mesh)
   schedule = learning_rate_schedule(optimizer_config)
   with jax.set_mesh(mesh):
-    return train_loop.run(
+    return loop.run(
       state,
       _batch_step(step_fn, data['train'], mesh),
       _evaluator(config, model_config, data, tok, mesh),
-      cadence=train_loop.Cadence.from_config(config),
+      cadence=loop.Cadence.from_config(config),
       workdir=workdir,
       export=exporter(model_config, paths['tokenizer']),
-      best=train_loop.Best('valid_nll'),
+      best=loop.Best('valid_nll'),
       log_extra=lambda step: {'learning_rate': float(schedule(step - 1))},
     )
 
@@ -432,7 +431,7 @@ def _state_and_step(config, model_config: t5.T5Config, optimizer_config, mesh):
     config.model_sharding,
     init_params,
   )
-  train_loop.say(
+  loop.say(
     f'model: {t5.param_count(state.params):,} params, {model_config}; mesh {dict(mesh.shape)}'
   )
   step_fn = compile_step(
@@ -450,7 +449,7 @@ def _state_and_step(config, model_config: t5.T5Config, optimizer_config, mesh):
 
 
 def _batch_step(step_fn, train, mesh):
-  """`train_loop.run`'s step: the global batch of a step (each process builds its rows), one
+  """`loop.run`'s step: the global batch of a step (each process builds its rows), one
   compiled step, and the counts of what it read (on the host: no sync)."""
   pairs = train.data
 
@@ -472,7 +471,7 @@ def _batch_step(step_fn, train, mesh):
 
 
 def _evaluator(config, model_config: t5.T5Config, data, tok, mesh):
-  """`train_loop.run`'s evaluation: validation loss and perplexity, and BLEU of greedy outputs."""
+  """`loop.run`'s evaluation: validation loss and perplexity, and BLEU of greedy outputs."""
 
   def evaluate(params):
     valid_nll = evaluate_loss(params, data['valid'], model_config=model_config, mesh=mesh)
@@ -486,7 +485,7 @@ def _evaluator(config, model_config: t5.T5Config, data, tok, mesh):
       max_new_tokens=config.max_target_length,
       mesh=mesh,
     )
-    train_loop.say(f'  e.g. {bleu_pairs[0][0]!r} -> {hyps[0]!r}')
+    loop.say(f'  e.g. {bleu_pairs[0][0]!r} -> {hyps[0]!r}')
     return {'valid_nll': valid_nll, 'valid_ppl': math.exp(min(valid_nll, 50)), 'valid_bleu': bleu}
 
   return evaluate

@@ -3,12 +3,12 @@
 Every format maps onto the one params layout of `models/t5.py` (T5X names, nested dicts):
 
   format        read / write                 parameter names                  module
-  Hugging Face  load_hf_t5 / save_hf_t5      `hf_names(config)`: one table     checkpoints_hf
-  T5X           load_t5x                     `t5x_names(config)`: the identity checkpoints_t5x
+  Hugging Face  load_hf_t5 / save_hf_t5      `hf_names(config)`: one table     hf
+  T5X           load_t5x                     `t5x_names(config)`: the identity t5x
   orbax         restore / save               our tree as is, the T5Config      here
                                              beside it as JSON
 
-The building blocks they share (lazy arrays, renaming, checks, placement) are `checkpoint_utils`.
+The building blocks they share (lazy arrays, renaming, checks, placement) are in `common`.
 
 Loaders check the arrays against the config (every parameter present with the shape the config
 implies, none left over, and by default none holding NaN or inf: `allow_nonfinite=True` opts
@@ -37,10 +37,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, SingleDeviceSharding
 
-from specdec_jax import checkpoint_utils as utils
 from specdec_jax import sharding
-from specdec_jax.checkpoint_utils import NameTable, Params, PathLike, param_shapes  # noqa: F401
-from specdec_jax.checkpoints_hf import (  # noqa: F401 (this module's API)
+from specdec_jax.checkpoints import common
+from specdec_jax.checkpoints.common import NameTable, Params, PathLike, param_shapes  # noqa: F401
+from specdec_jax.checkpoints.hf import (  # noqa: F401 (this module's API)
   config_from_hf,
   config_to_hf,
   hf_names,
@@ -52,7 +52,7 @@ from specdec_jax.checkpoints_hf import (  # noqa: F401 (this module's API)
 from specdec_jax.models import t5
 
 # -------------------------------------------------------------------------------------------------
-# T5X: `checkpoints_t5x` (imported on first use: only T5X checkpoints need tensorstore's loader).
+# T5X: `t5x` (imported on first use: only T5X checkpoints need tensorstore's loader).
 
 
 def load_t5x(
@@ -66,10 +66,10 @@ def load_t5x(
   param_dtype: str | None = None,
 ) -> t5.T5Model:
   """Loads a T5X checkpoint (msgpack, tensorstore/zarr, or orbax OCDBT; a local path or a
-  tensorstore URL such as gs://...); see `checkpoints_t5x.load_t5x`."""
-  from specdec_jax import checkpoints_t5x
+  tensorstore URL such as gs://...); see `t5x.load_t5x`."""
+  from specdec_jax.checkpoints import t5x
 
-  return checkpoints_t5x.load_t5x(
+  return t5x.load_t5x(
     path,
     config=config,
     allow_nonfinite=allow_nonfinite,
@@ -129,13 +129,13 @@ def save(
     raise ValueError("delta_base is needed by storage_dtype='int8-delta', and only by it.")
   if isinstance(delta_bits, bool) or not isinstance(delta_bits, int) or not 2 <= delta_bits <= 8:
     raise ValueError(f'delta_bits must be an int in [2, 8], got {delta_bits!r}.')
-  utils.check_shapes(utils.flatten(model.params), model.config)
+  common.check_shapes(common.flatten(model.params), model.config)
   params, delta = model.params, None
   if storage_dtype == 'bfloat16':
     params = jax.tree.map(lambda x: jnp.asarray(x, storage_dtype), params)
-    utils.check_finite(params, directory)  # a float32 weight beyond bfloat16's range would be inf
+    common.check_finite(params, directory)  # a float32 weight beyond bfloat16's range would be inf
   elif storage_dtype == 'int8-delta':
-    utils.check_finite(params, directory)
+    common.check_finite(params, directory)
     base_dir = Path(delta_base).absolute()
     base = restore(base_dir)
     params = _int8_delta(model, base, base_dir, 2 ** (delta_bits - 1) - 1)
@@ -162,7 +162,7 @@ def save(
 def fingerprint(params: Params) -> str:
   """sha256 of a params tree's names, shapes and float32 values (identifies a delta's base)."""
   digest = hashlib.sha256()
-  for name, leaf in sorted(utils.flatten(params).items()):
+  for name, leaf in sorted(common.flatten(params).items()):
     value = np.asarray(leaf, np.float32)
     digest.update(f'{name}{value.shape}'.encode())
     digest.update(value.tobytes())
@@ -172,7 +172,7 @@ def fingerprint(params: Params) -> str:
 def _int8_delta(model: t5.T5Model, base: t5.T5Model, base_dir: Path, levels: int) -> Params:
   """{'q': int8 tree in [-levels, levels], 'scale': float32 tree}: model = base + q * scale, one
   scale per row of the last axis."""
-  flat, base_flat = utils.flatten(model.params), utils.flatten(base.params)
+  flat, base_flat = common.flatten(model.params), common.flatten(base.params)
   for name in sorted(set(flat) | set(base_flat)):
     shape, base_shape = np.shape(flat.get(name)), np.shape(base_flat.get(name))
     if name not in flat or name not in base_flat or shape != base_shape:
@@ -187,21 +187,21 @@ def _int8_delta(model: t5.T5Model, base: t5.T5Model, base_dir: Path, levels: int
     row_scale = np.where(row_scale > 0, row_scale, 1.0).astype(np.float32)
     q[name] = np.clip(np.rint(delta / row_scale), -levels, levels).astype(np.int8)
     scale[name] = row_scale
-  return {'q': utils.unflatten(q), 'scale': utils.unflatten(scale)}
+  return {'q': common.unflatten(q), 'scale': common.unflatten(scale)}
 
 
 def delta_error(model: t5.T5Model, path: PathLike) -> dict[str, float]:
   """How far the checkpoint at `path` (e.g. int8-delta) is from `model` (the float32 weights it
   was made from), beside a bfloat16 copy's distance: the max and mean abs error over all params,
   and the largest weight."""
-  stored = utils.flatten(restore(path).params)
+  stored = common.flatten(restore(path).params)
   worst, total, count, largest = (
     {'stored': 0.0, 'bfloat16': 0.0},
     {'stored': 0.0, 'bfloat16': 0.0},
     0,
     0.0,
   )
-  for name, leaf in utils.flatten(model.params).items():
+  for name, leaf in common.flatten(model.params).items():
     w = np.asarray(leaf, np.float32)
     rounded = np.asarray(jnp.asarray(w, jnp.bfloat16), np.float32)
     for key, got in (('stored', np.asarray(stored[name], np.float32)), ('bfloat16', rounded)):
@@ -250,9 +250,9 @@ def restore(
       the config, (unless allowed) a weight is NaN or inf, or a delta's base is not the
       checkpoint it was made from.
   """
-  utils.check_dtype('dtype', dtype)
-  utils.check_dtype('param_dtype', param_dtype)
-  if utils.is_url(path):
+  common.check_dtype('dtype', dtype)
+  common.check_dtype('param_dtype', param_dtype)
+  if common.is_url(path):
     raise ValueError(f'restore reads local directories, got the URL {path!r}.')
   directory = Path(path).absolute()
   for needed in (directory / 'config.json', directory / 'params'):
@@ -263,22 +263,22 @@ def restore(
   config = _config_from_json(directory / 'config.json')
   if dtype is not None:
     config = dataclasses.replace(config, dtype=dtype)
-  targets = None if mesh is None else utils.shardings_by_name(config, mesh, rules)
+  targets = None if mesh is None else common.shardings_by_name(config, mesh, rules)
   if (directory / 'delta.json').exists():
     params = _restore_int8_delta(directory, allow_nonfinite=allow_nonfinite)
-    utils.check_shapes(utils.flatten(params), config)
-    params = utils.unflatten(
+    common.check_shapes(common.flatten(params), config)
+    params = common.unflatten(
       {
         name: jax.device_put(
           jnp.asarray(leaf, param_dtype or config.dtype), None if targets is None else targets[name]
         )
-        for name, leaf in utils.flatten(params).items()
+        for name, leaf in common.flatten(params).items()
       }
     )
   else:
     params = _restore_orbax(directory, config, targets or {}, param_dtype)
     if not allow_nonfinite:
-      utils.check_finite(params, directory)
+      common.check_finite(params, directory)
   return t5.T5Model(config=config, params=params)
 
 
@@ -290,10 +290,10 @@ def _restore_orbax(directory: Path, config: t5.T5Config, targets: dict, param_dt
 
   try:
     with ocp.StandardCheckpointer() as checkpointer:
-      saved = utils.flatten(_orbax_tree(checkpointer.metadata(directory / 'params')))
+      saved = common.flatten(_orbax_tree(checkpointer.metadata(directory / 'params')))
   except Exception as e:  # orbax and tensorstore raise many types on damaged files
     raise _damaged(directory, e) from e
-  utils.check_shapes(saved, config)
+  common.check_shapes(saved, config)
   default = SingleDeviceSharding(jax.devices()[0])
   target = {}
   for name, leaf in saved.items():
@@ -303,7 +303,7 @@ def _restore_orbax(directory: Path, config: t5.T5Config, targets: dict, param_dt
     )
   try:
     with ocp.StandardCheckpointer() as checkpointer:
-      return checkpointer.restore(directory / 'params', utils.unflatten(target))
+      return checkpointer.restore(directory / 'params', common.unflatten(target))
   except Exception as e:  # orbax and tensorstore raise many types on damaged files
     raise _damaged(directory, e) from e
 
@@ -313,7 +313,7 @@ def _restore_int8_delta(directory: Path, *, allow_nonfinite: bool) -> Params:
   Whole arrays are read on every process (a fine-tune's delta, small by design)."""
   import orbax.checkpoint as ocp
 
-  meta = utils.read_json(directory / 'delta.json')
+  meta = common.read_json(directory / 'delta.json')
   base_dir = (directory / meta['base']).resolve()
   if not (base_dir / 'config.json').exists():
     raise FileNotFoundError(
@@ -330,14 +330,14 @@ def _restore_int8_delta(directory: Path, *, allow_nonfinite: bool) -> Params:
       stored = checkpointer.restore(directory / 'params')
   except Exception as e:  # orbax and tensorstore raise many types on damaged files
     raise _damaged(directory, e) from e
-  q, scale = utils.flatten(stored['q']), utils.flatten(stored['scale'])
+  q, scale = common.flatten(stored['q']), common.flatten(stored['scale'])
   params = {
     name: np.asarray(leaf, np.float32) + np.asarray(q[name], np.float32) * np.asarray(scale[name])
-    for name, leaf in utils.flatten(base.params).items()
+    for name, leaf in common.flatten(base.params).items()
   }
   if not allow_nonfinite:
-    utils.check_finite(params, directory)
-  return utils.unflatten(params)
+    common.check_finite(params, directory)
+  return common.unflatten(params)
 
 
 def _orbax_tree(metadata):
@@ -356,7 +356,7 @@ def _damaged(directory: Path, error: Exception) -> ValueError:
 
 
 def _config_from_json(file: Path) -> t5.T5Config:
-  fields = utils.read_json(file)
+  fields = common.read_json(file)
   if not isinstance(fields, Mapping):
     raise ValueError(f'{file}: expected a JSON object of T5Config fields.')
   unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(t5.T5Config)})

@@ -1,5 +1,5 @@
-"""Building blocks shared by the checkpoint formats (`checkpoints`, `checkpoints_hf`,
-`checkpoints_t5x`): flat names, the shapes a config implies, checked renaming, lazy arrays read a
+"""Building blocks shared by the checkpoint formats (`checkpoints`, `checkpoints.hf`,
+`checkpoints.t5x`): flat names, the shapes a config implies, checked renaming, lazy arrays read a
 slice at a time, placement on a device mesh, and the finiteness check.
 
 A loader opens its checkpoint as `LazyArray`s (shape known, nothing read), renames them with its
@@ -138,7 +138,7 @@ def rename(
 
   Args:
     source: checkpoint name -> array or `LazyArray`, e.g. an HF state dict.
-    names: the name table, e.g. `checkpoints_hf.hf_names(config)`.
+    names: the name table, e.g. `hf.hf_names(config)`.
     ignored: checkpoint names that may be present and are not read.
 
   Raises:

@@ -41,9 +41,10 @@ import jax
 import numpy as np
 import sacrebleu
 
-from specdec_jax import analysis, decode, pretrained, sharding, tables, timing, verify, xla_cpu
+from specdec_jax import analysis, decode, pretrained, sharding, verify
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.data import tokenizer as tokenizer_lib
+from specdec_jax.measure import tables, timing, xla_cpu
 
 AUTOREGRESSIVE = 'autoregressive'
 
