@@ -1,0 +1,55 @@
+"""The package's layout (docs/architecture.md): the import graph has no cycle, the engine imports
+neither training/ nor measure/, and specdec_jax/__init__.py lists every module."""
+
+import pathlib
+
+import specdec_jax
+from scripts import import_graph
+
+_ROOT = pathlib.Path(__file__).parent.parent
+
+
+def _folder_imports():
+  edges = import_graph.graph(_ROOT)
+  return {
+    (m, d): (import_graph.folder(m, _ROOT), import_graph.folder(d, _ROOT))
+    for m, ds in edges.items()
+    for d in ds
+  }
+
+
+def test_the_import_graph_has_no_cycle():
+  assert import_graph.layers(import_graph.graph(_ROOT)) is not None
+
+
+def test_a_cycle_is_found():
+  # Negative control for the test above.
+  assert import_graph.layers({'a': {'b'}, 'b': {'c'}, 'c': {'a'}}) is None
+  assert import_graph.layers({'a': {'b'}, 'b': set()}) == {'a': 2, 'b': 1}
+
+
+def test_training_and_measure_are_imported_only_from_inside():
+  outside = {
+    (m, d)
+    for (m, d), (src, dst) in _folder_imports().items()
+    if dst in ('training', 'measure') and src != dst
+  }
+  assert not outside, outside
+
+
+def test_the_engine_reaches_checkpoints_and_data_only_through_pretrained():
+  reach = {
+    m
+    for (m, d), (src, dst) in _folder_imports().items()
+    if src == 'engine' and dst in ('checkpoints', 'data')
+  }
+  assert reach == {'specdec_jax.pretrained'}, reach
+
+
+def test_the_package_docstring_lists_every_module():
+  listed = specdec_jax.__doc__
+  for path in sorted((_ROOT / 'specdec_jax').rglob('*.py')):
+    if path.name != '__init__.py':
+      assert f'\n  {path.stem} ' in listed or path.parent.name == 'data', path
+  for folder in ('models', 'checkpoints', 'training', 'measure', 'data'):
+    assert f'\n{folder}/' in listed, folder
