@@ -2,7 +2,6 @@
 format-specific checkpoint tests share (checkpoints_hf_test, checkpoints_t5x_test,
 checkpoints_sharded_test)."""
 
-import ast
 import dataclasses
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from scripts import import_graph
 from specdec_jax import checkpoints
 from specdec_jax.models import t5
 from tests import helpers
@@ -239,29 +239,19 @@ def test_orbax_restore_storage_and_compute_dtypes(tmp_path):
     checkpoints.restore(tmp_path / 'model', param_dtype='int4')
 
 
-_CHECKPOINT_MODULES = ('checkpoint_utils', 'checkpoints', 'checkpoints_hf', 'checkpoints_t5x')
-
-
-def _imports(module: str) -> set[str]:
-  """The specdec_jax modules that `module` imports anywhere (top level or inside functions)."""
-  tree = ast.parse((Path(checkpoints.__file__).parent / f'{module}.py').read_text())
-  found = set()
-  for node in ast.walk(tree):
-    if isinstance(node, ast.ImportFrom) and node.module == 'specdec_jax':
-      found |= {alias.name for alias in node.names}
-    elif isinstance(node, ast.ImportFrom) and (node.module or '').startswith('specdec_jax.'):
-      found.add(node.module.split('.')[1])
-    elif isinstance(node, ast.Import):
-      found |= {a.name.split('.')[1] for a in node.names if a.name.startswith('specdec_jax.')}
-  return found
+_CHECKPOINT_MODULES = tuple(
+  f'specdec_jax.checkpoints{leaf}' for leaf in ('.common', '', '.hf', '.t5x')
+)
 
 
 def test_checkpoint_modules_import_without_cycles():
-  """checkpoint_utils <- checkpoints_hf, checkpoints_t5x <- checkpoints, even inside functions."""
-  graph = {module: _imports(module) & set(_CHECKPOINT_MODULES) for module in _CHECKPOINT_MODULES}
-  assert graph['checkpoint_utils'] == set()
-  assert graph['checkpoints_hf'] == graph['checkpoints_t5x'] == {'checkpoint_utils'}
-  assert 'checkpoints' not in set().union(*graph.values())
+  """common <- hf, t5x <- the package, even inside functions (scripts/import_graph reads them)."""
+  edges = import_graph.graph(Path(__file__).parents[1])
+  graph = {m: edges[m] & set(_CHECKPOINT_MODULES) for m in _CHECKPOINT_MODULES}
+  common, package, hf, t5x = _CHECKPOINT_MODULES
+  assert graph[common] == set()
+  assert graph[hf] == graph[t5x] == {common}
+  assert graph[package] == {common, hf, t5x}
   for order in (_CHECKPOINT_MODULES, _CHECKPOINT_MODULES[::-1]):
-    code = ';'.join(f'import specdec_jax.{module}' for module in order)
+    code = ';'.join(f'import {module}' for module in order)
     subprocess.run([sys.executable, '-c', code], check=True, cwd=Path(__file__).parents[1])
