@@ -20,8 +20,8 @@ others compile on as many simulated XLA:CPU devices as the largest of them has
 (`machines.simulate_cpu_devices`), whose buffers bound the accelerator's. For each machine and
 DATAxMODEL mesh of --machines and each batch size it builds, with nothing allocated, the teacher's
 params (`memory_model.abstract_model`), the student's step-0 train state (`jax.eval_shape` of
-`training.init_state`, placed by `training.state_shardings`) and a batch split over 'data', each a
-`jax.ShapeDtypeStruct` carrying its `NamedSharding`; lowers `training.compile_step` of
+`trainer.init_state`, placed by `trainer.state_shardings`) and a batch split over 'data', each a
+`jax.ShapeDtypeStruct` carrying its `NamedSharding`; lowers `trainer.compile_step` of
 `distill_loss.distill_step` (the live-teacher step, `cache_teacher=False`: the teacher's encoder and
 decoder run in every step) and compiles it. Per device it prints:
 

@@ -1,4 +1,4 @@
-"""Tests of checkpoints_hf.py (via `checkpoints.load_hf_t5` / `save_hf_t5`): parity with HF
+"""Tests of checkpoints/hf.py (via `checkpoints.load_hf_t5` / `save_hf_t5`): parity with HF
 transformers' PyTorch T5 on random HF models, every weight layout, and the errors a wrong
 checkpoint gives."""
 

@@ -1,4 +1,4 @@
-"""Tests of checkpoints_t5x.py (via `checkpoints.load_t5x`): T5X's own test checkpoint, the
+"""Tests of checkpoints/t5x.py (via `checkpoints.load_t5x`): T5X's own test checkpoint, the
 msgpack, tensorstore/zarr and orbax OCDBT layouts, tensorstore URLs, and the errors a wrong
 checkpoint gives."""
 
