@@ -250,7 +250,7 @@ def speculative_loop(
     input_ids,
     input_mask,
     spec.buffer_length,
-    num_paths=k,
+    num_drafts=k,
   )
   state = _init_state(
     input_ids.shape[0],
@@ -278,7 +278,7 @@ def speculative_loop(
     decode_steps.emit_accepted,
     eos_id=target_steps.eos_id,
     max_new_tokens=spec.max_new_tokens,
-    num_paths=k,
+    num_drafts=k,
   )
 
   def body(state: _State) -> _State:

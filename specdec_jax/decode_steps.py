@@ -238,11 +238,11 @@ def narrow_target_pass(steps, params, tokens, cache, num_drafted, *, with_states
   return jax.lax.switch(branch, [pass_of_width(w) for w in widths], tokens, cache)
 
 
-def repeat_paths(x, num_paths: int):
+def repeat_paths(x, num_drafts: int):
   """Each row (of every leaf, batch-major) repeated once per draft path: [B, ...] -> [B*K, ...]."""
-  if num_paths == 1:
+  if num_drafts == 1:
     return x
-  return jax.tree.map(lambda leaf: jnp.repeat(leaf, num_paths, axis=0), x)
+  return jax.tree.map(lambda leaf: jnp.repeat(leaf, num_drafts, axis=0), x)
 
 
 @jax.named_scope('encode')
@@ -254,21 +254,21 @@ def init_caches(
   input_ids,
   input_mask,
   cache_len,
-  num_paths=1,
+  num_drafts=1,
 ):
-  """Both caches, with `num_paths` rows per source row (each source is encoded once); the
+  """Both caches, with `num_drafts` rows per source row (each source is encoded once); the
   source is encoded once in all when the drafter reads the target's encoder."""
   encoded = target_steps.encode(target_params, input_ids, input_mask)
-  mask = repeat_paths(input_mask, num_paths)
+  mask = repeat_paths(input_mask, num_drafts)
   target_cache = target_steps.init_cache(
-    target_params, repeat_paths(encoded, num_paths), mask, cache_len
+    target_params, repeat_paths(encoded, num_drafts), mask, cache_len
   )
   if draft_steps is None:
     return target_cache, None
   if not getattr(draft_steps, 'shares_target_encoder', False):
     encoded = draft_steps.encode(draft_params, input_ids, input_mask)
   return target_cache, draft_steps.init_cache(
-    draft_params, repeat_paths(encoded, num_paths), mask, cache_len
+    draft_params, repeat_paths(encoded, num_drafts), mask, cache_len
   )
 
 
@@ -346,11 +346,11 @@ def verify_paths(rng, drafts, q, logits, spec):
     return path, tau, y, beta, nonfinite
 
 
-def follow(path, drafts, target_cache, draft_cache, states, num_paths: int):
+def follow(path, drafts, target_cache, draft_cache, states, num_drafts: int):
   """Moves every path row of a source row onto its kept path: (drafts int32[B, G] of the kept
   path, target_cache, draft_cache, states) with each row's K copies equal to the kept one."""
-  rows = jnp.arange(path.shape[0]) * num_paths + path  # the kept path's row, per source row
-  every = jnp.repeat(rows, num_paths)
+  rows = jnp.arange(path.shape[0]) * num_drafts + path  # the kept path's row, per source row
+  every = jnp.repeat(rows, num_drafts)
   take = functools.partial(cache_lib.take_rows, rows=every, same_source=True)
   return (
     drafts[rows],
@@ -372,18 +372,18 @@ def emit_accepted(
   *,
   eos_id: int,
   max_new_tokens: int,
-  num_paths: int = 1,
+  num_drafts: int = 1,
 ):
   """Step 4 of an iteration: appends X_1..X_tau, y to each row; rewinds the target's cache.
 
   Args:
     seq, n, done: the loop's token buffer int32[B, L], tokens emitted int32[B], rows done bool[B]
       (as `emit`'s).
-    target_cache: the target's cache after the pass, with `num_paths` rows per row.
+    target_cache: the target's cache after the pass, with `num_drafts` rows per row.
     drafts: int32[B, G]; tau: int32[B] drafts accepted; y: int32[B] the token after them.
 
   Returns (seq, n, done, target_cache) updated: the target keeps [.., seq[n], X_1..X_tau]
-  (positions < the new n, in each of a row's `num_paths` cache rows); the drafter rewinds itself
+  (positions < the new n, in each of a row's `num_drafts` cache rows); the drafter rewinds itself
   at its next call.
   """
   gamma = drafts.shape[1]
@@ -391,4 +391,4 @@ def emit_accepted(
     jnp.arange(gamma + 1) < tau[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), y[:, None]
   )
   seq, n, done = emit(seq, n, done, accepted, tau + 1, eos_id=eos_id, max_new_tokens=max_new_tokens)
-  return seq, n, done, target_cache.replace(end_index=repeat_paths(n, num_paths))
+  return seq, n, done, target_cache.replace(end_index=repeat_paths(n, num_drafts))

@@ -370,7 +370,7 @@ def step_costs(
   gamma: int,
   cache_len: int = 64,
   rounds: int = 3,
-  num_paths: int = 1,
+  num_drafts: int = 1,
   loop_lengths: tuple[int, int] = (4, 36),
   repeats: int = 7,
   extra_calls: int = EXTRA_CALLS,
@@ -399,12 +399,12 @@ def step_costs(
   length meet a shared machine's load alike, where a short run finds it idle more often than a
   long one. `c_alone` is a ratio of slopes: a drafter step alone is too cheap to be timed without
   cancelling dispatch. `rounds` repeats the whole measurement; each value is the median over the
-  rounds. With `num_paths` K > 1 (`speculative_generate(..., num_drafts=K)`, which runs each row
+  rounds. With `num_drafts` K > 1 (`speculative_generate(..., num_drafts=K)`, which runs each row
   as K rows of both models) the pass, the drafter and the iteration are measured at K x
   batch_size rows and the target step at batch_size rows.
   """
   kw = dict(source_length=source_length, cache_len=cache_len)
-  rows = dict(kw, batch_size=batch_size * num_paths)
+  rows = dict(kw, batch_size=batch_size * num_drafts)
   loops = dict(
     target_step=_step_loop(target, batch_size=batch_size, **kw),
     target_pass=_step_loop(target, num_tokens=gamma + 1, **rows),

@@ -88,12 +88,12 @@ def _gbv_select_by_p(rng, tokens, q, p):
 _FOLLOW = decode_steps.follow
 
 
-def _follow_path_zero_caches(path, drafts, target_cache, draft_cache, states, num_paths):
+def _follow_path_zero_caches(path, drafts, target_cache, draft_cache, states, num_drafts):
   """Bug: emit the kept path's drafts but leave every row on path 0's caches."""
-  kept, *_ = _FOLLOW(path, drafts, target_cache, draft_cache, states, num_paths)
+  kept, *_ = _FOLLOW(path, drafts, target_cache, draft_cache, states, num_drafts)
   zero = jnp.zeros_like(path)
   _, target_cache, draft_cache, states = _FOLLOW(
-    zero, drafts, target_cache, draft_cache, states, num_paths
+    zero, drafts, target_cache, draft_cache, states, num_drafts
   )
   return kept, target_cache, draft_cache, states
 
