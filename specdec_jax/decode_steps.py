@@ -64,20 +64,21 @@ def draft_token(rng, logits, sampling: sampling_lib.SamplingConfig):
   return sampling_lib.sample(rng, q), q
 
 
-def drafter_call(steps, params, tokens, features, cache, at=None):
+def drafter_call(steps, params, tokens, features, cache, logits_at=None):
   """One drafter call as the loop makes it: (logits, predicted target states or None, cache).
 
   `step`, or `step_features` for a drafter that reads the target's states (`features` not None).
-  With `at` (int32[B]) only position at[b] of each row is read: logits [B, 1, V] (and predicted
-  states), by the step model's `step_at` where it has one (a T5's output layer then runs on one
-  row), else picked from every position's.
+  With `logits_at` (int32[B]) only position logits_at[b] of each row is read: logits [B, 1, V]
+  (and predicted states), by the step model's `step_at` where it has one (a T5's output layer
+  then runs on one row), else picked from every position's.
   """
   with jax.named_scope('drafter'):
-    if at is not None:
+    if logits_at is not None:
       if hasattr(steps, 'step_at'):
-        return steps.step_at(params, tokens, features, cache, at)
+        return steps.step_at(params, tokens, features, cache, logits_at)
       logits, predicted, cache = drafter_call(steps, params, tokens, features, cache)
-      pick = lambda x: None if x is None else jnp.take_along_axis(x, at[:, None, None], axis=1)
+      rows = logits_at[:, None, None]
+      pick = lambda x: None if x is None else jnp.take_along_axis(x, rows, axis=1)
       return pick(logits), pick(predicted), cache
     if features is None:
       logits, cache = steps.step(params, tokens, cache)
@@ -137,9 +138,9 @@ def draft(
     start = state_start + 1
     tokens = row_slice(seq, start, features.shape[1])  # G + 1 in the loop (more: `timing`)
   # Only the logits after seq[n] are read.
-  at = jnp.clip(n - start, 0, tokens.shape[1] - 1)
+  logits_at = jnp.clip(n - start, 0, tokens.shape[1] - 1)
   logits, predicted, cache = drafter_call(
-    steps, params, tokens, features, cache.replace(end_index=start), at=at
+    steps, params, tokens, features, cache.replace(end_index=start), logits_at=logits_at
   )
   logits, predicted = logits[:, 0], None if predicted is None else predicted[:, 0]
   cache = cache.replace(end_index=n + 1)

@@ -29,11 +29,11 @@ class StepModel(Protocol):
       where features[:, t] is the target's state at the position before tokens[:, t]. Its target
       then needs `state_dim` (= feature_dim) and
       `step_states(params, tokens, cache) -> (logits, states [B, T, state_dim], cache)`.
-    step_at: `step_at(params, tokens, features, cache, at int32[B])
+    step_at: `step_at(params, tokens, features, cache, logits_at int32[B])
         -> (logits [B, 1, V], predicted features [B, 1, F] or None, cache advanced by T)`: a
-      drafter's call that reads only position at[b] of each row (`step`, or `step_features` with
-      `features`), for a drafter that can skip the rest (a T5's output layer then runs on one
-      row). Without it the loop picks that position from `step`'s logits.
+      drafter's call that reads only position logits_at[b] of each row (`step`, or
+      `step_features` with `features`), for a drafter that can skip the rest (a T5's output layer
+      then runs on one row). Without it the loop picks that position from `step`'s logits.
   """
 
   vocab_size: int
