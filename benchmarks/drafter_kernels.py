@@ -10,7 +10,7 @@ r"""A drafter's decoder step, kernel by kernel: what its compiled program launch
 Compiles, for one row over a source of --source_length, (1) a decoder step: `t5.decode` of one
 token on a cache from `t5.init_cache` (the cache donated, as the decode loops carry it), and (2)
 the drafter's gamma drafts as `decode_steps.draft` makes them (greedy): its `lax.scan`, and the
-same with the scan unrolled (`draft(..., unroll=True)`; `--nounrolled` skips it). For each
+same with the scan unrolled (`draft(..., unroll_draft=True)`; `--nounrolled` skips it). For each
 optimized HLO module it counts what a device launches: the instructions of the entry computation
 and of the computations it runs (while bodies and conditions, calls, branches), except those
 that launch nothing (parameters, constants, tuples, get-tuple-element, bitcasts); a fusion counts
@@ -250,7 +250,7 @@ def _draft(steps, gamma: int, unrolled: bool):
 
   def run(params, cache, seq, n):
     key = jax.random.key(0)
-    kw = dict(gamma=gamma, sampling=None, greedy=True, unroll=unrolled)
+    kw = dict(gamma=gamma, sampling=None, greedy=True, unroll_draft=unrolled)
     return decode_steps.draft(steps, params, cache, seq, n, key, **kw)[:3]
 
   return run

@@ -269,7 +269,7 @@ def speculative_loop(
     sampling=spec.sampling,
     greedy=spec.greedy,
     stop=spec.draft_stop,
-    unroll=spec.unroll_draft,
+    unroll_draft=spec.unroll_draft,
   )
   score = functools.partial(
     decode_steps.target_pass, target_steps, target_params, with_states=reads_states

@@ -99,7 +99,7 @@ def draft(
   greedy,
   target_states=None,
   stop=None,
-  unroll: bool = False,
+  unroll_draft: bool = False,
 ):
   """Step 1 of an iteration: the drafter proposes gamma tokens after seq[:, :n + 1].
 
@@ -116,8 +116,8 @@ def draft(
       pass, for a drafter that reads them (`reads_target_states`); else None. The first call
       feeds as many positions as there are states (`timing` drafts past the pass's G).
     stop: `LoopSpec.draft_stop`, or None.
-    unroll: unroll the scan of the gamma - 1 later calls (`LoopSpec.unroll_draft`): the same
-      numbers, with no while loop (fewer launches on an accelerator, longer compiles).
+    unroll_draft: unroll the scan of the gamma - 1 later calls (`LoopSpec.unroll_draft`): the
+      same numbers, with no while loop (fewer launches on an accelerator, longer compiles).
 
   Returns:
     (tokens int32[B, G], q float32[B, G, V] or None when greedy, cache, lengths: None without
@@ -166,7 +166,7 @@ def draft(
   keys = jax.random.split(rng, gamma)
   carry = (logits, predicted, cache)
   (logits, _, cache), (tokens, probs, unsure) = jax.lax.scan(
-    body, carry, keys[:-1], unroll=bool(unroll)
+    body, carry, keys[:-1], unroll=bool(unroll_draft)
   )
   last_token, last_q, last_unsure = draw(keys[-1], logits)
   tokens = jnp.concatenate([tokens.T, last_token[:, None]], axis=1)
