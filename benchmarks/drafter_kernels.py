@@ -49,7 +49,6 @@ kernel".
 
 import collections
 import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -229,10 +228,6 @@ def stablehlo_ops(text: str, op: str | None = None) -> int:
     return counted[name]
 
   return ops('main')
-
-
-def config_of(name: str, dtype: str) -> t5.T5Config:
-  return dataclasses.replace(synthetic.shape(name), dtype=dtype)
 
 
 def _abstract(config: t5.T5Config, source_length: int, cache_len: int):
@@ -479,7 +474,7 @@ def iteration(
 
 
 def measure() -> dict:
-  config = config_of(_MODEL.value, _DTYPE.value)
+  config = synthetic.shape(_MODEL.value, _DTYPE.value)
   shape = dict(source_length=_SOURCE_LENGTH.value, cache_len=_CACHE_LEN.value)
   device = jax.devices()[0]
   if _COMPILE_FOR.value:
@@ -503,7 +498,7 @@ def measure() -> dict:
   if _TARGET.value:
     for key, unroll in (('iteration', False), ('iteration_unrolled', True))[: 1 + _UNROLLED.value]:
       result[key] = iteration(
-        config_of(_TARGET.value, _DTYPE.value),
+        synthetic.shape(_TARGET.value, _DTYPE.value),
         config,
         source_length=_SOURCE_LENGTH.value,
         gamma=_GAMMA.value,
@@ -519,7 +514,7 @@ def measure() -> dict:
         * 1e3
       )
       if _TARGET.value:
-        target = synthetic.model(config_of(_TARGET.value, _DTYPE.value), dtype=_DTYPE.value)
+        target = synthetic.model(synthetic.shape(_TARGET.value, _DTYPE.value), dtype=_DTYPE.value)
         result['target_step_ms'] = timing.step_seconds(target, batch_size=1, **shape) * 1e3
   return result
 
