@@ -11,8 +11,9 @@ Everything is measured in one run on real test sources (the shipped test.tsv; ra
    and `speculative_generate` (bigram and T5 drafters), the goals' ratios, and the share of an
    iteration spent in each component, from XLA:CPU's per-op trace (`specdec_jax.profiling`):
    drafter model, target model, sampling (probability transforms and draws), verification,
-   emit/rewind/stats, and the loop itself (time in no op). At temperature 0 the general path
-   (one-hot vectors, what the loops ran before the greedy fast path) is measured too.
+   emit/rewind/stats, and the loop itself (time in no op). At temperature 0 the general path on
+   the same one-hot vectors (top_k=1 at temperature 1: what the loops ran before the greedy fast
+   path, plus the top-k and the draws) is measured too.
 3. Tokens/s at each of --batches for autoregressive, token and block verification.
 
 Goals (issue 8): a bigram-drafted iteration <= 1.15x the bare (gamma+1)-position pass; `generate`
@@ -137,12 +138,14 @@ def _calls(
 ):
   """(jitted loop, [(args, kwargs)] over the batches of ids) of generate (drafter None) or
   speculative_generate; the loops themselves, so the general path can be run at temperature 0."""
+  sampling = sampling_lib.SamplingConfig(temperature=temperature)
+  if not fast:  # temperature 0's tokens by the general path: one-hot probability vectors
+    sampling = sampling_lib.SamplingConfig(temperature=1.0, top_k=1)
   spec = decode.LoopSpec(
-    sampling=sampling_lib.SamplingConfig(temperature=temperature),
+    sampling=sampling,
     max_new_tokens=max_new_tokens or _MAX_NEW.value,
     gamma=0 if drafter is None else gamma,
     verifier=verifier,  # at temperature 0 (fast path) 'token' and 'block' are one program
-    greedy_fast_path=fast,
   )
   kw = dict(spec=spec)
   calls = []
@@ -235,7 +238,7 @@ def main(argv):
     )
     for temperature in map(float, _TEMPS.value):
       for fast in [True, False] if temperature == 0 else [True]:
-        label = '' if temperature else (' [fast path]' if fast else ' [general path]')
+        label = '' if temperature else (' [fast path]' if fast else ' [general path: top_k=1]')
         print(f'-- temperature {temperature:g}{label}')
         m, b = _measure(target, None, ids, mask, batch, temperature, gamma=gamma, fast=fast)
         print(

@@ -46,9 +46,11 @@ position stands in for the target's at the next.
 
 At temperature 0 (`sampling.greedy`) the loops take a fast path that never forms a probability
 vector: p and q are one-hot, so sampling is an argmax and both verifiers reduce to comparing ids
-(`verify.greedy_verify`); the tokens are identical to the general path's, with no [B, G+1, V]
-arrays, no cumulative sums over V and no random numbers. Every verifier is then one program
-(`LoopSpec` normalizes it to 'token'; 'greedy_block' reduces to it too: docs/method.md section 11).
+(`verify.greedy_verify`); the tokens are identical to the general path's on the same one-hot
+vectors (which `top_k=1` gives at any temperature: the tests compare the two), with no
+[B, G+1, V] arrays, no cumulative sums over V and no random numbers. Every verifier is then one
+program (`LoopSpec` normalizes it to 'token'; 'greedy_block' reduces to it too: docs/method.md
+section 11).
 """
 
 import dataclasses
@@ -105,8 +107,6 @@ class LoopSpec:
     unroll_draft: unroll the draft's `lax.scan` of gamma - 1 drafter calls (`decode_steps.draft`'s
       `unroll`; one path or K alike): the same numbers and tokens with no while loop around the
       calls, so an accelerator launches fewer kernels per draft; compiling takes longer.
-    greedy_fast_path: at temperature 0, compare argmax ids instead of forming probabilities (the
-      tokens are the same; False runs the general path, for tests and benchmarks).
     trace: record a `SpeculativeTrace` of every iteration.
 
   A new way of drafting or verifying adds its field here with a default that keeps today's
@@ -120,7 +120,6 @@ class LoopSpec:
   num_drafts: int = 1
   draft_stop: float | None = None
   unroll_draft: bool = False
-  greedy_fast_path: bool = True
   trace: bool = False
 
   def __post_init__(self):
@@ -145,8 +144,8 @@ class LoopSpec:
 
   @property
   def greedy(self) -> bool:
-    """True when the loop runs the temperature-0 fast path."""
-    return self.sampling.greedy and self.greedy_fast_path
+    """True at temperature 0, where the loops compare argmax ids (module docstring)."""
+    return self.sampling.greedy
 
   @property
   def buffer_length(self) -> int:
@@ -234,8 +233,7 @@ def speculative_loop(
     rng: PRNG key.
     spec: a `LoopSpec` with gamma >= 1.
 
-  `speculative_generate` validates its arguments and calls this; call it directly to run a spec
-  that the public function does not expose (e.g. `greedy_fast_path=False`).
+  `speculative_generate` validates its arguments and calls this.
   """
   if spec.gamma < 1:
     raise ValueError(f'speculative_loop needs spec.gamma >= 1, got {spec.gamma}.')

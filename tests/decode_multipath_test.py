@@ -16,6 +16,7 @@ from tests.decode_test import (
   DRAFTER,
   GREEDY,
   GREEDY_TARGET,
+  ONE_HOT,
   PREFIX_LENGTH,
   SIGNIFICANCE,
   TARGET,
@@ -135,11 +136,11 @@ def test_greedy_equals_generate_markov(num_drafts, verifier):
 
 
 def test_greedy_general_path_equals_generate():
-  """The general (probability) path at temperature 0 with K paths, not only the id fast path."""
+  """The general (probability) path on greedy's one-hot vectors (`ONE_HOT`) with K paths, not only
+  the id fast path."""
   ids, mask = _source(vocab=4)
   spec = decode.LoopSpec(
-    sampling=GREEDY, max_new_tokens=12, gamma=3, verifier='block', num_drafts=2,
-    greedy_fast_path=False,
+    sampling=ONE_HOT, max_new_tokens=12, gamma=3, verifier='block', num_drafts=2,
   )  # fmt: skip
   got = decode.speculative_loop(
     GREEDY_TARGET.steps, GREEDY_TARGET.params, DRAFTER.steps, DRAFTER.params, ids, mask,

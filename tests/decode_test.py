@@ -13,6 +13,8 @@ from specdec_jax.models import t5
 from tests import chisquare, fakes, helpers
 
 GREEDY = sampling_lib.SamplingConfig(temperature=0.0)
+# GREEDY's tokens by the loops' general path: one-hot probability vectors, the named verifier.
+ONE_HOT = sampling_lib.SamplingConfig(temperature=1.0, top_k=1)
 SIGNIFICANCE = 1e-3  # chi-square tests reject losslessness below this p-value
 
 
