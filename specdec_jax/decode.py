@@ -63,7 +63,6 @@ import numpy as np
 
 from specdec_jax import decode_steps, step_models, validation, verify, verify_greedy
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.data.tokenizer import PAD_ID
 from specdec_jax.decode_stats import (  # noqa: F401 (API)
   DecodeOutput,
   DecodeStats,
@@ -204,7 +203,7 @@ def _init_state(batch, spec: LoopSpec, start_id, target_cache, draft_cache, stat
 
 def _finish(state: _State, max_new_tokens: int) -> DecodeOutput:
   tokens = state.seq[:, 1 : max_new_tokens + 1]
-  tokens = jnp.where(jnp.arange(max_new_tokens) < state.n[:, None], tokens, PAD_ID)
+  tokens = jnp.where(jnp.arange(max_new_tokens) < state.n[:, None], tokens, step_models.PAD_ID)
   return DecodeOutput(tokens=tokens, lengths=state.n, stats=state.stats, trace=state.trace)
 
 

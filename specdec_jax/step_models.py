@@ -10,6 +10,10 @@ Axis legend: B batch, S source length, T query length, V vocab.
 
 from typing import Any, Protocol
 
+# The id the loops write past each row's length in `DecodeOutput.tokens`: T5's pad, which
+# `data.tokenizer` (PAD_ID) and the batching code use too.
+PAD_ID = 0
+
 
 class StepModel(Protocol):
   """The static half of a model as the decode loops see it.
