@@ -169,15 +169,7 @@ class _State(NamedTuple):
 def _init_state(batch, spec: LoopSpec, start_id, target_cache, draft_cache, state_dim) -> _State:
   """The state before the first iteration; `state_dim` None unless the drafter reads states."""
   seq = jnp.zeros((batch, spec.buffer_length), jnp.int32)
-  trace = None
-  if spec.trace:
-    per_iteration = lambda *shape: jnp.zeros((batch, spec.max_new_tokens) + shape, jnp.int32)
-    trace = SpeculativeTrace(
-      drafts=per_iteration(spec.gamma),
-      num_accepted=per_iteration(),
-      next_token=per_iteration(),
-      emitted=per_iteration(),
-    )
+  trace = SpeculativeTrace.zeros(batch, spec.max_new_tokens, spec.gamma) if spec.trace else None
   target_states = None
   if state_dim is not None:
     # Before the first pass: zero states "at position -1", so seq[0] is fed with zeros. One row
@@ -207,17 +199,18 @@ def _finish(state: _State, max_new_tokens: int) -> DecodeOutput:
   return DecodeOutput(tokens=tokens, lengths=state.n, stats=state.stats, trace=state.trace)
 
 
-def _record(state: _State, drafts, tau, y, new_n):
-  """The trace with this iteration's column filled (None when not tracing)."""
-  if state.trace is None:
-    return None
-  at = lambda field, value: field.at[:, state.iteration].set(value)
-  return SpeculativeTrace(
-    drafts=at(state.trace.drafts, drafts),
-    num_accepted=at(state.trace.num_accepted, tau),
-    next_token=at(state.trace.next_token, y),
-    emitted=at(state.trace.emitted, new_n - state.n),
-  )
+def _verify(rng, drafts, q, logits, spec: LoopSpec, lengths, levels):
+  """Step 3: keep tau drafts, then y from the residual (or from p_{gamma+1} when all were kept).
+
+  Returns (path int32[B] the kept path, or None at K = 1; tau, y int32[B]; beta float32[B, G];
+  nonfinite bool[B]; levels, greedy block verification's carried law or None).
+  """
+  if spec.num_drafts > 1:
+    return *decode_steps.verify_paths(rng, drafts, q, logits, spec), levels
+  if levels is None:
+    return None, *decode_steps.verify_drafts(rng, drafts, q, logits, spec, lengths), None
+  # Greedy block verification: the levels carry into the next iteration.
+  return None, *decode_steps.verify_greedy_block(rng, drafts, q, logits, spec, levels)
 
 
 @functools.partial(jax.jit, static_argnames=('target_steps', 'draft_steps', 'spec'))
@@ -238,7 +231,6 @@ def speculative_loop(
     raise ValueError(f'speculative_loop needs spec.gamma >= 1, got {spec.gamma}.')
   reads_states = getattr(draft_steps, 'reads_target_states', False)
   verify_greedy.check_loop(spec.verifier, reads_target_states=reads_states)
-  k = spec.num_drafts
   target_cache, draft_cache = decode_steps.init_caches(
     target_steps,
     target_params,
@@ -247,7 +239,7 @@ def speculative_loop(
     input_ids,
     input_mask,
     spec.buffer_length,
-    num_drafts=k,
+    num_drafts=spec.num_drafts,
   )
   state = _init_state(
     input_ids.shape[0],
@@ -257,8 +249,16 @@ def speculative_loop(
     draft_cache,
     state_dim=draft_steps.feature_dim if reads_states else None,
   )
+  body = _iteration((target_steps, target_params), (draft_steps, draft_params), rng, spec)
+  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+  return _finish(state, spec.max_new_tokens)
 
-  drafter = functools.partial(
+
+def _iteration(target, drafter, rng, spec: LoopSpec):
+  """The speculative loop's body: `_State` -> `_State` after one iteration of every row."""
+  (target_steps, target_params), (draft_steps, draft_params) = target, drafter
+  k = spec.num_drafts
+  draft = functools.partial(
     decode_steps.draft,
     draft_steps,
     draft_params,
@@ -268,6 +268,7 @@ def speculative_loop(
     stop=spec.draft_stop,
     unroll_draft=spec.unroll_draft,
   )
+  reads_states = getattr(draft_steps, 'reads_target_states', False)
   score = functools.partial(
     decode_steps.target_pass, target_steps, target_params, with_states=reads_states
   )
@@ -283,25 +284,17 @@ def speculative_loop(
     # With K paths every row runs as K rows of both models (the identity at K = 1).
     seq, n = decode_steps.repeat_paths(state.seq, k), decode_steps.repeat_paths(state.n, k)
     # 1. The drafter proposes X_1..X_gamma, with q_1..q_gamma.
-    drafts, q, draft_cache, lengths = drafter(
+    drafts, q, draft_cache, lengths = draft(
       state.draft_cache, seq, n, draft_rng, target_states=state.target_states
     )
     # 2. One target pass scores the pending token and every draft: p_1..p_{gamma+1}.
     pass_tokens = jnp.concatenate([decode_steps.row_slice(seq, n, 1), drafts], axis=1)
     logits, states, target_cache = score(pass_tokens, state.target_cache, lengths, state.done)
-    # 3. Keep tau drafts, then y from the residual (or from p_{gamma+1} when all were kept);
-    #    with K paths, of one path, onto which every copy of the row then moves.
-    levels = state.levels
-    if k == 1 and levels is None:
-      tau, y, beta, nonfinite = decode_steps.verify_drafts(
-        verify_rng, drafts, q, logits, spec, lengths
-      )
-    elif k == 1:  # greedy block verification: the levels carry into the next iteration
-      tau, y, beta, nonfinite, levels = decode_steps.verify_greedy_block(
-        verify_rng, drafts, q, logits, spec, levels
-      )
-    else:
-      path, tau, y, beta, nonfinite = decode_steps.verify_paths(verify_rng, drafts, q, logits, spec)
+    # 3. Keep tau drafts and y; with K paths, of one path, onto which every copy of the row moves.
+    path, tau, y, beta, nonfinite, levels = _verify(
+      verify_rng, drafts, q, logits, spec, lengths, state.levels
+    )
+    if path is not None:
       drafts, target_cache, draft_cache, states = decode_steps.follow(
         path, drafts, target_cache, draft_cache, states, k
       )
@@ -310,6 +303,9 @@ def speculative_loop(
       state.seq, state.n, state.done, target_cache, drafts, tau, y
     )
     with jax.named_scope('emit'):
+      trace = state.trace
+      if trace is not None:
+        trace = trace.record(state.iteration, drafts, tau, y, n - state.n)
       return state._replace(
         seq=seq,
         n=n,
@@ -318,13 +314,12 @@ def speculative_loop(
         draft_cache=draft_cache,
         stats=state.stats.accumulate(~state.done, tau, beta, nonfinite, lengths),
         iteration=state.iteration + 1,
-        trace=_record(state, drafts, tau, y, n),
+        trace=trace,
         target_states=None if states is None else (states, decode_steps.repeat_paths(state.n, k)),
         levels=levels,
       )
 
-  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-  return _finish(state, spec.max_new_tokens)
+  return body
 
 
 @functools.partial(jax.jit, static_argnames=('steps', 'spec'))

@@ -125,36 +125,8 @@ def draft(
     `stop`, or G). All G tokens are drafted either way; the cache's end_index is n + G on exit:
     X_G is drafted but not fed.
   """
-  if target_states is None:
-    # Feed seq[n-1], seq[n] from position n - 1 (position 0 at the start, where the second token
-    # is a placeholder written to a slot that stays stale) and keep the logits after seq[n].
-    start, features = jnp.maximum(n - 1, 0), None
-    tokens = row_slice(seq, start, 2)
-  else:
-    # Feed seq[start+1 .. start+G+1], each with the target's state before it: the positions of
-    # the last pass, of which start+1 .. n are accepted (n - start - 1 <= G). Rows that stopped
-    # read a clipped index.
-    features, state_start = target_states
-    start = state_start + 1
-    tokens = row_slice(seq, start, features.shape[1])  # G + 1 in the loop (more: `timing`)
-  # Only the logits after seq[n] are read.
-  logits_at = jnp.clip(n - start, 0, tokens.shape[1] - 1)
-  logits, predicted, cache = drafter_call(
-    steps, params, tokens, features, cache.replace(end_index=start), logits_at=logits_at
-  )
-  logits, predicted = logits[:, 0], None if predicted is None else predicted[:, 0]
-  cache = cache.replace(end_index=n + 1)
-
-  @jax.named_scope('sampling')
-  def draw(key, logits):
-    if greedy:
-      token, q = sampling_lib.argmax(logits), None
-    else:
-      token, q = draft_token(key, logits, sampling)
-    if stop is None:
-      return token, q, None
-    own = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
-    return token, q, jnp.exp(own - jax.nn.logsumexp(logits, axis=-1)) < stop
+  logits, predicted, cache = _first_draft_call(steps, params, cache, seq, n, target_states)
+  draw = functools.partial(_draw, greedy=greedy, sampling=sampling, stop=stop)
 
   def body(carry, key):
     logits, predicted, cache = carry
@@ -178,6 +150,45 @@ def draft(
     return tokens, None, cache, lengths
   probs = jnp.concatenate([jnp.moveaxis(probs, 0, 1), last_q[:, None]], axis=1)
   return tokens, probs, cache, lengths
+
+
+def _first_draft_call(steps, params, cache, seq, n, target_states):
+  """The draft's first drafter call: (logits f32[B, V] after seq[n], predicted states [B, F] or
+  None, cache with end_index n + 1). It catches the drafter up on what the last iteration kept
+  (`draft`'s cache and `target_states`)."""
+  if target_states is None:
+    # Feed seq[n-1], seq[n] from position n - 1 (position 0 at the start, where the second token
+    # is a placeholder written to a slot that stays stale) and keep the logits after seq[n].
+    start, features = jnp.maximum(n - 1, 0), None
+    tokens = row_slice(seq, start, 2)
+  else:
+    # Feed seq[start+1 .. start+G+1], each with the target's state before it: the positions of
+    # the last pass, of which start+1 .. n are accepted (n - start - 1 <= G). Rows that stopped
+    # read a clipped index.
+    features, state_start = target_states
+    start = state_start + 1
+    tokens = row_slice(seq, start, features.shape[1])  # G + 1 in the loop (more: `timing`)
+  # Only the logits after seq[n] are read.
+  logits_at = jnp.clip(n - start, 0, tokens.shape[1] - 1)
+  logits, predicted, cache = drafter_call(
+    steps, params, tokens, features, cache.replace(end_index=start), logits_at=logits_at
+  )
+  logits, predicted = logits[:, 0], None if predicted is None else predicted[:, 0]
+  return logits, predicted, cache.replace(end_index=n + 1)
+
+
+@jax.named_scope('sampling')
+def _draw(key, logits, *, greedy, sampling, stop):
+  """One draft per row from the drafter's logits f32[B, V]: (token int32[B], q f32[B, V] or None
+  when greedy, unsure: None without `stop`, else bool[B] the token's own probability < stop)."""
+  if greedy:
+    token, q = sampling_lib.argmax(logits), None
+  else:
+    token, q = draft_token(key, logits, sampling)
+  if stop is None:
+    return token, q, None
+  own = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
+  return token, q, jnp.exp(own - jax.nn.logsumexp(logits, axis=-1)) < stop
 
 
 def target_pass(steps, params, tokens, cache, num_drafted=None, done=None, *, with_states: bool):
