@@ -11,8 +11,9 @@ Everything is measured in one run on real test sources (the shipped test.tsv; ra
    and `speculative_generate` (bigram and T5 drafters), the goals' ratios, and the share of an
    iteration spent in each component, from XLA:CPU's per-op trace (`specdec_jax.measure.profiling`):
    drafter model, target model, sampling (probability transforms and draws), verification,
-   emit/rewind/stats, and the loop itself (time in no op). At temperature 0 the general path
-   (one-hot vectors, what the loops ran before the greedy fast path) is measured too.
+   emit/rewind/stats, and the loop itself (time in no op). At temperature 0 the general path on
+   the same one-hot vectors (top_k=1 at temperature 1: what the loops ran before the greedy fast
+   path, plus the top-k and the draws) is measured too.
 3. Tokens/s at each of --batches for autoregressive, token and block verification.
 
 Goals (issue 8): a bigram-drafted iteration <= 1.15x the bare (gamma+1)-position pass; `generate`
@@ -33,64 +34,69 @@ import numpy as np
 from absl import app, flags
 
 import benchmarks
+from benchmarks import synthetic
+from experiments.configs import train_drafter, train_target
 from specdec_jax import decode, drafters, pretrained
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import timing
 from specdec_jax.models import t5
 
-_DIR = flags.DEFINE_string('pretrained', 'ende', 'Shipped pair (name or directory).')
+# This main's own flags (`benchmarks.flags_parser`): other benchmarks define --target, --drafter,
+# --gamma, ... too, and one process (the test suite) imports them all.
+FLAGS = flags.FlagValues()
+_DIR = flags.DEFINE_string(
+  'pretrained', 'ende', 'Shipped pair (name or directory).', flag_values=FLAGS
+)
 _RANDOM = flags.DEFINE_bool(
   'random_weights',
   False,
   'Random-weight models of --target/--drafter '
   'shapes instead of the shipped pair (random ids as sources).',
+  flag_values=FLAGS,
 )
-_TARGET = flags.DEFINE_string('target', 'ende-target', 'Random target: a t5.CONFIGS key or ende-*.')
-_DRAFTER = flags.DEFINE_string('drafter', 'ende-drafter', 'Random drafter (same vocabulary).')
-_DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], "Random models' dtype.")
-_BATCHES = flags.DEFINE_list('batches', ['1', '8', '32'], 'Batch sizes for tokens/s.')
-_BREAKDOWN = flags.DEFINE_list('breakdown_batches', ['1', '8'], 'Batch sizes for the breakdown.')
-_TEMPS = flags.DEFINE_list('temperatures', ['0', '1'], 'Temperatures.')
-_GAMMA = flags.DEFINE_integer('gamma', 4, 'Draft tokens per iteration.')
-_MAX_NEW = flags.DEFINE_integer('max_new_tokens', 64, 'Most tokens per row.')
-_SOURCE_LEN = flags.DEFINE_integer('source_len', 64, 'Padded source length.')
-_REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed repeats (median).')
-_ROWS = flags.DEFINE_integer('rows', 16, 'Test sources decoded per measurement, in batches.')
+_TARGET = flags.DEFINE_string(
+  'target', 'ende-target', 'Random target: a t5.CONFIGS key or ende-*.', flag_values=FLAGS
+)
+_DRAFTER = flags.DEFINE_string(
+  'drafter', 'ende-drafter', 'Random drafter (same vocabulary).', flag_values=FLAGS
+)
+_DTYPE = flags.DEFINE_enum(
+  'dtype', 'float32', ['float32', 'bfloat16'], "Random models' dtype.", flag_values=FLAGS
+)
+_BATCHES = flags.DEFINE_list(
+  'batches', ['1', '8', '32'], 'Batch sizes for tokens/s.', flag_values=FLAGS
+)
+_BREAKDOWN = flags.DEFINE_list(
+  'breakdown_batches', ['1', '8'], 'Batch sizes for the breakdown.', flag_values=FLAGS
+)
+_TEMPS = flags.DEFINE_list('temperatures', ['0', '1'], 'Temperatures.', flag_values=FLAGS)
+_GAMMA = flags.DEFINE_integer('gamma', 4, 'Draft tokens per iteration.', flag_values=FLAGS)
+_MAX_NEW = flags.DEFINE_integer('max_new_tokens', 64, 'Most tokens per row.', flag_values=FLAGS)
+_SOURCE_LENGTH = flags.DEFINE_integer(
+  'source_length', 64, 'Padded source length.', flag_values=FLAGS
+)
+_REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed repeats (median).', flag_values=FLAGS)
+_ROWS = flags.DEFINE_integer(
+  'rows', 16, 'Test sources decoded per measurement, in batches.', flag_values=FLAGS
+)
 
-# The shapes we train for EN->DE (experiments/configs/train_*.py), with an 8k vocabulary.
-SIZES = {
-  'ende-target': dataclasses.replace(
-    t5.CONFIGS['t5_1_1-small'],
-    vocab_size=8000,
-    d_model=256,
-    d_ff=1024,
-    num_heads=4,
-    num_encoder_layers=4,
-    num_decoder_layers=4,
-  ),
-  'ende-drafter': dataclasses.replace(
-    t5.CONFIGS['t5-small'],
-    vocab_size=8000,
-    d_model=96,
-    d_kv=24,
-    d_ff=256,
-    num_heads=4,
-    num_encoder_layers=2,
-    num_decoder_layers=1,
-    feed_forward='gated-gelu',
-  ),
-}
+# The shapes we train for EN->DE, with an 8k vocabulary: their training configs' models.
+_TRAINED = {'ende-target': train_target, 'ende-drafter': train_drafter}
 
 
 def _random_model(name: str, seed: int) -> t5.T5Model:
-  config = SIZES[name] if name in SIZES else t5.CONFIGS[name]
-  config = dataclasses.replace(config, dtype=_DTYPE.value)
-  return t5.T5Model(config=config, params=t5.init_params(jax.random.key(seed), config))
+  """--target / --drafter: a `t5.CONFIGS` name or ende-target / ende-drafter, with random
+  weights (`synthetic.model`) in --dtype."""
+  if name in _TRAINED:
+    config = t5.T5Config(**_TRAINED[name].get_config().model.to_dict())
+  else:
+    config = synthetic.shape(name)
+  return synthetic.model(config, dtype=_DTYPE.value, weights='random', seed=seed)
 
 
 def _models_and_sources(max_rows: int):
   """(target, {drafter name: drafter}, source ids int32[max_rows, S], mask)."""
-  s = _SOURCE_LEN.value
+  s = _SOURCE_LENGTH.value
   if _RANDOM.value:
     target, drafter = _random_model(_TARGET.value, 0), _random_model(_DRAFTER.value, 1)
     ids = np.random.default_rng(0).integers(2, 1000, (max_rows, s))
@@ -133,12 +139,14 @@ def _calls(
 ):
   """(jitted loop, [(args, kwargs)] over the batches of ids) of generate (drafter None) or
   speculative_generate; the loops themselves, so the general path can be run at temperature 0."""
+  sampling = sampling_lib.SamplingConfig(temperature=temperature)
+  if not fast:  # temperature 0's tokens by the general path: one-hot probability vectors
+    sampling = sampling_lib.SamplingConfig(temperature=1.0, top_k=1)
   spec = decode.LoopSpec(
-    sampling=sampling_lib.SamplingConfig(temperature=temperature),
+    sampling=sampling,
     max_new_tokens=max_new_tokens or _MAX_NEW.value,
     gamma=0 if drafter is None else gamma,
     verifier=verifier,  # at temperature 0 (fast path) 'token' and 'block' are one program
-    greedy_fast_path=fast,
   )
   kw = dict(spec=spec)
   calls = []
@@ -209,7 +217,7 @@ def main(argv):
   print(
     f'device: {jax.devices()[0].device_kind}, {jax.device_count()} device(s); target '
     f'{count(target) / 1e6:.2f}M params, T5 drafter {count(found["t5"]) / 1e6:.2f}M; '
-    f'gamma {gamma}, source length {_SOURCE_LEN.value}, up to {_MAX_NEW.value} new tokens; '
+    f'gamma {gamma}, source length {_SOURCE_LENGTH.value}, up to {_MAX_NEW.value} new tokens; '
     f'median of {_REPEATS.value}'
   )
 
@@ -218,7 +226,7 @@ def main(argv):
     ids, mask = all_ids[:n], all_mask[:n]
     kw = dict(
       batch_size=batch,
-      source_length=_SOURCE_LEN.value,
+      source_length=_SOURCE_LENGTH.value,
       cache_len=decode.buffer_length(_MAX_NEW.value, gamma),
     )
     step = timing.step_seconds(target, **kw)
@@ -231,7 +239,7 @@ def main(argv):
     )
     for temperature in map(float, _TEMPS.value):
       for fast in [True, False] if temperature == 0 else [True]:
-        label = '' if temperature else (' [fast path]' if fast else ' [general path]')
+        label = '' if temperature else (' [fast path]' if fast else ' [general path: top_k=1]')
         print(f'-- temperature {temperature:g}{label}')
         m, b = _measure(target, None, ids, mask, batch, temperature, gamma=gamma, fast=fast)
         print(
@@ -280,4 +288,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=benchmarks.flags_parser(FLAGS))

@@ -52,7 +52,6 @@ reads the flags and prints (the command to rerun first). Results, with the exact
 docs/results/memory_plan.md.
 """
 
-import dataclasses
 import shlex
 import sys
 
@@ -60,7 +59,7 @@ import jax
 from absl import app, flags
 
 import benchmarks
-from benchmarks import distill_model, memory_model
+from benchmarks import distill_model, memory_model, synthetic
 from experiments.configs import distill_drafter
 from specdec_jax import machines
 from specdec_jax.models import t5
@@ -195,9 +194,7 @@ def _print_header(teacher, config, student, student_params, shape, compile_dtype
 def main(argv):
   del argv
   meshes, chips = _meshes()
-  if _TEACHER.value not in t5.CONFIGS:
-    raise app.UsageError(f'Unknown teacher {_TEACHER.value!r}; choose one of {sorted(t5.CONFIGS)}.')
-  teacher_config = dataclasses.replace(t5.CONFIGS[_TEACHER.value], dtype='float32')
+  teacher_config = synthetic.shape(_TEACHER.value, dtype='float32')
   config = distill_drafter.get_config(_DISTILL_CONFIG.value)
   one = jax.sharding.AbstractMesh((1, 1), ('data', 'model'))
   teacher = memory_model.abstract_model(

@@ -10,7 +10,7 @@ r"""A drafter's decoder step, kernel by kernel: what its compiled program launch
 Compiles, for one row over a source of --source_length, (1) a decoder step: `t5.decode` of one
 token on a cache from `t5.init_cache` (the cache donated, as the decode loops carry it), and (2)
 the drafter's gamma drafts as `decode_steps.draft` makes them (greedy): its `lax.scan`, and the
-same with the scan unrolled (`draft(..., unroll=True)`; `--nounrolled` skips it). For each
+same with the scan unrolled (`draft(..., unroll_draft=True)`; `--nounrolled` skips it). For each
 optimized HLO module it counts what a device launches: the instructions of the entry computation
 and of the computations it runs (while bodies and conditions, calls, branches), except those
 that launch nothing (parameters, constants, tuples, get-tuple-element, bitcasts); a fusion counts
@@ -49,7 +49,6 @@ kernel".
 
 import collections
 import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -232,10 +231,6 @@ def stablehlo_ops(text: str, op: str | None = None) -> int:
   return ops('main')
 
 
-def config_of(name: str, dtype: str) -> t5.T5Config:
-  return dataclasses.replace(synthetic.shape(name), dtype=dtype)
-
-
 def _abstract(config: t5.T5Config, source_length: int, cache_len: int):
   """Shapes of (params, cache) of one row over an all-real source."""
   as_dtype = lambda s: jax.ShapeDtypeStruct(s.shape, config.dtype)
@@ -251,7 +246,7 @@ def _draft(steps, gamma: int, unrolled: bool):
 
   def run(params, cache, seq, n):
     key = jax.random.key(0)
-    kw = dict(gamma=gamma, sampling=None, greedy=True, unroll=unrolled)
+    kw = dict(gamma=gamma, sampling=None, greedy=True, unroll_draft=unrolled)
     return decode_steps.draft(steps, params, cache, seq, n, key, **kw)[:3]
 
   return run
@@ -480,7 +475,7 @@ def iteration(
 
 
 def measure() -> dict:
-  config = config_of(_MODEL.value, _DTYPE.value)
+  config = synthetic.shape(_MODEL.value, _DTYPE.value)
   shape = dict(source_length=_SOURCE_LENGTH.value, cache_len=_CACHE_LEN.value)
   device = jax.devices()[0]
   if _COMPILE_FOR.value:
@@ -504,7 +499,7 @@ def measure() -> dict:
   if _TARGET.value:
     for key, unroll in (('iteration', False), ('iteration_unrolled', True))[: 1 + _UNROLLED.value]:
       result[key] = iteration(
-        config_of(_TARGET.value, _DTYPE.value),
+        synthetic.shape(_TARGET.value, _DTYPE.value),
         config,
         source_length=_SOURCE_LENGTH.value,
         gamma=_GAMMA.value,
@@ -520,7 +515,7 @@ def measure() -> dict:
         * 1e3
       )
       if _TARGET.value:
-        target = synthetic.model(config_of(_TARGET.value, _DTYPE.value), dtype=_DTYPE.value)
+        target = synthetic.model(synthetic.shape(_TARGET.value, _DTYPE.value), dtype=_DTYPE.value)
         result['target_step_ms'] = timing.step_seconds(target, batch_size=1, **shape) * 1e3
   return result
 

@@ -57,7 +57,6 @@ reads the flags and prints (the command to rerun first). Results, with the exact
 docs/results/memory_plan.md.
 """
 
-import dataclasses
 import shlex
 import sys
 
@@ -65,6 +64,7 @@ import jax
 from absl import app, flags
 
 import benchmarks
+from benchmarks import synthetic
 from benchmarks.memory_model import (
   PLAN_CHIPS,
   abstract_model,
@@ -158,12 +158,6 @@ def _gib(n: float) -> str:
   return f'{n / machines.GiB:.2f}'
 
 
-def _config(name: str, dtype: str) -> t5.T5Config:
-  if name not in t5.CONFIGS:
-    raise app.UsageError(f'Unknown config {name!r}; choose one of {sorted(t5.CONFIGS)}.')
-  return dataclasses.replace(t5.CONFIGS[name], dtype=dtype)
-
-
 def _mesh(data: int, model: int):
   """(the mesh, the machine compiled for or None): --compile_for's compile-only devices, else
   as many simulated XLA:CPU devices."""
@@ -182,10 +176,10 @@ def _mesh(data: int, model: int):
 def _pair(mesh) -> tuple[t5.T5Model, t5.T5Model]:
   """The flags' target (sharded) and drafter (per --drafter_sharding) as abstract models."""
   target = abstract_model(
-    _config(_TARGET.value, _DTYPE.value), mesh, param_dtype=_PARAM_DTYPE.value, shard=True
+    synthetic.shape(_TARGET.value, _DTYPE.value), mesh, param_dtype=_PARAM_DTYPE.value, shard=True
   )
   drafter = abstract_model(
-    _config(_DRAFTER.value, _DTYPE.value),
+    synthetic.shape(_DRAFTER.value, _DTYPE.value),
     mesh,
     param_dtype=_PARAM_DTYPE.value,
     shard=_DRAFTER_SHARDING.value == 'model',

@@ -1,6 +1,7 @@
 """T5 models of public shapes with synthetic weights: the benchmarks' one way to build them.
 
   config = synthetic.shape('t5-11b')                       # a t5.CONFIGS name, checked
+  config = synthetic.shape('t5-11b', dtype='bfloat16')     # the same in bfloat16 activations
   target = synthetic.model(config, dtype='bfloat16', weights='constant')
   drafter = synthetic.model(synthetic.shape('t5-small'), dtype='bfloat16', weights='random', seed=1)
 
@@ -20,11 +21,13 @@ from specdec_jax.models import t5
 WEIGHTS = ('constant', 'random')
 
 
-def shape(name: str) -> t5.T5Config:
-  """The T5 shape `t5.CONFIGS[name]`; ValueError naming the known shapes."""
+def shape(name: str, dtype: str | None = None) -> t5.T5Config:
+  """The T5 shape `t5.CONFIGS[name]`, in `dtype` (activations and cache) if given; ValueError
+  naming the known shapes."""
   if name not in t5.CONFIGS:
     raise ValueError(f'Unknown T5 shape {name!r}; one of: {", ".join(t5.CONFIGS)}.')
-  return t5.CONFIGS[name]
+  config = t5.CONFIGS[name]
+  return config if dtype is None else dataclasses.replace(config, dtype=dtype)
 
 
 def model(config: t5.T5Config, *, dtype: str, weights: str = 'random', seed: int = 0):

@@ -41,11 +41,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import benchmarks
-from benchmarks import memory_model, tpu_costs
+from benchmarks import memory_model, synthetic, tpu_costs
 from specdec_jax import decode, machines
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import tables
-from specdec_jax.models import t5
 
 FLAGS = flags.FlagValues()
 _TARGET = flags.DEFINE_string('target', 't5-11b', 'Target: a t5.CONFIGS name.', flag_values=FLAGS)
@@ -158,7 +157,7 @@ def read(compiled: tpu_costs.Compiled, top: int = 0) -> LoopReport:
 def models(mesh, target: str, drafter: str, dtype: str):
   """(target, drafter) `T5Model`s of abstract params on `mesh`: the target sharded by the project
   rules when the mesh has a 'model' axis over 1, the drafter replicated."""
-  config = lambda name: dataclasses.replace(t5.CONFIGS[name], dtype=dtype)
+  config = lambda name: synthetic.shape(name, dtype)
   split = mesh.shape['model'] > 1
   return (
     memory_model.abstract_model(config(target), mesh, param_dtype=dtype, shard=split),

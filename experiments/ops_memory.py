@@ -156,94 +156,115 @@ def measure(plan: evaluation.Plan, *, on_cost=None):
   temperature), each as soon as it is measured."""
   c, pair = plan.config, plan.pair
   costs = CallCosts(pair.target, c.max_source_length, on_cost)
-
-  def run(drafter, method, gamma, temperature):
-    return evaluation.translate(
-      pair.target,
-      drafter,
-      pair.tokenizer,
-      plan.sources,
-      method=method,
-      gamma=gamma,
-      sampling=sampling_lib.SamplingConfig(temperature=temperature),
-      batch_size=c.batch_size,
-      max_source_length=c.max_source_length,
-      max_new_tokens=c.max_new_tokens,
-      seed=c.seed,
-    )
-
-  ar_len = decode.buffer_length(c.max_new_tokens, 0)
-  step = costs('target', pair.target, 1, ar_len)
+  step = costs('target', pair.target, 1, decode.buffer_length(c.max_new_tokens, 0))
   baseline = {}
   for temperature in c.temperatures:
-    r = run(None, 'autoregressive', 1, temperature)
-    calls = int(r.stats.target_calls)
-    baseline[temperature] = dict(
-      flops_per_token=calls * step['flops'] / r.tokens,
-      bytes_per_token=calls * step['bytes_accessed'] / r.tokens,
-      weights_kv_per_token=calls * (step['weight_bytes'] + step['cache_bytes']) / r.tokens,
-    )
-    yield dict(
-      task=plan.task,
-      drafter='-',
-      method='autoregressive',
-      temp=temperature,
-      gamma=0,
-      tokens_per_call=r.tokens / calls,
-      ops_increase=1.0,
-      reads_reduction=1.0,
-      reads_reduction_weights_kv=1.0,
-      total_reads_reduction=1.0,
-      flops_per_token=baseline[temperature]['flops_per_token'],
-      bytes_per_token=baseline[temperature]['bytes_per_token'],
-      target_calls=calls,
-      drafter_calls=0,
-      tokens=r.tokens,
-    )
+    row, baseline[temperature] = _autoregressive_row(plan, step, temperature)
+    yield row
   for name, drafter in plan.drafters.items():
     for gamma in c.gammas:
-      cache_len = decode.buffer_length(c.max_new_tokens, gamma)
-      target_pass = costs('target', pair.target, gamma + 1, cache_len)
-      target_step = costs('target', pair.target, 1, cache_len)
-      catch_up = costs(name, drafter, 2, cache_len)
-      draft_step = costs(name, drafter, 1, cache_len)
-      c_hat = draft_step['flops'] / target_step['flops']
-      drafter_iteration = {  # one 2-position call and gamma - 1 steps
-        k: catch_up[k] + (gamma - 1) * draft_step[k] for k in ('flops', 'bytes_accessed')
-      }
+      iteration = _iteration_costs(costs, name, drafter, gamma, c.max_new_tokens)
       for temperature, verifier in itertools.product(c.temperatures, c.verifiers):
-        r = run(drafter, verifier, gamma, temperature)
-        calls, base = int(r.stats.target_calls), baseline[temperature]
-        alpha = float(r.stats.alpha)
-        per_token = calls / r.tokens  # iterations per emitted token
-        flops = per_token * (target_pass['flops'] + drafter_iteration['flops'])
-        target_bytes = per_token * target_pass['bytes_accessed']
-        total_bytes = target_bytes + per_token * drafter_iteration['bytes_accessed']
-        weights_kv = per_token * (target_pass['weight_bytes'] + target_pass['cache_bytes'])
-        yield dict(
-          task=plan.task,
-          drafter=name,
-          method=verifier,
-          temp=temperature,
-          gamma=gamma,
-          alpha=alpha,
-          tokens_per_call=r.tokens / calls,
-          expected_tokens=float(analysis.expected_tokens(alpha, gamma)),
-          c_hat=c_hat,
-          pass_flops_ratio=target_pass['flops'] / target_step['flops'],
-          pass_bytes_ratio=target_pass['bytes_accessed'] / target_step['bytes_accessed'],
-          ops_increase=flops / base['flops_per_token'],
-          ops_increase_formula=float(analysis.ops_increase(alpha, gamma, c_hat)),
-          reads_reduction=base['bytes_per_token'] / target_bytes,
-          reads_reduction_weights_kv=base['weights_kv_per_token'] / weights_kv,
-          reads_reduction_formula=float(analysis.expected_tokens(alpha, gamma)),
-          total_reads_reduction=base['bytes_per_token'] / total_bytes,
-          flops_per_token=flops,
-          bytes_per_token=total_bytes,
-          target_calls=calls,
-          drafter_calls=int(r.stats.drafted),
-          tokens=r.tokens,
-        )
+        r = _translate(plan, drafter, verifier, gamma, temperature)
+        point = dict(task=plan.task, drafter=name, method=verifier, temp=temperature, gamma=gamma)
+        yield point | _speculative_costs(r, gamma, iteration, baseline[temperature])
+
+
+def _translate(plan: evaluation.Plan, drafter, method: str, gamma: int, temperature: float):
+  """`evaluation.translate` of the plan's sources by one method at one temperature."""
+  c, pair = plan.config, plan.pair
+  return evaluation.translate(
+    pair.target,
+    drafter,
+    pair.tokenizer,
+    plan.sources,
+    method=method,
+    gamma=gamma,
+    sampling=sampling_lib.SamplingConfig(temperature=temperature),
+    batch_size=c.batch_size,
+    max_source_length=c.max_source_length,
+    max_new_tokens=c.max_new_tokens,
+    seed=c.seed,
+  )
+
+
+def _autoregressive_row(plan: evaluation.Plan, step: dict, temperature: float):
+  """(the autoregressive row at `temperature`, its costs per token: the other rows' baseline);
+  `step` is the target's 1-position `call_cost`."""
+  r = _translate(plan, None, 'autoregressive', 1, temperature)
+  calls = int(r.stats.target_calls)
+  base = dict(
+    flops_per_token=calls * step['flops'] / r.tokens,
+    bytes_per_token=calls * step['bytes_accessed'] / r.tokens,
+    weights_kv_per_token=calls * (step['weight_bytes'] + step['cache_bytes']) / r.tokens,
+  )
+  row = dict(
+    task=plan.task,
+    drafter='-',
+    method='autoregressive',
+    temp=temperature,
+    gamma=0,
+    tokens_per_call=r.tokens / calls,
+    ops_increase=1.0,
+    reads_reduction=1.0,
+    reads_reduction_weights_kv=1.0,
+    total_reads_reduction=1.0,
+    flops_per_token=base['flops_per_token'],
+    bytes_per_token=base['bytes_per_token'],
+    target_calls=calls,
+    drafter_calls=0,
+    tokens=r.tokens,
+  )
+  return row, base
+
+
+def _iteration_costs(costs: CallCosts, name: str, drafter, gamma: int, max_new_tokens: int):
+  """The calls of one speculative iteration at `gamma`: {'target_pass', 'target_step': call
+  costs at the loop's cache length; 'drafter': flops and bytes_accessed of one 2-position call
+  and gamma - 1 steps; 'c_hat': drafter step flops / target step flops}."""
+  target = costs.target
+  cache_len = decode.buffer_length(max_new_tokens, gamma)
+  target_pass = costs('target', target, gamma + 1, cache_len)
+  target_step = costs('target', target, 1, cache_len)
+  catch_up = costs(name, drafter, 2, cache_len)
+  draft_step = costs(name, drafter, 1, cache_len)
+  return dict(
+    target_pass=target_pass,
+    target_step=target_step,
+    drafter={k: catch_up[k] + (gamma - 1) * draft_step[k] for k in ('flops', 'bytes_accessed')},
+    c_hat=draft_step['flops'] / target_step['flops'],
+  )
+
+
+def _speculative_costs(r, gamma: int, iteration: dict, base: dict) -> dict:
+  """A speculative row's measured columns: run `r`'s call counts times `iteration`'s per-call
+  costs, against the autoregressive `base` (`_autoregressive_row`) and the paper's formulas."""
+  target_pass, target_step, c_hat = (iteration[k] for k in ('target_pass', 'target_step', 'c_hat'))
+  calls, alpha = int(r.stats.target_calls), float(r.stats.alpha)
+  per_token = calls / r.tokens  # iterations per emitted token
+  flops = per_token * (target_pass['flops'] + iteration['drafter']['flops'])
+  target_bytes = per_token * target_pass['bytes_accessed']
+  total_bytes = target_bytes + per_token * iteration['drafter']['bytes_accessed']
+  weights_kv = per_token * (target_pass['weight_bytes'] + target_pass['cache_bytes'])
+  return dict(
+    alpha=alpha,
+    tokens_per_call=r.tokens / calls,
+    expected_tokens=float(analysis.expected_tokens(alpha, gamma)),
+    c_hat=c_hat,
+    pass_flops_ratio=target_pass['flops'] / target_step['flops'],
+    pass_bytes_ratio=target_pass['bytes_accessed'] / target_step['bytes_accessed'],
+    ops_increase=flops / base['flops_per_token'],
+    ops_increase_formula=float(analysis.ops_increase(alpha, gamma, c_hat)),
+    reads_reduction=base['bytes_per_token'] / target_bytes,
+    reads_reduction_weights_kv=base['weights_kv_per_token'] / weights_kv,
+    reads_reduction_formula=float(analysis.expected_tokens(alpha, gamma)),
+    total_reads_reduction=base['bytes_per_token'] / total_bytes,
+    flops_per_token=flops,
+    bytes_per_token=total_bytes,
+    target_calls=calls,
+    drafter_calls=int(r.stats.drafted),
+    tokens=r.tokens,
+  )
 
 
 TABLE = (

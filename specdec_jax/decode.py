@@ -46,9 +46,11 @@ position stands in for the target's at the next.
 
 At temperature 0 (`sampling.greedy`) the loops take a fast path that never forms a probability
 vector: p and q are one-hot, so sampling is an argmax and both verifiers reduce to comparing ids
-(`verify.greedy_verify`); the tokens are identical to the general path's, with no [B, G+1, V]
-arrays, no cumulative sums over V and no random numbers. Every verifier is then one program
-(`LoopSpec` normalizes it to 'token'; 'greedy_block' reduces to it too: docs/method.md section 11).
+(`verify.greedy_verify`); the tokens are identical to the general path's on the same one-hot
+vectors (which `top_k=1` gives at any temperature: the tests compare the two), with no
+[B, G+1, V] arrays, no cumulative sums over V and no random numbers. Every verifier is then one
+program (`LoopSpec` normalizes it to 'token'; 'greedy_block' reduces to it too: docs/method.md
+section 11).
 """
 
 import dataclasses
@@ -61,7 +63,6 @@ import numpy as np
 
 from specdec_jax import decode_steps, step_models, validation, verify, verify_greedy
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.data.tokenizer import PAD_ID
 from specdec_jax.decode_stats import (  # noqa: F401 (API)
   DecodeOutput,
   DecodeStats,
@@ -105,8 +106,6 @@ class LoopSpec:
     unroll_draft: unroll the draft's `lax.scan` of gamma - 1 drafter calls (`decode_steps.draft`'s
       `unroll`; one path or K alike): the same numbers and tokens with no while loop around the
       calls, so an accelerator launches fewer kernels per draft; compiling takes longer.
-    greedy_fast_path: at temperature 0, compare argmax ids instead of forming probabilities (the
-      tokens are the same; False runs the general path, for tests and benchmarks).
     trace: record a `SpeculativeTrace` of every iteration.
 
   A new way of drafting or verifying adds its field here with a default that keeps today's
@@ -120,7 +119,6 @@ class LoopSpec:
   num_drafts: int = 1
   draft_stop: float | None = None
   unroll_draft: bool = False
-  greedy_fast_path: bool = True
   trace: bool = False
 
   def __post_init__(self):
@@ -145,8 +143,8 @@ class LoopSpec:
 
   @property
   def greedy(self) -> bool:
-    """True when the loop runs the temperature-0 fast path."""
-    return self.sampling.greedy and self.greedy_fast_path
+    """True at temperature 0, where the loops compare argmax ids (module docstring)."""
+    return self.sampling.greedy
 
   @property
   def buffer_length(self) -> int:
@@ -171,15 +169,7 @@ class _State(NamedTuple):
 def _init_state(batch, spec: LoopSpec, start_id, target_cache, draft_cache, state_dim) -> _State:
   """The state before the first iteration; `state_dim` None unless the drafter reads states."""
   seq = jnp.zeros((batch, spec.buffer_length), jnp.int32)
-  trace = None
-  if spec.trace:
-    per_iteration = lambda *shape: jnp.zeros((batch, spec.max_new_tokens) + shape, jnp.int32)
-    trace = SpeculativeTrace(
-      drafts=per_iteration(spec.gamma),
-      num_accepted=per_iteration(),
-      next_token=per_iteration(),
-      emitted=per_iteration(),
-    )
+  trace = SpeculativeTrace.zeros(batch, spec.max_new_tokens, spec.gamma) if spec.trace else None
   target_states = None
   if state_dim is not None:
     # Before the first pass: zero states "at position -1", so seq[0] is fed with zeros. One row
@@ -205,21 +195,22 @@ def _init_state(batch, spec: LoopSpec, start_id, target_cache, draft_cache, stat
 
 def _finish(state: _State, max_new_tokens: int) -> DecodeOutput:
   tokens = state.seq[:, 1 : max_new_tokens + 1]
-  tokens = jnp.where(jnp.arange(max_new_tokens) < state.n[:, None], tokens, PAD_ID)
+  tokens = jnp.where(jnp.arange(max_new_tokens) < state.n[:, None], tokens, step_models.PAD_ID)
   return DecodeOutput(tokens=tokens, lengths=state.n, stats=state.stats, trace=state.trace)
 
 
-def _record(state: _State, drafts, tau, y, new_n):
-  """The trace with this iteration's column filled (None when not tracing)."""
-  if state.trace is None:
-    return None
-  at = lambda field, value: field.at[:, state.iteration].set(value)
-  return SpeculativeTrace(
-    drafts=at(state.trace.drafts, drafts),
-    num_accepted=at(state.trace.num_accepted, tau),
-    next_token=at(state.trace.next_token, y),
-    emitted=at(state.trace.emitted, new_n - state.n),
-  )
+def _verify(rng, drafts, q, logits, spec: LoopSpec, lengths, levels):
+  """Step 3: keep tau drafts, then y from the residual (or from p_{gamma+1} when all were kept).
+
+  Returns (path int32[B] the kept path, or None at K = 1; tau, y int32[B]; beta float32[B, G];
+  nonfinite bool[B]; levels, greedy block verification's carried law or None).
+  """
+  if spec.num_drafts > 1:
+    return *decode_steps.verify_paths(rng, drafts, q, logits, spec), levels
+  if levels is None:
+    return None, *decode_steps.verify_drafts(rng, drafts, q, logits, spec, lengths), None
+  # Greedy block verification: the levels carry into the next iteration.
+  return None, *decode_steps.verify_greedy_block(rng, drafts, q, logits, spec, levels)
 
 
 @functools.partial(jax.jit, static_argnames=('target_steps', 'draft_steps', 'spec'))
@@ -234,14 +225,12 @@ def speculative_loop(
     rng: PRNG key.
     spec: a `LoopSpec` with gamma >= 1.
 
-  `speculative_generate` validates its arguments and calls this; call it directly to run a spec
-  that the public function does not expose (e.g. `greedy_fast_path=False`).
+  `speculative_generate` validates its arguments and calls this.
   """
   if spec.gamma < 1:
     raise ValueError(f'speculative_loop needs spec.gamma >= 1, got {spec.gamma}.')
   reads_states = getattr(draft_steps, 'reads_target_states', False)
   verify_greedy.check_loop(spec.verifier, reads_target_states=reads_states)
-  k = spec.num_drafts
   target_cache, draft_cache = decode_steps.init_caches(
     target_steps,
     target_params,
@@ -250,7 +239,7 @@ def speculative_loop(
     input_ids,
     input_mask,
     spec.buffer_length,
-    num_paths=k,
+    num_drafts=spec.num_drafts,
   )
   state = _init_state(
     input_ids.shape[0],
@@ -260,8 +249,16 @@ def speculative_loop(
     draft_cache,
     state_dim=draft_steps.feature_dim if reads_states else None,
   )
+  body = _iteration((target_steps, target_params), (draft_steps, draft_params), rng, spec)
+  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+  return _finish(state, spec.max_new_tokens)
 
-  drafter = functools.partial(
+
+def _iteration(target, drafter, rng, spec: LoopSpec):
+  """The speculative loop's body: `_State` -> `_State` after one iteration of every row."""
+  (target_steps, target_params), (draft_steps, draft_params) = target, drafter
+  k = spec.num_drafts
+  draft = functools.partial(
     decode_steps.draft,
     draft_steps,
     draft_params,
@@ -269,8 +266,9 @@ def speculative_loop(
     sampling=spec.sampling,
     greedy=spec.greedy,
     stop=spec.draft_stop,
-    unroll=spec.unroll_draft,
+    unroll_draft=spec.unroll_draft,
   )
+  reads_states = getattr(draft_steps, 'reads_target_states', False)
   score = functools.partial(
     decode_steps.target_pass, target_steps, target_params, with_states=reads_states
   )
@@ -278,7 +276,7 @@ def speculative_loop(
     decode_steps.emit_accepted,
     eos_id=target_steps.eos_id,
     max_new_tokens=spec.max_new_tokens,
-    num_paths=k,
+    num_drafts=k,
   )
 
   def body(state: _State) -> _State:
@@ -286,25 +284,17 @@ def speculative_loop(
     # With K paths every row runs as K rows of both models (the identity at K = 1).
     seq, n = decode_steps.repeat_paths(state.seq, k), decode_steps.repeat_paths(state.n, k)
     # 1. The drafter proposes X_1..X_gamma, with q_1..q_gamma.
-    drafts, q, draft_cache, lengths = drafter(
+    drafts, q, draft_cache, lengths = draft(
       state.draft_cache, seq, n, draft_rng, target_states=state.target_states
     )
     # 2. One target pass scores the pending token and every draft: p_1..p_{gamma+1}.
     pass_tokens = jnp.concatenate([decode_steps.row_slice(seq, n, 1), drafts], axis=1)
     logits, states, target_cache = score(pass_tokens, state.target_cache, lengths, state.done)
-    # 3. Keep tau drafts, then y from the residual (or from p_{gamma+1} when all were kept);
-    #    with K paths, of one path, onto which every copy of the row then moves.
-    levels = state.levels
-    if k == 1 and levels is None:
-      tau, y, beta, nonfinite = decode_steps.verify_drafts(
-        verify_rng, drafts, q, logits, spec, lengths
-      )
-    elif k == 1:  # greedy block verification: the levels carry into the next iteration
-      tau, y, beta, nonfinite, levels = decode_steps.verify_greedy_block(
-        verify_rng, drafts, q, logits, spec, levels
-      )
-    else:
-      path, tau, y, beta, nonfinite = decode_steps.verify_paths(verify_rng, drafts, q, logits, spec)
+    # 3. Keep tau drafts and y; with K paths, of one path, onto which every copy of the row moves.
+    path, tau, y, beta, nonfinite, levels = _verify(
+      verify_rng, drafts, q, logits, spec, lengths, state.levels
+    )
+    if path is not None:
       drafts, target_cache, draft_cache, states = decode_steps.follow(
         path, drafts, target_cache, draft_cache, states, k
       )
@@ -313,6 +303,9 @@ def speculative_loop(
       state.seq, state.n, state.done, target_cache, drafts, tau, y
     )
     with jax.named_scope('emit'):
+      trace = state.trace
+      if trace is not None:
+        trace = trace.record(state.iteration, drafts, tau, y, n - state.n)
       return state._replace(
         seq=seq,
         n=n,
@@ -321,13 +314,12 @@ def speculative_loop(
         draft_cache=draft_cache,
         stats=state.stats.accumulate(~state.done, tau, beta, nonfinite, lengths),
         iteration=state.iteration + 1,
-        trace=_record(state, drafts, tau, y, n),
+        trace=trace,
         target_states=None if states is None else (states, decode_steps.repeat_paths(state.n, k)),
         levels=levels,
       )
 
-  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-  return _finish(state, spec.max_new_tokens)
+  return body
 
 
 @functools.partial(jax.jit, static_argnames=('steps', 'spec'))

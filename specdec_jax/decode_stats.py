@@ -154,6 +154,23 @@ class SpeculativeTrace:
   next_token: jax.Array
   emitted: jax.Array
 
+  @classmethod
+  def zeros(cls, batch: int, iterations: int, gamma: int) -> 'SpeculativeTrace':
+    """A trace of `iterations` columns, none filled yet."""
+    column = lambda *shape: jnp.zeros((batch, iterations) + shape, jnp.int32)
+    return cls(drafts=column(gamma), num_accepted=column(), next_token=column(), emitted=column())
+
+  def record(self, iteration, drafts, tau, y, emitted) -> 'SpeculativeTrace':
+    """This trace with column `iteration` (int32[]) filled: drafts int32[B, G]; tau, y and
+    emitted int32[B]."""
+    at = lambda field, value: field.at[:, iteration].set(value)
+    return SpeculativeTrace(
+      drafts=at(self.drafts, drafts),
+      num_accepted=at(self.num_accepted, tau),
+      next_token=at(self.next_token, y),
+      emitted=at(self.emitted, emitted),
+    )
+
 
 def spans_processes(x) -> bool:
   """True for a `jax.Array` with shards on devices of other processes (np.asarray would fail)."""

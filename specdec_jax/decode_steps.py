@@ -64,20 +64,21 @@ def draft_token(rng, logits, sampling: sampling_lib.SamplingConfig):
   return sampling_lib.sample(rng, q), q
 
 
-def drafter_call(steps, params, tokens, features, cache, at=None):
+def drafter_call(steps, params, tokens, features, cache, logits_at=None):
   """One drafter call as the loop makes it: (logits, predicted target states or None, cache).
 
   `step`, or `step_features` for a drafter that reads the target's states (`features` not None).
-  With `at` (int32[B]) only position at[b] of each row is read: logits [B, 1, V] (and predicted
-  states), by the step model's `step_at` where it has one (a T5's output layer then runs on one
-  row), else picked from every position's.
+  With `logits_at` (int32[B]) only position logits_at[b] of each row is read: logits [B, 1, V]
+  (and predicted states), by the step model's `step_at` where it has one (a T5's output layer
+  then runs on one row), else picked from every position's.
   """
   with jax.named_scope('drafter'):
-    if at is not None:
+    if logits_at is not None:
       if hasattr(steps, 'step_at'):
-        return steps.step_at(params, tokens, features, cache, at)
+        return steps.step_at(params, tokens, features, cache, logits_at)
       logits, predicted, cache = drafter_call(steps, params, tokens, features, cache)
-      pick = lambda x: None if x is None else jnp.take_along_axis(x, at[:, None, None], axis=1)
+      rows = logits_at[:, None, None]
+      pick = lambda x: None if x is None else jnp.take_along_axis(x, rows, axis=1)
       return pick(logits), pick(predicted), cache
     if features is None:
       logits, cache = steps.step(params, tokens, cache)
@@ -98,7 +99,7 @@ def draft(
   greedy,
   target_states=None,
   stop=None,
-  unroll: bool = False,
+  unroll_draft: bool = False,
 ):
   """Step 1 of an iteration: the drafter proposes gamma tokens after seq[:, :n + 1].
 
@@ -115,8 +116,8 @@ def draft(
       pass, for a drafter that reads them (`reads_target_states`); else None. The first call
       feeds as many positions as there are states (`timing` drafts past the pass's G).
     stop: `LoopSpec.draft_stop`, or None.
-    unroll: unroll the scan of the gamma - 1 later calls (`LoopSpec.unroll_draft`): the same
-      numbers, with no while loop (fewer launches on an accelerator, longer compiles).
+    unroll_draft: unroll the scan of the gamma - 1 later calls (`LoopSpec.unroll_draft`): the
+      same numbers, with no while loop (fewer launches on an accelerator, longer compiles).
 
   Returns:
     (tokens int32[B, G], q float32[B, G, V] or None when greedy, cache, lengths: None without
@@ -124,6 +125,37 @@ def draft(
     `stop`, or G). All G tokens are drafted either way; the cache's end_index is n + G on exit:
     X_G is drafted but not fed.
   """
+  logits, predicted, cache = _first_draft_call(steps, params, cache, seq, n, target_states)
+  draw = functools.partial(_draw, greedy=greedy, sampling=sampling, stop=stop)
+
+  def body(carry, key):
+    logits, predicted, cache = carry
+    token, q, unsure = draw(key, logits)
+    features = None if predicted is None else predicted[:, None]
+    logits, predicted, cache = drafter_call(steps, params, token[:, None], features, cache)
+    return (logits[:, 0], None if predicted is None else predicted[:, 0], cache), (token, q, unsure)
+
+  keys = jax.random.split(rng, gamma)
+  carry = (logits, predicted, cache)
+  (logits, _, cache), (tokens, probs, unsure) = jax.lax.scan(
+    body, carry, keys[:-1], unroll=bool(unroll_draft)
+  )
+  last_token, last_q, last_unsure = draw(keys[-1], logits)
+  tokens = jnp.concatenate([tokens.T, last_token[:, None]], axis=1)
+  lengths = None
+  if stop is not None:  # the first unsure draft is the last one kept
+    unsure = jnp.concatenate([unsure.T, last_unsure[:, None]], axis=1)
+    lengths = jnp.where(unsure.any(1), jnp.argmax(unsure, axis=1) + 1, gamma).astype(jnp.int32)
+  if greedy:
+    return tokens, None, cache, lengths
+  probs = jnp.concatenate([jnp.moveaxis(probs, 0, 1), last_q[:, None]], axis=1)
+  return tokens, probs, cache, lengths
+
+
+def _first_draft_call(steps, params, cache, seq, n, target_states):
+  """The draft's first drafter call: (logits f32[B, V] after seq[n], predicted states [B, F] or
+  None, cache with end_index n + 1). It catches the drafter up on what the last iteration kept
+  (`draft`'s cache and `target_states`)."""
   if target_states is None:
     # Feed seq[n-1], seq[n] from position n - 1 (position 0 at the start, where the second token
     # is a placeholder written to a slot that stays stale) and keep the logits after seq[n].
@@ -137,46 +169,26 @@ def draft(
     start = state_start + 1
     tokens = row_slice(seq, start, features.shape[1])  # G + 1 in the loop (more: `timing`)
   # Only the logits after seq[n] are read.
-  at = jnp.clip(n - start, 0, tokens.shape[1] - 1)
+  logits_at = jnp.clip(n - start, 0, tokens.shape[1] - 1)
   logits, predicted, cache = drafter_call(
-    steps, params, tokens, features, cache.replace(end_index=start), at=at
+    steps, params, tokens, features, cache.replace(end_index=start), logits_at=logits_at
   )
   logits, predicted = logits[:, 0], None if predicted is None else predicted[:, 0]
-  cache = cache.replace(end_index=n + 1)
+  return logits, predicted, cache.replace(end_index=n + 1)
 
-  @jax.named_scope('sampling')
-  def draw(key, logits):
-    if greedy:
-      token, q = sampling_lib.argmax(logits), None
-    else:
-      token, q = draft_token(key, logits, sampling)
-    if stop is None:
-      return token, q, None
-    own = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
-    return token, q, jnp.exp(own - jax.nn.logsumexp(logits, axis=-1)) < stop
 
-  def body(carry, key):
-    logits, predicted, cache = carry
-    token, q, unsure = draw(key, logits)
-    features = None if predicted is None else predicted[:, None]
-    logits, predicted, cache = drafter_call(steps, params, token[:, None], features, cache)
-    return (logits[:, 0], None if predicted is None else predicted[:, 0], cache), (token, q, unsure)
-
-  keys = jax.random.split(rng, gamma)
-  carry = (logits, predicted, cache)
-  (logits, _, cache), (tokens, probs, unsure) = jax.lax.scan(
-    body, carry, keys[:-1], unroll=bool(unroll)
-  )
-  last_token, last_q, last_unsure = draw(keys[-1], logits)
-  tokens = jnp.concatenate([tokens.T, last_token[:, None]], axis=1)
-  lengths = None
-  if stop is not None:  # the first unsure draft is the last one kept
-    unsure = jnp.concatenate([unsure.T, last_unsure[:, None]], axis=1)
-    lengths = jnp.where(unsure.any(1), jnp.argmax(unsure, axis=1) + 1, gamma).astype(jnp.int32)
+@jax.named_scope('sampling')
+def _draw(key, logits, *, greedy, sampling, stop):
+  """One draft per row from the drafter's logits f32[B, V]: (token int32[B], q f32[B, V] or None
+  when greedy, unsure: None without `stop`, else bool[B] the token's own probability < stop)."""
   if greedy:
-    return tokens, None, cache, lengths
-  probs = jnp.concatenate([jnp.moveaxis(probs, 0, 1), last_q[:, None]], axis=1)
-  return tokens, probs, cache, lengths
+    token, q = sampling_lib.argmax(logits), None
+  else:
+    token, q = draft_token(key, logits, sampling)
+  if stop is None:
+    return token, q, None
+  own = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
+  return token, q, jnp.exp(own - jax.nn.logsumexp(logits, axis=-1)) < stop
 
 
 def target_pass(steps, params, tokens, cache, num_drafted=None, done=None, *, with_states: bool):
@@ -238,11 +250,11 @@ def narrow_target_pass(steps, params, tokens, cache, num_drafted, *, with_states
   return jax.lax.switch(branch, [pass_of_width(w) for w in widths], tokens, cache)
 
 
-def repeat_paths(x, num_paths: int):
+def repeat_paths(x, num_drafts: int):
   """Each row (of every leaf, batch-major) repeated once per draft path: [B, ...] -> [B*K, ...]."""
-  if num_paths == 1:
+  if num_drafts == 1:
     return x
-  return jax.tree.map(lambda leaf: jnp.repeat(leaf, num_paths, axis=0), x)
+  return jax.tree.map(lambda leaf: jnp.repeat(leaf, num_drafts, axis=0), x)
 
 
 @jax.named_scope('encode')
@@ -254,21 +266,21 @@ def init_caches(
   input_ids,
   input_mask,
   cache_len,
-  num_paths=1,
+  num_drafts=1,
 ):
-  """Both caches, with `num_paths` rows per source row (each source is encoded once); the
+  """Both caches, with `num_drafts` rows per source row (each source is encoded once); the
   source is encoded once in all when the drafter reads the target's encoder."""
   encoded = target_steps.encode(target_params, input_ids, input_mask)
-  mask = repeat_paths(input_mask, num_paths)
+  mask = repeat_paths(input_mask, num_drafts)
   target_cache = target_steps.init_cache(
-    target_params, repeat_paths(encoded, num_paths), mask, cache_len
+    target_params, repeat_paths(encoded, num_drafts), mask, cache_len
   )
   if draft_steps is None:
     return target_cache, None
   if not getattr(draft_steps, 'shares_target_encoder', False):
     encoded = draft_steps.encode(draft_params, input_ids, input_mask)
   return target_cache, draft_steps.init_cache(
-    draft_params, repeat_paths(encoded, num_paths), mask, cache_len
+    draft_params, repeat_paths(encoded, num_drafts), mask, cache_len
   )
 
 
@@ -346,11 +358,11 @@ def verify_paths(rng, drafts, q, logits, spec):
     return path, tau, y, beta, nonfinite
 
 
-def follow(path, drafts, target_cache, draft_cache, states, num_paths: int):
+def follow(path, drafts, target_cache, draft_cache, states, num_drafts: int):
   """Moves every path row of a source row onto its kept path: (drafts int32[B, G] of the kept
   path, target_cache, draft_cache, states) with each row's K copies equal to the kept one."""
-  rows = jnp.arange(path.shape[0]) * num_paths + path  # the kept path's row, per source row
-  every = jnp.repeat(rows, num_paths)
+  rows = jnp.arange(path.shape[0]) * num_drafts + path  # the kept path's row, per source row
+  every = jnp.repeat(rows, num_drafts)
   take = functools.partial(cache_lib.take_rows, rows=every, same_source=True)
   return (
     drafts[rows],
@@ -372,18 +384,18 @@ def emit_accepted(
   *,
   eos_id: int,
   max_new_tokens: int,
-  num_paths: int = 1,
+  num_drafts: int = 1,
 ):
   """Step 4 of an iteration: appends X_1..X_tau, y to each row; rewinds the target's cache.
 
   Args:
     seq, n, done: the loop's token buffer int32[B, L], tokens emitted int32[B], rows done bool[B]
       (as `emit`'s).
-    target_cache: the target's cache after the pass, with `num_paths` rows per row.
+    target_cache: the target's cache after the pass, with `num_drafts` rows per row.
     drafts: int32[B, G]; tau: int32[B] drafts accepted; y: int32[B] the token after them.
 
   Returns (seq, n, done, target_cache) updated: the target keeps [.., seq[n], X_1..X_tau]
-  (positions < the new n, in each of a row's `num_paths` cache rows); the drafter rewinds itself
+  (positions < the new n, in each of a row's `num_drafts` cache rows); the drafter rewinds itself
   at its next call.
   """
   gamma = drafts.shape[1]
@@ -391,4 +403,4 @@ def emit_accepted(
     jnp.arange(gamma + 1) < tau[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), y[:, None]
   )
   seq, n, done = emit(seq, n, done, accepted, tau + 1, eos_id=eos_id, max_new_tokens=max_new_tokens)
-  return seq, n, done, target_cache.replace(end_index=repeat_paths(n, num_paths))
+  return seq, n, done, target_cache.replace(end_index=repeat_paths(n, num_drafts))

@@ -10,6 +10,10 @@ Axis legend: B batch, S source length, T query length, V vocab.
 
 from typing import Any, Protocol
 
+# The id the loops write past each row's length in `DecodeOutput.tokens`: T5's pad, which
+# `data.tokenizer` (PAD_ID) and the batching code use too.
+PAD_ID = 0
+
 
 class StepModel(Protocol):
   """The static half of a model as the decode loops see it.
@@ -29,11 +33,11 @@ class StepModel(Protocol):
       where features[:, t] is the target's state at the position before tokens[:, t]. Its target
       then needs `state_dim` (= feature_dim) and
       `step_states(params, tokens, cache) -> (logits, states [B, T, state_dim], cache)`.
-    step_at: `step_at(params, tokens, features, cache, at int32[B])
+    step_at: `step_at(params, tokens, features, cache, logits_at int32[B])
         -> (logits [B, 1, V], predicted features [B, 1, F] or None, cache advanced by T)`: a
-      drafter's call that reads only position at[b] of each row (`step`, or `step_features` with
-      `features`), for a drafter that can skip the rest (a T5's output layer then runs on one
-      row). Without it the loop picks that position from `step`'s logits.
+      drafter's call that reads only position logits_at[b] of each row (`step`, or
+      `step_features` with `features`), for a drafter that can skip the rest (a T5's output layer
+      then runs on one row). Without it the loop picks that position from `step`'s logits.
   """
 
   vocab_size: int

@@ -1,4 +1,4 @@
-"""Verification of a drafted block: token verification and (optimal) block verification.
+"""Verification of one draft per row: token verification and (optimal) block verification.
 
 One speculative iteration drafts `X_1..X_G` from the drafter, with `q_i = Ms(.|c, X^{i-1})`,
 scores all G+1 positions with one target pass, `p_i = Mb(.|c, X^{i-1})`, and keeps `X^tau`
@@ -17,15 +17,15 @@ row b's uniforms and row b's residual draw only, so rows are independent.
 Non-finite inputs. Call position i (1..G+1) non-finite when `p_i`, or `q_i` for i <= G, holds a
 NaN or an infinity anywhere in V (a NaN `q_i` next to a finite `q_i(X_i)` is no less broken). A row
 whose first non-finite position is k is verified as if only `X_1..X_{k-1}` had been drafted (a
-block of length g = k-1): no draft at or after position k is accepted, block verification's last
+draft of length g = k-1): no draft at or after position k is accepted, block verification's last
 sub-block rule `h_g = w_g` applies at g, and `Y ~ p_k` when tau = g, the bonus draw of a length-g
-block. So a row whose only broken vector is `q_k` is still verified losslessly, with fewer drafts.
+draft. So a row whose only broken vector is `q_k` is still verified losslessly, with fewer drafts.
 Where that `p_k` is itself non-finite there is no distribution to draw from and Y is token 0.
 Nothing is ever sampled from a non-finite vector, and the verifiers' results stay in range; rows
 this happened to are reported by `nonfinite_rows` so the decode loop can count them.
 
-Shorter blocks on purpose. `lengths[b]` (optional, 0..G) verifies row b as a block of its first
-`lengths[b]` drafts by the same rule: what a drafter that stops early (`decode`'s `draft_stop`)
+Shorter drafts on purpose. `lengths[b]` (optional, 0..G) verifies row b as a draft of its first
+`lengths[b]` tokens by the same rule: what a drafter that stops early (`decode`'s `draft_stop`)
 needs. It is block verification of a drafter that, after its stop, drafts a token the target
 never emits with probability 1 (`q = onehot(stop)`, `p(stop) = 0`): then `w_i = 0` past the
 stop, `r_g = w_g` gives `h_g = w_g`, and the residual at g is `p_{g+1}`. So it is lossless
@@ -50,7 +50,7 @@ from specdec_jax import sampling
 
 
 class VerifyResult(NamedTuple):
-  """Outcome of verifying one drafted block per row.
+  """Outcome of verifying one draft per row.
 
   Attributes:
     num_accepted: i32[B], tau in 0..G: the first tau drafted tokens are kept.
@@ -84,15 +84,15 @@ def token_verify(
     lengths: i32[B] in 0..G, drafts per row (a drafter that stopped early); None: all G.
 
   Returns:
-    VerifyResult with i32[B] fields. A row holding a NaN or inf is verified as a shorter block
+    VerifyResult with i32[B] fields. A row holding a NaN or inf is verified as a shorter draft
     (module docstring); `nonfinite_rows` flags it.
   """
   draft_probs, target_probs = _check_and_cast(draft_tokens, draft_probs, target_probs)
-  draft_probs, target_probs, in_block = _replace_outside_block(draft_probs, target_probs, lengths)
+  draft_probs, target_probs, in_draft = _replace_outside_draft(draft_probs, target_probs, lengths)
   p_x, q_x = probs_of_drafts(draft_tokens, draft_probs, target_probs)
   eta_rng, next_rng = jax.random.split(rng)
-  # h = 0 at a non-finite position or past the block (module docstring): the prefix stops there.
-  accepted = (_uniform_like(eta_rng, p_x) < token_acceptance(p_x, q_x)) & in_block
+  # h = 0 at a non-finite position or past the draft (module docstring): the prefix stops there.
+  accepted = (_uniform_like(eta_rng, p_x) < token_acceptance(p_x, q_x)) & in_draft
   num_accepted = accepted_prefix_length(accepted)
   no_weight = jnp.ones(num_accepted.shape, jnp.float32)
   next_token = sample_next(next_rng, num_accepted, no_weight, draft_probs, target_probs)
@@ -123,18 +123,18 @@ def block_verify(
     lengths: i32[B] in 0..G, drafts per row (a drafter that stopped early); None: all G.
 
   Returns:
-    VerifyResult with i32[B] fields. A row holding a NaN or inf is verified as a shorter block
+    VerifyResult with i32[B] fields. A row holding a NaN or inf is verified as a shorter draft
     (module docstring); `nonfinite_rows` flags it.
   """
   draft_probs, target_probs = _check_and_cast(draft_tokens, draft_probs, target_probs)
-  draft_probs, target_probs, in_block = _replace_outside_block(draft_probs, target_probs, lengths)
+  draft_probs, target_probs, in_draft = _replace_outside_draft(draft_probs, target_probs, lengths)
   p_x, q_x = probs_of_drafts(draft_tokens, draft_probs, target_probs)
   weights = block_weights(p_x, q_x)
   eta_rng, next_rng = jax.random.split(rng)
   acceptance = _truncated_block_acceptance(
     block_acceptance(weights, draft_probs, target_probs),
     weights,
-    accepted_prefix_length(in_block),
+    accepted_prefix_length(in_draft),
   )
   accepted = _uniform_like(eta_rng, p_x) < acceptance
   num_accepted = longest_accepted_block(accepted)
@@ -166,7 +166,7 @@ def nonfinite_rows(draft_probs: jax.Array, target_probs: jax.Array) -> jax.Array
   """Rows that `token_verify` / `block_verify` verified with non-finite inputs.
 
   A row is flagged when any of its `q_1..q_G`, `p_1..p_{G+1}` holds a NaN or an infinity. Its
-  outcome is then defined (module docstring: a shorter block, or token 0 when the distribution Y
+  outcome is then defined (module docstring: a shorter draft, or token 0 when the distribution Y
   needs is non-finite) but it is not what a healthy model would have given, so callers should
   count or surface these rows. Reads the same sums over V as the verifiers: jitted together
   with one, XLA computes them once.
@@ -386,19 +386,19 @@ def _replace_nonfinite(draft_probs, target_probs) -> tuple[jax.Array, jax.Array,
   return draft_probs, target_probs, _combine(p_finite, q_finite)
 
 
-def _replace_outside_block(draft_probs, target_probs, lengths):
+def _replace_outside_draft(draft_probs, target_probs, lengths):
   """`_replace_nonfinite`, then the same for drafts past each row's `lengths` (None: none).
 
-  Returns (draft_probs, target_probs, in_block bool[B, G]): position i <= G is in the block iff
-  it and every position before it is finite and i <= lengths. Past the block q is zeros, so Y at
-  the block's end is the bonus draw (module docstring).
+  Returns (draft_probs, target_probs, in_draft bool[B, G]): position i <= G is in the draft iff
+  it and every position before it is finite and i <= lengths. Past the draft q is zeros, so Y at
+  the draft's end is the bonus draw (module docstring).
   """
   draft_probs, target_probs, finite = _replace_nonfinite(draft_probs, target_probs)
-  in_block = jnp.cumprod(finite[:, :-1], axis=1).astype(bool)
+  in_draft = jnp.cumprod(finite[:, :-1], axis=1).astype(bool)
   if lengths is not None:
-    in_block &= jnp.arange(draft_probs.shape[1]) < jnp.asarray(lengths)[:, None]
-    draft_probs = jnp.where(in_block[..., None], draft_probs, 0.0)
-  return draft_probs, target_probs, in_block
+    in_draft &= jnp.arange(draft_probs.shape[1]) < jnp.asarray(lengths)[:, None]
+    draft_probs = jnp.where(in_draft[..., None], draft_probs, 0.0)
+  return draft_probs, target_probs, in_draft
 
 
 def _combine(p_finite, q_finite) -> jax.Array:
@@ -419,9 +419,10 @@ def _uniform_like(rng, x: jax.Array) -> jax.Array:
 def _truncated_block_acceptance(acceptance, weights, lengths) -> jax.Array:
   """Block verification of each row's first `lengths` drafts only, f32[B, G].
 
-  A block of length g has `h_g = w_g` and no sub-blocks beyond g; `h_i` for i < g reads positions
-  up to g only, so it is unchanged. A full row (g = G) is returned as is (`h_G = w_G` already).
-  The entries replaced are the ones that read a vector `_replace_nonfinite` replaced.
+  A draft of length g has `h_g = w_g` and no sub-blocks (prefixes `X^i`) beyond g; `h_i` for
+  i < g reads positions up to g only, so it is unchanged. A full row (g = G) is returned as is
+  (`h_G = w_G` already). The entries replaced are the ones that read a vector
+  `_replace_nonfinite` replaced.
 
   Args:
     acceptance: f32[B, G], `h_1..h_G` from `block_acceptance`.

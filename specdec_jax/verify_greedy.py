@@ -12,17 +12,17 @@ unmatched is owed by the next tokens: after a rejection at `tau` with correction
 (docs/method.md section 11 proves the whole output is distributed as the target's).
 
 The carried state, per row: `levels` f32[B, G - 1]. Slot j holds `log w` of the level that governs
-the next j + 1 emitted tokens (nodes 0..j of the next block), `+inf` where there is none (a level
+the next j + 1 emitted tokens (nodes 0..j of the next draft), `+inf` where there is none (a level
 with `w = inf` is its parent law: the identity). Older levels expire first, so slot order is
 nesting order: slot 0 is the innermost (its parent is the target), the last active slot the law
 the iteration verifies against. Every level has `rem <= G - 1`, so the law at nodes G - 1 and G
-is the target's `p_G`, `p_{G+1}`: the drafter rows q_1..q_{G-1} of the block cover every residual
+is the target's `p_G`, `p_{G+1}`: the drafter rows q_1..q_{G-1} of the draft cover every residual
 row, and one target pass per iteration still suffices. An iteration emitting `tau + 1` tokens
 shifts the slots down by `tau + 1` (the expired fall off) and pushes its own level at slot
 `G - tau - 2` (always free).
 
 Pieces, one formula each (tests assemble negative controls by swapping one): `law_rows` (the
-law's rows along the block), `path_log_weights` (unclipped `log w_i`), `acceptance` (`h~_i`),
+law's rows along the draft), `path_log_weights` (unclipped `log w_i`), `acceptance` (`h~_i`),
 `correction` (the law of Y), `advance_levels` (the state after the iteration). The kernel
 `greedy_block_verify` samples; `iteration_law` returns the exact law of (tau, Y) from the same
 pieces (distribution mode: tests compare it with a rational oracle).
@@ -66,9 +66,9 @@ def empty_levels(batch: int, gamma: int) -> jax.Array:
 
 @jax.jit
 def greedy_block_verify(rng, draft_tokens, draft_probs, target_probs, levels) -> GreedyBlockResult:
-  """Greedy block verification of one drafted block per row, against each row's carried law.
+  """Greedy block verification of one draft per row, against each row's carried law.
 
-  With the law's rows `L_0..L_G` along the block (`law_rows`) and `log w_i` (`path_log_weights`),
+  With the law's rows `L_0..L_G` along the draft (`law_rows`) and `log w_i` (`path_log_weights`),
   sub-block `X^i` is accepted with probability `h~_i` (`acceptance`), independently; `tau` is the
   longest accepted one (0 if none); `Y ~ (w_tau L_tau - q_{tau+1})_+`, or `L_G = p_{G+1}` at
   `tau = G` (`correction`); the levels advance (`advance_levels`).
@@ -175,7 +175,7 @@ def residual_law(row, q_row, log_w) -> jax.Array:
 
 
 def law_rows(draft_tokens, draft_probs, target_probs, levels) -> tuple[jax.Array, jax.Array]:
-  """The law's next-token rows along the block, and each level's `log w` along it.
+  """The law's next-token rows along the draft, and each level's `log w` along it.
 
   Level j (slot j) governs nodes 0..j. At node i its row is
   `norm((w_j(i) row_{j-1}(i) - q_{i+1})_+)` with `row_{-1} = p_{i+1}` (the target) and

@@ -127,12 +127,12 @@ def multipath_token_verify(
     MultipathResult with i32[B] fields.
   """
   draft_probs, target_probs = _check_and_cast(draft_tokens, draft_probs, target_probs)
-  batch, num_paths, gamma = draft_tokens.shape
+  batch, num_drafts, gamma = draft_tokens.shape
   eta_rng, next_rng = jax.random.split(rng)
   # One uniform per (depth, path); the [B, G * K] draw makes K = 1 use token_verify's numbers.
-  uniforms = jax.random.uniform(eta_rng, (batch, gamma * num_paths), jnp.float32)
-  uniforms = uniforms.reshape(batch, gamma, num_paths)
-  alive = jnp.ones((batch, num_paths), bool)
+  uniforms = jax.random.uniform(eta_rng, (batch, gamma * num_drafts), jnp.float32)
+  uniforms = uniforms.reshape(batch, gamma, num_drafts)
+  alive = jnp.ones((batch, num_drafts), bool)
   stopped = jnp.zeros((batch,), bool)
   num_accepted = jnp.zeros((batch,), jnp.int32)
   next_probs = jnp.zeros((batch, target_probs.shape[-1]), jnp.float32)
@@ -232,8 +232,8 @@ def select_path(draft_tokens, draft_probs, target_probs):
   Returns:
     (path i32[B], selected tokens i32[B, G], q_hat f32[B, G, V], p along the path f32[B, G+1, V]).
   """
-  batch, num_paths, gamma = draft_tokens.shape
-  alive = jnp.ones((batch, num_paths), bool)
+  batch, num_drafts, gamma = draft_tokens.shape
+  alive = jnp.ones((batch, num_drafts), bool)
   alpha = jnp.zeros((batch,), jnp.float32)
   beta = jnp.ones((batch,), jnp.float32)
   selected, q_hats, p_rows = [], [], []
@@ -243,10 +243,10 @@ def select_path(draft_tokens, draft_probs, target_probs):
     q_node = _node_rows(draft_probs[:, :, depth], alive, depth)
     keys = order_key(p_node, q_node)
     child = select_child(children, keys, alive)
-    if num_paths == 1:
+    if num_drafts == 1:
       q_hat = q_node  # the maximum of one path is that path: F^1 = F
     else:
-      q_hat, alpha, beta = skew_row(q_node, keys, alpha, beta, child, num_paths)
+      q_hat, alpha, beta = skew_row(q_node, keys, alpha, beta, child, num_drafts)
     alive = alive & (children == child[:, None])
     selected.append(child)
     q_hats.append(q_hat)
@@ -255,7 +255,7 @@ def select_path(draft_tokens, draft_probs, target_probs):
   return _first(alive), jnp.stack(selected, 1), jnp.stack(q_hats, 1), jnp.stack(p_rows, 1)
 
 
-def skew_row(q_row, keys, alpha, beta, child, num_paths: int):
+def skew_row(q_row, keys, alpha, beta, child, num_drafts: int):
   """`q_hat_v` and the next `(alpha, beta)` (`multipath_block_verify` step 2).
 
   Args:
@@ -263,7 +263,7 @@ def skew_row(q_row, keys, alpha, beta, child, num_paths: int):
     keys: f32[B, V], `order_key` at the node: the order `(key, id)` the law is taken under.
     alpha, beta: f32[B], the node's normalized mass below its subtree and of its subtree.
     child: i32[B], the selected child.
-    num_paths: K.
+    num_drafts: K.
 
   Returns:
     (q_hat f32[B, V] normalized, alpha f32[B], beta f32[B]) of the child.
@@ -272,9 +272,9 @@ def skew_row(q_row, keys, alpha, beta, child, num_paths: int):
   b = a + beta[:, None] * q_row  # b >= a: no cancellation anywhere below
   ratio = jnp.where(b > 0, a / jnp.where(b > 0, b, 1.0), 0.0)
   geometric = jnp.ones_like(ratio)
-  for _ in range(num_paths - 1):
+  for _ in range(num_drafts - 1):
     geometric = 1.0 + ratio * geometric  # Horner: sum_{m<K} ratio^m, in [1, K]
-  log_weight = jnp.log(q_row) + (num_paths - 1) * jnp.log(b) + jnp.log(geometric)
+  log_weight = jnp.log(q_row) + (num_drafts - 1) * jnp.log(b) + jnp.log(geometric)
   log_weight = jnp.where(q_row > 0, log_weight, -jnp.inf)
   log_total = jax.nn.logsumexp(log_weight, axis=-1, keepdims=True)
   q_hat = jnp.exp(log_weight - jnp.where(jnp.isfinite(log_total), log_total, 0.0))
@@ -361,18 +361,18 @@ def _check_and_cast(draft_tokens, draft_probs, target_probs):
   """Raises ValueError on inconsistent shapes; returns float32 probs."""
   if draft_tokens.ndim != 3:
     raise ValueError(f'draft_tokens must be [B, K, G], got shape {draft_tokens.shape}')
-  batch, num_paths, gamma = draft_tokens.shape
-  if num_paths < 1 or gamma < 1:
-    raise ValueError(f'need K >= 1 paths of G >= 1 tokens, got K = {num_paths}, G = {gamma}')
-  if draft_probs.ndim != 4 or draft_probs.shape[:3] != (batch, num_paths, gamma):
+  batch, num_drafts, gamma = draft_tokens.shape
+  if num_drafts < 1 or gamma < 1:
+    raise ValueError(f'need K >= 1 paths of G >= 1 tokens, got K = {num_drafts}, G = {gamma}')
+  if draft_probs.ndim != 4 or draft_probs.shape[:3] != (batch, num_drafts, gamma):
     raise ValueError(
-      f'draft_probs must be [B, K, G, V] = [{batch}, {num_paths}, {gamma}, V], got '
+      f'draft_probs must be [B, K, G, V] = [{batch}, {num_drafts}, {gamma}, V], got '
       f'{draft_probs.shape}'
     )
   vocab = draft_probs.shape[3]
-  if target_probs.shape != (batch, num_paths, gamma + 1, vocab):
+  if target_probs.shape != (batch, num_drafts, gamma + 1, vocab):
     raise ValueError(
-      f'target_probs must be [B, K, G+1, V] = {(batch, num_paths, gamma + 1, vocab)}, got '
+      f'target_probs must be [B, K, G+1, V] = {(batch, num_drafts, gamma + 1, vocab)}, got '
       f'{target_probs.shape}'
     )
   return jnp.asarray(draft_probs, jnp.float32), jnp.asarray(target_probs, jnp.float32)

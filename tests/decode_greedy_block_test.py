@@ -24,7 +24,7 @@ from specdec_jax.measure import evaluation
 from tests import chisquare, fakes
 from tests import greedy_block_oracle as go
 from tests import verify_greedy_test as vgt
-from tests.decode_test import _eagle_drafter, _source
+from tests.decode_test import ONE_HOT, _eagle_drafter, _source
 
 SIGNIFICANCE = 1e-3
 ROWS, N_TOKENS = 100_000, 6
@@ -148,7 +148,7 @@ def test_greedy_equals_generate(gamma):
     max_new_tokens=30, rng=None,
   )  # fmt: skip
   np.testing.assert_array_equal(out.tokens, ref.tokens)
-  spec = decode.LoopSpec(GREEDY, 30, gamma, 'greedy_block', greedy_fast_path=False)
+  spec = decode.LoopSpec(ONE_HOT, 30, gamma, 'greedy_block')
   assert spec.verifier == 'greedy_block'
   general = decode.speculative_loop(
     target.steps, target.params, drafter.steps, drafter.params, ids, mask, jax.random.key(0),
@@ -163,7 +163,7 @@ def test_greedy_equals_generate_t5(tiny_pair):
   target, drafter = tiny_pair
   ids, mask = _source(vocab=target.config.vocab_size)
   ref = decode.generate(target, ids, mask, sampling=GREEDY, max_new_tokens=16, rng=None)
-  spec = decode.LoopSpec(GREEDY, 16, 3, 'greedy_block', greedy_fast_path=False)
+  spec = decode.LoopSpec(ONE_HOT, 16, 3, 'greedy_block')
   out = decode.speculative_loop(
     target.steps, target.params, drafter.steps, drafter.params, ids, mask, jax.random.key(0),
     spec=spec,

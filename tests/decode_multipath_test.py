@@ -16,6 +16,7 @@ from tests.decode_test import (
   DRAFTER,
   GREEDY,
   GREEDY_TARGET,
+  ONE_HOT,
   PREFIX_LENGTH,
   SIGNIFICANCE,
   TARGET,
@@ -88,12 +89,12 @@ def _gbv_select_by_p(rng, tokens, q, p):
 _FOLLOW = decode_steps.follow
 
 
-def _follow_path_zero_caches(path, drafts, target_cache, draft_cache, states, num_paths):
+def _follow_path_zero_caches(path, drafts, target_cache, draft_cache, states, num_drafts):
   """Bug: emit the kept path's drafts but leave every row on path 0's caches."""
-  kept, *_ = _FOLLOW(path, drafts, target_cache, draft_cache, states, num_paths)
+  kept, *_ = _FOLLOW(path, drafts, target_cache, draft_cache, states, num_drafts)
   zero = jnp.zeros_like(path)
   _, target_cache, draft_cache, states = _FOLLOW(
-    zero, drafts, target_cache, draft_cache, states, num_paths
+    zero, drafts, target_cache, draft_cache, states, num_drafts
   )
   return kept, target_cache, draft_cache, states
 
@@ -135,11 +136,11 @@ def test_greedy_equals_generate_markov(num_drafts, verifier):
 
 
 def test_greedy_general_path_equals_generate():
-  """The general (probability) path at temperature 0 with K paths, not only the id fast path."""
+  """The general (probability) path on greedy's one-hot vectors (`ONE_HOT`) with K paths, not only
+  the id fast path."""
   ids, mask = _source(vocab=4)
   spec = decode.LoopSpec(
-    sampling=GREEDY, max_new_tokens=12, gamma=3, verifier='block', num_drafts=2,
-    greedy_fast_path=False,
+    sampling=ONE_HOT, max_new_tokens=12, gamma=3, verifier='block', num_drafts=2,
   )  # fmt: skip
   got = decode.speculative_loop(
     GREEDY_TARGET.steps, GREEDY_TARGET.params, DRAFTER.steps, DRAFTER.params, ids, mask,

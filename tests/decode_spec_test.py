@@ -9,21 +9,21 @@ import pytest
 from specdec_jax import decode
 from specdec_jax import sampling as sampling_lib
 from tests import fakes
-from tests.decode_test import GREEDY, _source
+from tests.decode_test import GREEDY, ONE_HOT, _source
 
 # ---------------------------------------------------------------------------------------------
 # The greedy fast path (argmax ids, no probability vectors) against the general path.
 
 
 def _both_paths(target, drafter, ids, mask, *, gamma, verifier, max_new_tokens):
-  """(fast, general) outputs of the jitted loop at temperature 0; drafter None: autoregressive."""
+  """(fast, general) outputs of the jitted loop: at temperature 0, and by the general path on the
+  same one-hot vectors (`ONE_HOT`); drafter None: autoregressive."""
   ids, mask = jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32)
   spec = lambda fast: decode.LoopSpec(
-    sampling=GREEDY,
+    sampling=GREEDY if fast else ONE_HOT,
     max_new_tokens=max_new_tokens,
     gamma=gamma,
     verifier=verifier,
-    greedy_fast_path=fast,
   )
   if drafter is None:
     run = lambda fast: decode.autoregressive_loop(
@@ -131,8 +131,8 @@ def test_loop_spec_normalizes_only_the_greedy_fast_path():
   spec = lambda **kw: decode.LoopSpec(max_new_tokens=4, gamma=2, verifier='block', **kw)
   token = decode.LoopSpec(sampling=GREEDY, max_new_tokens=4, gamma=2, verifier='token')
   assert spec(sampling=GREEDY) == token and hash(spec(sampling=GREEDY)) == hash(token)
-  # The general path at temperature 0 runs the named verifier; so does sampling.
-  assert spec(sampling=GREEDY, greedy_fast_path=False).verifier == 'block'
+  # The general path on greedy's one-hot vectors runs the named verifier; so does sampling.
+  assert spec(sampling=ONE_HOT).verifier == 'block'
   assert spec(sampling=sampling_lib.SamplingConfig(temperature=1.0)).verifier == 'block'
   assert decode.LoopSpec(sampling=GREEDY, max_new_tokens=4).buffer_length == 4 + 0 + 2
 

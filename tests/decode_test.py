@@ -1,18 +1,23 @@
 """Tests of the decode loops: greedy equality, losslessness, ragged batches, compile-once."""
 
 import collections
+import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import decode, decode_steps, drafters
+from specdec_jax import decode, decode_steps, drafters, step_models
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.models import t5
 from tests import chisquare, fakes, helpers
 
 GREEDY = sampling_lib.SamplingConfig(temperature=0.0)
+# GREEDY's tokens by the loops' general path: one-hot probability vectors, the named verifier.
+ONE_HOT = sampling_lib.SamplingConfig(temperature=1.0, top_k=1)
 SIGNIFICANCE = 1e-3  # chi-square tests reject losslessness below this p-value
 
 
@@ -169,7 +174,7 @@ def test_ragged_rows_stop_independently_at_eos():
   tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
   assert len(set(lengths.tolist())) > 5  # genuinely ragged
   for row, n in zip(tokens, lengths):
-    assert (row[n:] == decode.PAD_ID).all()
+    assert (row[n:] == step_models.PAD_ID).all()
     eos = np.flatnonzero(row[:n] == 1)
     if n < 30:
       assert eos.tolist() == [n - 1]  # stopped exactly at its first EOS
@@ -527,7 +532,7 @@ def _exact_t5_prefixes(model, ids, mask, sampling, length):
     grown = []
     for prefix, prob in frontier:
       if prefix and cfg.eos_token_id in prefix:
-        grown.append((prefix + (decode.PAD_ID,), prob))
+        grown.append((prefix + (step_models.PAD_ID,), prob))
         continue
       # Padded to `length` positions (one compiled shape): the decoder is causal, so the logits
       # after the prefix do not see the padding.
@@ -723,3 +728,17 @@ def test_negative_control_eagle_q_before_transform_fails(monkeypatch, tiny_pair)
   jax.clear_caches()
   impossible = set(map(tuple, samples.tolist())) - set(exact)
   assert impossible or _chi_square_pvalue(samples, exact) < SIGNIFICANCE
+
+
+def test_the_engine_imports_no_model_and_no_tokenizer():
+  """`decode` and the modules it imports reach neither a model (`specdec_jax.models`) nor the data
+  side (`specdec_jax.data`, whose tokenizer pulls in sentencepiece); ~3 s, a fresh interpreter."""
+  code = (
+    'import sys, specdec_jax.decode; '
+    "print(sorted(m for m in sys.modules if m == 'sentencepiece' "
+    "or m.startswith(('specdec_jax.models', 'specdec_jax.data'))))"
+  )
+  root = pathlib.Path(__file__).resolve().parents[1]
+  out = subprocess.run([sys.executable, '-c', code], cwd=root, capture_output=True, text=True)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.strip() == '[]'

@@ -36,10 +36,10 @@ def paths(drafter: oracle.Model, gamma: int, vocab: int) -> dict[tuple[int, ...]
   return oracle.sequence_distribution(drafter, gamma, vocab)
 
 
-def path_tuples(drafter: oracle.Model, gamma: int, vocab: int, num_paths: int):
+def path_tuples(drafter: oracle.Model, gamma: int, vocab: int, num_drafts: int):
   """Yields (probability, K paths) for every K-tuple of i.i.d. drafted paths."""
   single = list(paths(drafter, gamma, vocab).items())
-  for combo in itertools.product(single, repeat=num_paths):
+  for combo in itertools.product(single, repeat=num_drafts):
     prob = ONE
     for _, path_prob in combo:
       prob *= path_prob
@@ -62,7 +62,7 @@ def gbv_distribution(
   target: oracle.Model,
   drafter: oracle.Model,
   gamma: int,
-  num_paths: int,
+  num_drafts: int,
   order: str = 'ratio',
   tie_rule: str = 'strict',
 ) -> oracle.Distribution:
@@ -74,10 +74,10 @@ def gbv_distribution(
   """
   vocab = len(target[()])
   out = defaultdict(Fraction)
-  for prob, combo in path_tuples(drafter, gamma, vocab, num_paths):
+  for prob, combo in path_tuples(drafter, gamma, vocab, num_drafts):
     selected = _select(target, drafter, combo, gamma, order, tie_rule)
     p = [target[selected[:i]] for i in range(gamma + 1)]
-    q_hat = [skew_row(target, drafter, selected[:i], num_paths, order) for i in range(gamma)]
+    q_hat = [skew_row(target, drafter, selected[:i], num_drafts, order) for i in range(gamma)]
     for emitted, emitted_prob in _block_verification(selected, p, q_hat, gamma):
       out[emitted] += prob * emitted_prob
   return dict(out)
@@ -102,7 +102,7 @@ def _select(target, drafter, combo, gamma, order, tie_rule):
   return node
 
 
-def skew_row(target, drafter, node, num_paths, order) -> tuple[Fraction, ...]:
+def skew_row(target, drafter, node, num_drafts, order) -> tuple[Fraction, ...]:
   """The law of the next token of the lexicographic maximum of K paths, given it passes `node`."""
   below, mass = ZERO, ONE  # A(v), Q(v)
   for depth in range(len(node)):
@@ -111,11 +111,11 @@ def skew_row(target, drafter, node, num_paths, order) -> tuple[Fraction, ...]:
     below += mass * sum(q[s] for s in range(len(q)) if keys[s] < keys[node[depth]])
     mass *= q[node[depth]]
   keys, q = ratio_key(target[node], drafter[node], order), drafter[node]
-  total = (below + mass) ** num_paths - below**num_paths
+  total = (below + mass) ** num_drafts - below**num_drafts
   row = []
   for t in range(len(q)):
     lower = below + mass * sum(q[s] for s in range(len(q)) if keys[s] < keys[t])
-    row.append(((lower + mass * q[t]) ** num_paths - lower**num_paths) / total)
+    row.append(((lower + mass * q[t]) ** num_drafts - lower**num_drafts) / total)
   return tuple(row)
 
 
@@ -151,7 +151,7 @@ def rrs_distribution(
   target: oracle.Model,
   drafter: oracle.Model,
   gamma: int,
-  num_paths: int,
+  num_drafts: int,
   skip_repeats: bool = False,
 ) -> oracle.Distribution:
   """Exact law of recursive rejection sampling over K i.i.d. paths (one trial per path).
@@ -160,9 +160,9 @@ def rrs_distribution(
   """
   vocab = len(target[()])
   out = defaultdict(Fraction)
-  for prob, combo in path_tuples(drafter, gamma, vocab, num_paths):
+  for prob, combo in path_tuples(drafter, gamma, vocab, num_drafts):
     for emitted, emitted_prob in _rrs(
-      target, drafter, combo, (), range(num_paths), gamma, skip_repeats
+      target, drafter, combo, (), range(num_drafts), gamma, skip_repeats
     ):
       out[emitted] += prob * emitted_prob
   return dict(out)
@@ -200,14 +200,14 @@ def _rrs(target, drafter, combo, node, alive, gamma, skip_repeats):
       yield node + (y,), reach * mass
 
 
-def all_tuples(target: oracle.Model, drafter: oracle.Model, gamma: int, num_paths: int):
+def all_tuples(target: oracle.Model, drafter: oracle.Model, gamma: int, num_drafts: int):
   """Every K-tuple of drafted paths as kernel inputs, with its exact probability.
 
   Returns:
     (tokens i32[N, K, G], q f32[N, K, G, V], p f32[N, K, G+1, V], probability f64[N]).
   """
   vocab = len(target[()])
-  probs, combos = zip(*path_tuples(drafter, gamma, vocab, num_paths))
+  probs, combos = zip(*path_tuples(drafter, gamma, vocab, num_drafts))
   tokens = np.array(combos, np.int32)
   q = np.array(
     [[[drafter[path[:i]] for i in range(gamma)] for path in combo] for combo in combos], np.float64

@@ -52,6 +52,9 @@ def test_random_models_never_stop(name):
 
 def test_shapes_by_name():
   assert synthetic.shape('t5-11b') is t5.CONFIGS['t5-11b']
+  in_bf16 = synthetic.shape('t5-11b', dtype='bfloat16')
+  assert in_bf16.dtype == 'bfloat16' and t5.CONFIGS['t5-11b'].dtype == 'float32'
+  assert in_bf16.d_model == t5.CONFIGS['t5-11b'].d_model
   with pytest.raises(ValueError, match="Unknown T5 shape 't5-huge'; one of: t5-small"):
     synthetic.shape('t5-huge')
   with pytest.raises(ValueError, match='weights must be one of'):

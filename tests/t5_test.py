@@ -444,7 +444,8 @@ def test_feature_reading_decoder_chunks_match_teacher_forcing():
 @pytest.mark.parametrize('feature_dim', [None, 12])
 def test_step_at_scores_one_position_per_row(feature_dim):
   """`T5Steps.step_at` (the draft's first call) gives `step`'s logits (and predicted features) at
-  tokens[b, at[b]] of each row and the same cache; a wrong position's logits differ from them."""
+  tokens[b, logits_at[b]] of each row and the same cache; a wrong position's logits differ from
+  them."""
   model = helpers.tiny_t5('tiny-v1.0', seed=2, feature_dim=feature_dim)  # v1.0: a tied output
   config, params, steps = model.config, model.params, model.steps
   ids, mask = _source(config)
@@ -456,10 +457,10 @@ def test_step_at_scores_one_position_per_row(feature_dim):
     full, predicted, full_cache = steps.step_features(params, tokens, features, cache)
   else:
     (full, full_cache), predicted = steps.step(params, tokens, cache), None
-  at = jnp.array([1, 0, 1])
-  logits, got_predicted, got_cache = steps.step_at(params, tokens, features, cache, at)
+  logits_at = jnp.array([1, 0, 1])
+  logits, got_predicted, got_cache = steps.step_at(params, tokens, features, cache, logits_at)
   assert logits.shape == (3, 1, config.vocab_size)
-  pick = lambda x: np.take_along_axis(np.asarray(x), np.asarray(at)[:, None, None], axis=1)
+  pick = lambda x: np.take_along_axis(np.asarray(x), np.asarray(logits_at)[:, None, None], axis=1)
   np.testing.assert_allclose(logits, pick(full), atol=1e-5, rtol=0)
   assert np.abs(np.asarray(logits) - pick(full[:, ::-1])).max() > 1e-2  # the other position's
   if feature_dim:

@@ -317,9 +317,9 @@ def _next_row(tau, weight, p_selected, residual_q, gamma):
   return row / row.sum()
 
 
-def _gbv_kernel_law(pair, num_paths, variant):
+def _gbv_kernel_law(pair, num_drafts, variant):
   """The law of (X*^tau, Y) from the kernel's own selection, q_hat, h and residual."""
-  tokens, q, p, probs = mo.all_tuples(pair.target, pair.drafter, pair.gamma, num_paths)
+  tokens, q, p, probs = mo.all_tuples(pair.target, pair.drafter, pair.gamma, num_drafts)
   plan = [np.asarray(x, np.float64) for x in _gbv_plan(tokens, q, p, variant)]
   _, selected, _, p_selected, residual_q, weights, acceptance = plan
   selected = selected.astype(int)
@@ -336,9 +336,9 @@ def _gbv_kernel_law(pair, num_paths, variant):
   return dict(law)
 
 
-def _token_kernel_law(pair, num_paths, variant):
+def _token_kernel_law(pair, num_drafts, variant):
   """The law of (X^tau, Y) from the kernel's node trials, branching on every accepted child."""
-  tokens, q, p, probs = mo.all_tuples(pair.target, pair.drafter, pair.gamma, num_paths)
+  tokens, q, p, probs = mo.all_tuples(pair.target, pair.drafter, pair.gamma, num_drafts)
   trials = _JITTED_TRIALS[variant]
   rows = np.arange(len(probs))
   law = defaultdict(float)
@@ -369,14 +369,14 @@ def _token_kernel_law(pair, num_paths, variant):
   return {seq: prob for seq, prob in law.items() if prob > 0}
 
 
-def _kernel_law(pair, num_paths, variant):
+def _kernel_law(pair, num_drafts, variant):
   if variant.startswith('token'):
-    return _token_kernel_law(pair, num_paths, variant)
-  return _gbv_kernel_law(pair, num_paths, variant)
+    return _token_kernel_law(pair, num_drafts, variant)
+  return _gbv_kernel_law(pair, num_drafts, variant)
 
 
-def _kernel_tv(pair, num_paths, variant):
-  law = _kernel_law(pair, num_paths, variant)
+def _kernel_tv(pair, num_drafts, variant):
+  law = _kernel_law(pair, num_drafts, variant)
   assert abs(sum(law.values()) - 1) < 1e-5
   continued = oracle.continue_with_target(law, pair.target, pair.gamma + 1)
   return mo.total_variation(continued, _target_joint(pair))
@@ -392,21 +392,21 @@ def _pair_for(variant):
   return _token_pair() if variant.startswith('token') else _spec_markov_pair()
 
 
-@pytest.mark.parametrize('num_paths', [2, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.parametrize('num_drafts', [2, pytest.param(3, marks=pytest.mark.slow)])
 @pytest.mark.parametrize('variant', ['block', 'block/capped', 'token'])
-def test_kernel_math_is_exact(variant, num_paths):
+def test_kernel_math_is_exact(variant, num_drafts):
   for pair in (_pair_for(variant), vt._random_pair(320, vocab=3, gamma=GAMMA)):
-    tv = _kernel_tv(pair, num_paths, variant)
-    assert tv < EXACT_TOLERANCE, f'{variant} K={num_paths}: TV {tv:.2e}'
+    tv = _kernel_tv(pair, num_drafts, variant)
+    assert tv < EXACT_TOLERANCE, f'{variant} K={num_drafts}: TV {tv:.2e}'
 
 
-@pytest.mark.parametrize('num_paths', [2, 3])
-def test_kernel_gbv_matches_rational_oracle(num_paths):
+@pytest.mark.parametrize('num_drafts', [2, 3])
+def test_kernel_gbv_matches_rational_oracle(num_drafts):
   """Cell by cell against tests/multipath_oracle.py (capped order: its float ties at 1 are
   exact, so the kernel and the oracle rank tokens alike)."""
   pair = _spec_markov_pair()
-  law = _kernel_law(pair, num_paths, 'block/capped')
-  exact = mo.gbv_distribution(pair.target, pair.drafter, GAMMA, num_paths, 'capped')
+  law = _kernel_law(pair, num_drafts, 'block/capped')
+  exact = mo.gbv_distribution(pair.target, pair.drafter, GAMMA, num_drafts, 'capped')
   assert set(law) == set(exact)
   assert max(abs(law[k] - float(v)) for k, v in exact.items()) < 1e-6
 
@@ -415,8 +415,8 @@ def test_kernel_gbv_matches_rational_oracle(num_paths):
 def test_kernel_skew_is_the_law_of_the_selected_path(variant):
   """q_hat at every node of the selected path equals the brute-force conditional law of the
   kernel's own selection over all K-tuples."""
-  pair, num_paths = _spec_markov_pair(), 3
-  tokens, q, p, probs = mo.all_tuples(pair.target, pair.drafter, GAMMA, num_paths)
+  pair, num_drafts = _spec_markov_pair(), 3
+  tokens, q, p, probs = mo.all_tuples(pair.target, pair.drafter, GAMMA, num_drafts)
   _, selected, q_hat, *_ = (np.asarray(x) for x in _gbv_plan(tokens, q, p, variant))
   for depth in range(GAMMA):
     for node in {tuple(s[:depth]) for s in selected}:
@@ -448,14 +448,14 @@ def test_negative_controls_fail_kernel_math(variant):
 # 3. Sampling: chi-square over NUM_ROWS jitted rows.
 
 
-def _draft_paths(pair, num_paths, seed):
+def _draft_paths(pair, num_drafts, seed):
   """K independent paths per row: [N, K, G] tokens, [N, K, G, V] q, [N, K, G+1, V] p."""
-  drafts = [vt._draft(pair, seed * 10 + k) for k in range(num_paths)]
+  drafts = [vt._draft(pair, seed * 10 + k) for k in range(num_drafts)]
   return tuple(np.stack(x, axis=1) for x in zip(*drafts))
 
 
-def _chi_square(variant, pair, num_paths, seed):
-  tokens, q, p = _draft_paths(pair, num_paths, seed)
+def _chi_square(variant, pair, num_drafts, seed):
+  tokens, q, p = _draft_paths(pair, num_drafts, seed)
   result = _run_variant(variant, jax.random.key(seed), jnp.asarray(tokens), q, p)
   path, tau, y = (np.asarray(x) for x in result)
   selected = tokens[np.arange(len(path)), path]
@@ -467,7 +467,7 @@ def _chi_square(variant, pair, num_paths, seed):
 
 
 @pytest.mark.parametrize(
-  'variant, num_paths',
+  'variant, num_drafts',
   [
     ('block', 2),
     ('token', 2),
@@ -475,9 +475,9 @@ def _chi_square(variant, pair, num_paths, seed):
     pytest.param('token', 3, marks=pytest.mark.slow),
   ],
 )
-def test_chi_square_lossless(variant, num_paths):
-  pvalue = _chi_square(variant, _pair_for(variant), num_paths, seed=1)
-  assert pvalue > SIGNIFICANCE, f'{variant} K={num_paths}: chi-square p = {pvalue:.2e}'
+def test_chi_square_lossless(variant, num_drafts):
+  pvalue = _chi_square(variant, _pair_for(variant), num_drafts, seed=1)
+  assert pvalue > SIGNIFICANCE, f'{variant} K={num_drafts}: chi-square p = {pvalue:.2e}'
 
 
 def test_unswapped_runs_are_the_public_kernels():
@@ -539,23 +539,24 @@ def test_one_path_is_single_path_verification(gamma, vocab):
 
 
 @pytest.mark.parametrize(
-  'num_paths', [pytest.param(1, marks=pytest.mark.slow), 3, pytest.param(5, marks=pytest.mark.slow)]
+  'num_drafts',
+  [pytest.param(1, marks=pytest.mark.slow), 3, pytest.param(5, marks=pytest.mark.slow)],
 )
-def test_temperature_zero_accepts_longest_argmax_prefix(num_paths):
+def test_temperature_zero_accepts_longest_argmax_prefix(num_drafts):
   """One-hot p = onehot(target argmax) and q = onehot(each path's own draft): both verifiers
   accept the longest prefix any path shares with the argmax chain and emit the argmax after it,
   which is multipath_greedy_verify on ids."""
   batch, gamma, vocab = 512, 3, 3
-  rng = np.random.default_rng(num_paths)
-  argmax = rng.integers(0, vocab, (batch, num_paths, gamma + 1))
+  rng = np.random.default_rng(num_drafts)
+  argmax = rng.integers(0, vocab, (batch, num_drafts, gamma + 1))
   argmax[:, :, 0] = argmax[:, :1, 0]  # the root is one node
   drafts = np.where(
-    rng.random((batch, num_paths, gamma)) < 0.7,
+    rng.random((batch, num_drafts, gamma)) < 0.7,
     argmax[..., :-1],
-    rng.integers(0, vocab, (batch, num_paths, gamma)),
+    rng.integers(0, vocab, (batch, num_drafts, gamma)),
   )
   # A node's argmax is a function of the node: paths sharing a prefix share it.
-  for b, k, i in itertools.product(range(batch), range(1, num_paths), range(1, gamma + 1)):
+  for b, k, i in itertools.product(range(batch), range(1, num_drafts), range(1, gamma + 1)):
     for j in range(k):
       if np.array_equal(drafts[b, j, :i], drafts[b, k, :i]):
         argmax[b, k, i] = argmax[b, j, i]
@@ -582,7 +583,7 @@ def test_temperature_zero_accepts_longest_argmax_prefix(num_paths):
   )
 
 
-def _skew_float64(q_row, keys, mass_below, mass, num_paths):
+def _skew_float64(q_row, keys, mass_below, mass, num_drafts):
   """docs/method.md section 6's law in float64 with the unnormalized A = mass_below and
   Q = mass, as `Q q(t) sum_j hi^j lo^(K-1-j)` normalized (the factored `hi^K - lo^K`: the direct difference
   cancels catastrophically, even in float64, once Q q(t) << A)."""
@@ -591,7 +592,7 @@ def _skew_float64(q_row, keys, mass_below, mass, num_paths):
   below[order] = np.concatenate([[0.0], np.cumsum(q_row[order])[:-1]])
   lo = mass_below + mass * below
   hi = lo + mass * q_row
-  powers = sum(hi**j * lo ** (num_paths - 1 - j) for j in range(num_paths))
+  powers = sum(hi**j * lo ** (num_drafts - 1 - j) for j in range(num_drafts))
   law = mass * q_row * powers
   return law / law.sum()
 
@@ -601,7 +602,7 @@ KEYS = {'ratio': ('block', vm.order_key), 'capped': ('block/capped', _capped_key
 
 
 @pytest.mark.parametrize(
-  'num_paths, orders',
+  'num_drafts, orders',
   [
     pytest.param(2, tuple(KEYS), marks=pytest.mark.slow),
     pytest.param(4, tuple(KEYS), marks=pytest.mark.slow),
@@ -609,15 +610,15 @@ KEYS = {'ratio': ('block', vm.order_key), 'capped': ('block/capped', _capped_key
     (8, ('ratio',)),
   ],
 )
-def test_large_vocabulary_is_stable(num_paths, orders):
+def test_large_vocabulary_is_stable(num_drafts, orders):
   """V = 32000 random logits, K up to 8: finite, in range; q_hat rows are distributions that
   match the float64 closed form (where the reference code divides by A and is unstable), under
   the kernel's key and the capped one."""
   batch, gamma, vocab = 2, 2, 32000
-  rng = np.random.default_rng(num_paths)
-  target_logits = rng.normal(size=(batch, num_paths, gamma + 1, vocab)).astype(np.float32) * 3
+  rng = np.random.default_rng(num_drafts)
+  target_logits = rng.normal(size=(batch, num_drafts, gamma + 1, vocab)).astype(np.float32) * 3
   draft_logits = target_logits[:, :, :gamma] + rng.normal(
-    size=(batch, num_paths, gamma, vocab)
+    size=(batch, num_drafts, gamma, vocab)
   ).astype(np.float32)
   target_logits[:, :, 0] = target_logits[:, :1, 0]
   draft_logits[:, :, 0] = draft_logits[:, :1, 0]
@@ -626,9 +627,9 @@ def test_large_vocabulary_is_stable(num_paths, orders):
   # Paths share the root; a shared first token then needs shared rows below it too.
   tokens = np.argmax(np.log(q) + rng.gumbel(size=q.shape), axis=-1).astype(np.int32)
   tokens[:, :, 0] = np.where(
-    rng.random((batch, num_paths)) < 0.5, tokens[:, :1, 0], tokens[:, :, 0]
+    rng.random((batch, num_drafts)) < 0.5, tokens[:, :1, 0], tokens[:, :, 0]
   )
-  for b, k in itertools.product(range(batch), range(1, num_paths)):
+  for b, k in itertools.product(range(batch), range(1, num_drafts)):
     same = [j for j in range(k) if tokens[b, j, 0] == tokens[b, k, 0]]
     if same:
       tokens[b, k, 1:] = tokens[b, same[0], 1:]
@@ -636,7 +637,7 @@ def test_large_vocabulary_is_stable(num_paths, orders):
   for verify_fn in vm.VERIFIERS.values():
     for seed in range(len(orders)):
       path, tau, y = (np.asarray(x) for x in verify_fn(jax.random.key(seed), tokens, q, p))
-      assert np.all((path >= 0) & (path < num_paths)) and np.all((tau >= 0) & (tau <= gamma))
+      assert np.all((path >= 0) & (path < num_drafts)) and np.all((tau >= 0) & (tau <= gamma))
       assert np.all((y >= 0) & (y < vocab))
   for order in orders:
     variant, key = KEYS[order]
@@ -645,12 +646,12 @@ def test_large_vocabulary_is_stable(num_paths, orders):
     assert np.all(np.isfinite(q_hat)) and np.all(q_hat >= 0)
     np.testing.assert_allclose(q_hat.sum(-1), 1.0, atol=1e-5)
     for b in range(batch):
-      below, mass, alive = 0.0, 1.0, np.ones(num_paths, bool)
+      below, mass, alive = 0.0, 1.0, np.ones(num_drafts, bool)
       for i in range(gamma):
         first = np.argmax(alive)
         q_row = q[b, first, i].astype(np.float64)
         keys = np.asarray(key(p[b, first, i], q[b, first, i]))
-        expected = _skew_float64(q_row, keys, below, mass, num_paths)
+        expected = _skew_float64(q_row, keys, below, mass, num_drafts)
         np.testing.assert_allclose(q_hat[b, i], expected, rtol=1e-3, atol=1e-9)
         x = selected[b, i]
         below += (

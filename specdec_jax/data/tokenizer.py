@@ -12,7 +12,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
-PAD_ID = 0
+from specdec_jax.step_models import PAD_ID  # the decode loops' padding too
+
 EOS_ID = 1
 UNK_ID = 2
 

@@ -457,7 +457,7 @@ def model_costs(plan: Plan) -> dict[tuple[str, int], dict[str, float]]:
         gamma=gamma,
         cache_len=decode.buffer_length(c.max_new_tokens, gamma),
         rounds=c.timing_rounds,
-        num_paths=num_drafts(c),
+        num_drafts=num_drafts(c),
         repeats=_TIMING_REPEATS,
       )
       for name, drafter in plan.drafters.items()

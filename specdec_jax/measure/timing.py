@@ -137,14 +137,14 @@ def _repeated_steps(steps, params, cache, position, *, num_tokens, loop_length):
 
 
 def _draft(
-  drafter, drafter_cache, pending, position, states, *, gamma, draft_length, cache_len, unroll
+  drafter, drafter_cache, pending, position, states, *, gamma, draft_length, cache_len, unroll_draft
 ):
   """The drafts an iteration's target pass scores, int32[B, gamma], and the drafter's cache.
 
   `draft_length` 0: no drafter call (tokens made from `pending`). Else `decode_steps.draft` of
-  `draft_length` >= gamma tokens, greedy, scanned or unrolled (`unroll`) as the loop runs it; past
-  gamma its later tokens are extra one-token calls of the same scan, and the last one's argmax
-  takes the place of the gamma-th draft, so that every call's logits are read (a loop that
+  `draft_length` >= gamma tokens, greedy, scanned or unrolled (`unroll_draft`) as the loop runs
+  it; past gamma its later tokens are extra one-token calls of the same scan, and the last one's
+  argmax takes the place of the gamma-th draft, so that every call's logits are read (a loop that
   discarded the first drafter call's logits let XLA drop that call's output layer, and c came out
   2-4x too low). Either way the drafts pass through an optimization barrier, so that XLA cannot
   shape the target pass by how they were made."""
@@ -165,7 +165,7 @@ def _draft(
     sampling=None,
     greedy=True,
     target_states=None if states is None else (states, position - 1),
-    unroll=unroll,
+    unroll_draft=unroll_draft,
   )
   drafts = jnp.concatenate([drafts[:, : gamma - 1], drafts[:, -1:]], axis=1)
   return jax.lax.optimization_barrier(drafts), drafter_cache
@@ -204,7 +204,9 @@ def _repeated_iterations(
   states = None
   if reads_states:
     states = jnp.zeros((batch, gamma + 1, drafter_steps.feature_dim), jnp.float32)
-  shape = dict(gamma=gamma, draft_length=draft_length, cache_len=cache_len, unroll=unroll_draft)
+  shape = dict(
+    gamma=gamma, draft_length=draft_length, cache_len=cache_len, unroll_draft=unroll_draft
+  )
 
   def body(i, carry):
     target_cache, drafter_cache, logits, states = carry
@@ -370,7 +372,7 @@ def step_costs(
   gamma: int,
   cache_len: int = 64,
   rounds: int = 3,
-  num_paths: int = 1,
+  num_drafts: int = 1,
   loop_lengths: tuple[int, int] = (4, 36),
   repeats: int = 7,
   extra_calls: int = EXTRA_CALLS,
@@ -399,12 +401,12 @@ def step_costs(
   length meet a shared machine's load alike, where a short run finds it idle more often than a
   long one. `c_alone` is a ratio of slopes: a drafter step alone is too cheap to be timed without
   cancelling dispatch. `rounds` repeats the whole measurement; each value is the median over the
-  rounds. With `num_paths` K > 1 (`speculative_generate(..., num_drafts=K)`, which runs each row
+  rounds. With `num_drafts` K > 1 (`speculative_generate(..., num_drafts=K)`, which runs each row
   as K rows of both models) the pass, the drafter and the iteration are measured at K x
   batch_size rows and the target step at batch_size rows.
   """
   kw = dict(source_length=source_length, cache_len=cache_len)
-  rows = dict(kw, batch_size=batch_size * num_paths)
+  rows = dict(kw, batch_size=batch_size * num_drafts)
   loops = dict(
     target_step=_step_loop(target, batch_size=batch_size, **kw),
     target_pass=_step_loop(target, num_tokens=gamma + 1, **rows),

@@ -93,16 +93,16 @@ class T5Steps:
       )
     return decode(params, tokens, cache, config=self.config)
 
-  def step_at(self, params, tokens, features, cache, at):
-    """`step` (`step_features` with `features`) scoring only tokens[b, at[b]] of each row: logits
-    (and predicted features) [B, 1, ...]; the cache advances by T (`decode`'s `logits_at`; None:
-    every position)."""
+  def step_at(self, params, tokens, features, cache, logits_at):
+    """`step` (`step_features` with `features`) scoring only tokens[b, logits_at[b]] of each row:
+    logits (and predicted features) [B, 1, ...]; the cache advances by T (`decode`'s `logits_at`;
+    None: every position)."""
     if features is None:
-      logits, cache = decode(params, tokens, cache, config=self.config, logits_at=at)
+      logits, cache = decode(params, tokens, cache, config=self.config, logits_at=logits_at)
       return logits, None, cache
     logits, states, cache = decode(
       params, tokens, cache, config=self.config, features=features, return_states=True,
-      logits_at=at,
+      logits_at=logits_at,
     )  # fmt: skip
     return logits, predicted_features(params, states, config=self.config), cache
 
