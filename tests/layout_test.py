@@ -1,5 +1,5 @@
 """The package's layout (docs/architecture.md): the import graph has no cycle, the engine imports
-neither training/ nor measure/, and specdec_jax/__init__.py lists every module."""
+neither training/ nor measure/ (and models/, checkpoints/, data/ only through pretrained), and specdec_jax/__init__.py lists every module."""
 
 import pathlib
 
@@ -37,11 +37,11 @@ def test_training_and_measure_are_imported_only_from_inside():
   assert not outside, outside
 
 
-def test_the_engine_reaches_checkpoints_and_data_only_through_pretrained():
+def test_the_engine_reaches_models_checkpoints_and_data_only_through_pretrained():
   reach = {
     m
     for (m, d), (src, dst) in _folder_imports().items()
-    if src == 'engine' and dst in ('checkpoints', 'data')
+    if src == 'engine' and dst in ('models', 'checkpoints', 'data')
   }
   assert reach == {'specdec_jax.pretrained'}, reach
 
