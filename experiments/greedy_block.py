@@ -131,12 +131,11 @@ def rows(tasks: list[Task], config, say=print):
     plan, c = task.plan, task.config
     for gamma in config.gammas:
       runs = evaluation.translate_in_turn(
-        plan.pair.target, plan.drafters[config.drafter], plan.pair.tokenizer, plan.sources,
-        methods=(evaluation.AUTOREGRESSIVE, *config.verifiers), gamma=gamma,
-        sampling=sampling_lib.SamplingConfig(temperature=config.temperature),
-        batch_size=c.batch_size, max_source_length=c.max_source_length,
-        max_new_tokens=c.max_new_tokens, seed=c.seed,
-      )  # fmt: skip
+        drafter=plan.drafters[config.drafter],
+        methods=(evaluation.AUTOREGRESSIVE, *config.verifiers),
+        gamma=gamma,
+        **plan.decoding(config.temperature),
+      )
       baseline = runs[evaluation.AUTOREGRESSIVE]
       for method in config.verifiers:
         run = runs[method]

@@ -41,7 +41,6 @@ from matplotlib import figure
 
 from experiments.configs import common
 from specdec_jax import analysis, decode, step_models
-from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import evaluation, results_io, tables
 
 COLUMNS = (
@@ -172,19 +171,8 @@ def measure(plan: evaluation.Plan, *, on_cost=None):
 
 def _translate(plan: evaluation.Plan, drafter, method: str, gamma: int, temperature: float):
   """`evaluation.translate` of the plan's sources by one method at one temperature."""
-  c, pair = plan.config, plan.pair
   return evaluation.translate(
-    pair.target,
-    drafter,
-    pair.tokenizer,
-    plan.sources,
-    method=method,
-    gamma=gamma,
-    sampling=sampling_lib.SamplingConfig(temperature=temperature),
-    batch_size=c.batch_size,
-    max_source_length=c.max_source_length,
-    max_new_tokens=c.max_new_tokens,
-    seed=c.seed,
+    drafter=drafter, method=method, gamma=gamma, **plan.decoding(temperature)
   )
 
 

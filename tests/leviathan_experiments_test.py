@@ -119,7 +119,9 @@ def test_exp_vs_emp_runlocal(tmp_path):
       [
         analysis.expected_tokens(p['alpha'], p['gamma']),
         analysis.walltime_improvement(p['alpha'], p['gamma'], p['c']),
-        analysis.walltime_improvement_measured(p['alpha'], p['gamma'], p['c'], p['pass_cost']),
+        analysis.walltime_improvement_measured(
+          p['alpha'], p['gamma'], p['c'], p['pass_cost'], p['c_fixed']
+        ),
       ],
       rtol=1e-5,
     )

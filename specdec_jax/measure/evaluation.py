@@ -288,6 +288,22 @@ class Plan:
     groups = max(1, len(self.drafters) * len(c.gammas))  # no drafters: autoregressive alone
     return len(c.temperatures) * (groups + len(self.drafters) * len(c.gammas) * len(c.verifiers))
 
+  def decoding(self, temperature: float) -> dict:
+    """The arguments of `translate` / `translate_in_turn` every row of the plan shares: the
+    pair's target and tokenizer, the test sources, the sampling at `temperature`, and the
+    config's batch size, lengths and seed."""
+    c = self.config
+    return dict(
+      target=self.pair.target,
+      tokenizer=self.pair.tokenizer,
+      sources=self.sources,
+      sampling=sampling_lib.SamplingConfig(temperature=temperature),
+      batch_size=c.batch_size,
+      max_source_length=c.max_source_length,
+      max_new_tokens=c.max_new_tokens,
+      seed=c.seed,
+    )
+
   def bleu(self, hypotheses: Sequence[str]) -> float:
     """Corpus BLEU of `hypotheses` against the references."""
     return sacrebleu.corpus_bleu(list(hypotheses), [self.references]).score
@@ -551,7 +567,7 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[Row]:
   baseline's. A progress bar with ETA counts decoded sentences (process 0 alone shows it)."""
   from tqdm.auto import tqdm  # imported here: only the main job's progress needs it
 
-  c, pair = plan.config, plan.pair
+  c = plan.config
   bar = tqdm(
     total=plan.num_passes * len(plan.sources),
     unit='sentence',
@@ -562,17 +578,10 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[Row]:
 
   def decode_in_turn(drafter, gamma, temperature, methods):
     return translate_in_turn(
-      pair.target,
-      drafter,
-      pair.tokenizer,
-      plan.sources,
+      drafter=drafter,
       methods=methods,
       gamma=gamma,
-      sampling=sampling_lib.SamplingConfig(temperature=temperature),
-      batch_size=c.batch_size,
-      max_source_length=c.max_source_length,
-      max_new_tokens=c.max_new_tokens,
-      seed=c.seed,
+      **plan.decoding(temperature),
       on_batch=bar.update,
       mesh=plan.mesh,
       num_drafts=num_drafts(c),
