@@ -63,6 +63,10 @@ _KERNEL_AXES = {
   'wi_1': ('embed', 'mlp'),
   'wo': ('mlp', 'embed'),
   'logits_dense': ('embed', 'vocab'),
+  # An EAGLE-style drafter reads the target's states [feature_dim, d_model] and predicts the next
+  # ones [d_model, feature_dim]: model widths, replicated as 'embed' is.
+  'feature_in': ('embed', 'embed'),
+  'feature_out': ('embed', 'embed'),
 }
 
 

@@ -48,6 +48,19 @@ def test_param_logical_axes_of_a_drafter_over_the_target_encoder():
   assert sharding.logical_to_mesh(('embed', 'joined_kv'), cross.shape, mesh) == P(None, 'model')
 
 
+def test_param_logical_axes_of_an_eagle_style_drafter():
+  # Its decoder reads the target's states through feature_in [feature_dim, d_model] and predicts
+  # them through feature_out (the slow EAGLE-style distillation test failed here: no axes were
+  # known for them).
+  config = dataclasses.replace(t5.CONFIGS['tiny-v1.1'], feature_dim=48)
+  shapes = jax.eval_shape(lambda rng: t5.init_params(rng, config), jax.random.key(0))
+  axes = sharding.param_logical_axes(shapes)
+  assert axes['decoder']['feature_in']['kernel'] == P('embed', 'embed')
+  placed = sharding.param_shardings(shapes, AbstractMesh((2, 4), ('data', 'model')))
+  assert placed['decoder']['feature_in']['kernel'].spec == P(None, None)
+  assert placed['decoder']['feature_out']['kernel'].spec == P(None, None)
+
+
 @pytest.mark.parametrize(
   'environ,tpu_vm,expected',
   [
