@@ -87,7 +87,7 @@ def token_verify(
     VerifyResult with i32[B] fields. A row holding a NaN or inf is verified as a shorter draft
     (module docstring); `nonfinite_rows` flags it.
   """
-  draft_probs, target_probs = _check_and_cast(draft_tokens, draft_probs, target_probs)
+  draft_probs, target_probs = check_and_cast(draft_tokens, draft_probs, target_probs)
   draft_probs, target_probs, in_draft = _replace_outside_draft(draft_probs, target_probs, lengths)
   p_x, q_x = probs_of_drafts(draft_tokens, draft_probs, target_probs)
   eta_rng, next_rng = jax.random.split(rng)
@@ -126,7 +126,7 @@ def block_verify(
     VerifyResult with i32[B] fields. A row holding a NaN or inf is verified as a shorter draft
     (module docstring); `nonfinite_rows` flags it.
   """
-  draft_probs, target_probs = _check_and_cast(draft_tokens, draft_probs, target_probs)
+  draft_probs, target_probs = check_and_cast(draft_tokens, draft_probs, target_probs)
   draft_probs, target_probs, in_draft = _replace_outside_draft(draft_probs, target_probs, lengths)
   p_x, q_x = probs_of_drafts(draft_tokens, draft_probs, target_probs)
   weights = block_weights(p_x, q_x)
@@ -324,8 +324,9 @@ def sample_next(rng, num_accepted, weight, draft_probs, target_probs) -> jax.Arr
 # Private helpers: input checks, non-finite and shortened rows, the uniforms.
 
 
-def _check_and_cast(draft_tokens, draft_probs, target_probs) -> tuple[jax.Array, jax.Array]:
-  """Raises ValueError on inconsistent shapes; returns the probabilities as float32."""
+def check_and_cast(draft_tokens, draft_probs, target_probs) -> tuple[jax.Array, jax.Array]:
+  """Raises ValueError on inconsistent shapes; returns the probabilities as float32 (every
+  single-draft verifier checks its inputs here, verify_greedy too)."""
   if draft_tokens.ndim != 2:
     raise ValueError(f'draft_tokens must be [B, G], got shape {draft_tokens.shape}')
   batch, gamma = draft_tokens.shape

@@ -290,7 +290,7 @@ def _at(x, index):
 def _check(draft_tokens, draft_probs, target_probs, levels):
   """Checks shapes (as `verify`'s kernels do, and levels [B, G - 1]); rows with a NaN or inf are
   replaced by uniform vectors and their levels dropped (module docstring)."""
-  draft_probs, target_probs = verify._check_and_cast(draft_tokens, draft_probs, target_probs)
+  draft_probs, target_probs = verify.check_and_cast(draft_tokens, draft_probs, target_probs)
   batch, gamma = draft_tokens.shape
   if levels.shape != (batch, gamma - 1):
     raise ValueError(f'levels must be [B, G - 1] = {(batch, gamma - 1)}, got {levels.shape}')
