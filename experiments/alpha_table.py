@@ -22,7 +22,7 @@ from matplotlib import figure
 
 from experiments.configs import common
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.measure import evaluation, results_io, tables
+from specdec_jax.measure import evaluation, results_io, tables, translation
 
 COLUMNS = (
   'task',
@@ -144,7 +144,7 @@ def rows(tasks: list[Task], samplings: dict, config):
     pair = task.plan.pair
     for name, drafter in task.plan.drafters.items():
       for label, sampling in samplings.items():
-        run = evaluation.translate(
+        run = translation.translate(
           pair.target,
           drafter,
           pair.tokenizer,

@@ -26,7 +26,7 @@ from matplotlib import figure
 
 from experiments.configs import common
 from specdec_jax import analysis
-from specdec_jax.measure import evaluation, results_io, tables
+from specdec_jax.measure import evaluation, results_io, tables, translation
 
 COLUMNS = (
   'task',
@@ -80,7 +80,7 @@ def point(row: evaluation.Row) -> dict:
   """A row of `evaluation.rows` (its COLUMNS) with the paper's prediction and E[tokens] added."""
   out = {k: getattr(row, k, None) for k in COLUMNS}
   out['predicted_measured'] = row.predicted_speedup
-  if row.method == evaluation.AUTOREGRESSIVE:
+  if row.method == translation.AUTOREGRESSIVE:
     return out
   out['expected_tokens'] = float(analysis.expected_tokens(row.alpha, row.gamma))
   out['predicted_paper'] = float(analysis.walltime_improvement(row.alpha, row.gamma, row.c))

@@ -6,7 +6,7 @@ greedy block verification, per iteration and over whole sequences.
 
 For each task of the config (a main-job config, experiments/configs/<task>.py: its pair, source
 and output lengths) and each gamma, at one temperature, with one drafter:
-  whole sequences   the main job's timing (`evaluation.translate_in_turn`, batch `batch_size`):
+  whole sequences   the main job's timing (`translation.translate_in_turn`, batch `batch_size`):
                     every batch decoded autoregressively, then with each verifier, each call
                     timed; block efficiency (tokens per target call), alpha, speedup (the
                     autoregressive seconds of the same batches / the verifier's), tokens/s, BLEU.
@@ -30,7 +30,7 @@ import numpy as np
 from experiments.configs import common, debsumm, ende
 from specdec_jax import decode
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.measure import evaluation, results_io, tables
+from specdec_jax.measure import evaluation, results_io, tables, translation
 
 TASKS = {'ende': ende, 'debsumm': debsumm}  # main-job configs a task can name
 COLUMNS = (
@@ -130,13 +130,13 @@ def rows(tasks: list[Task], config, say=print):
   for task in tasks:
     plan, c = task.plan, task.config
     for gamma in config.gammas:
-      runs = evaluation.translate_in_turn(
+      runs = translation.translate_in_turn(
         drafter=plan.drafters[config.drafter],
-        methods=(evaluation.AUTOREGRESSIVE, *config.verifiers),
+        methods=(translation.AUTOREGRESSIVE, *config.verifiers),
         gamma=gamma,
         **plan.decoding(config.temperature),
       )
-      baseline = runs[evaluation.AUTOREGRESSIVE]
+      baseline = runs[translation.AUTOREGRESSIVE]
       for method in config.verifiers:
         run = runs[method]
         first, first_se, samples = first_iteration(plan, c, method, gamma, config)

@@ -41,7 +41,7 @@ from matplotlib import figure
 
 from experiments.configs import common
 from specdec_jax import analysis, decode, step_models
-from specdec_jax.measure import evaluation, results_io, tables
+from specdec_jax.measure import evaluation, results_io, tables, translation
 
 COLUMNS = (
   'task',
@@ -170,8 +170,8 @@ def measure(plan: evaluation.Plan, *, on_cost=None):
 
 
 def _translate(plan: evaluation.Plan, drafter, method: str, gamma: int, temperature: float):
-  """`evaluation.translate` of the plan's sources by one method at one temperature."""
-  return evaluation.translate(
+  """`translation.translate` of the plan's sources by one method at one temperature."""
+  return translation.translate(
     drafter=drafter, method=method, gamma=gamma, **plan.decoding(temperature)
   )
 

@@ -49,7 +49,7 @@ from experiments import verification_report as report
 from experiments.configs import common
 from specdec_jax import decode, verify, verify_greedy
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.measure import evaluation, results_io
+from specdec_jax.measure import evaluation, results_io, translation
 
 PARTS = ('toy', 'sweep', 'ccdf')
 RUN_COLUMNS = (
@@ -384,7 +384,7 @@ def method_options(method: str) -> tuple[str, dict]:
 
 def _decode(config, plan, drafter, method, gamma, temperature, batch_size, seed, **kw):
   method, options = method_options(method)
-  return evaluation.translate(
+  return translation.translate(
     plan.pair.target,
     drafter,
     plan.pair.tokenizer,

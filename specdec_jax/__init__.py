@@ -44,6 +44,7 @@ training/
 
 measure/
   evaluation         the main job's rows: speculative vs autoregressive decoding, timed.
+  translation        a test set decoded by each method in turn, timed: a `Run` per method.
   timing             model calls timed as a decode loop sees them; compiling while timed fails.
   profiling          an iteration's time by component, from XLA:CPU's per-op trace.
   xla_cpu            XLA:CPU's kernels for few-row dots (the main job's `prefer_eigen_dots`).

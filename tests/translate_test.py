@@ -11,7 +11,7 @@ import pytest
 
 from experiments.configs import debsumm, ende
 from specdec_jax import analysis, decode_stats
-from specdec_jax.measure import evaluation, results_io, tables, timing
+from specdec_jax.measure import evaluation, results_io, tables, timing, translation
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
 from tests import helpers
@@ -27,8 +27,8 @@ def _fake_step_costs(target, drafter, *, gamma, **kw):
 
 
 def _spy_decodings(monkeypatch) -> list:
-  """(temperature, {method: Run}) of every `evaluation.translate_in_turn` call, as it is made."""
-  decoded, real = [], evaluation.translate_in_turn
+  """(temperature, {method: Run}) of every `translation.translate_in_turn` call, as it is made."""
+  decoded, real = [], translation.translate_in_turn
 
   def spy(*args, **kwargs):
     decoded.append((kwargs['sampling'].temperature, runs := real(*args, **kwargs)))
@@ -153,14 +153,14 @@ def test_methods_timed_in_turn_decode_as_alone_and_share_one_baseline(monkeypatc
     max_new_tokens=16, seed=1,
   )  # fmt: skip
   args = (pair.target, pair.drafters['bigram'], pair.tokenizer, sources)
-  alone = evaluation.translate(*args, method='token', **kw)
+  alone = translation.translate(*args, method='token', **kw)
   # Every timed call is `timing.timed`'s, which raises if XLA compiles during it: after the
   # warm-up, none of the 2 batches x 3 methods compiles anything.
   guarded, real_timed = [], timing.timed
   monkeypatch.setattr(
     timing, 'timed', lambda fn, what: guarded.append(what) or real_timed(fn, what)
   )
-  runs = evaluation.translate_in_turn(*args, methods=('autoregressive', 'token', 'block'), **kw)
+  runs = translation.translate_in_turn(*args, methods=('autoregressive', 'token', 'block'), **kw)
   monkeypatch.setattr(timing, 'timed', real_timed)
   assert guarded == [f'{m} on batch {i}' for i in (0, 1) for m in runs]
   assert list(runs) == ['autoregressive', 'token', 'block']
@@ -176,7 +176,7 @@ def test_methods_timed_in_turn_decode_as_alone_and_share_one_baseline(monkeypatc
     (('autoregressive', 'nope'), "Unknown verifier 'nope'"),
   ]:
     with pytest.raises(ValueError, match=match):
-      evaluation.translate_in_turn(*args, methods=methods, **kw)
+      translation.translate_in_turn(*args, methods=methods, **kw)
   # Both verifiers' speedups are over the one baseline timed in turn with them, which is also
   # the temperature's autoregressive row. (The shapes above: the compiled programs are reused.)
   config = ende.get_config(
@@ -196,17 +196,17 @@ def test_methods_timed_in_turn_decode_as_alone_and_share_one_baseline(monkeypatc
 def test_loop_costs_fit_fixed_and_per_iteration_seconds():
   iterations = [12, 30, 7, 19]
   seconds = [0.015 + 0.004 * n for n in iterations]
-  fixed, per_iteration = evaluation.loop_costs(seconds, iterations)
+  fixed, per_iteration = translation.loop_costs(seconds, iterations)
   assert fixed == pytest.approx(0.015) and per_iteration == pytest.approx(0.004)
   # Calls of one length cannot separate the two: NaN, never a number.
-  assert all(math.isnan(x) for x in evaluation.loop_costs([0.1, 0.2], [5, 5]))
-  assert all(math.isnan(x) for x in evaluation.loop_costs([0.1], [5]))
+  assert all(math.isnan(x) for x in translation.loop_costs([0.1, 0.2], [5, 5]))
+  assert all(math.isnan(x) for x in translation.loop_costs([0.1], [5]))
 
 
 def _run(fixed, per_iteration, iterations, stats):
   """A Run whose batch seconds are exactly fixed + per_iteration * iterations."""
   iterations = np.asarray(iterations)
-  return evaluation.Run(['x'] * len(iterations), 60, stats, fixed + per_iteration * iterations,
+  return translation.Run(['x'] * len(iterations), 60, stats, fixed + per_iteration * iterations,
                         iterations)  # fmt: skip
 
 

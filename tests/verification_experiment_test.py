@@ -17,7 +17,7 @@ import pytest
 from experiments import verification, verification_report
 from experiments.configs import verification as verification_config
 from specdec_jax import verify
-from specdec_jax.measure import evaluation
+from specdec_jax.measure import translation
 from specdec_jax.sampling import SamplingConfig
 from tests import helpers
 from tests import verify_oracle as oracle
@@ -105,7 +105,7 @@ def test_runlocal_end_to_end(tmp_path):
 def test_translate_trace_gives_the_accepted_lengths_the_stats_count(ende_pair):
   pair = ende_pair
   sources = [s for s, _ in pair.test_pairs()[:3]]
-  run = evaluation.translate(
+  run = translation.translate(
     pair.target, pair.drafters['bigram'], pair.tokenizer, sources, method='block', gamma=3,
     sampling=SamplingConfig(temperature=1.0), batch_size=2, max_source_length=64,
     max_new_tokens=24, seed=3, trace=True,
@@ -120,7 +120,7 @@ def test_translate_trace_gives_the_accepted_lengths_the_stats_count(ende_pair):
   ccdf = verification.ccdf_of_lengths(taus, 3)
   np.testing.assert_allclose(ccdf[1:], np.asarray(run.stats.accepted_per_position) / taus.size)
   with pytest.raises(ValueError, match='speculative method'):
-    evaluation.translate(
+    translation.translate(
       pair.target, None, pair.tokenizer, sources, method='autoregressive', gamma=1,
       sampling=SamplingConfig(), batch_size=1, max_source_length=64, max_new_tokens=8, trace=True,
     )  # fmt: skip

@@ -11,7 +11,7 @@ r"""The main job: EN->DE on the shipped 48M pair (pretrained/ende48m), Table 2 o
 Every method at batch 1 as in the paper: autoregressive, and the distilled, trigram and bigram
 drafters with token and block verification at gammas 3 and 5, temperatures 0 and 1, on the first
 40 test sentences. Each (drafter, gamma, temperature) decodes every sentence autoregressively,
-then with token, then with block verification, each call timed (`evaluation.translate_in_turn`):
+then with token, then with block verification, each call timed (`translation.translate_in_turn`):
 one autoregressive baseline serves both verifiers. Items apply in the order written
 (experiments/configs/common.py).
 

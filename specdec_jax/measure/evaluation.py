@@ -12,7 +12,7 @@ call alone), the walltime speedup, the speedup the paper's formula predicts from
 alpha, c, c_fixed and (gamma+1)-position pass cost (the pass cost is a property of the target and gamma: the median
 over every drafter's measurement), and BLEU. Then what the loops themselves cost:
 `iteration_cost`, a speculative iteration in autoregressive steps, each fitted over the batches
-(`loop_costs`: seconds ~ fixed + per iteration x iterations, the work around the model calls
+(`translation.loop_costs`: seconds ~ fixed + per iteration x iterations, the work around the model calls
 included), and `predicted_loop` = block efficiency / iteration_cost, the speedup before the
 per-call fixed costs (encoder, cache set-up) dilute it. Where `speedup` falls short of
 `predicted_speedup`, these two say whether the iteration (loop overhead, the pass) or the tokens
@@ -30,10 +30,8 @@ and loads what it names; no flags here: experiments/translate.py and notebooks c
 Axis legend: B batch, S source length, M max_new_tokens.
 """
 
-import contextlib
 import dataclasses
 import itertools
-import math
 import numbers
 from collections.abc import Iterator, Sequence
 
@@ -41,12 +39,9 @@ import jax
 import numpy as np
 import sacrebleu
 
-from specdec_jax import analysis, decode, pretrained, sharding, verify
+from specdec_jax import analysis, decode, pretrained, sharding
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.data import tokenizer as tokenizer_lib
-from specdec_jax.measure import tables, timing, xla_cpu
-
-AUTOREGRESSIVE = 'autoregressive'
+from specdec_jax.measure import tables, timing, translation, xla_cpu
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -81,7 +76,7 @@ class Row:
   iteration_cost: float | None = None  # a speculative iteration in autoregressive steps (fitted)
   predicted_loop: float | None = None  # block_efficiency / iteration_cost
   # predicted_speedup for whole calls: each method's fitted fixed seconds per call (the encoder,
-  # the caches' set-up: `loop_costs`) added to the loops (`analysis.call_speedup`).
+  # the caches' set-up: `translation.loop_costs`) added to the loops (`analysis.call_speedup`).
   predicted_call: float | None = None
 
 
@@ -106,155 +101,6 @@ TABLE = (
   tables.Column('predicted_loop', 'pred_loop', '.2f'),
   tables.Column('bleu', fmt='.2f', width=6),
 )
-
-
-@dataclasses.dataclass
-class Run:
-  """One decoding method over the whole test set."""
-
-  hypotheses: list[str]
-  tokens: int  # tokens emitted
-  stats: decode.DecodeStats  # pooled over all rows (`DecodeStats.summed`)
-  # Per batch: decoding wall time (compilation excluded) and loop iterations (target calls of
-  # its longest row). `loop_costs` fits them.
-  batch_seconds: np.ndarray
-  batch_iterations: np.ndarray
-  # With `trace=True`: tau (drafts accepted) of every iteration in which a row was still
-  # emitting, over all rows (int32[iterations]); else None.
-  accepted_lengths: np.ndarray | None = None
-  # Each source's emitted token ids (int32[its length]), in order: what losslessness compares.
-  outputs: list[np.ndarray] = dataclasses.field(default_factory=list)
-
-  @property
-  def seconds(self) -> float:
-    """Decoding wall time over all batches."""
-    return float(np.sum(self.batch_seconds))
-
-
-def loop_costs(seconds, iterations) -> tuple[float, float]:
-  """(seconds per call before the first iteration, seconds per iteration) of a decode loop, by
-  least squares of `seconds ~ fixed + per_iteration * iterations` over its calls (e.g. the
-  sentences of a test set). This is what the loop really costs, the work around the model calls
-  included; NaN when the calls do not differ in iterations."""
-  seconds, iterations = np.asarray(seconds, np.float64), np.asarray(iterations, np.float64)
-  if len(iterations) < 2 or np.ptp(iterations) == 0:
-    return math.nan, math.nan
-  design = np.stack([np.ones_like(iterations), iterations], axis=1)
-  (fixed, per_iteration), *_ = np.linalg.lstsq(design, seconds, rcond=None)
-  return float(fixed), float(per_iteration)
-
-
-def translate(target, drafter, tokenizer, sources, *, method: str, **kw) -> Run:
-  """`translate_in_turn` with one method ('autoregressive' or a verifier name): its Run."""
-  return translate_in_turn(target, drafter, tokenizer, sources, methods=(method,), **kw)[method]
-
-
-def translate_in_turn(
-  target,
-  drafter,
-  tokenizer: tokenizer_lib.Tokenizer,
-  sources: Sequence[str],
-  *,
-  methods: Sequence[str],
-  gamma: int,
-  sampling: sampling_lib.SamplingConfig,
-  batch_size: int,
-  max_source_length: int,
-  max_new_tokens: int,
-  seed: int = 0,
-  on_batch=None,
-  trace: bool = False,
-  mesh=None,
-  num_drafts: int = 1,
-  draft_stop: float | None = None,
-) -> dict[str, Run]:
-  """Decodes `sources` batch by batch, each batch with every one of `methods` in turn (same rng),
-  timing each call: {method: Run}.
-
-  `methods` are 'autoregressive' and verifier names (`verify.NAMES`). Timed in turn, batch
-  by batch, `runs['autoregressive'].seconds / runs[verifier].seconds` compares the two under the
-  same machine load, so slow drift on a shared machine cancels out, and one autoregressive
-  baseline serves every verifier. Every batch is padded to [batch_size, max_source_length], so
-  each method compiles once; a warm-up call of each on the first batch is made before timing.
-  `on_batch(n)` is called after each method's batch of n sources (progress). `trace=True`
-  (verifiers only) decodes with `speculative_generate(..., trace=True)` and fills
-  `Run.accepted_lengths`; the trace's bookkeeping is then part of the timed work. `num_drafts`
-  and `draft_stop` are `speculative_generate`'s (K draft paths per iteration; adaptive length).
-
-  With a `mesh` (the models placed on it, see `pretrained.load`), each batch is split over its
-  'data' axis and every process tokenizes only the rows its devices hold; outputs are gathered to
-  every process, and each timed call starts after a barrier of all processes.
-
-  Each batch is tokenized (and, on a mesh, built) once before its timed calls, and outputs reach
-  the host after them: a timed call is the decode alone (`timing.timed`, which raises if it
-  compiles anything).
-  """
-  check_methods(methods)
-  if trace and AUTOREGRESSIVE in methods:
-    raise ValueError('trace=True needs speculative methods only (verifier names).')
-  chunks = [sources[i : i + batch_size] for i in range(0, len(sources), batch_size)]
-
-  def encode(texts):  # host work, before any timer: each batch once, for every method
-    texts = list(texts) + [''] * (batch_size - len(texts))
-    rows = lambda rows: tokenizer.encode_batch(
-      [texts[i] for i in rows], max_source_length, truncate=True
-    )
-    return (
-      rows(range(batch_size)) if mesh is None else sharding.global_batch(rows, batch_size, mesh)
-    )
-
-  def run_batch(batch, rng, method):
-    kw = dict(sampling=sampling, max_new_tokens=max_new_tokens, rng=rng)
-    with on_mesh(mesh):
-      if method == AUTOREGRESSIVE:
-        return decode.generate(target, *batch, **kw)
-      return decode.speculative_generate(
-        target, drafter, *batch, gamma=gamma, verifier=method, trace=trace,
-        num_drafts=num_drafts, draft_stop=draft_stop, **kw,
-      )  # fmt: skip
-
-  if mesh is not None:
-    sharding.check_batch(batch_size, mesh)
-  first = encode(chunks[0])
-  for method in methods:
-    jax.block_until_ready(run_batch(first, jax.random.key(seed), method))
-  outputs = {method: [] for method in methods}  # per batch: (host output, seconds, rows)
-  for i, chunk in enumerate(chunks):
-    batch, rng = encode(chunk), jax.random.key(seed + 1 + i)
-    for method in methods:
-      sharding.barrier('translate.timed')
-      out, seconds = timing.timed(lambda: run_batch(batch, rng, method), f'{method} on batch {i}')
-      outputs[method].append((decode.to_host(out), seconds, len(chunk)))
-      if on_batch:
-        on_batch(len(chunk))
-  return {method: _gather(batches, tokenizer, trace) for method, batches in outputs.items()}
-
-
-def _gather(batches, tokenizer, trace: bool) -> Run:
-  """One method's Run from its batches: (host output, seconds, real rows) each."""
-  hyps, lengths, stats, accepted, outputs = [], [], [], [], []
-  for out, _, n in batches:
-    hyps += [tokenizer.decode(row) for row in out.tokens[:n]]
-    outputs += [row[:length] for row, length in zip(out.tokens[:n], out.lengths[:n])]
-    lengths.append(out.lengths[:n])
-    stats.append(jax.tree.map(lambda x: x[:n], out.stats))
-    if trace:  # live iterations: a row still emitting appends at least one token
-      live = out.trace.emitted[:n] > 0
-      accepted.append(out.trace.num_accepted[:n][live])
-  return Run(
-    hyps,
-    int(np.concatenate(lengths).sum()),
-    jax.tree.map(lambda *x: np.concatenate(x), *stats).summed(),
-    np.asarray([seconds for _, seconds, _ in batches]),
-    np.asarray([int(np.max(out.stats.target_calls)) for out, _, _ in batches]),
-    np.concatenate(accepted) if trace else None,
-    outputs,
-  )
-
-
-def on_mesh(mesh):
-  """`jax.set_mesh(mesh)` (turns on the models' activation constraints), or nothing for None."""
-  return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
 
 
 @dataclasses.dataclass
@@ -289,7 +135,7 @@ class Plan:
     return len(c.temperatures) * (groups + len(self.drafters) * len(c.gammas) * len(c.verifiers))
 
   def decoding(self, temperature: float) -> dict:
-    """The arguments of `translate` / `translate_in_turn` every row of the plan shares: the
+    """The arguments of `translation.translate` / `translate_in_turn` every row of the plan shares: the
     pair's target and tokenizer, the test sources, the sampling at `temperature`, and the
     config's batch size, lengths and seed."""
     c = self.config
@@ -389,7 +235,7 @@ def check_config(config) -> None:
   for g in config.gammas:
     if isinstance(g, bool) or not isinstance(g, numbers.Integral) or g < 1:
       raise ValueError(f'config.gammas must hold ints >= 1, got {tuple(config.gammas)}.')
-  check_methods(config.verifiers, 'config.verifiers')
+  translation.check_methods(config.verifiers, 'config.verifiers')
   for temperature, gamma, verifier in itertools.product(
     config.temperatures, config.gammas, config.verifiers
   ):
@@ -408,16 +254,6 @@ def check_config(config) -> None:
     raise ValueError(f'config.target is set: also set config.{", config.".join(missing)}.')
   if given and not config.get('target'):
     raise ValueError(f'config.{given[0]} needs config.target (a pair given by checkpoints).')
-
-
-def check_methods(methods: Sequence[str], what: str = 'methods') -> None:
-  """Raises ValueError unless `methods` are distinct, each 'autoregressive' or a verifier name
-  (`verify.check_verifier`)."""
-  if not methods or len(set(methods)) != len(methods):
-    raise ValueError(f'{what} must be distinct names, at least one; got {tuple(methods)}.')
-  for method in methods:
-    if method != AUTOREGRESSIVE:
-      verify.check_verifier(method)
 
 
 def _positive_int(name: str, value) -> None:
@@ -463,7 +299,7 @@ def model_costs(plan: Plan) -> dict[tuple[str, int], dict[str, float]]:
   drafter's: each gamma's is the median over every drafter's measurement (less noise than one
   drafter's rounds)."""
   c = plan.config
-  with on_mesh(plan.mesh):
+  with translation.on_mesh(plan.mesh):
     costs = {
       (name, gamma): timing.step_costs(
         plan.pair.target,
@@ -491,12 +327,12 @@ def model_costs(plan: Plan) -> dict[tuple[str, int], dict[str, float]]:
   }
 
 
-def autoregressive_row(plan: Plan, temperature: float, run: Run) -> Row:
+def autoregressive_row(plan: Plan, temperature: float, run: translation.Run) -> Row:
   """The row of autoregressive decoding at `temperature`."""
   return Row(
     task=plan.task,
     drafter='-',
-    method=AUTOREGRESSIVE,
+    method=translation.AUTOREGRESSIVE,
     temp=temperature,
     gamma=0,
     block_efficiency=1.0,
@@ -508,8 +344,8 @@ def autoregressive_row(plan: Plan, temperature: float, run: Run) -> Row:
 
 
 def speculative_row(
-  plan: Plan, drafter: str, verifier: str, gamma: int, temperature: float, run: Run,
-  baseline: Run, cost: dict[str, float],
+  plan: Plan, drafter: str, verifier: str, gamma: int, temperature: float, run: translation.Run,
+  baseline: translation.Run, cost: dict[str, float],
 ) -> Row:  # fmt: skip
   """The row of `run` (`verifier` with `drafter`), timed in turn with the autoregressive
   `baseline` over the same batches; `cost` is its entry of `model_costs`."""
@@ -526,8 +362,10 @@ def speculative_row(
   # The loops' own costs, fitted over the batches (NaN: batches of one iteration count): an
   # iteration of this run in autoregressive steps of its baseline, and each one's fixed seconds
   # per call, which the formula leaves out.
-  fixed, per_iteration = loop_costs(run.batch_seconds, run.batch_iterations)
-  baseline_fixed, per_step = loop_costs(baseline.batch_seconds, baseline.batch_iterations)
+  fixed, per_iteration = translation.loop_costs(run.batch_seconds, run.batch_iterations)
+  baseline_fixed, per_step = translation.loop_costs(
+    baseline.batch_seconds, baseline.batch_iterations
+  )
   iteration_cost = per_iteration / per_step if per_iteration > 0 and per_step > 0 else None
   calls = len(run.batch_seconds)
   predicted_call = None
@@ -562,7 +400,7 @@ def speculative_row(
 
 def rows(plan: Plan, *, progress: bool = True) -> Iterator[Row]:
   """Measures the model costs (`model_costs`), then at each temperature every (drafter, gamma):
-  each batch decoded autoregressively and with every verifier in turn (`translate_in_turn`).
+  each batch decoded autoregressively and with every verifier in turn (`translation.translate_in_turn`).
   Yields each Row as soon as it is measured: a temperature's autoregressive row is its first
   baseline's. A progress bar with ETA counts decoded sentences (process 0 alone shows it)."""
   from tqdm.auto import tqdm  # imported here: only the main job's progress needs it
@@ -577,7 +415,7 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[Row]:
   )
 
   def decode_in_turn(drafter, gamma, temperature, methods):
-    return translate_in_turn(
+    return translation.translate_in_turn(
       drafter=drafter,
       methods=methods,
       gamma=gamma,
@@ -592,11 +430,13 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[Row]:
   groups = [(name, gamma) for name in plan.drafters for gamma in c.gammas]
   for temperature in c.temperatures:
     if not groups:
-      (baseline,) = decode_in_turn(None, 1, temperature, (AUTOREGRESSIVE,)).values()
+      (baseline,) = decode_in_turn(None, 1, temperature, (translation.AUTOREGRESSIVE,)).values()
       yield autoregressive_row(plan, temperature, baseline)
     for i, (name, gamma) in enumerate(groups):
-      runs = decode_in_turn(plan.drafters[name], gamma, temperature, (AUTOREGRESSIVE, *c.verifiers))
-      baseline = runs[AUTOREGRESSIVE]
+      runs = decode_in_turn(
+        plan.drafters[name], gamma, temperature, (translation.AUTOREGRESSIVE, *c.verifiers)
+      )
+      baseline = runs[translation.AUTOREGRESSIVE]
       if i == 0:
         yield autoregressive_row(plan, temperature, baseline)
       for verifier in c.verifiers:

@@ -8,7 +8,8 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 
-from specdec_jax.measure.evaluation import AUTOREGRESSIVE, COLUMNS, Row
+from specdec_jax.measure.evaluation import COLUMNS, Row
+from specdec_jax.measure.translation import AUTOREGRESSIVE
 
 
 class ResultsWriter:
