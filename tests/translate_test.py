@@ -34,7 +34,7 @@ def _spy_decodings(monkeypatch) -> list:
     decoded.append((kwargs['sampling'].temperature, runs := real(*args, **kwargs)))
     return runs
 
-  monkeypatch.setattr(evaluation, 'translate_in_turn', spy)
+  monkeypatch.setattr(translation, 'translate_in_turn', spy)
   return decoded
 
 
