@@ -82,6 +82,11 @@ def buffer_length(max_new_tokens: int, gamma: int) -> int:
   return max_new_tokens + gamma + 2
 
 
+# How a drafter proposes at temperature > 0: 'sample' draws X_i ~ q_i; 'argmax' proposes q_i's
+# most likely token with q_i its one-hot vector. Both are exact (docs/method.md, "Block drafting").
+PROPOSALS = ('sample', 'argmax')
+
+
 @dataclasses.dataclass(frozen=True)
 class LoopSpec:
   """Everything static about a decode loop: the one hashable static argument of its jit.
@@ -120,6 +125,7 @@ class LoopSpec:
   draft_stop: float | None = None
   unroll_draft: bool = False
   trace: bool = False
+  proposal: str = 'sample'
 
   def __post_init__(self):
     validation.check_sampling(self.sampling)
@@ -133,6 +139,8 @@ class LoopSpec:
       if self.num_drafts != 1:
         raise ValueError(f'draft_stop needs num_drafts=1, got num_drafts={self.num_drafts}.')
       object.__setattr__(self, 'draft_stop', float(stop))
+    if self.proposal not in PROPOSALS:
+      raise ValueError(f'proposal must be one of {PROPOSALS}, got {self.proposal!r}.')
     if not isinstance(self.unroll_draft, (bool, np.bool_)):
       raise TypeError(f'unroll_draft must be a bool, got {self.unroll_draft!r}.')
     object.__setattr__(self, 'unroll_draft', bool(self.unroll_draft))
@@ -258,16 +266,29 @@ def _iteration(target, drafter, rng, spec: LoopSpec):
   """The speculative loop's body: `_State` -> `_State` after one iteration of every row."""
   (target_steps, target_params), (draft_steps, draft_params) = target, drafter
   k = spec.num_drafts
-  draft = functools.partial(
-    decode_steps.draft,
-    draft_steps,
-    draft_params,
-    gamma=spec.gamma,
-    sampling=spec.sampling,
-    greedy=spec.greedy,
-    stop=spec.draft_stop,
-    unroll_draft=spec.unroll_draft,
-  )
+  if getattr(draft_steps, 'block_size', None):
+    draft = functools.partial(
+      decode_steps.draft_block,
+      draft_steps,
+      draft_params,
+      gamma=spec.gamma,
+      sampling=spec.sampling,
+      greedy=spec.greedy,
+      stop=spec.draft_stop,
+      proposal=spec.proposal,
+    )
+  else:
+    draft = functools.partial(
+      decode_steps.draft,
+      draft_steps,
+      draft_params,
+      gamma=spec.gamma,
+      sampling=spec.sampling,
+      greedy=spec.greedy,
+      stop=spec.draft_stop,
+      unroll_draft=spec.unroll_draft,
+      proposal=spec.proposal,
+    )
   reads_states = getattr(draft_steps, 'reads_target_states', False)
   score = functools.partial(
     decode_steps.target_pass, target_steps, target_params, with_states=reads_states
@@ -369,6 +390,7 @@ def autoregressive_loop(steps, params, input_ids, input_mask, rng, *, spec) -> D
 def _autoregressive_call(model, input_ids, input_mask, *, sampling, max_new_tokens):
   """Validates `generate`'s arguments: ((steps, params, ids, mask), LoopSpec)."""
   steps, params = step_models.as_step_model(model)
+  step_models.check_target(steps)
   validation.check_sampling(sampling)
   ids, mask, max_new_tokens = validation.check_inputs(steps, input_ids, input_mask, max_new_tokens)
   return (steps, params, ids, mask), LoopSpec(sampling=sampling, max_new_tokens=max_new_tokens)
@@ -388,6 +410,7 @@ def _speculative_call(
   num_drafts=1,
   draft_stop=None,
   unroll_draft=False,
+  proposal=None,
 ):
   """Validates `speculative_generate`'s arguments: (the loop's arguments before rng, LoopSpec)."""
   gamma = validation.as_int('gamma', gamma, 1)
@@ -395,12 +418,14 @@ def _speculative_call(
   validation.check_sampling(sampling)
   target_steps, target_params = step_models.as_step_model(target)
   draft_steps, draft_params = step_models.as_step_model(drafter)
+  step_models.check_target(target_steps)
   if draft_steps.vocab_size != target_steps.vocab_size:
     raise ValueError(
       f'Drafter and target vocabularies differ: drafter vocab_size='
       f'{draft_steps.vocab_size}, target vocab_size={target_steps.vocab_size}.'
     )
   step_models.check_state_reader(draft_steps, target_steps)
+  step_models.check_block_drafter(draft_steps, gamma)
   ids, mask, max_new_tokens = validation.check_inputs(
     target_steps, input_ids, input_mask, max_new_tokens, drafter=draft_steps
   )
@@ -413,8 +438,15 @@ def _speculative_call(
     draft_stop=draft_stop,
     unroll_draft=unroll_draft,
     trace=bool(trace),
+    proposal=proposal or default_proposal(draft_steps),
   )
   return (target_steps, target_params, draft_steps, draft_params, ids, mask), spec
+
+
+def default_proposal(draft_steps) -> str:
+  """'argmax' for a block drafter (its drafts are accepted more often than independent draws:
+  docs/results.md, "Block drafting"), else 'sample' (an autoregressive drafter's own law)."""
+  return 'argmax' if getattr(draft_steps, 'block_size', None) else 'sample'
 
 
 # eval_shape: no backend starts at import (jax.distributed.initialize must come first).
@@ -472,6 +504,7 @@ def speculative_generate(
   unroll_draft: bool = False,
   trace: bool = False,
   check_finite: bool = True,
+  proposal: str | None = None,
 ) -> DecodeOutput:
   """Speculative decoding: output distributed exactly as `generate(target, ...)`.
 
@@ -516,6 +549,12 @@ def speculative_generate(
       iteration) in `out.trace`; off, the loop records nothing.
     check_finite: raise `NonFiniteError` if the target's logits or either model's probabilities
       held NaN or inf; False returns the output with `stats.nonfinite` counts instead.
+    proposal: at temperature > 0, 'sample' draws each draft from the drafter's law q_i,
+      'argmax' proposes q_i's most likely token with a one-hot q_i (both exact); None: the
+      drafter's default (`default_proposal`: 'argmax' for a block drafter, else 'sample').
+
+  A block drafter (a step model with `block_size`, e.g. a T5 with `T5Config.block_size`) proposes
+  all gamma <= block_size drafts in one call (`decode_steps.draft_block`).
 
   Returns:
     DecodeOutput: tokens int32[B, M], lengths int32[B], per-row `DecodeStats`, and the trace.
@@ -533,6 +572,7 @@ def speculative_generate(
     num_drafts=num_drafts,
     draft_stop=draft_stop,
     unroll_draft=unroll_draft,
+    proposal=proposal,
   )
   out = speculative_loop(*args, validation.check_rng(rng, sampling), spec=spec)
   return validation.raise_if_nonfinite(out, 'The target or the drafter') if check_finite else out
@@ -567,6 +607,7 @@ def lower_speculative(
   num_drafts: int = 1,
   draft_stop: float | None = None,
   unroll_draft: bool = False,
+  proposal: str | None = None,
 ) -> jax.stages.Lowered:
   """`speculative_generate`'s program lowered for these shapes (trace off), without running it.
 
@@ -587,5 +628,6 @@ def lower_speculative(
     num_drafts=num_drafts,
     draft_stop=draft_stop,
     unroll_draft=unroll_draft,
+    proposal=proposal,
   )
   return speculative_loop.lower(*args, _ABSTRACT_KEY, spec=spec)

@@ -100,6 +100,7 @@ def draft(
   target_states=None,
   stop=None,
   unroll_draft: bool = False,
+  proposal: str = 'sample',
 ):
   """Step 1 of an iteration: the drafter proposes gamma tokens after seq[:, :n + 1].
 
@@ -118,6 +119,8 @@ def draft(
     stop: `LoopSpec.draft_stop`, or None.
     unroll_draft: unroll the scan of the gamma - 1 later calls (`LoopSpec.unroll_draft`): the
       same numbers, with no while loop (fewer launches on an accelerator, longer compiles).
+    proposal: 'sample' (X_i ~ q_i) or 'argmax' (q_i's most likely token, q_i one-hot) when not
+      greedy (`LoopSpec.proposal`).
 
   Returns:
     (tokens int32[B, G], q float32[B, G, V] or None when greedy, cache, lengths: None without
@@ -126,7 +129,7 @@ def draft(
     X_G is drafted but not fed.
   """
   logits, predicted, cache = _first_draft_call(steps, params, cache, seq, n, target_states)
-  draw = functools.partial(_draw, greedy=greedy, sampling=sampling, stop=stop)
+  draw = functools.partial(_draw, greedy=greedy, sampling=sampling, stop=stop, proposal=proposal)
 
   def body(carry, key):
     logits, predicted, cache = carry
@@ -150,6 +153,57 @@ def draft(
     return tokens, None, cache, lengths
   probs = jnp.concatenate([jnp.moveaxis(probs, 0, 1), last_q[:, None]], axis=1)
   return tokens, probs, cache, lengths
+
+
+def draft_block(
+  steps,
+  params,
+  cache,
+  seq,
+  n,
+  rng,
+  *,
+  gamma,
+  sampling,
+  greedy,
+  target_states,
+  stop=None,
+  proposal: str = 'argmax',
+):
+  """Step 1 by a block drafter (`block_size`): all gamma drafts from ONE call (`step_block`).
+
+  The call catches the drafter up on what the last iteration kept, as `_first_draft_call` does for
+  a drafter reading the target's states, and returns each draft position's logits, conditioned on
+  the kept prefix only. Draft i is drawn from its own position's law q_i under the sampling
+  transform p gets ('sample'), or is that law's argmax with q_i its one-hot vector ('argmax').
+  Either way the drafts' joint law is the product of the q_i, so Q(X_i | prefix, X_<i) = q_i(X_i)
+  and every verifier stays exact (docs/method.md, "Block drafting").
+
+  Args and returns: as `draft`'s (`target_states` required; `proposal` 'argmax' or 'sample'). The
+  cache's end_index is n + 1 on exit: the drafts are not fed.
+  """
+  features, state_start = target_states
+  start = state_start + 1
+  tokens = row_slice(seq, start, features.shape[1])
+  num_kept = jnp.clip(n - start + 1, 1, tokens.shape[1])
+  with jax.named_scope('drafter'):
+    logits, cache = steps.step_block(
+      params, tokens, features, cache.replace(end_index=start), gamma, num_kept
+    )
+  with jax.named_scope('sampling'):
+    if greedy or proposal == 'argmax':
+      drafts, q = sampling_lib.argmax(logits), None
+      if not greedy:
+        q = jax.nn.one_hot(drafts, logits.shape[-1], dtype=jnp.float32)
+    else:
+      q = sampling_lib.logits_to_probs(logits, sampling)
+      drafts = sampling_lib.sample(rng, q)
+    lengths = None
+    if stop is not None:  # the first unsure draft is the last one kept
+      own = jnp.take_along_axis(logits, drafts[..., None], axis=-1)[..., 0]
+      unsure = jnp.exp(own - jax.nn.logsumexp(logits, axis=-1)) < stop
+      lengths = jnp.where(unsure.any(1), jnp.argmax(unsure, axis=1) + 1, gamma).astype(jnp.int32)
+  return drafts, q, cache, lengths
 
 
 def _first_draft_call(steps, params, cache, seq, n, target_states):
@@ -178,11 +232,14 @@ def _first_draft_call(steps, params, cache, seq, n, target_states):
 
 
 @jax.named_scope('sampling')
-def _draw(key, logits, *, greedy, sampling, stop):
+def _draw(key, logits, *, greedy, sampling, stop, proposal='sample'):
   """One draft per row from the drafter's logits f32[B, V]: (token int32[B], q f32[B, V] or None
   when greedy, unsure: None without `stop`, else bool[B] the token's own probability < stop)."""
   if greedy:
     token, q = sampling_lib.argmax(logits), None
+  elif proposal == 'argmax':
+    token = sampling_lib.argmax(logits)
+    q = jax.nn.one_hot(token, logits.shape[-1], dtype=jnp.float32)
   else:
     token, q = draft_token(key, logits, sampling)
   if stop is None:

@@ -94,7 +94,9 @@ def _names(path) -> list[str]:
 
 def _axes(names: list[str], leaf) -> P:
   """The logical axes of the T5 param at `names` (by its last one or two names)."""
-  if names[-1] == 'embedding':
+  if names[-1] == 'embedding' and len(names) > 1 and names[-2] == 'block_queries':
+    spec = ('length', 'embed')  # a block drafter's per-offset query slots: replicated
+  elif names[-1] == 'embedding':
     spec = ('vocab', 'embed')
   elif names[-1] == 'rel_embedding':
     spec = ('heads', 'relpos_buckets')

@@ -33,6 +33,11 @@ class StepModel(Protocol):
       where features[:, t] is the target's state at the position before tokens[:, t]. Its target
       then needs `state_dim` (= feature_dim) and
       `step_states(params, tokens, cache) -> (logits, states [B, T, state_dim], cache)`.
+    block_size: int, for a block drafter (it also reads the target's states): the most drafts
+      one call of `step_block(params, tokens, features, cache, gamma, num_kept int32[B])
+        -> (logits f32[B, gamma, V], cache)` proposes: the laws of the gamma positions after
+      each row's pending token tokens[b, num_kept[b] - 1], conditioned on the kept prefix only,
+      the cache caught up on the kept positions (end_index advanced by num_kept).
     step_at: `step_at(params, tokens, features, cache, logits_at int32[B])
         -> (logits [B, 1, V], predicted features [B, 1, F] or None, cache advanced by T)`: a
       drafter's call that reads only position logits_at[b] of each row (`step`, or
@@ -89,6 +94,25 @@ def check_state_reader(drafter_steps, target_steps) -> None:
     raise ValueError(
       f'The drafter reads target states of width feature_dim={drafter_steps.feature_dim}, but '
       f"the target's states have width {width} (its d_model): it was trained for another target."
+    )
+
+
+def check_target(target_steps) -> None:
+  """Raises ValueError if `target_steps` is a block drafter (it cannot decode alone)."""
+  if getattr(target_steps, 'block_size', None):
+    raise ValueError(
+      f'This model is a block drafter (block_size={target_steps.block_size}): it drafts for a '
+      'target inside speculative_generate and cannot be the target or decode alone.'
+    )
+
+
+def check_block_drafter(drafter_steps, gamma: int) -> None:
+  """Raises ValueError if a block drafter cannot propose `gamma` drafts in one call."""
+  block = getattr(drafter_steps, 'block_size', None)
+  if block and gamma > block:
+    raise ValueError(
+      f"gamma={gamma} exceeds the block drafter's block_size={block}: one call proposes at "
+      f'most {block} drafts.'
     )
 
 

@@ -79,6 +79,19 @@ def _eagle(c):
   c.on_policy_every = 0  # it cannot draft without the target
 
 
+def _block(c):
+  # A block drafter for pretrained/ende48m's target (issue 45): its distilled drafter made to read
+  # the target's states and to fill block_size - 1 query slots (t5_growth.add_feature_input,
+  # add_block_queries), grown to 2 decoder layers, distilled on greedy and sampled outputs.
+  _deeper(c)
+  c.student.feature_dim = 0  # 0: the target's d_model
+  c.student.block_size = 8
+  c.num_train_sources = 10_000
+  c.eval_gamma = 8
+  c.learning_rate, c.num_train_steps, c.eval_every = 1e-3, 1500, 500
+  c.on_policy_every = 0  # it cannot draft without the target
+
+
 def _debsumm(c):
   # The 13.5M debsumm target (pretrained/debsumm: pretrained/ende's target fine-tuned on Debian
   # description -> synopsis, same shape and tokenizer); its drafter starts from pretrained/ende's
@@ -106,6 +119,18 @@ def _debsumm48m(c):
   _debsumm(c)
   c.teacher = str(_ROOT / 'pretrained' / 'debsumm48m' / 'target')
   c.init_from = str(_ROOT / 'pretrained' / 'debsumm' / 'distilled')
+
+
+def _block_debsumm48m(c):
+  # The block drafter of pretrained/debsumm48m's target, from its distilled drafter, as `block`.
+  _debsumm48m(c)
+  c.init_from = str(_ROOT / 'pretrained' / 'debsumm48m' / 'distilled')
+  c.data_temperatures = (0.0, 1.0)
+  c.student.update(feature_dim=0, block_size=8, num_decoder_layers=2)
+  c.num_train_sources = 4_000
+  c.eval_gamma = 8
+  c.learning_rate, c.num_train_steps, c.eval_every = 1e-3, 1200, 400
+  c.on_policy_every = 0
 
 
 def _paper(c):
@@ -197,6 +222,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # and the weight of its state-prediction error in the loss.
   c.feature_passes = 2
   c.feature_weight = 0.5
+  c.block_anchors = 16
+  c.block_decay = 0.8
   # Run the target over the training pairs once (its encoder output and final decoder states,
   # kept in RAM: 4 bytes x d_model per token) so that each step pays only its output layer; the
   # loss is the same. False: the whole target runs in every step (no memory needed).
@@ -227,6 +254,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # None: an ordinary decoder; 0 (the target's d_model): EAGLE-style, it also reads the
       # target's final decoder states (T5Config.feature_dim).
       feature_dim=None,
+      # None; or a block drafter (needs feature_dim): the most drafts one call proposes
+      # (T5Config.block_size), trained on random block starts (block_anchors per sequence, block
+      # position j weighted block_decay**j; docs/training.md, "Block drafters").
+      block_size=None,
       feed_forward='gated-gelu',
       tie_word_embeddings=True,
       max_source_length=512,
@@ -244,6 +275,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       'eagle': _eagle,
       'debsumm': _debsumm,
       'debsumm48m': _debsumm48m,
+      'block': _block,
+      'block_debsumm48m': _block_debsumm48m,
       'paper': _paper,
     },
   )

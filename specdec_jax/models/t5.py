@@ -76,6 +76,8 @@ class T5Steps:
   reads_target_states = property(lambda self: self.config.feature_dim is not None)
   feature_dim = property(lambda self: self.config.feature_dim)
   state_dim = property(lambda self: self.config.d_model)  # width of `step_states`' states
+  # A block drafter: the most drafts one `step_block` call proposes (None: token by token).
+  block_size = property(lambda self: self.config.block_size)
 
   def encode(self, params, input_ids, input_mask):
     return encode(params, input_ids, input_mask, config=self.config)
@@ -86,6 +88,11 @@ class T5Steps:
     )
 
   def step(self, params, tokens, cache):
+    if self.block_size is not None:
+      raise ValueError(
+        'This T5 is a block drafter (block_size is set): it drafts only inside '
+        'speculative_generate (step_block); it cannot decode alone or be a target.'
+      )
     if self.reads_target_states:
       raise ValueError(
         "This T5 reads the target's decoder states (feature_dim is set): it drafts only inside "
@@ -105,6 +112,37 @@ class T5Steps:
       logits_at=logits_at,
     )  # fmt: skip
     return logits, predicted_features(params, states, config=self.config), cache
+
+  def step_block(self, params, tokens, features, cache, gamma: int, num_kept):
+    """A block drafter's call: the logits of gamma drafts after the pending token, in one pass.
+
+    Args:
+      tokens: int32[B, T] decoder inputs from the cache's end_index: each row's first
+        num_kept[b] are kept positions (the last, tokens[b, num_kept[b] - 1], the pending token);
+        the rest are unread.
+      features: f32[B, T, feature_dim], the target's state at the position before each token.
+      cache: the drafter's cache, holding the positions before tokens[:, 0].
+      gamma: G <= block_size drafts.
+      num_kept: int32[B] in 1..T.
+
+    Returns:
+      (logits f32[B, G, V]: draft 1 from the pending token's output, draft i + 1 from query slot
+      i, which sits at the position after slot i - 1; the cache caught up on the kept positions,
+      end_index advanced by num_kept). The pass is T + G - 1 wide: the slots of a row follow its
+      kept tokens and overwrite its unread ones, then lie past end_index, stale.
+    """
+    if not 1 <= gamma <= self.block_size:
+      raise ValueError(f"gamma={gamma} drafts exceed this drafter's block_size={self.block_size}.")
+    width = tokens.shape[1] + gamma - 1
+    pad = lambda x: jnp.pad(x, [(0, 0), (0, gamma - 1)] + [(0, 0)] * (x.ndim - 2))
+    slots = jnp.maximum(jnp.arange(width) - num_kept[:, None] + 1, 0)
+    logits_at = num_kept[:, None] - 1 + jnp.arange(gamma)
+    start = cache.end_index
+    logits, cache = decode(
+      params, pad(tokens), cache, config=self.config, features=pad(features), slots=slots,
+      logits_at=logits_at,
+    )  # fmt: skip
+    return logits, cache.replace(end_index=start + num_kept)
 
   def step_states(self, params, tokens, cache):
     """`step` that also returns the normed final decoder states [B, T, D] (what an EAGLE-style
@@ -129,9 +167,10 @@ def _relpos_bias(
   bidirectional: bool,
   config: T5Config,
 ) -> jax.Array:
-  """f32[B|1, N, T, S] bias from the table rel_embedding [N, buckets], q_pos [B|1, T], k_pos [S]."""
+  """f32[B|1, N, T, S] bias from the table rel_embedding [N, buckets], q_pos [B|1, T], k_pos
+  [S] or [B|1, S]."""
   buckets = t5_relpos.relative_position_bucket(
-    k_pos - q_pos[..., None],
+    k_pos[..., None, :] - q_pos[..., None],
     bidirectional=bidirectional,
     num_buckets=config.relative_attention_num_buckets,
     max_distance=config.relative_attention_max_distance,
@@ -248,6 +287,8 @@ def _decoder(
   self_cache: tuple[jax.Array, jax.Array, jax.Array] | None = None,
   dropout: Dropout = None,
   features: jax.Array | None = None,
+  slots: jax.Array | None = None,
+  layout: tuple[jax.Array, jax.Array] | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
   """The decoder stack on T new positions, up to its final norm (`_logits` is the output layer).
 
@@ -265,6 +306,13 @@ def _decoder(
     dropout: (key, rate) for training (see `forward`), or None.
     features: [B, T, feature_dim] for a model with `config.feature_dim` (and only then): the
       target's final decoder state at the position before each token (zeros before position 0).
+    slots: int32[B, T] for a block drafter (`config.block_size`): 0 where the input is the token
+      (and its feature), i >= 1 where it is query slot i (`decoder/block_queries`, row i - 1;
+      token and feature unread); None: every input is a token.
+    layout: (positions int32[B, T], attend bool[B, T, T]) for teacher forcing without a cache:
+      each input's decoder position and which inputs it attends to (a block drafter's training
+      pass packs a sequence and its blocks in one row, `block_forward`); None: positions 0..T-1,
+      causal.
 
   Returns:
     the normed final states [B, T, D], and the updated (self_k, self_v) (None without a cache).
@@ -276,24 +324,33 @@ def _decoder(
     )
   dec = params['decoder']
   t = tokens.shape[1]
+  if (slots is None) != (config.block_size is None):
+    raise ValueError(
+      f'slots must be given exactly when config.block_size is set: block_size '
+      f'{config.block_size}, slots {None if slots is None else slots.shape}.'
+    )
   if self_cache is None:
-    q_pos = jnp.arange(t)[None]
-    k_pos = jnp.arange(t)
+    q_pos, attend = layout if layout is not None else (jnp.arange(t)[None], None)
+    k_pos = q_pos if layout is not None else jnp.arange(t)
   else:
     self_k, self_v, end_index = self_cache
-    q_pos = end_index[:, None] + jnp.arange(t)
+    q_pos, attend = end_index[:, None] + jnp.arange(t), None
     k_pos = jnp.arange(self_k.shape[2])
   bias = _relpos_bias(
     dec['relpos_bias']['rel_embedding'], q_pos, k_pos, bidirectional=False, config=config
   )
   # Causal within the chunk; also hides stale cache slots (>= end_index + T) left by rejections.
-  self_mask = (k_pos <= q_pos[..., None])[:, None]
+  self_mask = (k_pos[..., None, :] <= q_pos[..., None] if attend is None else attend)[:, None]
   cross_mask = encoder_mask[:, None, None, :]
 
   drop = dropper(dropout, stream=1)
   x = _embed(params, tokens, config)
   if features is not None:
     x = x + _dense(features, dec['feature_in'], config)
+  if slots is not None:
+    queries = dec['block_queries']['embedding'].astype(x.dtype)
+    slot_x = jnp.take(queries, jnp.clip(slots - 1, min=0, max=queries.shape[0] - 1), axis=0)
+    x = jnp.where((slots > 0)[..., None], slot_x, x)
   x = drop(x, 0)
   for i in range(config.num_decoder_layers):
     layer = dec[f'layers_{i}']
@@ -425,6 +482,7 @@ def decode(
   features: jax.Array | None = None,
   return_states: bool = False,
   logits_at: jax.Array | None = None,
+  slots: jax.Array | None = None,
 ):
   """Scores T new decoder positions per row and appends them to the cache.
 
@@ -445,6 +503,8 @@ def decode(
       tokens[b, logits_at[b]], shaped [B, 1, ...]: the output layer then runs on one row (the
       decode loop's first drafter call feeds two positions and reads one; on a CPU a few-row
       tied output layer can cost many one-row ones: docs/performance.md, "Few-row dots").
+      int32[B, R]: R positions per row, [B, R, ...] (a block drafter's call).
+    slots: int32[B, T], for (only) a block drafter: which inputs are query slots (`_decoder`).
 
   Returns:
     (logits f32[B, T, V] predicting position end_index[b] + t + 1, cache with end_index += T);
@@ -465,10 +525,12 @@ def decode(
     config=config,
     self_cache=(cache.self_k, cache.self_v, cache.end_index),
     features=features,
+    slots=slots,
   )
   cache = cache.replace(self_k=self_k, self_v=self_v, end_index=cache.end_index + tokens.shape[1])
   if logits_at is not None:
-    states = jnp.take_along_axis(states, logits_at[:, None, None], axis=1)
+    rows = logits_at[:, None] if logits_at.ndim == 1 else logits_at
+    states = jnp.take_along_axis(states, rows[..., None], axis=1)
   logits = _logits(params, states, config)
   return (logits, states, cache) if return_states else (logits, cache)
 
@@ -562,6 +624,72 @@ def decoder_states(
     dropout=dropout,
   )
   return states
+
+
+def block_states(
+  params: Params,
+  encoded: jax.Array,
+  input_mask: jax.Array,
+  decoder_input_ids: jax.Array,
+  features: jax.Array,
+  anchors: jax.Array,
+  *,
+  config: T5Config,
+  dropout: Dropout = None,
+) -> jax.Array:
+  """A block drafter's teacher-forced pass: every block it would propose from `anchors`, at once.
+
+  One row packs the sequence's T inputs (causal, as `decoder_states`) and, for each anchor a (a
+  pending token's position), the block_size - 1 query slots that would follow it, slot j at
+  position a + j, attending to the inputs at positions <= a and to the anchor's slots 1..j
+  (DFlash's training layout: all blocks in one masked pass). The block's G = block_size outputs,
+  the anchor's own and its slots', propose the tokens after positions a .. a + G - 1, as
+  `T5Steps.step_block` proposes them while decoding.
+
+  Args:
+    decoder_input_ids: int32[B, T]; features: [B, T, feature_dim] (`shift_states` of the
+      target's states); anchors: int32[B, A] positions in 0..T-1.
+
+  Returns:
+    The normed final states [B, A, G, D] (`output_logits` turns them into logits).
+  """
+  batch, t = decoder_input_ids.shape
+  a, g = anchors.shape[1], config.block_size
+  offsets = jnp.arange(1, g)
+  slot_pos = (anchors[:, :, None] + offsets).reshape(batch, -1)  # [B, A(G-1)]
+  positions = jnp.concatenate([jnp.broadcast_to(jnp.arange(t), (batch, t)), slot_pos], axis=1)
+  slots = jnp.concatenate(
+    [jnp.zeros((batch, t), jnp.int32), jnp.tile(offsets, (batch, a)).astype(jnp.int32)], axis=1
+  )
+  # Which block each input belongs to (-1: the sequence) and the anchor it follows.
+  block = jnp.concatenate([jnp.full((t,), -1), jnp.repeat(jnp.arange(a), g - 1)])
+  anchor_of = jnp.concatenate(
+    [jnp.broadcast_to(jnp.arange(t), (batch, t)), jnp.repeat(anchors, g - 1, axis=1)], axis=1
+  )
+  is_seq = block < 0
+  # Query -> key: a sequence input sees the sequence causally; a slot sees the sequence up to its
+  # anchor and its own block's slots up to itself.
+  sees_seq = is_seq[None, None, :] & (positions[:, None, :] <= anchor_of[:, :, None])
+  sees_own = (block[:, None] == block[None, :]) & ~is_seq[None, :]
+  sees_own = sees_own[None] & (positions[:, None, :] <= positions[:, :, None])
+  attend = sees_seq | sees_own
+  pad = lambda x: jnp.pad(x, [(0, 0), (0, a * (g - 1))] + [(0, 0)] * (x.ndim - 2))
+  cross_k, cross_v = _cross_kv(params, encoded, config)
+  states, _ = _decoder(
+    params,
+    pad(decoder_input_ids),
+    cross_k,
+    cross_v,
+    input_mask.astype(bool),
+    config=config,
+    features=pad(jnp.asarray(features)),
+    dropout=dropout,
+    slots=slots,
+    layout=(positions, attend),
+  )
+  own = jnp.take_along_axis(states, anchors[..., None], axis=1)[:, :, None]  # [B, A, 1, D]
+  rest = states[:, t:].reshape(batch, a, g - 1, -1)
+  return jnp.concatenate([own, rest], axis=2)
 
 
 def output_logits(params: Params, states: jax.Array, *, config: T5Config) -> jax.Array:

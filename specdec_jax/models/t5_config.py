@@ -42,6 +42,12 @@ class T5Config:
   # state at position t - 1 to the token embedding, and the decoder predicts the target's state at
   # t, which stands in for it at position t + 1 while drafting (`t5.predicted_features`).
   feature_dim: int | None = None
+  # A block drafter (None: an ordinary decoder): the most drafts one call proposes. It reads the
+  # target's states (feature_dim set) and, after the pending token, fills block_size - 1 query
+  # slots, each a learned per-offset embedding (`decoder/block_queries`) that attends causally to
+  # the past and to the slots before it: the pending token's output proposes draft 1, slot i
+  # draft i + 1 (`t5.T5Steps.step_block`).
+  block_size: int | None = None
 
   def __post_init__(self):
     positive = (
@@ -61,10 +67,17 @@ class T5Config:
     n = self.num_encoder_layers
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
       raise ValueError(f'T5Config.num_encoder_layers must be an int >= 0, got {n!r}.')
-    for name in ('encoder_dim', 'feature_dim'):
+    for name in ('encoder_dim', 'feature_dim', 'block_size'):
       dim = getattr(self, name)
       if dim is not None and (not isinstance(dim, int) or isinstance(dim, bool) or dim < 1):
         raise ValueError(f'T5Config.{name} must be a positive int or None, got {dim!r}.')
+    if self.block_size is not None:
+      if self.block_size < 2:
+        raise ValueError(f'T5Config.block_size must be >= 2 or None, got {self.block_size}.')
+      if self.feature_dim is None:
+        raise ValueError(
+          "T5Config.block_size needs feature_dim: a block drafter reads the target's states."
+        )
     if n == 0 and self.encoder_dim is None:
       raise ValueError(
         "T5Config with num_encoder_layers=0 reads another model's encoder "

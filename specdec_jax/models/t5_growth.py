@@ -25,7 +25,8 @@ it computes what it computed over the old one: its distillation to the grown tar
 there.
 
 `add_feature_input(model, feature_dim, rng)` makes a decoder an EAGLE-style one (it reads the
-target's decoder states, `T5Config.feature_dim`) that starts computing what it computed.
+target's decoder states, `T5Config.feature_dim`) that starts computing what it computed;
+`add_block_queries(model, block_size, rng)` makes that a block drafter (`T5Config.block_size`).
 """
 
 import dataclasses
@@ -56,6 +57,8 @@ def _check(old: T5Config, new: T5Config) -> int:
     'relative_attention_num_buckets',
     'relative_attention_max_distance',
     'encoder_dim',
+    'feature_dim',
+    'block_size',
   )
   problems += [
     f'{name} differs ({getattr(old, name)} -> {getattr(new, name)})'
@@ -192,6 +195,12 @@ def grow(model: t5.T5Model, config: T5Config, rng: jax.Array, noise: float = 1e-
     params['decoder']['logits_dense'] = {
       'kernel': growth.read(model.params['decoder']['logits_dense']['kernel'])
     }
+  # An EAGLE-style or block drafter's own inputs (they write into the stream) and state predictor.
+  extras = {'feature_in': growth.write, 'block_queries': growth.write, 'feature_out': growth.read}
+  for name, widen in extras.items():
+    if name in model.params['decoder']:
+      ((leaf, w),) = model.params['decoder'][name].items()
+      params['decoder'][name] = {leaf: widen(w)}
   return t5.T5Model(config=config, params=params)
 
 
@@ -246,4 +255,24 @@ def add_feature_input(model: t5.T5Model, feature_dim: int, rng: jax.Array) -> t5
     feature_in={'kernel': jnp.zeros_like(fresh['feature_in']['kernel'])},
     feature_out=fresh['feature_out'],
   )
+  return t5.T5Model(config=config, params={**model.params, 'decoder': decoder})
+
+
+def add_block_queries(model: t5.T5Model, block_size: int, rng: jax.Array) -> t5.T5Model:
+  """An EAGLE-style decoder made a block drafter (`T5Config.block_size`): its query slots
+  (`decoder/block_queries`) randomly initialised, its state predictor dropped; the pending
+  token's output, draft 1, is computed as `model` computed it.
+
+  Raises:
+    ValueError: `model` does not read target states, or is a block drafter already.
+  """
+  if model.config.feature_dim is None or model.config.block_size is not None:
+    raise ValueError(
+      'add_block_queries needs an EAGLE-style decoder (feature_dim set, block_size None), got '
+      f'feature_dim {model.config.feature_dim}, block_size {model.config.block_size}.'
+    )
+  config = dataclasses.replace(model.config, block_size=block_size)
+  decoder = dict(model.params['decoder'])
+  decoder.pop('feature_out')
+  decoder['block_queries'] = t5.init_params(rng, config)['decoder']['block_queries']
   return t5.T5Model(config=config, params={**model.params, 'decoder': decoder})

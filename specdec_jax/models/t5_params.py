@@ -75,7 +75,10 @@ def init_params(rng: jax.Array, config: T5Config) -> Params:
     decoder['logits_dense'] = {'kernel': ((d, config.vocab_size), kernel)}
   if config.feature_dim:
     decoder['feature_in'] = {'kernel': ((config.feature_dim, d), kernel)}
-    decoder['feature_out'] = {'kernel': ((d, config.feature_dim), kernel)}
+    if not config.block_size:  # a block drafter predicts no states
+      decoder['feature_out'] = {'kernel': ((d, config.feature_dim), kernel)}
+  if config.block_size:
+    decoder['block_queries'] = {'embedding': ((config.block_size - 1, d), init.normal(1.0))}
   specs = {
     'token_embedder': {'embedding': ((config.vocab_size, d), init.normal(1.0))},
     'encoder': encoder,

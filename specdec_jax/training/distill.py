@@ -46,7 +46,13 @@ from specdec_jax.training import distill_loss, loop, trainer
 from specdec_jax.training.distill_data import TeacherStates, generate_outputs
 
 
-def measured_alpha(
+def measured_alpha(teacher, student, data: batching.EncodedPairs, **kwargs) -> float:
+  """alpha of `student` against `teacher` measured by speculative decoding of `data`'s sources
+  (pooled `DecodeStats.alpha`), as the main job reports it (`measured_stats`' arguments)."""
+  return float(measured_stats(teacher, student, data, **kwargs).alpha)
+
+
+def measured_stats(
   teacher,
   student,
   data: batching.EncodedPairs,
@@ -57,10 +63,9 @@ def measured_alpha(
   max_new_tokens: int,
   seed: int = 0,
   mesh=None,
-) -> float:
-  """alpha of `student` against `teacher` measured by speculative decoding of `data`'s sources
-  (pooled `DecodeStats.alpha`), as the main job reports it; each batch split over `mesh`'s
-  'data' axis when given."""
+) -> decode.DecodeStats:
+  """The `DecodeStats` of speculative decoding of `data`'s sources by `teacher` and `student`,
+  pooled over the rows (`summed`); each batch split over `mesh`'s 'data' axis when given."""
   stats = []
   sampling = sampling_lib.SamplingConfig(temperature=temperature)
   for i, batch in enumerate(batching.eval_batches(data, batch_size)):
@@ -78,8 +83,7 @@ def measured_alpha(
       rng=jax.random.key(seed + i),
     )
     stats.append(jax.tree.map(lambda x: x[real], decode.to_host(out.stats)))
-  pooled = jax.tree.map(lambda *x: np.concatenate(x), *stats).summed()
-  return float(pooled.alpha)
+  return jax.tree.map(lambda *x: np.concatenate(x), *stats).summed()
 
 
 def initial_student(init_from: str, student_config: t5.T5Config, rng: jax.Array) -> t5.Params:
@@ -88,16 +92,20 @@ def initial_student(init_from: str, student_config: t5.T5Config, rng: jax.Array)
   - a drafter of a smaller target, made to read the encoder of the target `t5_growth.grow` made
     from it (`t5_growth.follow_grown_encoder`), when the encoder_dim differs;
   - deeper, more heads or a wider d_ff (`t5_growth.grow`: the new layers start as the identity);
-  - an ordinary drafter made EAGLE-style (`t5_growth.add_feature_input`), as it was.
+  - an ordinary drafter made EAGLE-style (`t5_growth.add_feature_input`), as it was, and a block
+    drafter (`t5_growth.add_block_queries`: its first draft as it was, its query slots new).
 
   Raises:
     ValueError: any other difference, naming both configs and what cannot be grown.
   """
   init = checkpoints.restore(init_from)
-  follow_key, grow_key, feature_key = jax.random.split(rng, 3)
+  follow_key, grow_key, feature_key, block_key = jax.random.split(rng, 4)
   if student_config.feature_dim is not None and init.config.feature_dim is None:
     init = t5_growth.add_feature_input(init, student_config.feature_dim, feature_key)
     loop.say(f'{init_from}: made EAGLE-style (feature input starts at zero)')
+  if student_config.block_size is not None and init.config.block_size is None:
+    init = t5_growth.add_block_queries(init, student_config.block_size, block_key)
+    loop.say(f'{init_from}: made a block drafter ({student_config.block_size} drafts a call)')
   if init.config.encoder_dim and init.config.encoder_dim != student_config.encoder_dim:
     try:
       init = t5_growth.follow_grown_encoder(init, student_config.encoder_dim, follow_key)
@@ -136,6 +144,14 @@ def student_config_for(config: ml_collections.ConfigDict, teacher: t5.T5Model) -
       raise ValueError(
         'on_policy_every needs a drafter that can draft alone; an EAGLE-style one (feature_dim) '
         "reads the target's states while drafting."
+      )
+  if student_config.block_size is not None:
+    if student_config.num_encoder_layers:
+      raise ValueError("A block drafter reads the target's encoder: num_encoder_layers must be 0.")
+    if config.eval_gamma > student_config.block_size:
+      raise ValueError(
+        f"eval_gamma={config.eval_gamma} exceeds the student's block_size="
+        f'{student_config.block_size}.'
       )
   if (
     student_config.num_encoder_layers == 0 and student_config.encoder_dim != teacher.config.d_model
@@ -251,6 +267,8 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
       divergence=config.divergence,
       feature_passes=config.get('feature_passes', 2),
       feature_weight=config.get('feature_weight', 0.5),
+      block_anchors_per_row=config.get('block_anchors', 16),
+      block_decay=config.get('block_decay', 0.8),
     ),
     mesh,
     shardings,
@@ -332,10 +350,11 @@ def write_pair(directory: str, config: ml_collections.ConfigDict, *, drafter: st
   if sharding.is_main_process():
     os.makedirs(directory, exist_ok=True)
     teacher = config.teacher if '://' in config.teacher else os.path.abspath(config.teacher)
+    name = 'block' if config.student.get('block_size') else 'distilled'
     manifest = {
       'target': teacher,
-      'drafters': {'distilled': drafter},
-      'recommended': 'distilled',
+      'drafters': {name: drafter},
+      'recommended': name,
       'gamma': {f'{t:g}': config.eval_gamma for t in config.eval_temperatures},
     }
     with open(os.path.join(directory, 'pair.json'), 'w') as f:
@@ -360,8 +379,9 @@ def validation_metrics(
     ).items()
   }
   student = t5.T5Model(config=student_config, params=params)
-  alphas = [
-    measured_alpha(
+  alphas = []
+  for t in config.eval_temperatures:
+    stats = measured_stats(
       teacher,
       student,
       valid,
@@ -371,10 +391,12 @@ def validation_metrics(
       max_new_tokens=config.max_target_length,
       mesh=mesh,
     )
-    for t in config.eval_temperatures
-  ]
-  for t, a in zip(config.eval_temperatures, alphas):
-    record[f'valid_alpha_t{t:g}'] = a
+    alphas.append(float(stats.alpha))
+    record[f'valid_alpha_t{t:g}'] = alphas[-1]
+    if student_config.block_size is not None:  # tokens per target call, acceptance by position
+      record[f'valid_tokens_per_call_t{t:g}'] = float(stats.block_efficiency)
+      accepted = np.asarray(stats.accepted_per_position) / max(int(stats.target_calls), 1)
+      record.update({f'valid_accepted_t{t:g}_{j + 1}': float(a) for j, a in enumerate(accepted)})
   record['valid_alpha'] = float(np.mean(alphas))
   return record
 

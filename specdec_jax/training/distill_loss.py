@@ -106,6 +106,63 @@ def _student_passes(student_config, params, batch, teacher_states, encoded, *, p
   return results
 
 
+def block_anchors(rng, target_mask: jax.Array, num_anchors: int) -> jax.Array:
+  """int32[B, A] random block starts (pending-token positions), uniform over each row's
+  positions 0..length-1, drawn with replacement."""
+  lengths = jnp.maximum(target_mask.sum(axis=1), 1)
+  u = jax.random.uniform(rng, (target_mask.shape[0], num_anchors))
+  return jnp.minimum((u * lengths[:, None]).astype(jnp.int32), lengths[:, None] - 1)
+
+
+def block_terms(
+  student_config, params, batch, teacher_states, teacher_logits, encoded, anchors
+) -> tuple[dict, jax.Array]:
+  """A block drafter's per-position divergences from the target on the batch's sequences.
+
+  From each anchor a (a pending token's position), the block's G outputs propose the tokens after
+  positions a .. a + G - 1 (`t5.block_states`); position j's law is compared with the target's at
+  a + j, its own next-token law on the true prefix, which is what verification compares draft j
+  with whenever drafts 1..j - 1 were accepted (at temperature 0: equal to the target's tokens).
+
+  Returns:
+    (`token_divergences` f32[B, A, G], valid bool[B, A, G]: a + j inside the sequence).
+  """
+  cfg = student_config
+  decoder_in = t5.shift_right(batch['targets'], cfg.decoder_start_token_id)
+  features = t5.shift_states(jnp.asarray(teacher_states, jnp.float32))
+  states = t5.block_states(
+    params, encoded, batch['input_mask'], decoder_in, features, anchors, config=cfg
+  )
+  b, a, g, d = states.shape
+  logits = t5.output_logits(params, states.reshape(b, a * g, d), config=cfg)
+  index = anchors[:, :, None] + jnp.arange(g)  # [B, A, G] the target position each one predicts
+  t = teacher_logits.shape[1]
+  rows = jnp.clip(index, max=t - 1).reshape(b, a * g)
+  teacher = jnp.take_along_axis(teacher_logits, rows[..., None], axis=1)
+  valid = (index < t) & jnp.take_along_axis(batch['target_mask'], rows, axis=1).reshape(b, a, g)
+  terms = token_divergences(teacher, logits)
+  return {k: v.reshape(b, a, g) for k, v in terms.items()}, valid
+
+
+def _block_loss(student_config, params, batch, teacher, rng, *, num_anchors, decay, divergence):
+  """(loss, metrics) of a block drafter: the position-weighted mean divergence over random
+  block starts (weight decay**j at block position j, as a draft there counts only if the
+  earlier ones were kept), and per-position greedy agreement 'agree_<j>'."""
+  teacher_states, teacher_logits, encoded = teacher
+  anchors = block_anchors(rng, batch['target_mask'], num_anchors)
+  terms, valid = block_terms(
+    student_config, params, batch, teacher_states, teacher_logits, encoded, anchors
+  )
+  g = valid.shape[-1]
+  weights = valid * (decay ** jnp.arange(g, dtype=jnp.float32))
+  loss = jnp.sum(terms[divergence] * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+  metrics = _masked_means(terms, valid)
+  counts = jnp.maximum(valid.sum(axis=(0, 1)), 1)
+  agree = jnp.sum(terms['agree'] * valid, axis=(0, 1)) / counts
+  metrics.update({f'agree_{j + 1}': agree[j] for j in range(g)})
+  return loss, metrics
+
+
 def feature_error(predicted: jax.Array, states: jax.Array) -> jax.Array:
   """f32[B, T]: squared error of predicted target states relative to their squared norm."""
   states = jnp.asarray(states, jnp.float32)
@@ -128,9 +185,15 @@ def distill_step(
   divergence: str,
   feature_passes: int = 2,
   feature_weight: float = 0.5,
+  block_anchors_per_row: int = 16,
+  block_decay: float = 0.8,
 ):
   """One AdamW step on the mean token `divergence` between target and drafter (not jitted: the
   loop compiles it on its mesh, `trainer.compile_step`; `jit_distill_step` on one device).
+
+    A block drafter (`block_size`) is trained on `block_anchors_per_row` random block starts per
+    sequence, all in one masked pass, each block position j weighted `block_decay**j`
+    (`_block_loss`; docs/training.md, "Block drafters").
 
     An EAGLE-style student (`feature_dim`) makes `feature_passes` passes (`_student_passes`); its
     loss is the divergence averaged over them plus `feature_weight` times the mean `feature_error`
@@ -145,6 +208,17 @@ def distill_step(
   def loss_fn(params):
     teacher_states, teacher_logits, encoded = _teacher_outputs(teacher, batch)
     rng = jax.random.fold_in(jax.random.key(0), state.step)
+    if student_config.block_size is not None:
+      return _block_loss(
+        student_config,
+        params,
+        batch,
+        (teacher_states, teacher_logits, encoded),
+        rng,
+        num_anchors=block_anchors_per_row,
+        decay=block_decay,
+        divergence=divergence,
+      )
     passes = _student_passes(
       student_config,
       params,
@@ -184,6 +258,8 @@ jit_distill_step = jax.jit(
     'divergence',
     'feature_passes',
     'feature_weight',
+    'block_anchors_per_row',
+    'block_decay',
   ),
   donate_argnames=('state',),
 )
@@ -191,6 +267,15 @@ jit_distill_step = jax.jit(
 
 @functools.partial(jax.jit, static_argnames=('student_config',))
 def _eval_terms(student_params, batch, teacher, *, student_config):
+  if student_config.block_size is not None:  # every position a block start
+    teacher_states, teacher_logits, encoded = _teacher_outputs(teacher, batch)
+    t = batch['targets'].shape[1]
+    anchors = jnp.broadcast_to(jnp.arange(t), batch['targets'].shape)
+    terms, valid = block_terms(
+      student_config, student_params, batch, teacher_states, teacher_logits, encoded, anchors
+    )
+    weights = valid.astype(jnp.float32)
+    return {k: jnp.sum(v * weights) for k, v in terms.items()}, weights.sum()
   teacher_logits, student_logits = _logits(teacher, student_config, student_params, batch)
   terms = token_divergences(teacher_logits, student_logits)
   weights = batch['target_mask'].astype(jnp.float32)
