@@ -83,3 +83,74 @@ def exact_prefix_distribution(
     if prob > 0:
       dist[seq] = prob
   return dist
+
+
+# ---------------------------------------------------------------------------------------------
+# A target that gives its states, and a block drafter reading them.
+
+
+@dataclasses.dataclass(frozen=True)
+class MarkovStateSteps(MarkovSteps):
+  """A `MarkovSteps` target that also returns states: the one-hot vector of each input token
+  (state_dim = V), which a drafter reading the target's states sees at the next position."""
+
+  @property
+  def state_dim(self):
+    return self.vocab_size
+
+  def step_states(self, params, tokens, cache):
+    logits, cache = self.step(params, tokens, cache)
+    return logits, jax.nn.one_hot(tokens, self.vocab_size), cache
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSteps(MarkovSteps):
+  """A fake block drafter (`block_size`, `step_block`) whose positions' laws differ.
+
+  Draft j (1-based) of a block after the pending token x_n at position n has the logits
+  table[min(n, P-1), x_{n-1}, x_n, j - 1] + weight[j - 1] * (the target's state before x_n), with
+  x_{n-1} read from the drafter's own cache (so a loop that catches it up wrongly changes the
+  drafts) and the state from the loop's features (so misaligned states change them too). Draft j
+  depends on the kept prefix only, not on drafts 1..j - 1.
+  """
+
+  block_size: int = 3
+  reads_target_states = True
+
+  @property
+  def feature_dim(self):
+    return self.vocab_size
+
+  def step(self, params, tokens, cache):
+    raise ValueError('a block drafter drafts only inside speculative_generate')
+
+  def step_block(self, params, tokens, features, cache, gamma, num_kept):
+    if gamma > self.block_size:
+      raise ValueError(f'gamma={gamma} exceeds block_size={self.block_size}')
+    write = jax.vmap(lambda row, new, start: jax.lax.dynamic_update_slice(row, new, (start,)))
+    buffer = write(cache.tokens, tokens, cache.end_index)
+    pending = cache.end_index + num_kept - 1  # the pending token's position
+    token = jnp.take_along_axis(buffer, pending[:, None], axis=1)[:, 0]
+    before = jnp.take_along_axis(buffer, jnp.maximum(pending - 1, 0)[:, None], axis=1)[:, 0]
+    before = jnp.where(pending == 0, self.start_id, before)
+    state = jnp.take_along_axis(features, (num_kept - 1)[:, None, None], axis=1)[:, 0]  # [B, F]
+    table = params['table']  # [P, V, V, G, V]
+    logits = table[jnp.minimum(pending, table.shape[0] - 1), before, token][:, :gamma]
+    logits = logits + jnp.einsum('bf,gfv->bgv', state, params['weight'][:gamma])
+    return logits, FakeCache(buffer, cache.end_index + num_kept)
+
+
+def random_block_drafter(
+  seed: int, vocab_size: int = 4, positions: int = 8, block_size: int = 3, scale: float = 1.5
+) -> MarkovModel:
+  rng = np.random.default_rng(seed)
+  table = rng.normal(size=(positions, vocab_size, vocab_size, block_size, vocab_size)) * scale
+  weight = rng.normal(size=(block_size, vocab_size, vocab_size)) * scale
+  params = {'table': jnp.asarray(table, jnp.float32), 'weight': jnp.asarray(weight, jnp.float32)}
+  return MarkovModel(BlockSteps(vocab_size, 0, 1, block_size=block_size), params)
+
+
+def with_states(model: MarkovModel) -> MarkovModel:
+  """The same Markov chain as a target that also returns its states (`MarkovStateSteps`)."""
+  s = model.steps
+  return MarkovModel(MarkovStateSteps(s.vocab_size, s.start_id, s.eos_id), model.params)
