@@ -37,7 +37,7 @@ import itertools
 import math
 import numbers
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
 
 import jax
@@ -47,7 +47,7 @@ import numpy as np
 
 from experiments import verification_report as report
 from experiments.configs import common
-from specdec_jax import decode, verify, verify_greedy
+from specdec_jax import decode, verifiers, verify_greedy
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import evaluation, results_io, translation
 
@@ -171,21 +171,29 @@ def toy_accepted_distribution(
 
 
 def toy_monte_carlo_distribution(
-  verifier: Callable, target: Sequence, drafter: Sequence, gamma: int, samples: int, seed: int
+  verifier: verifiers.Verifier,
+  target: Sequence,
+  drafter: Sequence,
+  gamma: int,
+  samples: int,
+  seed: int,
 ) -> np.ndarray:
-  """P(tau = k), k = 0..gamma, estimated from `samples` iterations of a jitted verifier
-  (`verify.VERIFIERS[name]`) on context-free models: float64[gamma + 1]."""
+  """P(tau = k), k = 0..gamma, estimated from `samples` first iterations (from its initial
+  state) of a registered verifier's kernel on context-free models: float64[gamma + 1]."""
   p = np.asarray([float(x) for x in target], np.float32)
   q = np.asarray([float(x) for x in drafter], np.float32)
   rng = np.random.default_rng(seed)
   drafts = rng.choice(len(q), size=(samples, gamma), p=q / q.sum())
-  result = verifier(
+  state = None if verifier.init_state is None else verifier.init_state(samples, gamma)
+  tau, _, _ = jax.jit(verifier.verify)(
     jax.random.key(seed),
     jnp.asarray(drafts, jnp.int32),
     jnp.broadcast_to(q, (samples, gamma, len(q))),
     jnp.broadcast_to(p, (samples, gamma + 1, len(p))),
+    None,
+    state,
   )
-  return np.bincount(np.asarray(result.num_accepted), minlength=gamma + 1) / samples
+  return np.bincount(np.asarray(tau), minlength=gamma + 1) / samples
 
 
 def toy_greedy_block_distribution(target: Sequence, drafter: Sequence, gamma: int) -> np.ndarray:
@@ -244,7 +252,7 @@ def check(config) -> None:
   if not config.verifiers:
     raise ValueError('config.verifiers must name at least one verifier.')
   for name in config.verifiers:
-    verify.check_verifier(name)
+    verifiers.check_verifier(name)
   _ints(config, 'seeds', 0)
   _ints(config, 'batch_sizes', 1)
   _ints(config, 'num_drafts', 1)
@@ -333,7 +341,7 @@ def toy_rows(config) -> Iterator[tuple[str, list[dict]]]:
         dist = list(toy_greedy_block_distribution(SUN_TOY_TARGET, SUN_TOY_DRAFTER, gamma))
         estimate, samples = 'kernel_law', None
       else:
-        fn = verify.VERIFIERS[method]
+        fn = verifiers.get(method)
         args = (SUN_TOY_TARGET, SUN_TOY_DRAFTER, gamma, config.toy_samples, config.seeds[0])
         dist = list(toy_monte_carlo_distribution(fn, *args))
         estimate, samples = 'monte_carlo', config.toy_samples

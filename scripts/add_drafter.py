@@ -3,7 +3,7 @@
   python -m scripts.add_drafter --pair=pretrained/ende --name=distilled \
       --source=workdir/distill/best --recommend --gamma=0:4,1:3
 
---source is a `checkpoints.save` directory (a T5 drafter)
+--source is a `checkpoints.save` directory (a T5 drafter; --storage_dtype=bfloat16 halves it)
 or an n-gram `.npz`. `specdec_jax.pretrained.load` then lists it; --recommend makes it the pair's
 `.drafter`, and --gamma sets the recommended gamma per temperature.
 """
@@ -22,6 +22,9 @@ _NAME = flags.DEFINE_string('name', None, 'Drafter name.', required=True)
 _SOURCE = flags.DEFINE_string('source', None, 'Drafter checkpoint or .npz.', required=True)
 _RECOMMEND = flags.DEFINE_bool('recommend', False, 'Make it the recommended drafter.')
 _GAMMA = flags.DEFINE_string('gamma', '', 'Recommended gamma per temperature: T:G,T:G.')
+_STORAGE = flags.DEFINE_enum(
+  'storage_dtype', None, ['bfloat16'], "A T5 drafter's weights stored as (checkpoints.save)."
+)
 
 
 def main(argv):
@@ -41,7 +44,7 @@ def main(argv):
     rel = _NAME.value
     model = checkpoints.restore(source)
     shutil.rmtree(pair_dir / rel, ignore_errors=True)
-    checkpoints.save(jax.device_get(model), pair_dir / rel)
+    checkpoints.save(jax.device_get(model), pair_dir / rel, storage_dtype=_STORAGE.value)
   manifest['drafters'][_NAME.value] = rel
   if _RECOMMEND.value:
     manifest['recommended'] = _NAME.value

@@ -6,14 +6,16 @@ method needs only it and `models`.
 
 engine (specdec_jax/)
   sampling           `SamplingConfig` and the logits -> probabilities transform; `sample`.
-  verify             token and block verification of one draft (pure kernels); `NAMES`.
+  verify             token and block verification of one draft (pure kernels).
   verify_greedy      greedy block verification (one draft, levels carried between iterations).
   verify_multipath   verification of K drafted paths (multi-path block, recursive rejection).
+  verifiers          the registry of verifiers the loops run: kernels, carried state, constraints.
   analysis           the formulas of Leviathan et al. (2023), section 3, as vectorized numpy.
   cache              the decoder KV cache with a write position per row (`end_index`).
   step_models        the `StepModel` protocol the decode loops are written against.
   decode             `generate` and `speculative_generate`, each one jit.
-  decode_steps       the steps of one iteration: draft, target pass, verify, emit.
+  decode_steps       the steps of one iteration: draft (token by token, or one block call),
+                     target pass, verify, emit.
   decode_stats       `DecodeOutput`, `DecodeStats`, `SpeculativeTrace`, `to_host`.
   validation         checks at the decode loops' boundary; `NonFiniteError`.
   drafters           n-gram drafters (`NGramDrafter`).

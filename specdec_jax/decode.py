@@ -61,7 +61,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import decode_steps, step_models, validation, verify, verify_greedy
+from specdec_jax import decode_steps, step_models, validation, verifiers
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.decode_stats import (  # noqa: F401 (API)
   DecodeOutput,
@@ -96,13 +96,13 @@ class LoopSpec:
     max_new_tokens: M >= 1, the most tokens per row.
     gamma: G draft tokens per iteration (>= 1 for `speculative_loop`; 0 for
       `autoregressive_loop`, which reads no other field below).
-    verifier: one of `verify.NAMES`; 'token' whenever `greedy` (every verifier is then the same
-      program). 'greedy_block' carries per-row levels (`verify_greedy`) and needs num_drafts = 1
-      and no draft_stop.
+    verifier: a name of `verifiers.REGISTRY`; 'token' whenever `greedy` (every verifier is then
+      the same program). Its constraints (e.g. 'greedy_block': num_drafts = 1, no draft_stop)
+      are checked here (`Verifier.check`), its carried state is the loop's `verifier_state`.
     num_drafts: K >= 1 draft paths per iteration. K > 1 drafts K independent paths (each source
       row runs as K rows of both models), scores them in one target pass of K x (G + 1)
-      positions, verifies them with `verify_multipath.VERIFIERS[verifier]` and moves every copy of
-      the row onto the accepted path. K = 1 is the single-draft program.
+      positions, verifies them with the verifier's `multipath` kernel and moves every copy of the
+      row onto the accepted path. K = 1 is the single-draft program.
     draft_stop: adaptive draft length, a threshold in (0, 1) or None (always G drafts). Drafting
       stops after the first draft X_i whose probability under the drafter's own softmax (its
       logits before the sampling transform, so greedy drafting stops too) is below it; X_i is
@@ -112,9 +112,11 @@ class LoopSpec:
       `unroll`; one path or K alike): the same numbers and tokens with no while loop around the
       calls, so an accelerator launches fewer kernels per draft; compiling takes longer.
     trace: record a `SpeculativeTrace` of every iteration.
+    proposal: how a drafter proposes at temperature > 0 (`PROPOSALS`).
 
-  A new way of drafting or verifying adds its field here with a default that keeps today's
-  program; `draft` and `verify_drafts` are the steps of `speculative_loop`'s body it changes.
+  The loop's two extension points are registries it reads: a verifier is a
+  `verifiers.Verifier`, a way of drafting a `decode_steps.Drafting` (chosen by the drafter:
+  `decode_steps.drafting_of`).
   """
 
   sampling: sampling_lib.SamplingConfig
@@ -144,8 +146,7 @@ class LoopSpec:
     if not isinstance(self.unroll_draft, (bool, np.bool_)):
       raise TypeError(f'unroll_draft must be a bool, got {self.unroll_draft!r}.')
     object.__setattr__(self, 'unroll_draft', bool(self.unroll_draft))
-    verify.check_verifier(self.verifier)
-    verify_greedy.check_loop(self.verifier, self.num_drafts, self.draft_stop)
+    verifiers.get(self.verifier).check(num_drafts=self.num_drafts, draft_stop=self.draft_stop)
     if self.greedy:  # one program for both verifiers: they keep the same tokens
       object.__setattr__(self, 'verifier', 'token')
 
@@ -160,18 +161,21 @@ class LoopSpec:
 
 
 class _State(NamedTuple):
-  seq: jax.Array  # int32[B, buffer_length] decoder inputs: start token, then emitted tokens
+  """The loop's carry (axes: B rows, L buffer_length; R = B * num_drafts drafter rows)."""
+
+  seq: jax.Array  # int32[B, L] decoder inputs: start token, then emitted tokens
   n: jax.Array  # int32[B] tokens emitted
   done: jax.Array  # bool[B]
-  target_cache: Any
-  draft_cache: Any
-  stats: DecodeStats
+  target_cache: Any  # the target's cache (its step model's), R rows
+  draft_cache: Any  # the drafter's cache, R rows
+  stats: DecodeStats  # per-row counters, [B]
   iteration: jax.Array  # int32[]
-  trace: Any  # SpeculativeTrace being filled, or None
-  # For a drafter reading the target's states: (f32[B, G + 1, F] the last target pass's states,
-  # int32[B] the position of the first); else None.
-  target_states: Any
-  levels: Any  # greedy block verification's carried law, f32[B, G - 1] (verify_greedy), or None
+  trace: SpeculativeTrace | None  # being filled, or None
+  # For a drafter reading the target's states (an EAGLE-style or block drafter), else None.
+  target_states: decode_steps.TargetStates | None
+  # The verifier's carried state (`Verifier.init_state`, e.g. greedy block verification's levels
+  # f32[B, G - 1]), or None.
+  verifier_state: Any
 
 
 def _init_state(batch, spec: LoopSpec, start_id, target_cache, draft_cache, state_dim) -> _State:
@@ -184,7 +188,8 @@ def _init_state(batch, spec: LoopSpec, start_id, target_cache, draft_cache, stat
     # per path, as the drafter's.
     rows = batch * spec.num_drafts
     states = jnp.zeros((rows, spec.gamma + 1, state_dim), jnp.float32)
-    target_states = (states, jnp.full((rows,), -1, jnp.int32))
+    target_states = decode_steps.TargetStates(states, jnp.full((rows,), -1, jnp.int32))
+  init = verifiers.get(spec.verifier).init_state if spec.gamma else None
   return _State(
     seq=seq.at[:, 0].set(start_id),
     n=jnp.zeros((batch,), jnp.int32),
@@ -195,9 +200,7 @@ def _init_state(batch, spec: LoopSpec, start_id, target_cache, draft_cache, stat
     iteration=jnp.zeros((), jnp.int32),
     trace=trace,
     target_states=target_states,
-    levels=verify_greedy.empty_levels(batch, spec.gamma)
-    if spec.verifier == 'greedy_block'
-    else None,
+    verifier_state=None if init is None else init(batch, spec.gamma),
   )
 
 
@@ -207,18 +210,15 @@ def _finish(state: _State, max_new_tokens: int) -> DecodeOutput:
   return DecodeOutput(tokens=tokens, lengths=state.n, stats=state.stats, trace=state.trace)
 
 
-def _verify(rng, drafts, q, logits, spec: LoopSpec, lengths, levels):
+def _verify(rng, drafts, q, logits, spec: LoopSpec, lengths, verifier_state):
   """Step 3: keep tau drafts, then y from the residual (or from p_{gamma+1} when all were kept).
 
   Returns (path int32[B] the kept path, or None at K = 1; tau, y int32[B]; beta float32[B, G];
-  nonfinite bool[B]; levels, greedy block verification's carried law or None).
+  nonfinite bool[B]; the verifier's carried state, or None).
   """
   if spec.num_drafts > 1:
-    return *decode_steps.verify_paths(rng, drafts, q, logits, spec), levels
-  if levels is None:
-    return None, *decode_steps.verify_drafts(rng, drafts, q, logits, spec, lengths), None
-  # Greedy block verification: the levels carry into the next iteration.
-  return None, *decode_steps.verify_greedy_block(rng, drafts, q, logits, spec, levels)
+    return *decode_steps.verify_paths(rng, drafts, q, logits, spec), verifier_state
+  return None, *decode_steps.verify_drafts(rng, drafts, q, logits, spec, lengths, verifier_state)
 
 
 @functools.partial(jax.jit, static_argnames=('target_steps', 'draft_steps', 'spec'))
@@ -238,7 +238,7 @@ def speculative_loop(
   if spec.gamma < 1:
     raise ValueError(f'speculative_loop needs spec.gamma >= 1, got {spec.gamma}.')
   reads_states = getattr(draft_steps, 'reads_target_states', False)
-  verify_greedy.check_loop(spec.verifier, reads_target_states=reads_states)
+  verifiers.get(spec.verifier).check_drafter(draft_steps)
   target_cache, draft_cache = decode_steps.init_caches(
     target_steps,
     target_params,
@@ -266,29 +266,17 @@ def _iteration(target, drafter, rng, spec: LoopSpec):
   """The speculative loop's body: `_State` -> `_State` after one iteration of every row."""
   (target_steps, target_params), (draft_steps, draft_params) = target, drafter
   k = spec.num_drafts
-  if getattr(draft_steps, 'block_size', None):
-    draft = functools.partial(
-      decode_steps.draft_block,
-      draft_steps,
-      draft_params,
-      gamma=spec.gamma,
-      sampling=spec.sampling,
-      greedy=spec.greedy,
-      stop=spec.draft_stop,
-      proposal=spec.proposal,
-    )
-  else:
-    draft = functools.partial(
-      decode_steps.draft,
-      draft_steps,
-      draft_params,
-      gamma=spec.gamma,
-      sampling=spec.sampling,
-      greedy=spec.greedy,
-      stop=spec.draft_stop,
-      unroll_draft=spec.unroll_draft,
-      proposal=spec.proposal,
-    )
+  draft = functools.partial(
+    decode_steps.drafting_of(draft_steps).draft,
+    draft_steps,
+    draft_params,
+    gamma=spec.gamma,
+    sampling=spec.sampling,
+    greedy=spec.greedy,
+    stop=spec.draft_stop,
+    unroll_draft=spec.unroll_draft,
+    proposal=spec.proposal,
+  )
   reads_states = getattr(draft_steps, 'reads_target_states', False)
   score = functools.partial(
     decode_steps.target_pass, target_steps, target_params, with_states=reads_states
@@ -312,8 +300,8 @@ def _iteration(target, drafter, rng, spec: LoopSpec):
     pass_tokens = jnp.concatenate([decode_steps.row_slice(seq, n, 1), drafts], axis=1)
     logits, states, target_cache = score(pass_tokens, state.target_cache, lengths, state.done)
     # 3. Keep tau drafts and y; with K paths, of one path, onto which every copy of the row moves.
-    path, tau, y, beta, nonfinite, levels = _verify(
-      verify_rng, drafts, q, logits, spec, lengths, state.levels
+    path, tau, y, beta, nonfinite, verifier_state = _verify(
+      verify_rng, drafts, q, logits, spec, lengths, state.verifier_state
     )
     if path is not None:
       drafts, target_cache, draft_cache, states = decode_steps.follow(
@@ -336,8 +324,10 @@ def _iteration(target, drafter, rng, spec: LoopSpec):
         stats=state.stats.accumulate(~state.done, tau, beta, nonfinite, lengths),
         iteration=state.iteration + 1,
         trace=trace,
-        target_states=None if states is None else (states, decode_steps.repeat_paths(state.n, k)),
-        levels=levels,
+        target_states=None
+        if states is None
+        else decode_steps.TargetStates(states, decode_steps.repeat_paths(state.n, k)),
+        verifier_state=verifier_state,
       )
 
   return body
@@ -414,7 +404,7 @@ def _speculative_call(
 ):
   """Validates `speculative_generate`'s arguments: (the loop's arguments before rng, LoopSpec)."""
   gamma = validation.as_int('gamma', gamma, 1)
-  verify.check_verifier(verifier)
+  verifiers.check_verifier(verifier)
   validation.check_sampling(sampling)
   target_steps, target_params = step_models.as_step_model(target)
   draft_steps, draft_params = step_models.as_step_model(drafter)
@@ -526,15 +516,16 @@ def speculative_generate(
       decodes it (from an all-padding source), and speculative decoding is lossless on it as on
       any row (greedy: the same tokens).
     gamma: G >= 1 draft tokens per iteration.
-    verifier: one of `verify.NAMES`: 'token' (Leviathan et al.), 'block' (Sun et al.) or
-      'greedy_block' (Sun et al. App. C: more drafts kept per iteration, a residual law carried
-      into the next; K = 1, no draft_stop, a drafter that does not read the target's states).
+    verifier: a name of `verifiers.REGISTRY`: 'token' (Leviathan et al.), 'block' (Sun et al.)
+      or 'greedy_block' (Sun et al. App. C: more drafts kept per iteration, a residual law
+      carried into the next; K = 1, no draft_stop, a drafter whose law depends on the context
+      alone: not one reading the target's states, nor a block drafter).
     sampling: the transform applied identically to target and drafter logits.
     max_new_tokens: M >= 1, the most tokens per row.
     rng: a PRNG key, `jax.random.key(seed)`; may be None at temperature 0 (as `generate`'s).
     num_drafts: K >= 1 draft paths per iteration. K > 1: the drafter samples K independent
       paths of gamma tokens per row, one target pass scores all K x (gamma + 1) positions, and
-      `verify_multipath.VERIFIERS[verifier]` keeps a prefix of one path ('block': greedy
+      the verifier's `multipath` kernel keeps a prefix of one path ('block': greedy
       multi-path block verification; 'token': recursive rejection over the paths). Each row
       runs as K rows of both models (K times their caches). At temperature 0 the K paths are the
       drafter's one argmax path, so K > 1 adds work and no tokens.

@@ -7,14 +7,29 @@ tokens (`emit`, `emit_accepted`). Pure functions of arrays and step models; `spe
 Axis legend: B batch, G gamma, K draft paths, V vocab, L buffer length.
 """
 
+import dataclasses
 import functools
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from specdec_jax import cache as cache_lib
 from specdec_jax import sampling as sampling_lib
-from specdec_jax import verify, verify_greedy, verify_multipath
+from specdec_jax import verifiers, verify, verify_multipath
+
+
+class TargetStates(NamedTuple):
+  """The last target pass's final decoder states, for a drafter that reads them.
+
+  Attributes:
+    states: f32[R, G + 1, F] the state at each position of the pass.
+    start: int32[R] the position of the first (-1 before the first pass, with zero states).
+  """
+
+  states: jax.Array
+  start: jax.Array
 
 
 def row_slice(seq: jax.Array, start: jax.Array, size: int) -> jax.Array:
@@ -113,9 +128,9 @@ def draft(
     gamma: G, tokens to draft.
     sampling: the transform of the drafter's logits (unused when greedy).
     greedy: draft argmax ids and return no probabilities.
-    target_states: (f32[B, G + 1, F] states, int32[B] position of the first) of the last target
-      pass, for a drafter that reads them (`reads_target_states`); else None. The first call
-      feeds as many positions as there are states (`timing` drafts past the pass's G).
+    target_states: `TargetStates` of the last target pass, for a drafter that reads them
+      (`reads_target_states`); else None. The first call feeds as many positions as there are
+      states (`timing` drafts past the pass's G).
     stop: `LoopSpec.draft_stop`, or None.
     unroll_draft: unroll the scan of the gamma - 1 later calls (`LoopSpec.unroll_draft`): the
       same numbers, with no while loop (fewer launches on an accelerator, longer compiles).
@@ -169,6 +184,7 @@ def draft_block(
   target_states,
   stop=None,
   proposal: str = 'argmax',
+  unroll_draft: bool = False,
 ):
   """Step 1 by a block drafter (`block_size`): all gamma drafts from ONE call (`step_block`).
 
@@ -179,9 +195,11 @@ def draft_block(
   Either way the drafts' joint law is the product of the q_i, so Q(X_i | prefix, X_<i) = q_i(X_i)
   and every verifier stays exact (docs/method.md, "Block drafting").
 
-  Args and returns: as `draft`'s (`target_states` required; `proposal` 'argmax' or 'sample'). The
-  cache's end_index is n + 1 on exit: the drafts are not fed.
+  Args and returns: as `draft`'s (`target_states` required; `proposal` 'argmax' or 'sample';
+  `unroll_draft` unread: one call, nothing to unroll). The cache's end_index is n + 1 on exit:
+  the drafts are not fed.
   """
+  del unroll_draft
   features, state_start = target_states
   start = state_start + 1
   tokens = row_slice(seq, start, features.shape[1])
@@ -204,6 +222,35 @@ def draft_block(
       unsure = jnp.exp(own - jax.nn.logsumexp(logits, axis=-1)) < stop
       lengths = jnp.where(unsure.any(1), jnp.argmax(unsure, axis=1) + 1, gamma).astype(jnp.int32)
   return drafts, q, cache, lengths
+
+
+@dataclasses.dataclass(frozen=True)
+class Drafting:
+  """A way of drafting: step 1 of an iteration, chosen by the drafter (`drafting_of`).
+
+  Attributes:
+    name: 'token' (one drafter call per draft, `draft`) or 'block' (one call, `draft_block`).
+    draft: (steps, params, cache, seq, n, rng, *, gamma, sampling, greedy, target_states, stop,
+      unroll_draft, proposal) -> (drafts int32[B, G], q f32[B, G, V] or None when greedy, cache,
+      lengths int32[B] or None): how it fills (tokens, q), as `draft` documents.
+    applies: whether it is the way `steps` drafts.
+  """
+
+  name: str
+  draft: Callable
+  applies: Callable
+
+
+# The first that applies is the drafter's way (`drafting_of`).
+DRAFTINGS = (
+  Drafting('block', lambda *a, **k: draft_block(*a, **k), lambda s: bool(getattr(s, 'block_size', None))),
+  Drafting('token', lambda *a, **k: draft(*a, **k), lambda s: True),
+)  # fmt: skip
+
+
+def drafting_of(steps) -> Drafting:
+  """How `steps` drafts: one block call for a block drafter (`block_size`), else token by token."""
+  return next(d for d in DRAFTINGS if d.applies(steps))
 
 
 def _first_draft_call(steps, params, cache, seq, n, target_states):
@@ -341,17 +388,19 @@ def init_caches(
   )
 
 
-def verify_drafts(rng, drafts, q, logits, spec, lengths=None):
+def verify_drafts(rng, drafts, q, logits, spec, lengths=None, state=None):
   """Step 3 of an iteration: how many drafts the target keeps, and the token after them.
 
   Args:
     drafts: int32[B, G]; q: float32[B, G, V] their probabilities (None when greedy).
     logits: float32[B, G + 1, V] the target pass's.
     lengths: int32[B] drafts to verify per row (`spec.draft_stop`), or None for all G.
+    state: the verifier's carried state (`verifiers.Verifier.init_state`), or None.
 
   Returns:
     (tau int32[B] drafts accepted, y int32[B] the corrected or bonus token, beta float32[B, G]
-    sum_x min(p, q) per position, nonfinite bool[B]).
+    sum_x min(p, q) per position, nonfinite bool[B], the verifier's state after the iteration:
+    unchanged at temperature 0, where every verifier keeps the argmax prefix).
   """
   if spec.greedy:
     with jax.named_scope('sampling'):
@@ -363,25 +412,13 @@ def verify_drafts(rng, drafts, q, logits, spec, lengths=None):
         y = jnp.take_along_axis(target_ids, tau[:, None], axis=1)[:, 0]
       beta = (drafts == target_ids[:, : spec.gamma]).astype(jnp.float32)
       # Only the target's values matter at temperature 0: drafts are compared as ids.
-      return tau, y, beta, ~jnp.isfinite(jnp.sum(logits, axis=(1, 2)))
+      return tau, y, beta, ~jnp.isfinite(jnp.sum(logits, axis=(1, 2))), state
   with jax.named_scope('sampling'):
     p = sampling_lib.logits_to_probs(logits, spec.sampling)
   with jax.named_scope('verify'):
-    tau, y = verify.VERIFIERS[spec.verifier](rng, drafts, q, p, lengths)
+    tau, y, state = verifiers.get(spec.verifier).verify(rng, drafts, q, p, lengths, state)
     beta = jnp.minimum(p[:, : spec.gamma], q).sum(-1)
-    return tau, y, beta, verify.nonfinite_rows(q, p)
-
-
-def verify_greedy_block(rng, drafts, q, logits, spec, levels):
-  """Step 3 with greedy block verification (`spec.verifier == 'greedy_block'`, K = 1, sampled):
-  `verify_drafts`'s (tau, y, beta, nonfinite), and the carried levels f32[B, G - 1] updated
-  (`verify_greedy`; a row that stops this iteration carries them on unread)."""
-  with jax.named_scope('sampling'):
-    p = sampling_lib.logits_to_probs(logits, spec.sampling)
-  with jax.named_scope('verify'):
-    tau, y, levels = verify_greedy.greedy_block_verify(rng, drafts, q, p, levels)
-    beta = jnp.minimum(p[:, : spec.gamma], q).sum(-1)
-    return tau, y, beta, verify.nonfinite_rows(q, p), levels
+    return tau, y, beta, verify.nonfinite_rows(q, p), state
 
 
 def verify_paths(rng, drafts, q, logits, spec):
@@ -408,7 +445,7 @@ def verify_paths(rng, drafts, q, logits, spec):
   with jax.named_scope('sampling'):
     p = sampling_lib.logits_to_probs(logits, spec.sampling)
   with jax.named_scope('verify'):
-    path, tau, y = verify_multipath.VERIFIERS[spec.verifier](rng, drafts, q, p)
+    path, tau, y = verifiers.get(spec.verifier).multipath(rng, drafts, q, p)
     beta = jnp.minimum(p[:, 0, :g], q[:, 0]).sum(-1)
     flat = lambda x: x.reshape((-1,) + x.shape[2:])
     nonfinite = verify.nonfinite_rows(flat(q), flat(p)).reshape(-1, k).any(axis=1)

@@ -143,22 +143,9 @@ def block_verify(
   return VerifyResult(num_accepted, next_token)
 
 
-# The verifiers whose one iteration is lossless on its own, all of one signature (a key of
-# `verify_multipath.VERIFIERS` too).
+# The verifiers whose one iteration is lossless on its own, all of one signature. The decode loops
+# run the verifiers of `verifiers.REGISTRY` (these two, and greedy block verification).
 VERIFIERS = {'token': token_verify, 'block': block_verify}
-# Every verifier the decode loops run: VERIFIERS, and 'greedy_block' (`verify_greedy`, Sun et al.
-# Appendix C), which carries a residual law from one iteration to the next (K = 1 only).
-NAMES = (*VERIFIERS, 'greedy_block')
-
-
-def check_verifier(name) -> str:
-  """Returns `name` if it names a verifier (one of `NAMES`), else raises one ValueError naming the
-  choices: the one check of a verifier name (the decode loops', and any caller's that reads
-  names from a config)."""
-  choices = {*VERIFIERS, *NAMES}  # VERIFIERS read now: a test may register a kernel
-  if not isinstance(name, str) or name not in choices:
-    raise ValueError(f'Unknown verifier {name!r}; choose one of {sorted(choices)}.')
-  return name
 
 
 @jax.jit

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 from specdec_jax import sampling, verify
 
-NAME = 'greedy_block'  # the verifier's name in `verify.NAMES` and the decode loops
+NAME = 'greedy_block'  # the verifier's name in `verifiers.REGISTRY` and the decode loops
 _TINY = float(jnp.finfo(jnp.float32).tiny)
 
 
@@ -131,25 +131,6 @@ def iteration_law(draft_tokens, draft_probs, target_probs, levels):
 
 
 # ----------------------------------------------------------------------------------------------
-
-
-def check_loop(verifier, num_drafts=1, draft_stop=None, reads_target_states=False) -> None:
-  """Raises one ValueError where a decode loop cannot run `verifier` if it is 'greedy_block':
-  the levels follow one drafted path of gamma tokens (num_drafts = 1, no draft_stop), and the
-  residual rows need the drafter's row at a node to depend on the context alone, which a drafter
-  reading the target's states breaks (its row depends on how the loop reached the node)."""
-  if verifier != NAME:
-    return
-  if num_drafts != 1 or draft_stop is not None:
-    raise ValueError(
-      f"verifier='{NAME}' carries a residual law along one drafted path of gamma tokens: it "
-      f'needs num_drafts=1 and draft_stop=None, got {num_drafts} and {draft_stop}.'
-    )
-  if reads_target_states:
-    raise ValueError(
-      f"verifier='{NAME}' needs a drafter whose rows depend on the context alone; this one "
-      "reads the target's states, so its row at a node depends on how the loop reached it."
-    )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -62,10 +62,10 @@ def test_draft_stop_is_lossless(verifier, sampling):
 _VERIFY = decode_steps.verify_drafts
 
 
-def _drop_the_unsure_draft(rng, drafts, q, logits, spec, lengths=None):
+def _drop_the_unsure_draft(rng, drafts, q, logits, spec, lengths=None, state=None):
   """Bug: stop BEFORE the unsure draft (verify one draft fewer where drafting stopped)."""
   lengths = jnp.where(lengths < spec.gamma, lengths - 1, lengths)
-  return _VERIFY(rng, drafts, q, logits, spec, lengths)
+  return _VERIFY(rng, drafts, q, logits, spec, lengths, state)
 
 
 def test_negative_control_dropping_the_unsure_draft_fails(monkeypatch):

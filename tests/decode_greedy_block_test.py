@@ -180,7 +180,7 @@ def test_unsupported_options_are_one_clear_error(tiny_pair):
       decode.speculative_generate(target, drafter, ids, mask, **kw, **bad)
   t5_target, _ = tiny_pair
   ids, mask = _source(vocab=t5_target.config.vocab_size)
-  with pytest.raises(ValueError, match="reads the target's states"):
+  with pytest.raises(ValueError, match="reading the target's states"):
     decode.speculative_generate(t5_target, _eagle_drafter(t5_target), ids, mask, **kw)
   evaluation.check_config(ende.get_config('verifiers=token,greedy_block'))
   with pytest.raises(ValueError, match='num_drafts=1'):

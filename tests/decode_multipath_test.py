@@ -3,14 +3,15 @@ lossless end to end (chi-square of the first three tokens against the exact law,
 controls that must fail the same test), greedy output equal to the target's, every drafter kind,
 ragged batches, one program per shape."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import decode, decode_steps, drafters
+from specdec_jax import decode, decode_steps, drafters, verifiers
 from specdec_jax import sampling as sampling_lib
-from specdec_jax import verify_multipath as vm
 from tests import fakes, verify_multipath_test
 from tests.decode_test import (
   DRAFTER,
@@ -102,7 +103,8 @@ def _follow_path_zero_caches(path, drafts, target_cache, draft_cache, states, nu
 @pytest.mark.parametrize('bug', ['select_by_p', 'caches_of_path_zero'])
 def test_negative_controls_fail_through_the_loop(monkeypatch, bug):
   if bug == 'select_by_p':
-    monkeypatch.setitem(vm.VERIFIERS, 'block', _gbv_select_by_p)
+    buggy = dataclasses.replace(verifiers.get('block'), multipath=_gbv_select_by_p)
+    monkeypatch.setitem(verifiers.REGISTRY, 'block', buggy)
   else:
     monkeypatch.setattr(decode_steps, 'follow', _follow_path_zero_caches)
   jax.clear_caches()  # the loop must be traced again with the bug

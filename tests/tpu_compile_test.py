@@ -8,7 +8,8 @@ the student replicated, the batch over 'data'), a tiny T5 pair's programs compil
   generate           temperature 0, and 1 with top-k and top-p;
   speculative        every verifier (`_VERIFIERS`) at temperature 1 with top-k / top-p, the
                      trace on and the draft unrolled; draft_stop; temperature 0; 2 draft paths
-                     with every verifier of `verify_multipath.VERIFIERS`;
+                     with every verifier of `verify_multipath.VERIFIERS`; a block drafter (one
+                     call drafts gamma tokens) at temperatures 0 and 1, on 2x2 and one chip;
   training step      `trainer.train_step` (dropout, label smoothing) on the train state
                      `trainer.compile_step` places (params over 'model');
   distillation step  `distill_loss.distill_step`, the live teacher over 'model' and the student
@@ -31,7 +32,7 @@ pytest.importorskip('libtpu', reason=helpers.NO_LIBTPU)
 
 from benchmarks import distill_model, memory_model  # noqa: E402
 from experiments.configs import distill_drafter  # noqa: E402
-from specdec_jax import decode, machines, verify, verify_multipath
+from specdec_jax import decode, machines, verifiers, verify_multipath
 from specdec_jax.models import t5  # noqa: E402
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
 from specdec_jax.training import trainer  # noqa: E402
@@ -56,9 +57,8 @@ _GREEDY = SamplingConfig(temperature=0.0)
 _SAMPLED = SamplingConfig(temperature=1.0, top_k=5, top_p=0.9)
 _SHAPE = dict(max_new_tokens=4)
 _GAMMA = 2
-# Every verifier the single-path loop runs: `verify.NAMES` where greedy block verification is
-# merged (it lists 'greedy_block' beside `verify.VERIFIERS`), else `verify.VERIFIERS`.
-_VERIFIERS = tuple(getattr(verify, 'NAMES', verify.VERIFIERS))
+# Every verifier the single-path loop runs.
+_VERIFIERS = verifiers.names()
 
 
 def _speculative(verifier, sampling, **options):
@@ -149,6 +149,29 @@ def test_decode_loop_compiles_for_tpu(mesh_name, program):
   # Each device holds its shard of the target: a quarter of the 'model'-split params on 1x4.
   shards = memory_model.bytes_per_device(target.params)
   assert stats['argument'] >= shards, (stats, shards)
+
+
+@pytest.mark.parametrize(
+  'mesh_name', [m for m in _meshes(always=True) if m.id in ('v4-8:2x2', 'tpu-v4:1x1')]
+)
+@pytest.mark.parametrize('sampling', [_SAMPLED, _GREEDY], ids=['T1-topk-topp', 'T0'])
+def test_block_drafting_compiles_for_tpu(mesh_name, sampling):
+  """The loop with a block drafter (one call drafts gamma tokens, `decode_steps.draft_block`):
+  the drafter over the target's encoder, reading its states, replicated."""
+  mesh = _mesh(*mesh_name)
+  target = _tiny('tiny-v1.1', mesh, shard=True)
+  width = target.config.d_model
+  config = dataclasses.replace(
+    t5.CONFIGS['tiny-v1.0'], num_encoder_layers=0, num_decoder_layers=1, encoder_dim=width,
+    feature_dim=width, block_size=4,
+  )  # fmt: skip
+  drafter = memory_model.abstract_model(config, mesh, param_dtype='float32', shard=False)
+  with jax.set_mesh(mesh):
+    lowered = decode.lower_speculative(
+      target, drafter, _ids(mesh), _ids(mesh), gamma=4, sampling=sampling, **_SHAPE
+    )
+    compiled = lowered.compile()
+  _check_on_tpu(compiled, mesh)
 
 
 @pytest.mark.parametrize('mesh_name', _meshes())

@@ -3,6 +3,7 @@ accepted-length CCDF of Sun et al.'s toy model against known values, the rationa
 Monte Carlo with the jitted verifiers, and the config."""
 
 import csv
+import dataclasses
 import json
 import pathlib
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 
 from experiments import verification, verification_report
 from experiments.configs import verification as verification_config
-from specdec_jax import verify
+from specdec_jax import verifiers, verify
 from specdec_jax.measure import translation
 from specdec_jax.sampling import SamplingConfig
 from tests import helpers
@@ -189,9 +190,10 @@ def test_block_accepts_more_than_token_on_the_toy():
 
 
 def test_toy_part_estimates_other_verifiers_by_monte_carlo(monkeypatch):
-  """A verifier without an exact formula (as a new one added to VERIFIERS would be) gets a
+  """A verifier without an exact formula (as a new one registered would be) gets a
   Monte Carlo CCDF from its jitted kernel; a copy of token_verify must match token's exact one."""
-  monkeypatch.setitem(verify.VERIFIERS, 'token_copy', verify.token_verify)
+  copy = dataclasses.replace(verifiers.get('token'), name='token_copy')
+  monkeypatch.setitem(verifiers.REGISTRY, 'token_copy', copy)
   config = verification_config.get_config(
     'parts=toy,verifiers=token,token_copy,toy_gammas=3,toy_samples=50000'
   )

@@ -14,6 +14,7 @@ Two layers, deterministic (the decode loop's chi-square tests are tests/decode_g
 
 import contextlib
 import functools
+import types
 from fractions import Fraction
 
 import jax
@@ -21,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import verify, verify_greedy
+from specdec_jax import verifiers, verify, verify_greedy
 from tests import chisquare, verify_oracle
 from tests import greedy_block_oracle as go
 from tests import verify_test as vt
@@ -326,12 +327,17 @@ def test_bad_shapes_and_loop_options_are_one_clear_error():
     verify_greedy.greedy_block_verify(jax.random.key(0), tokens, q, p, jnp.zeros((2, 3)))
   with pytest.raises(ValueError, match='target_probs'):
     verify_greedy.greedy_block_verify(jax.random.key(0), tokens, q, q, jnp.zeros((2, 2)))
-  with pytest.raises(ValueError, match='num_drafts=1 and draft_stop=None'):
-    verify_greedy.check_loop('greedy_block', num_drafts=2)
-  with pytest.raises(ValueError, match='num_drafts=1 and draft_stop=None'):
-    verify_greedy.check_loop('greedy_block', draft_stop=0.5)
-  with pytest.raises(ValueError, match="reads the target's states"):
-    verify_greedy.check_loop('greedy_block', reads_target_states=True)
-  verify_greedy.check_loop('block', num_drafts=2, reads_target_states=True)  # not its business
-  assert verify.check_verifier('greedy_block') == 'greedy_block'
+  greedy_block = verifiers.get('greedy_block')
+  with pytest.raises(ValueError, match='needs num_drafts=1, got 2'):
+    greedy_block.check(num_drafts=2)
+  with pytest.raises(ValueError, match='needs draft_stop=None, got 0.5'):
+    greedy_block.check(draft_stop=0.5)
+  eagle = types.SimpleNamespace(reads_target_states=True)
+  with pytest.raises(ValueError, match="reading the target's states"):
+    greedy_block.check_drafter(eagle)
+  with pytest.raises(ValueError, match='a block drafter'):
+    greedy_block.check_drafter(types.SimpleNamespace(reads_target_states=True, block_size=4))
+  verifiers.get('block').check(num_drafts=2)  # not its business
+  verifiers.get('block').check_drafter(eagle)
+  assert verifiers.check_verifier('greedy_block') == 'greedy_block'
   assert 'greedy_block' not in verify.VERIFIERS  # not a one-iteration kernel of that signature

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import verify
+from specdec_jax import verifiers, verify
 from specdec_jax import verify_multipath as vm
 from tests import multipath_oracle as mo
 from tests import verify_oracle as oracle
@@ -679,9 +679,10 @@ def test_bad_shapes(tokens_shape, q_shape, p_shape, message):
       )
 
 
-def test_verifier_names_are_verifys():
-  """`decode` checks a verifier's name once (verify.check_verifier) for both registries."""
-  assert set(vm.VERIFIERS) == set(verify.VERIFIERS)
+def test_every_multipath_kernel_is_a_registered_verifiers():
+  """The registry's multipath kernels are this module's, one per verifier of one iteration."""
+  kernels = {v.name: v.multipath for v in verifiers.REGISTRY.values() if v.multipath}
+  assert kernels == vm.VERIFIERS and set(vm.VERIFIERS) == set(verify.VERIFIERS)
 
 
 def test_bonus_token_comes_from_the_leaf():

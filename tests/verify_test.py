@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
-from specdec_jax import sampling, verify
+from specdec_jax import sampling, verifiers, verify
 from tests import chisquare
 from tests import verify_oracle as oracle
 
@@ -557,11 +557,11 @@ def test_bad_shapes(tokens_shape, q_shape, p_shape, message):
 
 @pytest.mark.parametrize('bad', ['nope', 'Token', '', None, 1])
 def test_check_verifier_is_one_clear_error(bad):
-  assert [verify.check_verifier(name) for name in METHODS] == list(METHODS)
+  assert [verifiers.check_verifier(name) for name in METHODS] == list(METHODS)
   with pytest.raises(
     ValueError, match=r"Unknown verifier .*; choose one of \['block', 'greedy_block', 'token'\]"
   ):
-    verify.check_verifier(bad)
+    verifiers.check_verifier(bad)
 
 
 def test_verifiers_registry():

@@ -39,7 +39,7 @@ import jax
 import numpy as np
 import sacrebleu
 
-from specdec_jax import analysis, decode, pretrained, sharding
+from specdec_jax import analysis, decode, pretrained, sharding, step_models, verifiers
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import tables, timing, translation, xla_cpu
 
@@ -120,19 +120,31 @@ class Plan:
     """The task name of the rows: `config.task`, else the pair directory's name."""
     return self.config.get('task') or self.pair.directory.name
 
+  def gammas(self, name: str) -> tuple[int, ...]:
+    """The gammas of drafter `name`'s rows: `config.block_gammas` for a block drafter (one call
+    drafts them all, so its gammas may be larger), else `config.gammas`."""
+    c = self.config
+    steps, _ = step_models.as_step_model(self.drafters[name])
+    return tuple(c.get('block_gammas') or c.gammas) if is_block(steps) else tuple(c.gammas)
+
+  @property
+  def groups(self) -> list[tuple[str, int]]:
+    """Every (drafter name, gamma) of the rows, in order."""
+    return [(name, gamma) for name in self.drafters for gamma in self.gammas(name)]
+
   @property
   def num_methods(self) -> int:
     """Rows: autoregressive at each temperature, and every drafter x gamma x verifier."""
     c = self.config
-    return len(c.temperatures) * (1 + len(self.drafters) * len(c.gammas) * len(c.verifiers))
+    return len(c.temperatures) * (1 + len(self.groups) * len(c.verifiers))
 
   @property
   def num_passes(self) -> int:
     """Decodings of the whole test set: per temperature and (drafter, gamma), one
     autoregressive (the verifiers' paired baseline) and one per verifier."""
     c = self.config
-    groups = max(1, len(self.drafters) * len(c.gammas))  # no drafters: autoregressive alone
-    return len(c.temperatures) * (groups + len(self.drafters) * len(c.gammas) * len(c.verifiers))
+    groups = max(1, len(self.groups))  # no drafters: autoregressive alone
+    return len(c.temperatures) * (groups + len(self.groups) * len(c.verifiers))
 
   def decoding(self, temperature: float) -> dict:
     """The arguments of `translation.translate` / `translate_in_turn` every row of the plan shares: the
@@ -150,6 +162,10 @@ class Plan:
       seed=c.seed,
     )
 
+  @property
+  def block_gammas(self) -> tuple[int, ...]:
+    return tuple(self.config.get('block_gammas') or self.config.gammas)
+
   def bleu(self, hypotheses: Sequence[str]) -> float:
     """Corpus BLEU of `hypotheses` against the references."""
     return sacrebleu.corpus_bleu(list(hypotheses), [self.references]).score
@@ -162,7 +178,8 @@ class Plan:
       f'{where} ({jax.process_count()} process(es), {jax.devices()[0].platform}); '
       f'{self.truncated} source(s) longer than {c.max_source_length} tokens truncated; '
       f'{self.num_methods} rows: autoregressive and drafters {sorted(self.drafters)} x '
-      f'gammas {tuple(c.gammas)} x verifiers {tuple(c.verifiers)} ({num_drafts(c)} draft '
+      f'gammas {tuple(c.gammas)} (block drafters {self.block_gammas}) x verifiers '
+      f'{tuple(c.verifiers)} ({num_drafts(c)} draft '
       f'path(s) per iteration, draft stop {c.get("draft_stop")}), at temperatures '
       f'{tuple(c.temperatures)}; {self.num_passes} passes over the test set (each drafter and '
       'gamma: every batch autoregressively, then with each verifier, timed in turn)'
@@ -197,6 +214,7 @@ def prepare(config) -> Plan:
     raise ValueError(
       f'Drafter(s) {missing} are not in {pair.directory}; it has {sorted(pair.drafters)}.'
     )
+  check_drafters(config, pair.target, {n: pair.drafters[n] for n in names})
   if config.max_new_tokens > pair.target.config.max_target_length:
     raise ValueError(
       f"config.max_new_tokens={config.max_new_tokens} exceeds the target's "
@@ -222,6 +240,30 @@ def prepare(config) -> Plan:
   )
 
 
+def is_block(steps) -> bool:
+  """Whether a drafter's step model drafts a block in one call (`block_size`)."""
+  return bool(getattr(steps, 'block_size', None))
+
+
+def check_drafters(config, target, drafters: dict) -> None:
+  """Raises ValueError naming the first (drafter, verifier, gamma) of the rows the loop would
+  refuse, before any row runs: a verifier's constraints on drafters (`Verifier.check_drafter`),
+  a drafter for another target (`step_models.check_state_reader`) and a block drafter's
+  block_size (`step_models.check_block_drafter`)."""
+  target_steps, _ = step_models.as_step_model(target)
+  for name, drafter in drafters.items():
+    steps, _ = step_models.as_step_model(drafter)
+    try:
+      step_models.check_state_reader(steps, target_steps)
+      for verifier in config.verifiers:
+        verifiers.get(verifier).check_drafter(steps)
+      gammas = (config.get('block_gammas') or config.gammas) if is_block(steps) else config.gammas
+      for gamma in gammas:
+        step_models.check_block_drafter(steps, gamma)
+    except ValueError as e:
+      raise ValueError(f'Drafter {name!r}: {e}') from e
+
+
 def check_config(config) -> None:
   """Raises ValueError naming the first bad setting of a main-job config (`prepare`'s fields)
   that can be told without loading anything. Each loop setting is checked by the loop's own
@@ -232,12 +274,14 @@ def check_config(config) -> None:
   for name in ('temperatures', 'gammas', 'verifiers'):
     if not config[name]:
       raise ValueError(f'config.{name} is empty.')
-  for g in config.gammas:
-    if isinstance(g, bool) or not isinstance(g, numbers.Integral) or g < 1:
-      raise ValueError(f'config.gammas must hold ints >= 1, got {tuple(config.gammas)}.')
+  all_gammas = (*config.gammas, *(config.get('block_gammas') or ()))
+  for name in ('gammas', 'block_gammas'):
+    for g in config.get(name) or ():
+      if isinstance(g, bool) or not isinstance(g, numbers.Integral) or g < 1:
+        raise ValueError(f'config.{name} must hold ints >= 1, got {tuple(config[name])}.')
   translation.check_methods(config.verifiers, 'config.verifiers')
   for temperature, gamma, verifier in itertools.product(
-    config.temperatures, config.gammas, config.verifiers
+    config.temperatures, sorted(set(all_gammas)), config.verifiers
   ):
     decode.LoopSpec(  # raises on a bad temperature, draft_stop, or draft_stop beside K > 1
       sampling=sampling_lib.SamplingConfig(temperature=temperature),
@@ -312,12 +356,12 @@ def model_costs(plan: Plan) -> dict[tuple[str, int], dict[str, float]]:
         num_drafts=num_drafts(c),
         repeats=_TIMING_REPEATS,
       )
-      for name, drafter in plan.drafters.items()
-      for gamma in c.gammas
+      for name, gamma in plan.groups
+      for drafter in (plan.drafters[name],)
     }
   pass_cost = {
     g: float(np.median([v['pass_cost'] for (_, gamma), v in costs.items() if gamma == g]))
-    for g in c.gammas
+    for g in {gamma for _, gamma in plan.groups}
   }
   return {
     (name, gamma): dict(
@@ -424,10 +468,11 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[Row]:
       mesh=plan.mesh,
       num_drafts=num_drafts(c),
       draft_stop=c.get('draft_stop'),
+      proposal=c.get('proposal') or None,
     )
 
   costs = model_costs(plan)
-  groups = [(name, gamma) for name in plan.drafters for gamma in c.gammas]
+  groups = plan.groups
   for temperature in c.temperatures:
     if not groups:
       (baseline,) = decode_in_turn(None, 1, temperature, (translation.AUTOREGRESSIVE,)).values()

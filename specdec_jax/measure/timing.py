@@ -123,16 +123,24 @@ def _repeated_steps(steps, params, cache, position, *, num_tokens, loop_length):
   if getattr(steps, 'reads_target_states', False):
     features = jnp.zeros((batch, num_tokens, steps.feature_dim), jnp.float32)
 
+  # A block drafter's call as the loop makes it: num_tokens kept positions, then as many drafts
+  # less one (`decode_steps.draft_block`).
+  block = getattr(steps, 'block_size', None)
+  width = num_tokens - 1 if block else num_tokens
+
   def body(i, carry):
     cache, logits = carry
     tokens = jnp.full((batch, num_tokens), 2, jnp.int32) + i % 7  # not loop-invariant
-    logits, _, cache = decode_steps.drafter_call(
-      steps, params, tokens, features, cache.replace(end_index=position)
-    )
+    cache = cache.replace(end_index=position)
+    if block:
+      kept = jnp.full((batch,), num_tokens, jnp.int32)
+      logits, cache = steps.step_block(params, tokens, features, cache, width, kept)
+    else:
+      logits, _, cache = decode_steps.drafter_call(steps, params, tokens, features, cache)
     return cache, logits
 
   vocab = steps.vocab_size
-  logits = jnp.zeros((batch, num_tokens, vocab), jnp.float32)
+  logits = jnp.zeros((batch, width, vocab), jnp.float32)
   return jax.lax.fori_loop(0, loop_length, body, (cache, logits))[1]
 
 
@@ -154,6 +162,12 @@ def _draft(
     drafts = (pending[:, None] + jnp.arange(gamma, dtype=jnp.int32)) % 7 + 2
     return jax.lax.optimization_barrier(drafts), drafter_cache
   seq = jnp.broadcast_to(pending[:, None], (batch, cache_len))
+  if getattr(steps, 'block_size', None):  # one call, whatever the draft length
+    drafts, _, drafter_cache, _ = decode_steps.draft_block(
+      steps, params, drafter_cache, seq, position, None, gamma=gamma, sampling=None, greedy=True,
+      target_states=(states, position - 1),
+    )  # fmt: skip
+    return jax.lax.optimization_barrier(drafts), drafter_cache
   drafts, _, drafter_cache, _ = decode_steps.draft(
     steps,
     params,
@@ -393,7 +407,9 @@ def step_costs(
   1). Both come from the iteration compiled without its draft, with it, and with the longer one:
   the same loop length, caches and pass (its input behind an optimization barrier), so dispatch,
   set-up and the pass cancel, and what remains is what the calls cost in the loop, not alone (on
-  a TPU or GPU c is c_alone and c_fixed ~0).
+  a TPU or GPU c is c_alone and c_fixed ~0). A block drafter (`block_size`) makes one call per
+  iteration whatever gamma: its c is 0 and c_fixed that call as the loop makes it (drafter_step
+  and c_alone: the call alone).
 
   Every loop runs in turn with the others (`repeats` times; the fastest run of each counts).
   `pass_cost`, `c` and `c_fixed` are ratios of the longer runs alone (`loop_lengths[1]`
@@ -407,10 +423,12 @@ def step_costs(
   """
   kw = dict(source_length=source_length, cache_len=cache_len)
   rows = dict(kw, batch_size=batch_size * num_drafts)
+  block = getattr(step_models.as_step_model(drafter)[0], 'block_size', None)
   loops = dict(
     target_step=_step_loop(target, batch_size=batch_size, **kw),
     target_pass=_step_loop(target, num_tokens=gamma + 1, **rows),
-    drafter_step=_step_loop(drafter, target=target, **rows),
+    # A block drafter's step is its one call of the loop: gamma + 1 kept positions, gamma drafts.
+    drafter_step=_step_loop(drafter, target=target, num_tokens=gamma + 1 if block else 1, **rows),
     iteration=_iteration_loop(target, drafter, gamma=gamma, unroll_draft=unroll_draft, **rows),
   )
   long = loop_lengths[1]
@@ -418,7 +436,8 @@ def step_costs(
     (name, k): functools.partial(loop, k) for name, loop in loops.items() for k in loop_lengths
   }
   runs['without_drafter', long] = functools.partial(loops['iteration'], long, 0)
-  runs['extra_calls', long] = functools.partial(loops['iteration'], long, gamma + extra_calls)
+  if not block:
+    runs['extra_calls', long] = functools.partial(loops['iteration'], long, gamma + extra_calls)
   measured = []
   for _ in range(rounds):
     seconds = _fastest(runs, repeats)
@@ -429,12 +448,16 @@ def step_costs(
         'longer): the target is too cheap to time here; pass longer `loop_lengths`.'
       )
     step_run = seconds['target_step', long]
-    m['c'], m['c_fixed'] = _drafter_cost(
-      *(seconds[name, long] for name in ('without_drafter', 'iteration', 'extra_calls')),
-      gamma=gamma,
-      extra_calls=extra_calls,
-      per=step_run,
-    )
+    if block:  # no call per draft: the one call is the iteration's fixed cost
+      m['c'], m['c_fixed'] = 0.0, (seconds['iteration', long] - seconds['without_drafter', long])
+      m['c_fixed'] /= step_run
+    else:
+      m['c'], m['c_fixed'] = _drafter_cost(
+        *(seconds[name, long] for name in ('without_drafter', 'iteration', 'extra_calls')),
+        gamma=gamma,
+        extra_calls=extra_calls,
+        per=step_run,
+      )
     m['pass_cost'] = seconds['target_pass', long] / step_run
     m['c_alone'] = m['drafter_step'] / m['target_step']
     measured.append(m)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from specdec_jax import decode, sharding, verify
+from specdec_jax import decode, sharding, verifiers
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.data import tokenizer as tokenizer_lib
 from specdec_jax.measure import timing
@@ -82,19 +82,21 @@ def translate_in_turn(
   mesh=None,
   num_drafts: int = 1,
   draft_stop: float | None = None,
+  proposal: str | None = None,
 ) -> dict[str, Run]:
   """Decodes `sources` batch by batch, each batch with every one of `methods` in turn (same rng),
   timing each call: {method: Run}.
 
-  `methods` are 'autoregressive' and verifier names (`verify.NAMES`). Timed in turn, batch
+  `methods` are 'autoregressive' and verifier names (`verifiers.REGISTRY`). Timed in turn, batch
   by batch, `runs['autoregressive'].seconds / runs[verifier].seconds` compares the two under the
   same machine load, so slow drift on a shared machine cancels out, and one autoregressive
   baseline serves every verifier. Every batch is padded to [batch_size, max_source_length], so
   each method compiles once; a warm-up call of each on the first batch is made before timing.
   `on_batch(n)` is called after each method's batch of n sources (progress). `trace=True`
   (verifiers only) decodes with `speculative_generate(..., trace=True)` and fills
-  `Run.accepted_lengths`; the trace's bookkeeping is then part of the timed work. `num_drafts`
-  and `draft_stop` are `speculative_generate`'s (K draft paths per iteration; adaptive length).
+  `Run.accepted_lengths`; the trace's bookkeeping is then part of the timed work. `num_drafts`,
+  `draft_stop` and `proposal` are `speculative_generate`'s (K draft paths per iteration;
+  adaptive length; how drafts are proposed at T > 0).
 
   With a `mesh` (the models placed on it, see `pretrained.load`), each batch is split over its
   'data' axis and every process tokenizes only the rows its devices hold; outputs are gathered to
@@ -125,7 +127,7 @@ def translate_in_turn(
         return decode.generate(target, *batch, **kw)
       return decode.speculative_generate(
         target, drafter, *batch, gamma=gamma, verifier=method, trace=trace,
-        num_drafts=num_drafts, draft_stop=draft_stop, **kw,
+        num_drafts=num_drafts, draft_stop=draft_stop, proposal=proposal, **kw,
       )  # fmt: skip
 
   if mesh is not None:
@@ -174,9 +176,9 @@ def on_mesh(mesh):
 
 def check_methods(methods: Sequence[str], what: str = 'methods') -> None:
   """Raises ValueError unless `methods` are distinct, each 'autoregressive' or a verifier name
-  (`verify.check_verifier`)."""
+  (`verifiers.check_verifier`)."""
   if not methods or len(set(methods)) != len(methods):
     raise ValueError(f'{what} must be distinct names, at least one; got {tuple(methods)}.')
   for method in methods:
     if method != AUTOREGRESSIVE:
-      verify.check_verifier(method)
+      verifiers.check_verifier(method)
