@@ -23,7 +23,7 @@ from typing import Any
 
 import jax
 
-from specdec_jax import checkpoints, sharding
+from specdec_jax import checkpoints, sharding, step_models
 from specdec_jax import drafters as drafters_lib
 from specdec_jax.data import pairs as pairs_lib
 from specdec_jax.data import tokenizer as tokenizer_lib
@@ -138,13 +138,24 @@ def load_drafter(path: str | pathlib.Path, *, mesh=None, how: str = 'auto'):
   return load_model(path, mesh=mesh, how=how)
 
 
-def _check_vocab(target, found: dict) -> None:
+def _check_pair(target, found: dict) -> None:
+  """One ValueError, before any work, for a target that cannot be one (a block drafter's
+  checkpoint) or a drafter that cannot draft for it (another vocabulary, or target states of
+  another width)."""
+  try:
+    step_models.check_target(target.steps)
+  except ValueError as e:
+    raise ValueError(f'The target: {e}') from e
   for name, drafter in found.items():
     if drafter.steps.vocab_size != target.config.vocab_size:
       raise ValueError(
         f'Drafter {name!r} has vocab_size {drafter.steps.vocab_size}, the target '
         f'{target.config.vocab_size}.'
       )
+    try:
+      step_models.check_state_reader(drafter.steps, target.steps)
+    except ValueError as e:
+      raise ValueError(f'Drafter {name!r}: {e}') from e
 
 
 def from_checkpoints(
@@ -185,7 +196,7 @@ def from_checkpoints(
     n: load_model(p, mesh=mesh, how=drafter_sharding, param_dtype=param_dtype)
     for n, p in drafters.items()
   }
-  _check_vocab(model, found)
+  _check_pair(model, found)
   return Pair(
     directory=pathlib.Path(str(target)),
     target=model,
@@ -230,7 +241,7 @@ def load(
     name: load_drafter(where(rel), mesh=mesh, how=drafter_sharding)
     for name, rel in manifest['drafters'].items()
   }
-  _check_vocab(target, found)
+  _check_pair(target, found)
   return Pair(
     directory=directory,
     target=target,
