@@ -192,6 +192,7 @@ def test_toy_part_estimates_other_verifiers_by_monte_carlo(monkeypatch):
   """A verifier without an exact formula (as a new one added to VERIFIERS would be) gets a
   Monte Carlo CCDF from its jitted kernel; a copy of token_verify must match token's exact one."""
   monkeypatch.setitem(verify.VERIFIERS, 'token_copy', verify.token_verify)
+  monkeypatch.setattr(verify, 'NAMES', (*verify.NAMES, 'token_copy'))  # a new verifier: both
   config = verification_config.get_config(
     'parts=toy,verifiers=token,token_copy,toy_gammas=3,toy_samples=50000'
   )
