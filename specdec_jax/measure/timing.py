@@ -14,8 +14,9 @@ with more of them (`step_costs`): a cost per call (c) and a fixed cost per itera
 `decode_steps.draft` at a static length, scanned or unrolled as the loop runs it, and no traced
 branch or loop decides the drafter's calls. Loops timed together run in turn and the fastest run
 of each counts, so that a shared machine's load moves them alike (`step_costs`, which the main
-job and the benchmarks use). What these timers measured, and why they are built so:
-docs/performance.md.
+job and the benchmarks use). The timed programs, `repeated_steps` and `repeated_iterations`, are
+public: `benchmarks.paper_scale_tpu` compiles these very programs for a TPU instead of timing
+them. What these timers measured, and why they are built so: docs/performance.md.
 
 Axis legend: B batch, S source length, T query length.
 """
@@ -113,7 +114,7 @@ def _cache(model, target, input_ids, cache_len: int):
 
 
 @functools.partial(jax.jit, static_argnames=('steps', 'num_tokens'))
-def _repeated_steps(steps, params, cache, position, *, num_tokens, loop_length):
+def repeated_steps(steps, params, cache, position, *, num_tokens, loop_length):
   """`loop_length` (traced: one program for every loop length) model calls of `num_tokens`
   positions each, every one from `position` [B] of `cache`."""
   batch = position.shape[0]
@@ -177,7 +178,7 @@ def _draft(
     'target_steps', 'drafter_steps', 'gamma', 'draft_length', 'cache_len', 'unroll_draft'
   ),
 )  # fmt: skip
-def _repeated_iterations(
+def repeated_iterations(
   target_steps,
   target_params,
   drafter_steps,
@@ -261,7 +262,7 @@ def _step_loop(model, *, batch_size, source_length, num_tokens=1, cache_len=64, 
   ids = jnp.full((batch_size, source_length), 3, jnp.int32)
   cache = _cache(model, target, ids, cache_len)
   position = jnp.full((batch_size,), cache_len // 4, jnp.int32)
-  return lambda k: _repeated_steps(
+  return lambda k: repeated_steps(
     steps, params, cache, position, num_tokens=num_tokens, loop_length=jnp.int32(k)
   )
 
@@ -270,14 +271,14 @@ def _iteration_loop(
   target, drafter, *, batch_size, source_length, gamma, cache_len=64, unroll_draft=False
 ):
   """`run(k, draft_length=gamma)`: k iterations of the loop's model calls with a draft of
-  `draft_length` drafter calls (`_repeated_iterations`; one program per draft length), the draft's
+  `draft_length` drafter calls (`repeated_iterations`; one program per draft length), the draft's
   scan unrolled with `unroll_draft`."""
   target_steps, target_params = step_models.as_step_model(target)
   drafter_steps, drafter_params = step_models.as_step_model(drafter)
   ids = jnp.full((batch_size, source_length), 3, jnp.int32)
   caches = _cache(target, None, ids, cache_len), _cache(drafter, target, ids, cache_len)
   position = jnp.full((batch_size,), cache_len // 4, jnp.int32)
-  return lambda k, draft_length=gamma: _repeated_iterations(
+  return lambda k, draft_length=gamma: repeated_iterations(
     target_steps,
     target_params,
     drafter_steps,
