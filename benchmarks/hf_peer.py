@@ -295,7 +295,12 @@ def transformers_results(
 
   decoding = dict(max_new_tokens=max_new_tokens, eos_id=target.config.eos_token_id)
   compile_config = transformers.CompileConfig()
-  compile_config._compile_all_devices = True  # transformers compiles only on accelerators
+  # `generate` compiles only on an accelerator unless this is set, and transformers (5.23) has no
+  # public switch for it: `_compile_all_devices` is the flag its own tests set "to compile on e.g.
+  # CPU" (generation/configuration_utils.py). Set, the compiled row exists on a CPU too, where a
+  # GPU would compile anyway; on a GPU it changes nothing. Private: a transformers release may drop
+  # it (the row then runs uncompiled on a CPU, as `generate` decides).
+  compile_config._compile_all_devices = True
   variants = {
     'greedy': {},
     'greedy-static': dict(cache_implementation='static', disable_compile=True),
