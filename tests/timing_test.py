@@ -191,8 +191,9 @@ def test_iteration_timer_keeps_every_drafter_output_layer():
   )  # fmt: skip
   target, drafter = (helpers.tiny_t5(config, seed) for seed, config in enumerate(configs))
   ids = jnp.full((1, 8), 3, jnp.int32)
-  args = [*step_models.as_step_model(target), *step_models.as_step_model(drafter)]
-  args += [timing._cache(target, None, ids, 16), timing._cache(drafter, target, ids, 16)]
+  pair = step_models.as_step_model(target), step_models.as_step_model(drafter)
+  args = [*pair[0], *pair[1]]
+  args += [timing._cache(pair[0], None, ids, 16), timing._cache(pair[1], pair[0], ids, 16)]
   args += [jnp.full((1,), 4, jnp.int32)]
   # The draft's first call (one position's logits: `step_at`) and its scan's call: one output
   # layer each; unrolled, one per call. The program has the decode loop's structure: its while
@@ -250,20 +251,20 @@ def test_timed_loops_do_not_run_the_encoder(tiny_pair):
   target, drafter = tiny_pair
   source = 24  # a size no other axis has
   ids = jnp.full((1, source), 3, jnp.int32)
-  steps, params = step_models.as_step_model(target)
+  target, drafter = step_models.as_step_model(target), step_models.as_step_model(drafter)
+  steps, params = target
   cache = timing._cache(target, None, ids, 16)
   position = jnp.full((1,), 4, jnp.int32)
   lowered = timing.repeated_steps.lower(
     steps, params, cache, position, num_tokens=1, loop_length=jnp.int32(2)
   )
   assert not _has_source_self_attention(lowered.compile().as_text(), source)
-  args = [*step_models.as_step_model(target), *step_models.as_step_model(drafter)]
-  args += [cache, timing._cache(drafter, target, ids, 16), position]
+  args = [*target, *drafter, cache, timing._cache(drafter, target, ids, 16), position]
   lowered = timing.repeated_iterations.lower(
     *args, gamma=2, draft_length=2, cache_len=16, unroll_draft=False, loop_length=jnp.int32(2)
   )
   assert not _has_source_self_attention(lowered.compile().as_text(), source)
   # Negative control: the set-up program, which encodes the source, has them.
-  encoder = step_models.encoder_of(target)
+  encoder = step_models.encoder_of(target)  # (steps, params)
   setup = timing._init_cache.lower(steps, params, *encoder, ids, cache_len=16).compile()
   assert _has_source_self_attention(setup.as_text(), source)

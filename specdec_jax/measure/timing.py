@@ -107,8 +107,9 @@ def _init_cache(steps, params, encoder_steps, encoder_params, input_ids, *, cach
 
 
 def _cache(model, target, input_ids, cache_len: int):
-  """`model`'s cache over `input_ids` (from `target`'s encoder for a drafter that reads it)."""
-  steps, params = step_models.as_step_model(model)
+  """`model`'s cache over `input_ids` (from `target`'s encoder for a drafter that reads it);
+  `model`, `target`: (steps, params) (`step_models.as_step_model`), target None for a target."""
+  steps, params = model
   encoder_steps, encoder_params = step_models.encoder_of(model, target)
   return _init_cache(steps, params, encoder_steps, encoder_params, input_ids, cache_len=cache_len)
 
@@ -257,8 +258,9 @@ def _per_iteration(run: Callable[[int], object], loop_lengths: tuple[int, int], 
 
 
 def _step_loop(model, *, batch_size, source_length, num_tokens=1, cache_len=64, target=None):
-  """`run(k)`: k in-loop calls of `model`, each scoring `num_tokens` positions per row."""
-  steps, params = step_models.as_step_model(model)
+  """`run(k)`: k in-loop calls of `model` ((steps, params), as `target`), each scoring
+  `num_tokens` positions per row."""
+  steps, params = model
   ids = jnp.full((batch_size, source_length), 3, jnp.int32)
   cache = _cache(model, target, ids, cache_len)
   position = jnp.full((batch_size,), cache_len // 4, jnp.int32)
@@ -272,9 +274,8 @@ def _iteration_loop(
 ):
   """`run(k, draft_length=gamma)`: k iterations of the loop's model calls with a draft of
   `draft_length` drafter calls (`repeated_iterations`; one program per draft length), the draft's
-  scan unrolled with `unroll_draft`."""
-  target_steps, target_params = step_models.as_step_model(target)
-  drafter_steps, drafter_params = step_models.as_step_model(drafter)
+  scan unrolled with `unroll_draft`. `target`, `drafter`: (steps, params)."""
+  (target_steps, target_params), (drafter_steps, drafter_params) = target, drafter
   ids = jnp.full((batch_size, source_length), 3, jnp.int32)
   caches = _cache(target, None, ids, cache_len), _cache(drafter, target, ids, cache_len)
   position = jnp.full((batch_size,), cache_len // 4, jnp.int32)
@@ -325,6 +326,7 @@ def iteration_seconds(
   lengths as `step_seconds`. Unlike the sum of their bare costs, it includes what the calls cost
   each other: the target's pass evicts the drafter's weights from the CPU caches. `unroll_draft`:
   the draft's scan unrolled, as `speculative_generate(..., unroll_draft=True)` runs it."""
+  target, drafter = step_models.as_step_model(target), step_models.as_step_model(drafter)
   run = _iteration_loop(
     target, drafter, batch_size=batch_size, source_length=source_length, gamma=gamma,
     cache_len=cache_len, unroll_draft=unroll_draft,
@@ -357,6 +359,8 @@ def step_seconds(
     target: the target, for a drafter that reads the target's encoder output (its cache is built
       from the target's `encode`, as the decode loops build it; the encoder is not timed).
   """
+  model = step_models.as_step_model(model)
+  target = None if target is None else step_models.as_step_model(target)
   run = _step_loop(
     model, batch_size=batch_size, source_length=source_length, num_tokens=num_tokens,
     cache_len=cache_len, target=target,
@@ -406,6 +410,7 @@ def step_costs(
   as K rows of both models) the pass, the drafter and the iteration are measured at K x
   batch_size rows and the target step at batch_size rows.
   """
+  target, drafter = step_models.as_step_model(target), step_models.as_step_model(drafter)
   kw = dict(source_length=source_length, cache_len=cache_len)
   rows = dict(kw, batch_size=batch_size * num_drafts)
   loops = dict(
