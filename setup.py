@@ -35,7 +35,7 @@ setuptools.setup(
     'tpu': ['jax[tpu]>=0.10.2,<0.12'],
     'test': [
       # libtpu (XLA:TPU's compiler, Linux wheels only): tests/tpu_*_test.py compile every program
-      # for TPU v4 devices on any Linux host (specdec_jax.machines); skipped without it.
+      # for TPU v4 devices on any Linux host (benchmarks.machines); skipped without it.
       "jax[tpu]>=0.10.2,<0.12; sys_platform == 'linux'",
       'pytest',
       'pytest-xdist',

@@ -1,13 +1,16 @@
 """Benchmark mains: each prints ratios measured in one run (these machines are noisy).
 
-Every decode benchmark calls `start()` first in its main, so that its few-row dots run on the
-kernels the main job uses (`specdec_jax.measure.xla_cpu`); `--noeigen_dots` keeps XLA:CPU's default.
+Every main keeps its flags on its own `FlagValues` and ends with `benchmarks.run(main, FLAGS)`
+(several define --target, --dtype, ... and one process, the test suite, imports them all). Every
+decode benchmark calls `start()` first in its main, so that its few-row dots run on the kernels
+the main job uses (`specdec_jax.measure.xla_cpu`); `--noeigen_dots` keeps XLA:CPU's default.
 """
 
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 
+from benchmarks import machines
 from specdec_jax.measure import xla_cpu
 
 _EIGEN_DOTS = flags.DEFINE_bool(
@@ -24,11 +27,54 @@ def start() -> None:
     xla_cpu.prefer_eigen_dots()
 
 
+def define_compile_for(
+  help_: str, flag_values: flags.FlagValues, default: str | None = None
+) -> flags.FlagHolder:
+  """--compile_for on a main's own flags, in the one convention of every benchmark:
+  MACHINE[:DATAxMODEL][,...] (`machines.parse_machines`); read it with `compile_for`."""
+  return flags.DEFINE_string(
+    'compile_for',
+    default,
+    f'MACHINE[:DATAxMODEL],... with MACHINE one of {", ".join(machines.MACHINES)}: compile '
+    f'for it, compile-only (any host; nothing runs). {help_}',
+    flag_values=flag_values,
+  )
+
+
+def compile_for(holder: flags.FlagHolder, *, one_chip: bool = False) -> list:
+  """--compile_for's items, [(machine name, (data, model) or None)], [] where it is unset;
+  `one_chip`: at most one item, a machine of one device (its name, or None). UsageError naming the
+  convention."""
+  if not holder.value:
+    return None if one_chip else []
+  try:
+    items = machines.parse_machines(holder.value)
+  except ValueError as e:
+    raise app.UsageError(f'--compile_for={holder.value}: {e}') from e
+  if not one_chip:
+    return items
+  if len(items) != 1 or machines.get(items[0][0]).devices != 1:
+    one = sorted(n for n, m in machines.MACHINES.items() if m.devices == 1)
+    raise app.UsageError(f'--compile_for={holder.value}: this main compiles for one chip: {one}.')
+  return items[0][0]
+
+
+def quiet_checkpoint_logs() -> None:
+  """Warnings and up alone, unless --verbosity says otherwise: orbax logs every file it reads at
+  INFO, and a main that loads a shipped pair would print pages of it."""
+  if not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+
+
+def run(main, own: flags.FlagValues) -> None:
+  """`app.run(main)` with `own`, the main's own flags, parsed beside absl's (`flags_parser`)."""
+  app.run(main, flags_parser=flags_parser(own))
+
+
 def flags_parser(own: flags.FlagValues):
-  """`app.run(main, flags_parser=benchmarks.flags_parser(FLAGS))` for a main whose flags are its
-  own `FlagValues` (`flag_values=FLAGS` in each DEFINE): several benchmarks define --target,
-  --dtype, ... and one process (the test suite) imports them all, so they join absl's flags only
-  when the main runs, listed in --help as its own."""
+  """The flags parser of `run`, for a main whose flags are its own `FlagValues`
+  (`flag_values=FLAGS` in each DEFINE): they join absl's flags only when the main runs, listed in
+  --help as its own."""
 
   def parse(argv: list[str]) -> list[str]:
     flags.FLAGS.append_flag_values(own)

@@ -12,18 +12,24 @@ Past runs: docs/performance.md, "Measurements moved from docstrings" (`call_over
 """
 
 import jax
-from absl import app, flags
+from absl import flags
 
 import benchmarks
 from specdec_jax import decode, pretrained
 from specdec_jax.measure import timing
 from specdec_jax.sampling import SamplingConfig
 
-_DIR = flags.DEFINE_string('pretrained', 'ende48m', 'Shipped pair (name or directory).')
-_GAMMA = flags.DEFINE_integer('gamma', 3, 'Draft tokens per iteration.')
-_SENTENCE = flags.DEFINE_integer('sentence', 0, 'Which shipped test sentence.')
-_LENGTHS = flags.DEFINE_list('max_new_tokens', ['1', '2', '16', '64'], 'Token limits.')
-_REPEATS = flags.DEFINE_integer('repeats', 12, 'Timed calls per point (median).')
+# This main's own flags (`benchmarks.run`).
+FLAGS = flags.FlagValues()
+_DIR = flags.DEFINE_string(
+  'pretrained', 'ende48m', 'Shipped pair (name or directory).', flag_values=FLAGS
+)
+_GAMMA = flags.DEFINE_integer('gamma', 3, 'Draft tokens per iteration.', flag_values=FLAGS)
+_SENTENCE = flags.DEFINE_integer('sentence', 0, 'Which shipped test sentence.', flag_values=FLAGS)
+_LENGTHS = flags.DEFINE_list(
+  'max_new_tokens', ['1', '2', '16', '64'], 'Token limits.', flag_values=FLAGS
+)
+_REPEATS = flags.DEFINE_integer('repeats', 12, 'Timed calls per point (median).', flag_values=FLAGS)
 
 
 def _ms(fn, repeats: int) -> float:
@@ -58,4 +64,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  benchmarks.run(main, FLAGS)

@@ -31,7 +31,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 import benchmarks
 from benchmarks import synthetic
@@ -41,8 +41,7 @@ from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import timing
 from specdec_jax.models import t5
 
-# This main's own flags (`benchmarks.flags_parser`): other benchmarks define --target, --drafter,
-# --gamma, ... too, and one process (the test suite) imports them all.
+# This main's own flags (`benchmarks.run`).
 FLAGS = flags.FlagValues()
 _DIR = flags.DEFINE_string(
   'pretrained', 'ende', 'Shipped pair (name or directory).', flag_values=FLAGS
@@ -288,4 +287,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=benchmarks.flags_parser(FLAGS))
+  benchmarks.run(main, FLAGS)

@@ -1,7 +1,7 @@
 """A distillation step on a mesh without the hardware: per-device bytes of the compiled step and
 the teacher's forward on the roofline, from abstract sharded models (the library part of `python
 -m benchmarks.distill_plan`, which simulates the devices, reads its flags and prints). Chips and
-machines: `specdec_jax.machines`.
+machines: `benchmarks.machines`.
 """
 
 import functools
@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from benchmarks import memory_model
-from specdec_jax import machines, sharding
+from benchmarks import machines, memory_model, synthetic
+from specdec_jax import sharding
 from specdec_jax.models import t5
 from specdec_jax.training import distill, distill_loss, trainer
 
@@ -124,7 +124,7 @@ def xla_forward_cost(model: t5.T5Model, *, batch: int, source_length: int, targe
   """XLA's `cost_analysis()` of the lowered, unsharded `t5.forward`: {'flops', 'bytes accessed'}
   (global, one device; to check `forward_cost` on a 1x1 mesh; XLA also counts elementwise
   work)."""
-  config, params = model.config, memory_model.unsharded(model).params
+  config, params = model.config, synthetic.unsharded(model).params
   source = jax.ShapeDtypeStruct((batch, source_length), jnp.int32)
   target = jax.ShapeDtypeStruct((batch, target_length), jnp.int32)
   forward = jax.jit(lambda p, s, t: t5.forward(p, s, s, t, config=config))
@@ -146,7 +146,7 @@ def distill_rows(
   log=lambda row: None,
 ) -> list[dict]:
   """The distillation plan: a row per (machine, DATAxMODEL mesh) of `meshes` (machines of
-  `specdec_jax.machines.MACHINES`) and batch size, bytes per device.
+  `benchmarks.machines.MACHINES`) and batch size, bytes per device.
 
   The teacher has `teacher_config`'s shapes (and compute dtype), params in `teacher_param_dtype`
   sharded by `sharding.DEFAULT_RULES`; the student, its optimizer, divergence and placement are
@@ -157,8 +157,9 @@ def distill_rows(
       'float32' (XLA:CPU would otherwise hold a float32 copy of the bf16 weights among its
       temporaries; the teacher computes in float32 either way, so the temporaries are the planned
       program's activations), 'params' (as planned), or None (no compilation).
-    compile_for: chips whose machines' rows are compiled by their own compiler (XLA:TPU) for the
-      machine's compile-only devices, as planned; fits is then that compiler's verdict: 'yes'
+    compile_for: what is compiled by its own compiler (XLA:TPU) for the machine's compile-only
+      devices, as planned: chips (every row of a machine of the chip), and (machine name, data,
+      model) rows; fits is then that compiler's verdict: 'yes'
       if it compiled the step and its peak fits the chip's HBM, 'no' if not (or if it refused the
       step for want of memory: `out_of_memory`). The other rows compile on XLA:CPU devices.
     log: called with each row as it is made.
@@ -181,7 +182,7 @@ def distill_rows(
       raise ValueError(
         f'{name} has {machine.devices} devices; a {data}x{model} mesh has {data * model}.'
       )
-    own = machine.chip in compile_for
+    own = machine.chip in compile_for or (name, data, model) in compile_for
     mesh, teacher, student_config, state, step = _mesh_plan(
       machine,
       data,
@@ -229,7 +230,7 @@ def _mesh_plan(
     mesh = machines.compile_only_mesh(machine.name, data, model)
   else:
     mesh = sharding.make_mesh(data, model)
-  teacher = memory_model.abstract_model(
+  teacher = synthetic.abstract_model(
     teacher_config, mesh, param_dtype=teacher_param_dtype, shard=True
   )
   student_config = distill.student_config_for(distill_config, teacher)
@@ -238,7 +239,7 @@ def _mesh_plan(
   )
   compiled_teacher = teacher
   if not own and compile_dtype == 'float32':
-    compiled_teacher = memory_model.with_dtype(teacher, 'float32')
+    compiled_teacher = synthetic.with_dtype(teacher, 'float32')
   step = functools.partial(
     lower_distill_step,
     compiled_teacher,

@@ -13,13 +13,13 @@ T5 v1.0 11B, the checkpoint `ende.py:paper` and `distill_drafter.py:paper` read)
 --teacher_param_dtype computing in float32 (what `pretrained.load_model` gives for a T5X
 checkpoint), sharded by `sharding.DEFAULT_RULES` over 'model' as `distill` shards it.
 
-The machines of the chips in --compile_for compile the step with the chip's own compiler for
-their compile-only devices (`machines.compile_only_mesh`; XLA:TPU comes with libtpu, `pip install
+The rows of --compile_for (MACHINE[:DATAxMODEL] items: a machine without a mesh, every row of its
+chip) compile the step with the chip's own compiler for their compile-only devices (`machines.compile_only_mesh`; XLA:TPU comes with libtpu, `pip install
 'jax[tpu]'`), as planned: the memory is that program's, and fits is the compiler's yes or no. The
 others compile on as many simulated XLA:CPU devices as the largest of them has
 (`machines.simulate_cpu_devices`), whose buffers bound the accelerator's. For each machine and
 DATAxMODEL mesh of --machines and each batch size it builds, with nothing allocated, the teacher's
-params (`memory_model.abstract_model`), the student's step-0 train state (`jax.eval_shape` of
+params (`synthetic.abstract_model`), the student's step-0 train state (`jax.eval_shape` of
 `trainer.init_state`, placed by `trainer.state_shardings`) and a batch split over 'data', each a
 `jax.ShapeDtypeStruct` carrying its `NamedSharding`; lowers `trainer.compile_step` of
 `distill_loss.distill_step` (the live-teacher step, `cache_teacher=False`: the teacher's encoder and
@@ -32,12 +32,12 @@ decoder run in every step) and compiles it. Per device it prints:
             the compiler's peak of live bytes, and total = argument + output + temp - alias (the
             state is donated), the bound;
   fits      by the chip's own compiler: 'yes' if it compiled the step and its peak fits the
-            chip's HBM (`specdec_jax.machines`), 'no' if not or if it refused the step for want
+            chip's HBM (`benchmarks.machines`), 'no' if not or if it refused the step for want
             of memory (its message is printed under the table). On XLA:CPU: 'yes' if the total
             fits, 'no' if even teacher + state + batch do not, 'maybe' in between;
   forward   the teacher's forward per step on the roofline of the machine's chip
             (`distill_model.forward_cost`: max(FLOPs / peak, weight bytes / HBM bandwidth) per
-            chip; the chips' constants and their sources are in specdec_jax/machines.py). Not modelled:
+            chip; the chips' constants and their sources are in benchmarks/machines.py). Not modelled:
             the model-parallel collectives, the student's own step (its FLOPs per chip are
             printed beside it, the student / teacher column), and the chip's efficiency (the
             roofline is a lower bound on the time).
@@ -59,16 +59,15 @@ import jax
 from absl import app, flags
 
 import benchmarks
-from benchmarks import distill_model, memory_model, synthetic
+from benchmarks import distill_model, machines, synthetic
 from experiments.configs import distill_drafter
-from specdec_jax import machines
+from specdec_jax.measure import tables
 from specdec_jax.models import t5
 from specdec_jax.training import distill
 
 DEFAULT_MACHINES = 'v4-8:1x4,v4-8:2x2,v4-32:4x4,v5e-8:1x8,v5e-8:2x4,h100:1x1'
 
-# This main's own flags (`benchmarks.flags_parser`): memory_plan and distill_plan (and other
-# benchmarks) define --batch, --source_length, ... too; one process (the test suite) imports them.
+# This main's own flags (`benchmarks.run`).
 FLAGS = flags.FlagValues()
 _TEACHER = flags.DEFINE_string(
   'teacher', 't5-11b', 'Teacher shapes: a key of t5.CONFIGS.', flag_values=FLAGS
@@ -102,14 +101,12 @@ _SOURCE_LENGTH = flags.DEFINE_integer(
 _TARGET_LENGTH = flags.DEFINE_integer(
   'target_length', 128, 'Target tokens per row.', flag_values=FLAGS
 )
-_COMPILE_FOR = flags.DEFINE_list(
-  'compile_for',
-  [],
-  'Chips, as machine names of specdec_jax.machines (e.g. tpu-v4,tpu-v5e): the rows of their '
-  "machines compile by the chip's own compiler (XLA:TPU from libtpu) for the machine's "
-  "compile-only devices, as planned; fits is that compiler's yes / no. The other rows compile on "
-  'simulated XLA:CPU devices (bounds).',
-  flag_values=FLAGS,
+_COMPILE_FOR = benchmarks.define_compile_for(
+  "Rows of --machines compiled by their own compiler (XLA:TPU from libtpu) for the machine's "
+  "compile-only devices, as planned: fits is that compiler's yes / no. A MACHINE without a mesh "
+  '(tpu-v4) takes every row of its chip; with one (v4-8:1x4), that row. The other rows compile '
+  'on simulated XLA:CPU devices (bounds).',
+  FLAGS,
 )
 _COMPILE = flags.DEFINE_bool(
   'compile', True, 'Compile the step (off: shapes and roofline only).', flag_values=FLAGS
@@ -125,18 +122,14 @@ _COMPILE_DTYPE = flags.DEFINE_enum(
 )
 
 
-def _gib(n: float) -> str:
-  return f'{n / machines.GiB:.2f}'
-
-
 _REFUSED = []  # the compiler's messages of the steps it refused for want of memory
 
 
 def _print_row(row: dict) -> None:
   compiled = [row.get(k) for k in ('argument', 'output', 'temp', 'peak', 'total')]
   cells = [row['machine'], row['mesh'], str(row['batch']), row['compiler']]
-  cells += [_gib(row[k]) for k in ('teacher', 'state', 'batch_bytes')]
-  cells += ['-' if v is None else _gib(v) for v in compiled]
+  cells += [tables.gib(row[k]) for k in ('teacher', 'state', 'batch_bytes')]
+  cells += ['-' if v is None else tables.gib(v) for v in compiled]
   cells += [row['fits'], f'{row["forward_seconds"] * 1e3:.1f}', row['forward_bound']]
   cells += [f'{300 * row["student_forward"].flops / row["forward"].flops:.1f}%']
   cells += [f'{row.get("compile_seconds", 0):.0f}']
@@ -146,22 +139,20 @@ def _print_row(row: dict) -> None:
 
 
 def _meshes() -> tuple[list[tuple[str, int, int]], set]:
-  """(--machines' (machine, data, model) items, the chips of --compile_for), checked; the host
-  gets as many simulated XLA:CPU devices as the largest mesh compiled there."""
+  """(--machines' (machine, data, model) items, what --compile_for compiles with its own
+  compiler: chips and rows), checked; the host gets as many simulated XLA:CPU devices as the
+  largest mesh compiled there."""
   try:
     meshes = machines.parse_machine_mesh(_MACHINES.value)
-    chips = {machines.get(name).chip for name in _COMPILE_FOR.value if _COMPILE.value}
   except ValueError as e:
-    raise app.UsageError(f'--machines / --compile_for: {e}') from e
-  for name, data, model in meshes:
-    if data * model != machines.MACHINES[name].devices:
-      raise app.UsageError(
-        f'{name} has {machines.MACHINES[name].devices} devices; the mesh {data}x{model} has '
-        f'{data * model}.'
-      )
-  on_cpu = [d * m for name, d, m in meshes if machines.get(name).chip not in chips]
+    raise app.UsageError(f'--machines={_MACHINES.value}: {e}') from e
+  own = set()
+  for name, mesh in benchmarks.compile_for(_COMPILE_FOR) if _COMPILE.value else ():
+    own.add(machines.get(name).chip if mesh is None else (name, *mesh))
+  on_cpu = [d * m for name, d, m in meshes if machines.get(name).chip not in own
+            and (name, d, m) not in own]  # fmt: skip
   machines.simulate_cpu_devices(max(on_cpu, default=1))
-  return meshes, chips
+  return meshes, own
 
 
 def _print_header(teacher, config, student, student_params, shape, compile_dtype) -> None:
@@ -172,7 +163,7 @@ def _print_header(teacher, config, student, student_params, shape, compile_dtype
     f'distill_drafter.py:{_DISTILL_CONFIG.value} ({t5.param_count(student_params) / 1e6:.1f}M '
     f'params, float32, AdamW, {config.student_sharding}, divergence {config.divergence}): '
     f'{student}; source {shape["source_length"]}, target {shape["target_length"]}; compiled by '
-    f'XLA:TPU for {", ".join(_COMPILE_FOR.value) or "no chip"} (compile-only, as planned: '
+    f'XLA:TPU for {", ".join(n.strip() for n in (_COMPILE_FOR.value or "").split(",") if n.strip()) or "no chip"} (compile-only, as planned: '
     f"nothing ran), else on simulated cpu devices with the teacher's params in "
     f'{compile_dtype or "-"}.'
   )
@@ -193,11 +184,11 @@ def _print_header(teacher, config, student, student_params, shape, compile_dtype
 
 def main(argv):
   del argv
-  meshes, chips = _meshes()
+  meshes, own = _meshes()
   teacher_config = synthetic.shape(_TEACHER.value, dtype='float32')
   config = distill_drafter.get_config(_DISTILL_CONFIG.value)
   one = jax.sharding.AbstractMesh((1, 1), ('data', 'model'))
-  teacher = memory_model.abstract_model(
+  teacher = synthetic.abstract_model(
     teacher_config, one, param_dtype=_TEACHER_PARAM_DTYPE.value, shard=True
   )
   student = distill.student_config_for(config, teacher)
@@ -213,7 +204,7 @@ def main(argv):
     batches,
     teacher_param_dtype=_TEACHER_PARAM_DTYPE.value,
     compile_dtype=compile_dtype,
-    compile_for=chips,
+    compile_for=own,
     log=_print_row,
     **shape,
   )
@@ -232,4 +223,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=benchmarks.flags_parser(FLAGS))
+  benchmarks.run(main, FLAGS)

@@ -12,8 +12,10 @@ import tempfile
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 
+import benchmarks
+from benchmarks import synthetic
 from experiments.configs import distill_drafter, train_target
 from specdec_jax import pretrained
 from specdec_jax.data import batching
@@ -21,10 +23,16 @@ from specdec_jax.measure import timing
 from specdec_jax.models import t5
 from specdec_jax.training import distill_data, distill_loss, trainer
 
-_SHAPE = flags.DEFINE_enum('target_shape', 'shipped', ['shipped', 't5_1_1_small'], 'Target.')
-_STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps per mode.')
-_BATCH = flags.DEFINE_integer('batch_size', 64, 'Pairs per step.')
-_LENGTH = flags.DEFINE_integer('length', 24, 'Source and target tokens per pair.')
+# This main's own flags (`benchmarks.run`).
+FLAGS = flags.FlagValues()
+_SHAPE = flags.DEFINE_enum(
+  'target_shape', 'shipped', ['shipped', 't5_1_1_small'], 'Target.', flag_values=FLAGS
+)
+_STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps per mode.', flag_values=FLAGS)
+_BATCH = flags.DEFINE_integer('batch_size', 64, 'Pairs per step.', flag_values=FLAGS)
+_LENGTH = flags.DEFINE_integer(
+  'length', 24, 'Source and target tokens per pair.', flag_values=FLAGS
+)
 
 
 def main(argv):
@@ -32,9 +40,8 @@ def main(argv):
   if _SHAPE.value == 'shipped':
     teacher = pretrained.load('ende').target
   else:
-    model = train_target.get_config('t5_1_1_small').model.to_dict()
-    config = t5.T5Config(**model)
-    teacher = t5.T5Model(config, t5.init_params(jax.random.key(0), config))
+    config = t5.T5Config(**train_target.get_config('t5_1_1_small').model.to_dict())
+    teacher = synthetic.model(config, dtype='float32', weights='random')
   student = distill_drafter.get_config().student.to_dict()
   student_config = t5.T5Config(
     **dict(student, vocab_size=teacher.config.vocab_size, encoder_dim=teacher.config.d_model)
@@ -77,4 +84,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  benchmarks.run(main, FLAGS)

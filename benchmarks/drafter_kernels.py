@@ -61,14 +61,13 @@ import jax.numpy as jnp
 from absl import app, flags
 
 import benchmarks
-from benchmarks import synthetic
-from specdec_jax import decode, decode_steps, machines
+from benchmarks import hlo_text, machines, synthetic
+from specdec_jax import decode, decode_steps
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import timing, xla_cpu
 from specdec_jax.models import t5
 
-# This main's own flags (`benchmarks.flags_parser`): other benchmarks define --target, --dtype,
-# ... too, and one process (the test suite) imports several.
+# This main's own flags (`benchmarks.run`).
 FLAGS = flags.FlagValues()
 _MODEL = flags.DEFINE_string(
   'model', 't5-small', 'The drafter: a name in t5.CONFIGS.', flag_values=FLAGS
@@ -87,13 +86,7 @@ _UNROLLED = flags.DEFINE_bool(
   'Also count the draft loop (and the --target iteration) with its scan unrolled.',
   flag_values=FLAGS,
 )
-_COMPILE_FOR = flags.DEFINE_enum(
-  'compile_for',
-  None,
-  ['h100'],
-  'Compile for this GPU (compile-only; no device needed).',
-  flag_values=FLAGS,
-)
+_COMPILE_FOR = benchmarks.define_compile_for('One GPU chip (h100).', FLAGS)
 _TIME = flags.DEFINE_bool(
   'time', False, 'Also time a step inside a jitted loop (a device).', flag_values=FLAGS
 )
@@ -123,27 +116,7 @@ _PROFILE = flags.DEFINE_string(
 _FREE = frozenset(
   ['parameter', 'constant', 'tuple', 'get-tuple-element', 'bitcast', 'after-all', 'opt-barrier']
 )
-_INSTRUCTION = re.compile(r'^\s*(?:ROOT\s+)?%?[\w.\-]+ = .*? ([a-z][\w\-]*)\((.*)$')
-_COMPUTATION = re.compile(r'^(ENTRY\s+)?%?([\w.\-]+) .*\{$')
 _SYMBOL = r'"[^"]+"|[\w.$\-]+'  # a StableHLO function's name, quoted or not
-# Computations an instruction runs as launches of their own (not those it fuses or reduces with).
-_RUNS = re.compile(r'\b(?:body|condition|true_computation|false_computation)=%?([\w.\-]+)')
-
-
-def _computations(hlo: str) -> tuple[dict[str, list[str]], str]:
-  """Optimized HLO text -> ({computation: its instruction lines}, the entry computation's name)."""
-  comps, entry, name = {}, None, None
-  for line in hlo.splitlines():
-    match = _COMPUTATION.match(line)
-    if match:
-      name = match.group(2)
-      comps[name] = []
-      entry = name if match.group(1) else entry
-    elif line.strip() == '}':
-      name = None
-    elif name is not None and line.strip():
-      comps[name].append(line)
-  return comps, entry
 
 
 def _category(opcode: str, rest: str) -> str:
@@ -163,46 +136,22 @@ def launches(hlo: str, computation: str | None = None) -> collections.Counter:
   """What `computation` (default: the entry) of an optimized HLO module launches: a Counter of
   'fusion', 'gemm', 'copy', 'while', 'custom-call', 'other' and their 'total', the computations
   it runs counted in (a while loop's body and condition once each, every branch, calls)."""
-  comps, entry = _computations(hlo)
+  comps, entry = hlo_text.computations(hlo)
   counts = collections.Counter()
 
   def visit(name):
     for line in comps[name]:
-      match = _INSTRUCTION.match(line)
-      if not match or match.group(1) in _FREE:
+      match = hlo_text.instruction(line)
+      if not match or match.group(3) in _FREE:
         continue
-      opcode, rest = match.groups()
+      _, _, opcode, rest = match.groups()
       counts[_category(opcode, rest)] += 1
       counts['total'] += 1
-      called = _RUNS.findall(rest)
-      for branches in re.findall(r'branch_computations=\{([^}]*)\}', rest):
-        called += [b.strip().lstrip('%') for b in branches.split(',')]
-      if opcode == 'call':
-        called += re.findall(r'to_apply=%?([\w.\-]+)', rest)
-      for sub in called:
+      for sub in hlo_text.called(opcode, rest):
         visit(sub)
 
   visit(computation or entry)
   return counts
-
-
-def while_loops(hlo: str) -> list[tuple[str, str]]:
-  """(body, condition) of each while loop the entry computation runs, in order."""
-  return while_loops_in(hlo, None)
-
-
-def while_loops_in(hlo: str, computation: str | None) -> list[tuple[str, str]]:
-  """(body, condition) of each while loop `computation` (None: the entry) runs, in order."""
-  comps, entry = _computations(hlo)
-  loops = []
-  for line in comps[computation or entry]:
-    body, condition = (
-      re.search(r'\bbody=%?([\w.\-]+)', line),
-      re.search(r'\bcondition=%?([\w.\-]+)', line),
-    )
-    if body and condition:
-      loops.append((body.group(1), condition.group(1)))
-  return loops
 
 
 def stablehlo_ops(text: str, op: str | None = None) -> int:
@@ -231,16 +180,6 @@ def stablehlo_ops(text: str, op: str | None = None) -> int:
   return ops('main')
 
 
-def _abstract(config: t5.T5Config, source_length: int, cache_len: int):
-  """Shapes of (params, cache) of one row over an all-real source."""
-  as_dtype = lambda s: jax.ShapeDtypeStruct(s.shape, config.dtype)
-  params = jax.tree.map(as_dtype, jax.eval_shape(lambda: t5.init_params(jax.random.key(0), config)))
-  encoded = jax.ShapeDtypeStruct((1, source_length, config.d_model), config.dtype)
-  mask = jax.ShapeDtypeStruct((1, source_length), jnp.bool_)
-  init = lambda p, e, m: t5.init_cache(p, e, m, config=config, max_decode_len=cache_len)
-  return params, jax.eval_shape(init, params, encoded, mask)
-
-
 def _draft(steps, gamma: int, unrolled: bool):
   """`decode_steps.draft` as a function of (params, cache, seq, n), its scan unrolled or not."""
 
@@ -258,14 +197,17 @@ def count(config, *, source_length, cache_len, gamma, unrolled=True, device=None
   'per_call': what one call launches (the scan's body and condition once an iteration);
   'per_step': per_call over its drafter calls (gamma for a draft loop); 'per_layer';
   'loop_body': the scan's body alone (one drafter step and its argmax); 'stablehlo'}}."""
-  params, cache = _abstract(config, source_length, cache_len)
+  model = synthetic.abstract_model(config, device)
+  params = model.params
+  cache = synthetic.abstract_cache(model, device, batch=1, source_length=source_length,
+                                   cache_len=cache_len)  # fmt: skip
   token = jax.ShapeDtypeStruct((1, 1), jnp.int32)
   seq = jax.ShapeDtypeStruct((1, cache_len), jnp.int32)
   n = jax.ShapeDtypeStruct((1,), jnp.int32)
   if device is not None:
     on = jax.sharding.SingleDeviceSharding(device)
     place = lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=on)
-    params, cache, token, seq, n = jax.tree.map(place, (params, cache, token, seq, n))
+    token, seq, n = jax.tree.map(place, (token, seq, n))
   step = jax.jit(lambda p, t, c: t5.decode(p, t, c, config=config), donate_argnums=2)
   programs = {'step': (step.lower(params, token, cache), None)}
   steps = t5.T5Model(config=config, params=None).steps
@@ -284,7 +226,7 @@ def count(config, *, source_length, cache_len, gamma, unrolled=True, device=None
         f.write(hlo)
     static = launches(hlo)
     per_call, in_loop = static['total'], None
-    loops = while_loops(hlo)
+    loops = hlo_text.while_loops(hlo)
     if unroll is False:  # the scan: gamma - 1 iterations (gamma tests of its condition)
       if len(loops) != 1:
         raise ValueError(f'Expected the draft loop to compile to one while loop, got {len(loops)}.')
@@ -327,7 +269,7 @@ def gemms(hlo: str, computation: str | None = None) -> list[dict]:
   'p__decoder____layers_0____mlp____wi____kernel__.1' for params passed as `p`; none inside a
   loop body, which reads its carry); 'bytes': what it reads and writes, each operand whole or,
   where its fused computation slices it, the slice}."""
-  comps, entry = _computations(hlo)
+  comps, entry = hlo_text.computations(hlo)
   arguments = {
     m.group(1)
     for line in comps[entry]
@@ -366,11 +308,11 @@ def gemms(hlo: str, computation: str | None = None) -> list[dict]:
 
   def visit(name):
     for line in comps[name]:
-      match = _INSTRUCTION.match(line)
-      if not match or match.group(1) in _FREE:
+      match = hlo_text.instruction(line)
+      if not match or match.group(3) in _FREE:
         continue
-      opcode, rest = match.groups()
-      for sub in _RUNS.findall(rest):
+      _, _, opcode, rest = match.groups()
+      for sub in hlo_text.called(opcode, rest):
         visit(sub)
       if _category(opcode, rest) != 'gemm':
         continue
@@ -419,13 +361,10 @@ def iteration(
   `unroll_draft`, `speculative_generate(..., unroll_draft=True)`, no scan: its calls are in the
   body), and 'weight copies': the copies, transposes and concatenations in the loop of >= 2**20
   elements."""
-  models, sharding = [], {}
+  models = [synthetic.abstract_model(config, device) for config in (target, drafter)]
+  sharding = {}
   if device is not None:
     sharding = dict(sharding=jax.sharding.SingleDeviceSharding(device))
-  for config in (target, drafter):
-    params, _ = _abstract(config, source_length, cache_len=8)
-    params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, **sharding), params)
-    models.append(t5.T5Model(config=config, params=params))
   ids = jax.ShapeDtypeStruct((1, source_length), jnp.int32, **sharding)
   sampling = sampling_lib.SamplingConfig(temperature=0.0)
   lowered = decode.lower_speculative(
@@ -442,8 +381,8 @@ def iteration(
     name = 'speculative_loop_unrolled.hlo' if unroll_draft else 'speculative_loop.hlo'
     with open(os.path.join(hlo_dir, name), 'w') as f:
       f.write(hlo)
-  comps, _ = _computations(hlo)
-  loops = {loop: while_loops_in(hlo, loop[0]) for loop in while_loops(hlo)}
+  comps, _ = hlo_text.computations(hlo)
+  loops = {loop: hlo_text.while_loops(hlo, loop[0]) for loop in hlo_text.while_loops(hlo)}
   # The decode loop: the one holding the draft scan, or, the scan unrolled, the one loop.
   outer = list(loops) if unroll_draft else [loop for loop, inner in loops.items() if inner]
   if len(outer) != 1 or len(loops[outer[0]]) != (0 if unroll_draft else 1):
@@ -463,11 +402,11 @@ def iteration(
   copies = 0
   for name in bodies:
     for line in comps[name]:
-      match = _INSTRUCTION.match(line)
+      match = hlo_text.instruction(line)
       head = line.split('metadata=')[0]
       big = match and _elements(line) >= 2**20
       if big and (
-        match.group(1) in ('copy', 'transpose', 'concatenate')
+        match.group(3) in ('copy', 'transpose', 'concatenate')
         or re.search(r'fusion\(.*calls=%?\w*(concatenate|copy|transpose)', head)
       ):
         copies += 1
@@ -478,9 +417,10 @@ def measure() -> dict:
   config = synthetic.shape(_MODEL.value, _DTYPE.value)
   shape = dict(source_length=_SOURCE_LENGTH.value, cache_len=_CACHE_LEN.value)
   device = jax.devices()[0]
-  if _COMPILE_FOR.value:
+  compile_for = benchmarks.compile_for(_COMPILE_FOR, one_chip=True)
+  if compile_for:
     try:
-      (device,) = machines.compile_only_devices(_COMPILE_FOR.value)
+      (device,) = machines.compile_only_devices(compile_for)
     except RuntimeError as e:
       raise app.UsageError(f'--compile_for={_COMPILE_FOR.value}: {e}') from e
   result = dict(
@@ -591,4 +531,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=benchmarks.flags_parser(FLAGS))
+  benchmarks.run(main, FLAGS)

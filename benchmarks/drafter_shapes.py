@@ -15,53 +15,45 @@ Alpha itself needs a trained drafter (scripts/distill.py); this picks which shap
 Past runs: docs/performance.md, "Measurements moved from docstrings" (`drafter_shapes`).
 """
 
-import jax
-from absl import app, flags, logging
+from absl import flags
 
 import benchmarks
+from benchmarks import synthetic
+from experiments.configs import train_target
 from specdec_jax import analysis, pretrained
 from specdec_jax.measure import timing
 from specdec_jax.models import t5
 
-_GAMMA = flags.DEFINE_integer('gamma', 3, 'Drafted tokens per iteration.')
-_ALPHAS = flags.DEFINE_list('alphas', ['0.35', '0.45', '0.55', '0.65'], 'Acceptance rates.')
-_SOURCE_LENGTH = flags.DEFINE_integer('source_length', 32, 'Source tokens (all real).')
+# This main's own flags (`benchmarks.run`).
+FLAGS = flags.FlagValues()
+_GAMMA = flags.DEFINE_integer('gamma', 3, 'Drafted tokens per iteration.', flag_values=FLAGS)
+_ALPHAS = flags.DEFINE_list(
+  'alphas', ['0.35', '0.45', '0.55', '0.65'], 'Acceptance rates.', flag_values=FLAGS
+)
+_SOURCE_LENGTH = flags.DEFINE_integer(
+  'source_length', 32, 'Source tokens (all real).', flag_values=FLAGS
+)
 
 
-def _random_t5(seed: int, **shape) -> t5.T5Model:
-  config = t5.T5Config(vocab_size=8000, feed_forward='gated-gelu', **shape)
-  return t5.T5Model(config=config, params=t5.init_params(jax.random.key(seed), config))
+def _random_t5(seed: int, config: t5.T5Config) -> t5.T5Model:
+  return synthetic.model(config, dtype='float32', weights='random', seed=seed)
+
+
+def _target_shape(variant: str) -> t5.T5Config:
+  """The target of `experiments/configs/train_target.py:variant`, its shape alone."""
+  return t5.T5Config(**train_target.get_config(variant).model.to_dict())
 
 
 def main(argv):
   del argv
   benchmarks.start()  # before JAX starts
-  if not flags.FLAGS['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
+  benchmarks.quiet_checkpoint_logs()  # orbax logs every file it reads at INFO
   pair = pretrained.load('ende')
   targets = {
     'shipped 13.5M': pair.target,
-    't5_1_1-small 52M': _random_t5(
-      0,
-      d_model=512,
-      d_kv=64,
-      num_heads=6,
-      d_ff=1024,
-      num_encoder_layers=8,
-      num_decoder_layers=8,
-      tie_word_embeddings=False,
-    ),
+    't5_1_1-small 52M': _random_t5(0, _target_shape('t5_1_1_small')),
     # experiments/configs/train_target.py:grown, the shipped target grown (models/t5_growth).
-    'grown 48M': _random_t5(
-      0,
-      d_model=512,
-      d_kv=64,
-      num_heads=8,
-      d_ff=1024,
-      num_encoder_layers=4,
-      num_decoder_layers=8,
-      tie_word_embeddings=False,
-    ),
+    'grown 48M': _random_t5(0, _target_shape('grown')),
   }
   alphas = [float(a) for a in _ALPHAS.value]
   gamma = _GAMMA.value
@@ -71,13 +63,17 @@ def main(argv):
     for width, depth in [(128, 1), (128, 2), (256, 1), (256, 2)]:
       drafters[f'decoder d{width} x{depth}'] = _random_t5(
         1,
-        d_model=width,
-        d_kv=32,
-        num_heads=width // 32,
-        d_ff=4 * width,
-        num_encoder_layers=0,
-        num_decoder_layers=depth,
-        encoder_dim=target.config.d_model,
+        t5.T5Config(
+          vocab_size=8000,
+          feed_forward='gated-gelu',
+          d_model=width,
+          d_kv=32,
+          num_heads=width // 32,
+          d_ff=4 * width,
+          num_encoder_layers=0,
+          num_decoder_layers=depth,
+          encoder_dim=target.config.d_model,
+        ),
       )
     for name, drafter in drafters.items():
       costs = timing.step_costs(
@@ -106,4 +102,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  benchmarks.run(main, FLAGS)

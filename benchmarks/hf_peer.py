@@ -43,7 +43,7 @@ import jax
 import numpy as np
 import torch
 import transformers
-from absl import app, flags, logging
+from absl import flags
 
 import benchmarks
 from benchmarks import synthetic
@@ -54,8 +54,7 @@ from specdec_jax.measure import tables, timing
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
 
-# This main's own flags, on the command line with absl's (`benchmarks.flags_parser`): other benchmarks
-# define --target, --dtype, ... too, and a process (the test suite) imports several.
+# This main's own flags (`benchmarks.run`).
 FLAGS = flags.FlagValues()
 _DIR = flags.DEFINE_string(
   'pretrained', 'ende', 'Shipped pair (name or directory).', flag_values=FLAGS
@@ -296,7 +295,12 @@ def transformers_results(
 
   decoding = dict(max_new_tokens=max_new_tokens, eos_id=target.config.eos_token_id)
   compile_config = transformers.CompileConfig()
-  compile_config._compile_all_devices = True  # transformers compiles only on accelerators
+  # `generate` compiles only on an accelerator unless this is set, and transformers (5.23) has no
+  # public switch for it: `_compile_all_devices` is the flag its own tests set "to compile on e.g.
+  # CPU" (generation/configuration_utils.py). Set, the compiled row exists on a CPU too, where a
+  # GPU would compile anyway; on a GPU it changes nothing. Private: a transformers release may drop
+  # it (the row then runs uncompiled on a CPU, as `generate` decides).
+  compile_config._compile_all_devices = True
   variants = {
     'greedy': {},
     'greedy-static': dict(cache_implementation='static', disable_compile=True),
@@ -329,8 +333,7 @@ def main(argv):
   # JAX and torch share an accelerator: JAX takes memory as it needs it, not 75% up front.
   os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
   benchmarks.start()  # before JAX starts
-  if not flags.FLAGS['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
+  benchmarks.quiet_checkpoint_logs()  # orbax logs every file it reads at INFO
   if _THREADS.value:
     torch.set_num_threads(_THREADS.value)
   device = _DEVICE.value or ('cuda' if torch.cuda.is_available() else 'cpu')
@@ -405,4 +408,4 @@ COLUMNS = (
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=benchmarks.flags_parser(FLAGS))
+  benchmarks.run(main, FLAGS)

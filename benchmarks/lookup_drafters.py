@@ -29,18 +29,28 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 import benchmarks
 from specdec_jax import analysis, decode, pretrained
 from specdec_jax.data import pairs
 from specdec_jax.sampling import SamplingConfig
 
-_DIR = flags.DEFINE_string('pretrained', 'ende48m', 'Shipped pair (name or directory).')
-_TRAIN = flags.DEFINE_string('train_file', 'data/ende/train.tsv', 'Datastore pairs.')
-_VALID = flags.DEFINE_string('valid_file', 'data/ende/valid.tsv', "'' to skip the valid split.")
-_NUM = flags.DEFINE_integer('num_sources', 500, 'Test sentences (and at most 256 valid ones).')
-_GAMMA = flags.DEFINE_integer('gamma', 3, 'Draft tokens per iteration.')
+# This main's own flags (`benchmarks.run`).
+FLAGS = flags.FlagValues()
+_DIR = flags.DEFINE_string(
+  'pretrained', 'ende48m', 'Shipped pair (name or directory).', flag_values=FLAGS
+)
+_TRAIN = flags.DEFINE_string(
+  'train_file', 'data/ende/train.tsv', 'Datastore pairs.', flag_values=FLAGS
+)
+_VALID = flags.DEFINE_string(
+  'valid_file', 'data/ende/valid.tsv', "'' to skip the valid split.", flag_values=FLAGS
+)
+_NUM = flags.DEFINE_integer(
+  'num_sources', 500, 'Test sentences (and at most 256 valid ones).', flag_values=FLAGS
+)
+_GAMMA = flags.DEFINE_integer('gamma', 3, 'Draft tokens per iteration.', flag_values=FLAGS)
 _MAX_N = 6
 
 
@@ -182,4 +192,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  benchmarks.run(main, FLAGS)

@@ -23,17 +23,28 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 import benchmarks
 from specdec_jax.measure import timing
 
+# This main's own flags (`benchmarks.run`).
+FLAGS = flags.FlagValues()
 _SHAPES = flags.DEFINE_list(
-  'shapes', ['256x8000', '256x1024', '1024x256', '512x8000', '512x1024'], 'Weight shapes IxO.'
+  'shapes',
+  ['256x8000', '256x1024', '1024x256', '512x8000', '512x1024'],
+  'Weight shapes IxO.',
+  flag_values=FLAGS,
 )
-_ROWS = flags.DEFINE_list('rows', ['1', '2', '3', '4', '5', '6', '8', '12'], 'Row counts M.')
-_REPEATS = flags.DEFINE_integer('repeats', 5, 'Timings per point (the median is printed).')
-_TIED = flags.DEFINE_bool('tied', False, 'Also time each shape as a tied embedding [O, I].')
+_ROWS = flags.DEFINE_list(
+  'rows', ['1', '2', '3', '4', '5', '6', '8', '12'], 'Row counts M.', flag_values=FLAGS
+)
+_REPEATS = flags.DEFINE_integer(
+  'repeats', 5, 'Timings per point (the median is printed).', flag_values=FLAGS
+)
+_TIED = flags.DEFINE_bool(
+  'tied', False, 'Also time each shape as a tied embedding [O, I].', flag_values=FLAGS
+)
 
 
 @functools.partial(jax.jit, static_argnames='tied')
@@ -77,4 +88,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  benchmarks.run(main, FLAGS)

@@ -1,6 +1,6 @@
 """Per-device memory and a roofline of the decode loops, from abstract sharded models: the library
 part of `python -m benchmarks.memory_plan` (which simulates the devices, reads its flags and
-prints; its docstring has the method). The chips and machines are `specdec_jax.machines`'.
+prints; its docstring has the method). The chips and machines are `benchmarks.machines`'.
 """
 
 import dataclasses
@@ -9,14 +9,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
+from benchmarks import synthetic
+from benchmarks.machines import H100, TPU_V4, TPU_V5E, Chip
 from specdec_jax import analysis, decode, sharding
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.machines import H100, TPU_V4, TPU_V5E, Chip
 from specdec_jax.models import t5
 
-# The chips whose HBM a plan's `fits` judges (their constants and sources: specdec_jax/machines.py).
+# The chips whose HBM a plan's `fits` judges (their constants and sources: benchmarks/machines.py).
 PLAN_CHIPS = (TPU_V4, TPU_V5E, H100)
 
 # (label, alpha at temperature 0, alpha at temperature 1).
@@ -27,29 +27,6 @@ ALPHAS = (
 )
 
 _KV_AXES = ('layers', 'batch', 'length', 'heads', 'kv')
-
-
-def abstract_model(
-  config: t5.T5Config, mesh, *, param_dtype: str, shard: bool, rules=sharding.DEFAULT_RULES
-) -> t5.T5Model:
-  """A `T5Model` whose params are `jax.ShapeDtypeStruct`s in `param_dtype`, each carrying its
-  `NamedSharding` on `mesh`: by `rules` (`shard=True`) or replicated. Nothing is allocated."""
-  shapes = jax.eval_shape(lambda key: t5.init_params(key, config), jax.random.key(0))
-  shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, param_dtype), shapes)
-  if shard:
-    shardings = sharding.param_shardings(shapes, mesh, rules)
-  else:
-    shardings = jax.tree.map(lambda _: NamedSharding(mesh, P()), shapes)
-  params = jax.tree.map(
-    lambda s, h: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=h), shapes, shardings
-  )
-  return t5.T5Model(config=config, params=params)
-
-
-def unsharded(model: t5.T5Model) -> t5.T5Model:
-  """`model` with its params' shardings dropped: the whole of every leaf, as on one device."""
-  params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), model.params)
-  return t5.T5Model(config=model.config, params=params)
 
 
 def local_shape(x) -> tuple[int, ...]:
@@ -150,7 +127,7 @@ def call_cost(
   layer, over buffer_len self-attention and source_length cross-attention keys.
 
   Args:
-    model: a `T5Model` whose params carry shardings (`abstract_model`).
+    model: a `T5Model` whose params carry shardings (`synthetic.abstract_model`).
     mesh: the mesh the cache is sharded on.
     batch: B, rows of the call (global).
     positions: T, tokens per row.
@@ -194,19 +171,15 @@ def call_cost(
   return CallCost(flops=2.0 * matmul_params * tokens + attention, bytes=weight_bytes + cache_bytes)
 
 
-def abstract_cache(params, config, *, batch: int, buffer_len: int, source_length: int):
-  """The `t5.DecodeCache` that `t5.init_cache` builds over a [batch, source_length] source, as
-  shape structs (nothing allocated); `params` may be shape structs too."""
-  encoded = jax.ShapeDtypeStruct(
-    (batch, source_length, config.encoder_dim or config.d_model), config.dtype
-  )
-  mask = jax.ShapeDtypeStruct((batch, source_length), jnp.int32)
-  return jax.eval_shape(
-    lambda p, e, m: t5.init_cache(p, e, m, config=config, max_decode_len=buffer_len),
-    params,
-    encoded,
-    mask,
-  )
+def call_bytes(config: t5.T5Config, *, batch: int, positions: int, cache_len: int, source_length):
+  """HBM bytes one decoder call of `config` (params in its dtype) reads on one device: `call_cost`
+  of a 1x1 mesh over the first device."""
+  mesh = sharding.make_mesh(1, 1, devices=jax.devices()[:1])
+  abstract = synthetic.abstract_model(config, mesh)
+  return call_cost(
+    abstract, mesh, batch=batch, positions=positions, buffer_len=cache_len,
+    source_length=source_length,
+  ).bytes  # fmt: skip
 
 
 def xla_step_cost(model: t5.T5Model, *, batch: int, positions: int, buffer_len: int, source_length):
@@ -215,9 +188,10 @@ def xla_step_cost(model: t5.T5Model, *, batch: int, positions: int, buffer_len: 
   Global (one device), for checking `call_cost` on a 1x1 mesh; XLA also counts elementwise work,
   and its bytes count every operand of every op (activations included).
   """
-  config, params = model.config, unsharded(model).params
-  cache = abstract_cache(
-    params, config, batch=batch, buffer_len=buffer_len, source_length=source_length
+  model = synthetic.unsharded(model)
+  config, params = model.config, model.params
+  cache = synthetic.abstract_cache(
+    model, batch=batch, cache_len=buffer_len, source_length=source_length
   )
   tokens = jax.ShapeDtypeStruct((batch, positions), jnp.int32)
   step = jax.jit(lambda p, t, c: t5.decode(p, t, c, config=config))
@@ -277,23 +251,6 @@ def predict(
   )
 
 
-def abstract_batch(mesh, batch: int, source_length: int, rules=sharding.DEFAULT_RULES):
-  """int32[B, S] input ids / mask as a `ShapeDtypeStruct` split over 'data' as
-  `sharding.global_batch` would place them."""
-  shape = (batch, source_length)
-  spec = sharding.logical_to_mesh(('batch', None), shape, mesh, rules)
-  return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=NamedSharding(mesh, spec))
-
-
-def with_dtype(model: t5.T5Model, dtype: str) -> t5.T5Model:
-  """`model` with params and activations in `dtype`, its params' shardings kept."""
-  params = jax.tree.map(
-    lambda x: jax.ShapeDtypeStruct(x.shape, dtype, sharding=getattr(x, 'sharding', None)),
-    model.params,
-  )
-  return t5.T5Model(config=dataclasses.replace(model.config, dtype=dtype), params=params)
-
-
 def memory_stats(compiled: jax.stages.Compiled) -> dict[str, int]:
   """Bytes per device of a compiled program (`memory_analysis()`): argument, output, alias (the
   outputs written over donated arguments), temp, and peak (the compiler's own peak of what is
@@ -338,7 +295,7 @@ def compile_loops(
     {'autoregressive': stats, 'speculative': stats}, each `compile_memory`'s (bytes per device),
     with inputs, the arguments that are not params (ids, mask, PRNG key), where it compiled.
   """
-  ids = abstract_batch(mesh, batch, source_length)
+  ids = synthetic.abstract_batch(mesh, batch, source_length)
   with jax.set_mesh(mesh):
     lowered = {
       'autoregressive': decode.lower_generate(
@@ -367,7 +324,7 @@ def memory_rows(target, drafter, mesh, compiled: dict | None, *, chip=None, **sh
   """A row per loop: params, caches, compiled bytes per device and the fits verdicts.
 
   Args:
-    target, drafter: `abstract_model`s.
+    target, drafter: `synthetic.abstract_model`s.
     compiled: `compile_loops` output (of these models, or of them in float32: its temporaries
       then bound this pair's), or None (params + caches only).
     chip: the `machines.Chip` whose compiler compiled these very models (XLA:TPU): fits is then

@@ -3,9 +3,9 @@ r"""A memory and cost plan for a T5 pair on a device mesh, without the hardware.
   python -m benchmarks.memory_plan --target=t5_1_1-xxl --drafter=t5_1_1-small --mesh=1x4 \
     --batch=1,8,32 --source_length=512 --max_new_tokens=128 --gamma=5 --compile_for=tpu-v4
 
-With --compile_for=MACHINE (a name of `specdec_jax.machines`: tpu-v4, tpu-v5e, v4-8, ...) the
-loops are compiled by that accelerator's own compiler for the machine of its chip with the mesh's
-device count (tpu-v4 and 1x4: a v4-8's 4 devices), compile-only (`machines.compile_only_mesh`;
+With --compile_for=MACHINE[:DATAxMODEL] (a name of `benchmarks.machines`: tpu-v4, v4-8:2x2, ...;
+without a mesh, --mesh on the machine of its chip with the mesh's device count: tpu-v4 and 1x4, a
+v4-8's 4 devices) the loops are compiled by that accelerator's own compiler, compile-only (`machines.compile_only_mesh`;
 XLA:TPU comes with libtpu, `pip install 'jax[tpu]'`), as planned (--param_dtype, --dtype). Its
 `memory_analysis()` is then the program's own, and fits is the compiler's yes or no: 'yes' when it
 compiled the loop and its peak fits the chip's HBM, 'no' when it refuses the program for want of
@@ -64,26 +64,23 @@ import jax
 from absl import app, flags
 
 import benchmarks
-from benchmarks import synthetic
+from benchmarks import machines, synthetic
 from benchmarks.memory_model import (
   PLAN_CHIPS,
-  abstract_model,
   call_cost,
   compile_loops,
   memory_rows,
   predict,
-  unsharded,
-  with_dtype,
   xla_step_cost,
 )
-from specdec_jax import decode, machines, sharding
+from specdec_jax import decode, sharding
 from specdec_jax import sampling as sampling_lib
+from specdec_jax.measure import tables
 from specdec_jax.models import t5
 
 CHIPS = {'v4': machines.TPU_V4, 'v5e': machines.TPU_V5E, 'h100': machines.H100}
 
-# This main's own flags (`benchmarks.flags_parser`): memory_plan and distill_plan (and other
-# benchmarks) define --batch, --source_length, ... too; one process (the test suite) imports them.
+# This main's own flags (`benchmarks.run`).
 FLAGS = flags.FlagValues()
 _TARGET = flags.DEFINE_string(
   'target', 't5_1_1-xxl', 'Target: a key of t5.CONFIGS.', flag_values=FLAGS
@@ -132,13 +129,11 @@ _CHIP = flags.DEFINE_enum(
   "Chip of the roofline prediction (default: --compile_for's, else v4).",
   flag_values=FLAGS,
 )
-_COMPILE_FOR = flags.DEFINE_string(
-  'compile_for',
-  '',
-  'Compile for this machine (specdec_jax.machines: tpu-v4, tpu-v5e, ...; the machine of its chip '
-  "with the mesh's device count) with its own compiler, compile-only, as planned: fits is then "
-  "the compiler's yes / no. Empty: simulated XLA:CPU devices (bounds).",
-  flag_values=FLAGS,
+_COMPILE_FOR = benchmarks.define_compile_for(
+  "With its own compiler, as planned: fits is then the compiler's yes / no. A MACHINE without a "
+  "mesh (tpu-v4) takes --mesh, on the machine of its chip with the mesh's device count (a v4-8 "
+  'for 1x4). Unset: simulated XLA:CPU devices (bounds).',
+  FLAGS,
 )
 _COMPILE = flags.DEFINE_bool(
   'compile', True, 'Compile the loops (off: params + caches only).', flag_values=FLAGS
@@ -154,31 +149,33 @@ _COMPILE_DTYPE = flags.DEFINE_enum(
 )
 
 
-def _gib(n: float) -> str:
-  return f'{n / machines.GiB:.2f}'
-
-
-def _mesh(data: int, model: int):
-  """(the mesh, the machine compiled for or None): --compile_for's compile-only devices, else
-  as many simulated XLA:CPU devices."""
+def _mesh():
+  """(the mesh, the machine compiled for or None): --compile_for's compile-only devices (its
+  mesh, or --mesh), else --mesh's simulated XLA:CPU devices."""
+  if _MESH.value.strip().lower() in ('', 'auto'):
+    raise app.UsageError(f'--mesh must be DATAxMODEL (e.g. 1x4), got {_MESH.value!r}.')
+  planned = sharding.parse_mesh(_MESH.value)
+  items = benchmarks.compile_for(_COMPILE_FOR)
+  if len(items) > 1:
+    raise app.UsageError(f'--compile_for={_COMPILE_FOR.value}: one machine a plan.')
   # The host's own JAX runs nothing but the cross-check's CPU lowering: CPU alone, so that no
   # TPU backend is tried on a host without one.
-  machines.simulate_cpu_devices(1 if _COMPILE_FOR.value else data * model)
-  if not _COMPILE_FOR.value:
-    return sharding.make_mesh(data, model), None
+  machines.simulate_cpu_devices(1 if items else planned[0] * planned[1])
+  if not items:
+    return sharding.make_mesh(*planned), None
   try:
-    machine = machines.with_devices(_COMPILE_FOR.value, data * model)
-    return machines.compile_only_mesh(machine.name, data, model), machine
+    name, data, model = machines.for_mesh(*items[0], planned)
+    return machines.compile_only_mesh(name, data, model), machines.get(name)
   except (ValueError, RuntimeError) as e:
     raise app.UsageError(f'--compile_for={_COMPILE_FOR.value}: {e}') from e
 
 
 def _pair(mesh) -> tuple[t5.T5Model, t5.T5Model]:
   """The flags' target (sharded) and drafter (per --drafter_sharding) as abstract models."""
-  target = abstract_model(
+  target = synthetic.abstract_model(
     synthetic.shape(_TARGET.value, _DTYPE.value), mesh, param_dtype=_PARAM_DTYPE.value, shard=True
   )
-  drafter = abstract_model(
+  drafter = synthetic.abstract_model(
     synthetic.shape(_DRAFTER.value, _DTYPE.value),
     mesh,
     param_dtype=_PARAM_DTYPE.value,
@@ -206,7 +203,7 @@ def _print_header(target, drafter, mesh, shape: dict, machine) -> None:
     how = (
       f'as planned by XLA:{devices[0].platform.upper()} for {machine.name}; peak: its peak of live '
       f"bytes; fits: it compiled the loop and the peak fits the chip's "
-      f'{_gib(machine.chip.hbm_bytes)} GiB; '
+      f'{tables.gib(machine.chip.hbm_bytes)} GiB; '
     )
   elif _COMPILE_DTYPE.value == 'float32':
     how = "in float32 (XLA:CPU computes in f32): the f32 temporaries bound the planned dtype's; "
@@ -225,7 +222,10 @@ def _print_memory(target, drafter, mesh, batches: list[int], shape: dict, machin
   for `machine` by its compiler (None: XLA:CPU)."""
   compiled_pair = (target, drafter)
   if machine is None and _COMPILE_DTYPE.value == 'float32':
-    compiled_pair = (with_dtype(target, 'float32'), with_dtype(drafter, 'float32'))
+    compiled_pair = (
+      synthetic.with_dtype(target, 'float32'),
+      synthetic.with_dtype(drafter, 'float32'),
+    )
   sampling = sampling_lib.SamplingConfig(temperature=_TEMPERATURE.value)
   chips = PLAN_CHIPS if machine is None else [machine.chip]
   columns = 'argument | output | temp | peak | total | ' + ' | '.join(c.name for c in chips)
@@ -239,9 +239,9 @@ def _print_memory(target, drafter, mesh, batches: list[int], shape: dict, machin
     chip = None if machine is None else machine.chip
     for row in memory_rows(target, drafter, mesh, compiled, chip=chip, batch=batch, **shape):
       keys = ('argument', 'output', 'temp', 'peak', 'total')
-      measured = [_gib(row[k]) for k in keys] if 'total' in row else ['-'] * 5
-      cells = [str(batch), row['loop'], _gib(row['params']), _gib(row['caches'])]
-      cells += [_gib(row['params'] + row['caches'])] + measured + list(row['fits'].values())
+      measured = [tables.gib(row[k]) for k in keys] if 'total' in row else ['-'] * 5
+      cells = [str(batch), row['loop'], tables.gib(row['params']), tables.gib(row['caches'])]
+      cells += [tables.gib(row['params'] + row['caches'])] + measured + list(row['fits'].values())
       print('| ' + ' | '.join(cells) + ' |', flush=True)
       if 'out_of_memory' in row:
         refused.append(f'batch {batch} {row["loop"]}: {row["out_of_memory"]}')
@@ -313,7 +313,7 @@ def _print_cross_check(target, batches: list[int], shape: dict) -> None:
         buffer_len=buffer_len,
         source_length=shape['source_length'],
       )
-      ours = call_cost(unsharded(target), one, **common)
+      ours = call_cost(synthetic.unsharded(target), one, **common)
       xla = xla_step_cost(target, **common)
       print(
         f'  B={batch} T={positions}: analytic {ours.flops:.4g} FLOPs, XLA {xla["flops"]:.4g} '
@@ -325,9 +325,7 @@ def _print_cross_check(target, batches: list[int], shape: dict) -> None:
 
 def main(argv):
   del argv
-  if _MESH.value.strip().lower() in ('', 'auto'):
-    raise app.UsageError(f'--mesh must be DATAxMODEL (e.g. 1x4), got {_MESH.value!r}.')
-  mesh, machine = _mesh(*sharding.parse_mesh(_MESH.value))
+  mesh, machine = _mesh()
   batches = [int(b) for b in _BATCH.value]
   shape = dict(
     source_length=_SOURCE_LENGTH.value, max_new_tokens=_MAX_NEW_TOKENS.value, gamma=_GAMMA.value
@@ -342,4 +340,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=benchmarks.flags_parser(FLAGS))
+  benchmarks.run(main, FLAGS)

@@ -16,23 +16,28 @@ jitted loop (`timing.step_seconds`), one after another in one run.
 Past runs: docs/performance.md, "Measurements moved from docstrings" (`multidraft_pass`).
 """
 
-from absl import app, flags, logging
+from absl import flags
 
 import benchmarks
 from specdec_jax import pretrained
 from specdec_jax.measure import timing
 
-_PAIR = flags.DEFINE_string('pair', 'ende48m', 'Shipped pair whose target is measured.')
-_GAMMAS = flags.DEFINE_list('gammas', ['3', '5'], 'Drafted tokens per path.')
-_PATHS = flags.DEFINE_list('paths', ['1', '2', '4'], 'Draft paths K.')
-_SOURCE_LENGTH = flags.DEFINE_integer('source_length', 32, 'Source tokens (all real).')
+# This main's own flags (`benchmarks.run`).
+FLAGS = flags.FlagValues()
+_PAIR = flags.DEFINE_string(
+  'pair', 'ende48m', 'Shipped pair whose target is measured.', flag_values=FLAGS
+)
+_GAMMAS = flags.DEFINE_list('gammas', ['3', '5'], 'Drafted tokens per path.', flag_values=FLAGS)
+_PATHS = flags.DEFINE_list('paths', ['1', '2', '4'], 'Draft paths K.', flag_values=FLAGS)
+_SOURCE_LENGTH = flags.DEFINE_integer(
+  'source_length', 32, 'Source tokens (all real).', flag_values=FLAGS
+)
 
 
 def main(argv):
   del argv
   benchmarks.start()  # before JAX starts
-  if not flags.FLAGS['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)
+  benchmarks.quiet_checkpoint_logs()  # orbax logs every file it reads at INFO
   target = pretrained.load(_PAIR.value).target
   kw = dict(source_length=_SOURCE_LENGTH.value, cache_len=96)
   step = timing.step_seconds(target, batch_size=1, **kw)
@@ -46,4 +51,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  benchmarks.run(main, FLAGS)

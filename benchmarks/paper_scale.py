@@ -17,7 +17,7 @@ shipped `distilled` drafters. Four tables, every time from the project's timers
 
 1. target: the step and the (gamma+1)-position pass at each of --gammas, against the HBM bound,
    the bytes a call reads (`memory_model.call_cost`: decoder weights, the tied embedding, both
-   caches) over the chip's bandwidth (`HBM_CHIPS`, picked by `jax.devices()[0].device_kind`;
+   caches) over the chip's bandwidth (`machines.chip_for` `jax.devices()[0].device_kind`;
    `--hbm_bandwidth` for another chip). `pass cost` is pass / step, the paper assumes 1.
 2. drafters: each drafter's step alone (`c alone`) and as the loop pays it, inside a chained
    iteration of gamma drafter calls and one target pass (`c` per call and `c fixed` per
@@ -52,14 +52,13 @@ import numpy as np
 from absl import app, flags
 
 import benchmarks
-from benchmarks import memory_model, paper_scale_tpu, synthetic
-from specdec_jax import analysis, decode, sharding
+from benchmarks import machines, memory_model, paper_scale_tpu, synthetic
+from specdec_jax import analysis, decode
 from specdec_jax.measure import tables, timing, xla_cpu
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
 
-# This main's own flags, on the command line with absl's (`benchmarks.flags_parser`): other benchmarks
-# define --target, --dtype, ... too, and a process (the test suite) imports several.
+# This main's own flags (`benchmarks.run`).
 FLAGS = flags.FlagValues()
 _TARGET = flags.DEFINE_string(
   'target', 't5-11b', 'Target shape: a name in t5.CONFIGS.', flag_values=FLAGS
@@ -99,13 +98,10 @@ _UNROLL_DRAFT = flags.DEFINE_bool(
   "Unroll the draft's lax.scan (decode.LoopSpec.unroll_draft) in the timed iterations and loops.",
   flag_values=FLAGS,
 )
-_COMPILE_FOR = flags.DEFINE_enum(
-  'compile_for',
-  None,
-  ['tpu-v4', 'tpu-v5e'],
-  'Compile for one chip of this TPU instead (any host; nothing runs): tables 1, 2 and 4 from '
-  "XLA:TPU's cost model, estimates not timings (benchmarks/paper_scale_tpu.py).",
-  flag_values=FLAGS,
+_COMPILE_FOR = benchmarks.define_compile_for(
+  "One TPU chip (tpu-v4, tpu-v5e): tables 1, 2 and 4 from XLA:TPU's cost model, estimates not "
+  'timings (benchmarks/paper_scale_tpu.py).',
+  FLAGS,
 )
 _COMPILE_CACHE = flags.DEFINE_string(
   'compile_cache', None, 'With --compile_for: keep compiled programs here.', flag_values=FLAGS
@@ -113,29 +109,11 @@ _COMPILE_CACHE = flags.DEFINE_string(
 _HBM = flags.DEFINE_float(
   'hbm_bandwidth',
   None,
-  'HBM GB/s of this device (default: HBM_CHIPS by device_kind).',
+  'HBM GB/s of this device (default: machines.chip_for its device_kind).',
   flag_values=FLAGS,
 )
 
-# H200: NVIDIA's H200 datasheet, "GPU memory bandwidth 4.8TB/s" (SXM and NVL); its bf16 Tensor
-# Cores are H100 SXM's (989 dense TFLOPS). H100 SXM, TPU v4, TPU v5e: memory_model (3.35 TB/s,
-# 1.2 TB/s, 819 GB/s), each with its source.
-H200 = memory_model.Chip('H200', peak_flops=989e12, hbm_bandwidth=4.8e12)
-# Chips by a part of `jax.devices()[0].device_kind` as JAX reports it, tried in order. An H100
-# PCIe ('NVIDIA H100 PCIe', 2 TB/s) or NVL is not an SXM: it matches nothing.
-HBM_CHIPS = (
-  ('H100 80GB HBM3', memory_model.H100),
-  ('H200', H200),
-  ('TPU v4', memory_model.TPU_V4),
-  ('TPU v5 lite', memory_model.TPU_V5E),
-  ('TPU v5e', memory_model.TPU_V5E),
-)
 GREEDY = SamplingConfig(temperature=0.0)
-
-
-def chip_for(device_kind: str) -> memory_model.Chip | None:
-  """The chip of `HBM_CHIPS` whose name part `device_kind` contains, or None (a CPU)."""
-  return next((chip for part, chip in HBM_CHIPS if part in device_kind), None)
 
 
 def drafter_config(name: str, target: t5.T5Config) -> t5.T5Config:
@@ -161,18 +139,12 @@ def drafter_config(name: str, target: t5.T5Config) -> t5.T5Config:
 
 
 def call_bytes(model: t5.T5Model, *, positions: int, cache_len: int) -> float:
-  """HBM bytes one decoder call reads at batch --batch (`memory_model.call_cost`, one device)."""
-  mesh = sharding.make_mesh(1, 1)
-  abstract = memory_model.abstract_model(model.config, mesh, param_dtype=_DTYPE.value, shard=False)
-  cost = memory_model.call_cost(
-    abstract,
-    mesh,
-    batch=_BATCH.value,
-    positions=positions,
-    buffer_len=cache_len,
+  """HBM bytes one decoder call of `model` reads at --batch, --source_length
+  (`memory_model.call_bytes`)."""
+  return memory_model.call_bytes(
+    model.config, batch=_BATCH.value, positions=positions, cache_len=cache_len,
     source_length=_SOURCE_LENGTH.value,
-  )
-  return cost.bytes
+  )  # fmt: skip
 
 
 def loop_seconds(target, drafter, *, gamma: int, max_new_tokens: int) -> tuple[float, float]:
@@ -215,9 +187,12 @@ def main(argv):
     )
   target_config = synthetic.shape(_TARGET.value)
   drafter_configs = {name: drafter_config(name, target_config) for name in _DRAFTERS.value}
-  if _COMPILE_FOR.value:
+  compile_for = benchmarks.compile_for(_COMPILE_FOR, one_chip=True)
+  if compile_for and machines.get(compile_for).platform != 'tpu':
+    raise app.UsageError(f"--compile_for={compile_for}: the cost model read is XLA:TPU's.")
+  if compile_for:
     paper_scale_tpu.run(
-      _COMPILE_FOR.value,
+      compile_for,
       target_config,
       drafter_configs,
       gammas=gammas,
@@ -262,25 +237,27 @@ def main(argv):
   pass_cost = {g: float(np.median([costs[n, g]['pass_cost'] for n in found])) for g in gammas}
   step_bytes = call_bytes(target, positions=1, cache_len=_cache_len(0))
   rows = _target_rows(target, costs, pass_cost, bandwidth)
-  _print('1. target calls (ms; HBM bound: bytes read / bandwidth)', rows, TARGET_COLUMNS)
-  _print(
+  tables.print_table(
+    '1. target calls (ms; HBM bound: bytes read / bandwidth)', rows, TARGET_COLUMNS
+  )
+  tables.print_table(
     '2. drafters (ms; c in target steps)', _drafter_rows(costs, found, step_bytes), DRAFTER_COLUMNS
   )
 
   if _LOOP_GAMMA.value:
     title = f'3. decode loops, greedy, gamma {_LOOP_GAMMA.value} (ms per iteration)'
-    _print(title, _loop_rows(target, found, _LOOP_GAMMA.value), LOOP_COLUMNS)
+    tables.print_table(title, _loop_rows(target, found, _LOOP_GAMMA.value), LOOP_COLUMNS)
 
   rows = _speedup_rows(costs, pass_cost, found, gammas)
   gamma_columns = tuple(_Col(f'gamma_{g}', f'gamma {g}', '.2f', 7, suffix='x') for g in gammas)
   columns = SPEEDUP_COLUMNS[:4] + gamma_columns + SPEEDUP_COLUMNS[4:]
   title = '4. speedup by the formula (measured c, pass cost); paper: pass cost 1, best gamma 1..64'
-  _print(title, rows, columns)
+  tables.print_table(title, rows, columns)
 
 
 def _bandwidth(device_kind: str) -> tuple[float | None, str]:
   """(HBM bytes/s or None, what the header says of it): --hbm_bandwidth, else the chip's."""
-  chip = chip_for(device_kind)
+  chip = machines.chip_for(device_kind)
   if _HBM.value:
     return _HBM.value * 1e9, f'HBM {_HBM.value:g} GB/s (--hbm_bandwidth)'
   if chip:
@@ -382,14 +359,6 @@ def _speedup_rows(costs: dict, pass_cost: dict, found: dict, gammas: list[int]) 
   return rows
 
 
-def _print(title: str, rows: list[dict], columns) -> None:
-  """A blank line, the title and the table, its first (name) column as wide as its names."""
-  first = columns[0]
-  width = max([first.width] + [len(str(row[first.name])) for row in rows])
-  columns = (dataclasses.replace(first, width=width),) + tuple(columns[1:])
-  print(f'\n{title}\n{tables.format_table(rows, columns)}', flush=True)
-
-
 def _bound_row(call, positions, seconds, pass_cost, nbytes, bandwidth) -> dict:
   bound = nbytes / bandwidth if bandwidth else None
   return dict(
@@ -455,4 +424,4 @@ SPEEDUP_COLUMNS = (
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=benchmarks.flags_parser(FLAGS))
+  benchmarks.run(main, FLAGS)

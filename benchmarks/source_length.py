@@ -11,25 +11,36 @@ needs. Each line is the median of --rounds interleaved rounds.
 Past runs: docs/performance.md, "Measurements moved from docstrings" (`source_length`).
 """
 
-from absl import app, flags, logging
+from absl import flags
 
 import benchmarks
 from specdec_jax import decode, pretrained
 from specdec_jax.measure import timing
 
-_DIR = flags.DEFINE_string('pretrained', 'debsumm48m', 'Shipped pair (name or directory).')
-_DRAFTER = flags.DEFINE_string('drafter', None, 'A drafter of the pair (default: recommended).')
-_GAMMA = flags.DEFINE_integer('gamma', 3, 'Draft tokens per iteration.')
-_LENGTHS = flags.DEFINE_list('source_lengths', ['32', '64', '128', '256'], 'Source tokens S.')
-_MAX_NEW = flags.DEFINE_integer('max_new_tokens', 40, 'Sets the decoder cache length.')
-_ROUNDS = flags.DEFINE_integer('rounds', 3, 'Interleaved rounds per length (median).')
+# This main's own flags (`benchmarks.run`).
+FLAGS = flags.FlagValues()
+_DIR = flags.DEFINE_string(
+  'pretrained', 'debsumm48m', 'Shipped pair (name or directory).', flag_values=FLAGS
+)
+_DRAFTER = flags.DEFINE_string(
+  'drafter', None, 'A drafter of the pair (default: recommended).', flag_values=FLAGS
+)
+_GAMMA = flags.DEFINE_integer('gamma', 3, 'Draft tokens per iteration.', flag_values=FLAGS)
+_LENGTHS = flags.DEFINE_list(
+  'source_lengths', ['32', '64', '128', '256'], 'Source tokens S.', flag_values=FLAGS
+)
+_MAX_NEW = flags.DEFINE_integer(
+  'max_new_tokens', 40, 'Sets the decoder cache length.', flag_values=FLAGS
+)
+_ROUNDS = flags.DEFINE_integer(
+  'rounds', 3, 'Interleaved rounds per length (median).', flag_values=FLAGS
+)
 
 
 def main(argv):
   del argv
   benchmarks.start()  # before JAX starts
-  if not flags.FLAGS['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
+  benchmarks.quiet_checkpoint_logs()  # orbax logs every file it reads at INFO
   pair = pretrained.load(_DIR.value)
   name = _DRAFTER.value or pair.recommended
   gamma = _GAMMA.value
@@ -54,4 +65,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  benchmarks.run(main, FLAGS)

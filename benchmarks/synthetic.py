@@ -1,4 +1,4 @@
-"""T5 models of public shapes with synthetic weights: the benchmarks' one way to build them.
+"""T5 models of public shapes, with synthetic weights or abstract: the benchmarks' one way to build them.
 
   config = synthetic.shape('t5-11b')                       # a t5.CONFIGS name, checked
   config = synthetic.shape('t5-11b', dtype='bfloat16')     # the same in bfloat16 activations
@@ -8,6 +8,13 @@
 A call's time does not depend on the weights' values, so the benchmarks time models of the
 papers' shapes without their checkpoints. Both kinds are built in the model's dtype, leaf by leaf:
 no float32 copy of the whole model (45 GB for T5 11B) is ever made.
+
+What a benchmark compiles without running is built here too, as `jax.ShapeDtypeStruct`s
+(nothing allocated), each placed on a mesh or a device where the program will run:
+
+  target = synthetic.abstract_model(config, mesh, param_dtype='bfloat16', shard=True)
+  cache = synthetic.abstract_cache(target, batch=1, source_length=64, cache_len=72)
+  ids = synthetic.abstract_batch(mesh, batch=8, source_length=64)
 """
 
 import dataclasses
@@ -15,7 +22,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from specdec_jax import sharding
 from specdec_jax.models import t5
 
 WEIGHTS = ('constant', 'random')
@@ -48,7 +58,7 @@ def model(config: t5.T5Config, *, dtype: str, weights: str = 'random', seed: int
   if weights not in WEIGHTS:
     raise ValueError(f'weights must be one of {WEIGHTS}, got {weights!r}.')
   config = dataclasses.replace(config, dtype=dtype)
-  shapes = jax.eval_shape(lambda key: t5.init_params(key, config), jax.random.key(0))
+  shapes = _param_shapes(config)
   if weights == 'constant':
     fill = lambda s: jnp.full(s.shape, s.shape[0] ** -0.5 if len(s.shape) > 1 else 1.0, dtype)
     return t5.T5Model(config=config, params=jax.jit(lambda: jax.tree.map(fill, shapes))())
@@ -75,3 +85,100 @@ def model(config: t5.T5Config, *, dtype: str, weights: str = 'random', seed: int
 @functools.partial(jax.jit, static_argnums=(2, 3))
 def _normal(key, scale, shape, dtype):
   return jax.random.normal(key, shape, dtype) * scale
+
+
+def _param_shapes(config: t5.T5Config):
+  """`t5.init_params`' tree of `config` as shape structs (its initialisers' dtypes)."""
+  return jax.eval_shape(lambda key: t5.init_params(key, config), jax.random.key(0))
+
+
+def _placed(tree, where):
+  """`tree`'s shape structs as they are (`where` None), on one device, or replicated on a mesh."""
+  if where is None:
+    return tree
+  on = (
+    jax.sharding.SingleDeviceSharding(where)
+    if isinstance(where, jax.Device)
+    else NamedSharding(where, P())
+  )
+  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=on), tree)
+
+
+def abstract_model(
+  config: t5.T5Config,
+  where: jax.sharding.Mesh | jax.sharding.AbstractMesh | jax.Device | None = None,
+  *,
+  param_dtype: str | None = None,
+  shard: bool = False,
+  rules=sharding.DEFAULT_RULES,
+) -> t5.T5Model:
+  """A `T5Model` whose params are `jax.ShapeDtypeStruct`s: nothing is allocated.
+
+  Args:
+    config: the shape (its dtype: the activations').
+    where: a mesh (each param carries its `NamedSharding`: by `rules` with `shard`, else
+      replicated), a device (a `SingleDeviceSharding`), or None (no sharding: the default device).
+    param_dtype: the params' dtype (default: `config.dtype`).
+    shard: with a mesh, shard the params by `rules`.
+    rules: logical-axis rules (`sharding.DEFAULT_RULES`).
+  """
+  shapes = _param_shapes(config)
+  shapes = jax.tree.map(
+    lambda s: jax.ShapeDtypeStruct(s.shape, param_dtype or config.dtype), shapes
+  )
+  if shard and where is not None and not isinstance(where, jax.Device):
+    shardings = sharding.param_shardings(shapes, where, rules)
+    params = jax.tree.map(
+      lambda s, h: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=h), shapes, shardings
+    )
+  else:
+    params = _placed(shapes, where)
+  return t5.T5Model(config=config, params=params)
+
+
+def abstract_cache(
+  model: t5.T5Model, where=None, *, batch: int, source_length: int, cache_len: int
+):
+  """The `t5.DecodeCache` that `t5.init_cache` builds for `model` (abstract or not) over an
+  all-real [batch, source_length] source (a drafter without an encoder over the target's encoder
+  output, of width `encoder_dim`), as shape structs placed as `abstract_model`'s `where`."""
+  config = model.config
+  width = config.encoder_dim or config.d_model
+  encoded = jax.ShapeDtypeStruct((batch, source_length, width), config.dtype)
+  mask = jax.ShapeDtypeStruct((batch, source_length), jnp.bool_)
+  init = functools.partial(t5.init_cache, config=config, max_decode_len=cache_len)
+  return _placed(jax.eval_shape(init, model.params, encoded, mask), where)
+
+
+def abstract_batch(mesh, batch: int, source_length: int, rules=sharding.DEFAULT_RULES):
+  """int32[B, S] input ids / mask as a `ShapeDtypeStruct` split over 'data' as
+  `sharding.global_batch` would place them."""
+  shape = (batch, source_length)
+  spec = sharding.logical_to_mesh(('batch', None), shape, mesh, rules)
+  return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=NamedSharding(mesh, spec))
+
+
+def with_dtype(model, dtype: str):
+  """`model` with params and activations in `dtype`, abstract (its params' shardings kept) or
+  concrete; a concrete model whose activations are already in `dtype` (its params as loaded), and
+  anything but a `T5Model` (an n-gram drafter), as it is."""
+  if not isinstance(model, t5.T5Model):
+    return model
+  abstract = all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(model.params))
+  if not abstract and model.config.dtype == dtype:
+    return model
+
+  def cast(x):
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return jax.ShapeDtypeStruct(x.shape, dtype, sharding=getattr(x, 'sharding', None))
+    return x.astype(dtype)
+
+  params = jax.tree.map(cast, model.params)
+  return t5.T5Model(config=dataclasses.replace(model.config, dtype=dtype), params=params)
+
+
+def unsharded(model: t5.T5Model) -> t5.T5Model:
+  """An abstract `model` with its params' shardings dropped: the whole of every leaf, as on one
+  device."""
+  params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), model.params)
+  return t5.T5Model(config=model.config, params=params)

@@ -32,19 +32,11 @@ import re
 import jax
 import jax.numpy as jnp
 
-# `%name = type opcode(operands), attributes`; the type may be a tuple with /*index=N*/ comments.
-_INSTRUCTION = re.compile(r'^\s*(?:ROOT\s+)?%([\w.\-]+) = (.*?) ([a-z][\w\-]*)\((.*)$')
-_COMPUTATION = re.compile(r'^(ENTRY\s+)?%([\w.\-]+) .*\{$')
+from benchmarks import hlo_text
+
 _CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
-# Computations an op runs as ops of their own (not those it fuses or reduces with).
-# (a while's body first, then its condition).
-_RUNS = tuple(
-  re.compile(rf'\b{key}=%?([\w.\-]+)')
-  for key in ('body', 'condition', 'true_computation', 'false_computation')
-)
-_BRANCHES = re.compile(r'branch_computations=\{([^}]*)\}')
 _CALLS = re.compile(r'\bcalls=%?([\w.\-]+)')
 
 # The named scopes of the decode loops (decode.py, decode_steps.py), outermost first as they nest:
@@ -94,6 +86,20 @@ class Program:
   def loops(self, computation: str | None = None) -> list[Op]:
     """The while ops of `computation` (default: the entry), in order."""
     return [op for op in self.computations[computation or self.entry] if op.opcode == 'while']
+
+  def traced_loops(self, computation: str | None = None) -> list[Op]:
+    """The while ops of `computation` (default: the entry) without a known trip count: loops
+    over a traced length (a decode loop, a timing loop), whose body is read per iteration."""
+    return [op for op in self.loops(computation) if op.trip_count is None]
+
+  def traced_loop(self, computation: str | None = None) -> Op:
+    """The one loop of traced length of `computation` (`traced_loops`); ValueError where there
+    is none or several."""
+    loops = self.traced_loops(computation)
+    if len(loops) != 1:
+      where = 'at the top level' if computation is None else f'in {computation}'
+      raise ValueError(f'Expected one loop of traced length {where}, found {len(loops)}.')
+    return loops[0]
 
   def cycles(self, computation: str | None = None) -> int:
     """Estimated cycles of one run of `computation` (default: the entry): its ops, each while
@@ -147,25 +153,14 @@ class Program:
     return dict(totals.most_common())
 
 
-def parse(hlo: str) -> Program:
+def parse(text: str) -> Program:
   """Optimized HLO text (`compiled.as_text()`) -> `Program`."""
-  lines: dict[str, list[str]] = {}
-  entry, name = None, None
-  for line in hlo.splitlines():
-    match = _COMPUTATION.match(line)
-    if match:
-      name = match.group(2)
-      lines[name] = []
-      entry = name if match.group(1) else entry
-    elif line.strip() == '}':
-      name = None
-    elif name is not None and line.strip():
-      lines[name].append(line)
+  lines, entry = hlo_text.computations(text)
   if entry is None:
     raise ValueError('No ENTRY computation in this HLO text: pass compiled.as_text().')
   trips = {comp: _counted_to(body) for comp, body in lines.items()}
   opcodes = {
-    comp: collections.Counter(m.group(3) for m in map(_INSTRUCTION.match, body) if m)
+    comp: collections.Counter(m.group(3) for m in map(hlo_text.instruction, body) if m)
     for comp, body in lines.items()
   }
   computations = {}
@@ -173,7 +168,7 @@ def parse(hlo: str) -> Program:
     ops = []
     shapes = {}
     for line in body:
-      match = _INSTRUCTION.match(line)
+      match = hlo_text.instruction(line)
       if not match:
         continue
       name, shape, opcode, rest = match.groups()
@@ -183,11 +178,7 @@ def parse(hlo: str) -> Program:
       cycles = _CYCLES.search(rest)
       trip = _TRIP_COUNT.search(rest)
       op_name = _OP_NAME.search(rest)
-      runs = [m.group(1) for m in (pattern.search(head) for pattern in _RUNS) if m]
-      for branches in _BRANCHES.findall(head):
-        runs += [b.strip().lstrip('%') for b in branches.split(',')]
-      if opcode == 'call':
-        runs += re.findall(r'to_apply=%?([\w.\-]+)', head)
+      runs = hlo_text.called(opcode, head)
       fused = ()
       if opcode == 'fusion':
         callee = _CALLS.search(head)
@@ -236,7 +227,7 @@ def _counted_to(lines: list[str]) -> int | None:
     return None
   constants, counters = {}, set()
   for line in lines:
-    defined = _INSTRUCTION.match(line)
+    defined = hlo_text.instruction(line)
     if not defined:
       continue
     value = re.match(r'constant\((-?\d+)\)', f'{defined.group(3)}({defined.group(4)}')

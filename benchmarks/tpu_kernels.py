@@ -1,13 +1,13 @@
 r"""What XLA:TPU makes of our decode loops: the ops of one iteration and their estimated cycles.
 
   python -m benchmarks.tpu_kernels                      # T5 11B + T5-small, one v4 chip and v4-8 1x4
-  python -m benchmarks.tpu_kernels --meshes=tpu-v4:1x1 --variants=as_is,no_dot_strength_reduction
-  python -m benchmarks.tpu_kernels --meshes=tpu-v5e:1x1 --target=t5-small --drafter=tiny  # any
+  python -m benchmarks.tpu_kernels --compile_for=tpu-v4 --variants=as_is,no_dot_strength_reduction
+  python -m benchmarks.tpu_kernels --compile_for=tpu-v5e --target=t5-small --drafter=tiny  # any
 
 Compiles `decode.lower_speculative` (greedy by default) and `decode.lower_generate` for compile-only
 TPU devices (`machines.compile_only_mesh`; nothing runs, any host: libtpu is the compiler) at the
 paper's shapes by default (T5 11B v1.0 target sharded over 'model' by the project's rules, T5-small
-replicated, bf16 params from `memory_model.abstract_model`, batch 1, source 64, 64 new tokens),
+replicated, bf16 params from `synthetic.abstract_model`, batch 1, source 64, 64 new tokens),
 and reads XLA:TPU's estimated cycles of every op (`tpu_costs`): estimates, not timings.
 
 Per iteration of each loop (the decode while loop's body and condition, the draft's scan counted
@@ -41,8 +41,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import benchmarks
-from benchmarks import memory_model, synthetic, tpu_costs
-from specdec_jax import decode, machines
+from benchmarks import machines, synthetic, tpu_costs
+from specdec_jax import decode
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import tables
 
@@ -51,11 +51,11 @@ _TARGET = flags.DEFINE_string('target', 't5-11b', 'Target: a t5.CONFIGS name.', 
 _DRAFTER = flags.DEFINE_string(
   'drafter', 't5-small', 'Drafter: a t5.CONFIGS name (shares the vocabulary).', flag_values=FLAGS
 )
-_MESHES = flags.DEFINE_string(
-  'meshes',
-  'tpu-v4:1x1,v4-8:1x4',
-  'MACHINE:DATAxMODEL,... (machines.MACHINES; the target is sharded by the project rules).',
-  flag_values=FLAGS,
+_COMPILE_FOR = benchmarks.define_compile_for(
+  'A machine without a mesh has all its devices on model; the target is sharded by the project '
+  'rules.',
+  FLAGS,
+  default='tpu-v4,v4-8:1x4',
 )
 _VARIANTS = flags.DEFINE_list(
   'variants', ['as_is'], 'Of: as_is, no_dot_strength_reduction, auto_param_layouts.',
@@ -110,20 +110,12 @@ def kind(op: tpu_costs.Op) -> str:
   return found
 
 
-def decode_loop(program: tpu_costs.Program) -> tpu_costs.Op:
-  """The decode loop: the one while loop of the entry computation without a trip count."""
-  loops = [op for op in program.loops() if op.trip_count is None]
-  if len(loops) != 1:
-    raise ValueError(f'Expected one decode loop at the top level, found {len(loops)}.')
-  return loops[0]
-
-
 def read(compiled: tpu_costs.Compiled, top: int = 0) -> LoopReport:
   """`LoopReport` of a compiled `speculative_loop` or `autoregressive_loop`."""
   program = compiled.program
-  loop = decode_loop(program)
+  loop = program.traced_loop()  # the decode loop
   body, condition = loop.runs
-  inner = [op for op in program.loops(body) if op.trip_count is None]
+  inner = program.traced_loops(body)
   if inner:
     raise ValueError(f'A loop inside the decode loop has no trip count: {inner[0].name}.')
   iteration, ops, collectives = collections.Counter(), collections.Counter(), collections.Counter()
@@ -160,8 +152,8 @@ def models(mesh, target: str, drafter: str, dtype: str):
   config = lambda name: synthetic.shape(name, dtype)
   split = mesh.shape['model'] > 1
   return (
-    memory_model.abstract_model(config(target), mesh, param_dtype=dtype, shard=split),
-    memory_model.abstract_model(config(drafter), mesh, param_dtype=dtype, shard=False),
+    synthetic.abstract_model(config(target), mesh, param_dtype=dtype, shard=split),
+    synthetic.abstract_model(config(drafter), mesh, param_dtype=dtype, shard=False),
   )
 
 
@@ -313,7 +305,7 @@ def main(argv):
   for variant in _VARIANTS.value:
     if variant not in VARIANTS:
       raise app.UsageError(f'--variants: {variant!r} is not one of {VARIANTS}.')
-  meshes = machines.parse_machine_mesh(_MESHES.value)
+  meshes = [machines.for_mesh(*item) for item in benchmarks.compile_for(_COMPILE_FOR)]
   print(
     f'{_TARGET.value} target + {_DRAFTER.value} drafter, {_DTYPE.value}, batch {_BATCH.value}, '
     f'source {_SOURCE_LENGTH.value}, {_MAX_NEW.value} new tokens, temperature '
@@ -357,4 +349,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=benchmarks.flags_parser(FLAGS))
+  benchmarks.run(main, FLAGS)

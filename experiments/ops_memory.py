@@ -110,7 +110,9 @@ def call_cost(model, *, positions: int, cache_len: int, source_length: int, targ
   needs `target=`.
   """
   steps, params = step_models.as_step_model(model)
-  encoder_steps, encoder_params = step_models.encoder_of(model, target)
+  encoder_steps, encoder_params = step_models.encoder_of(
+    (steps, params), None if target is None else step_models.as_step_model(target)
+  )
   ids = jnp.full((1, source_length), 3, jnp.int32)
   mask = jnp.ones_like(ids)
   encoded = jax.jit(encoder_steps.encode)(encoder_params, ids, mask)

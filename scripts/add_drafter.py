@@ -31,11 +31,7 @@ def main(argv):
   del argv
   pair_dir, source = pathlib.Path(_PAIR.value), pathlib.Path(_SOURCE.value)
   manifest_file = pair_dir / 'pair.json'
-  manifest = (
-    json.loads(manifest_file.read_text())
-    if manifest_file.exists()
-    else json.loads(json.dumps(pretrained._DEFAULT_MANIFEST))
-  )
+  manifest = pretrained.read_manifest(pair_dir)
   if source.suffix == '.npz':
     rel = f'{_NAME.value}.npz'
     if source.resolve() != (pair_dir / rel).resolve():  # a drafter fitted into the pair: as it is

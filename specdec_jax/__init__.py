@@ -21,7 +21,6 @@ engine (specdec_jax/)
   drafters           n-gram drafters (`NGramDrafter`).
   pretrained         the shipped pairs (`load`), and a pair from checkpoints.
   sharding           logical-axis rules onto a ('data', 'model') mesh; multi-host helpers.
-  machines           the chips and machines we plan for; XLA:TPU's compile-only devices.
 
 models/
   t5                 T5 v1.0 / v1.1 with multi-token, per-row incremental decoding; `T5Steps`.

@@ -16,6 +16,7 @@ be placed on a device mesh as it loads (`mesh=`: the target sharded by `sharding
 each drafter replicated or sharded per `drafter_sharding`).
 """
 
+import copy
 import dataclasses
 import json
 import pathlib
@@ -36,6 +37,15 @@ _DEFAULT_MANIFEST = {
   'recommended': 'small-t5',
   'gamma': {'0': 4, '1': 4},
 }
+
+
+def read_manifest(directory: str | pathlib.Path) -> dict:
+  """A pair directory's `pair.json` as a dict of its own (the caller may change it): the file, or
+  the manifest of a directory without one (target 'target', drafters 'small-t5' and 'bigram')."""
+  manifest_file = pathlib.Path(directory) / 'pair.json'
+  if manifest_file.exists():
+    return json.loads(manifest_file.read_text())
+  return copy.deepcopy(_DEFAULT_MANIFEST)
 
 
 @dataclasses.dataclass
@@ -228,7 +238,7 @@ def load(
       f'No pretrained pair {name_or_path!r}: not a directory, and not one of {known} in {ROOT}.'
     )
   manifest_file = directory / 'pair.json'
-  manifest = json.loads(manifest_file.read_text()) if manifest_file.exists() else _DEFAULT_MANIFEST
+  manifest = read_manifest(directory)
   if manifest['recommended'] not in manifest['drafters']:
     raise ValueError(
       f'{manifest_file}: recommended drafter {manifest["recommended"]!r} is not '

@@ -69,15 +69,16 @@ def as_step_model(model) -> tuple[StepModel, Any]:
   )
 
 
-def encoder_of(model, target=None) -> tuple[StepModel, Any]:
-  """(steps, params) whose `encode` builds `model`'s cache input: its own, or the target's for a
-  drafter that reads the target's encoder output (`shares_target_encoder`)."""
-  steps, params = as_step_model(model)
+def encoder_of(model: tuple[StepModel, Any], target: tuple[StepModel, Any] | None = None):
+  """(steps, params) whose `encode` builds `model`'s cache input: `model`'s own, or `target`'s for
+  a drafter that reads the target's encoder output (`shares_target_encoder`). `model` and
+  `target` are (steps, params), as `as_step_model` gave them once at the caller's entry."""
+  steps, _ = model
   if not getattr(steps, 'shares_target_encoder', False):
-    return steps, params
+    return model
   if target is None:
     raise ValueError("This drafter reads the target's encoder output: pass target=.")
-  return as_step_model(target)
+  return target
 
 
 def check_state_reader(drafter_steps, target_steps) -> None:

@@ -90,7 +90,7 @@ def test_one_row_write_of_several_positions_matches_the_scatter(start, stacked):
 
 
 def test_one_row_write_is_a_select_on_a_tpu_and_a_scatter_elsewhere():
-  machines = pytest.importorskip('specdec_jax.machines')
+  machines = pytest.importorskip('benchmarks.machines')
   from tests import helpers
 
   kv, new = jnp.zeros((1, 7, 2, 3)), jnp.ones((1, 3, 2, 3))

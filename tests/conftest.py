@@ -8,7 +8,8 @@ import tempfile
 import jax
 import pytest
 
-from specdec_jax import machines, pretrained
+from benchmarks import machines
+from specdec_jax import pretrained
 from tests import helpers
 
 _CACHE_ENV = 'JAX_COMPILATION_CACHE_DIR'

@@ -5,8 +5,9 @@ import pathlib
 
 import pytest
 
+from benchmarks import machines
 from experiments.configs import distill_drafter, ende
-from specdec_jax import machines, sharding
+from specdec_jax import sharding
 from specdec_jax.models import t5
 from specdec_jax.training import distill, distill_loss, trainer
 

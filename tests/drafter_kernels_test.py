@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from benchmarks import drafter_kernels
+from benchmarks import drafter_kernels, hlo_text, synthetic
 from specdec_jax.models import t5
 
 
@@ -20,7 +20,7 @@ def _loop(x, w, unroll=1):
 def test_launches_count_a_loops_body_condition_and_the_ops_around_it():
   x, w = jnp.ones((4, 8)), jnp.ones((8, 8))
   hlo = jax.jit(_loop).lower(x, w).compile().as_text()
-  ((body, condition),) = drafter_kernels.while_loops(hlo)
+  ((body, condition),) = hlo_text.while_loops(hlo)
   total = drafter_kernels.launches(hlo)
   in_body, in_condition = (drafter_kernels.launches(hlo, c) for c in (body, condition))
   assert total['while'] == 1 and in_body['while'] == 0
@@ -31,7 +31,7 @@ def test_launches_count_a_loops_body_condition_and_the_ops_around_it():
   unrolled = jax.jit(lambda x, w: _loop(x, w, unroll=True)).lower(x, w).compile().as_text()
   counts = drafter_kernels.launches(unrolled)
   assert counts['while'] == 0 and counts['gemm'] == 3
-  assert drafter_kernels.while_loops(unrolled) == []
+  assert hlo_text.while_loops(unrolled) == []
 
 
 def test_launches_skip_what_launches_nothing():
@@ -90,7 +90,9 @@ def test_a_decoder_layer_asks_for_its_queries_keys_and_values_in_three_dots(name
   # XLA:GPU merges them itself where they are GEMMs, while a stacked kernel is a copy of the three
   # inside the decode loop for a large target (issue 34; docs/performance.md).
   config = t5.CONFIGS[name]
-  params, cache = drafter_kernels._abstract(config, source_length=8, cache_len=16)
+  model = synthetic.abstract_model(config)
+  params = model.params
+  cache = synthetic.abstract_cache(model, batch=1, source_length=8, cache_len=16)
   tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
   step = jax.jit(lambda p, t, c: t5.decode(p, t, c, config=config))
   text = step.lower(params, tokens, cache).as_text()

@@ -22,7 +22,8 @@ import sys
 import jax
 import pytest
 
-from specdec_jax import machines, pretrained
+from benchmarks import machines
+from specdec_jax import pretrained
 from specdec_jax.models import t5
 
 # `t5.forward`, `encode` and `decode_forward` jitted: one compiled program per config and
@@ -80,7 +81,7 @@ def needs_pair(name: str = 'ende'):
   return pytest.mark.skipif(not shipped(name), reason=f'pretrained/{name} not shipped')
 
 
-# XLA:TPU's compiler (libtpu) compiles for abstract TPU devices on any host (specdec_jax.machines).
+# XLA:TPU's compiler (libtpu) compiles for abstract TPU devices on any host (benchmarks.machines).
 try:
   import libtpu  # noqa: F401  (a small Python module beside libtpu.so)
 

@@ -1,4 +1,4 @@
-"""Tests of specdec_jax/machines.py: the machines' table, meshes by name, and compile-only TPU
+"""Tests of benchmarks/machines.py: the machines' table, meshes by name, and compile-only TPU
 devices as a real VM shows them (skipped where libtpu is absent)."""
 
 import os
@@ -12,7 +12,7 @@ from jax.experimental import topologies
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from specdec_jax import machines
+from benchmarks import machines
 from tests import helpers
 
 _TPUS = [name for name, m in machines.MACHINES.items() if m.platform == 'tpu']
@@ -30,6 +30,15 @@ def test_get_and_with_devices_name_the_choices():
     machines.with_devices('tpu-v4', 3)
 
 
+def test_chip_by_device_kind():
+  assert machines.chip_for('NVIDIA H100 80GB HBM3').hbm_bandwidth == 3.35e12
+  assert machines.chip_for('NVIDIA H200').hbm_bandwidth == 4.8e12
+  assert machines.chip_for('TPU v4').hbm_bandwidth == 1.2e12
+  assert machines.chip_for('TPU v5 lite').hbm_bandwidth == 819e9
+  for unknown in ('cpu', 'NVIDIA H100 PCIe', 'NVIDIA A100-SXM4-40GB'):
+    assert machines.chip_for(unknown) is None
+
+
 def test_parse_machine_mesh():
   assert machines.parse_machine_mesh('v4-8:1x4, v5e-8:2x4,h100:1x1') == [
     ('v4-8', 1, 4),
@@ -42,6 +51,21 @@ def test_parse_machine_mesh():
     machines.parse_machine_mesh('v4-8:1x0')
   with pytest.raises(ValueError, match='Unknown machine'):
     machines.parse_machine_mesh('v9-8:1x4')
+
+
+def test_compile_for_items_with_and_without_a_mesh():
+  assert machines.parse_machines('v4-8:1x4,tpu-v4, h100') == [
+    ('v4-8', (1, 4)),
+    ('tpu-v4', None),
+    ('h100', None),
+  ]
+  with pytest.raises(ValueError, match=r'v4-8 has 4 devices; the mesh 2x4 has 8'):
+    machines.parse_machines('v4-8:2x4')
+  # An item without a mesh takes the planned one, on the machine of its chip with as many devices.
+  assert machines.for_mesh('tpu-v4', None, (1, 4)) == ('v4-8', 1, 4)
+  assert machines.for_mesh('tpu-v4', None) == ('tpu-v4', 1, 1)
+  assert machines.for_mesh('v4-8', None) == ('v4-8', 1, 4)  # unplanned: every device on 'model'
+  assert machines.for_mesh('v4-8', (2, 2), (1, 1)) == ('v4-8', 2, 2)
 
 
 def test_a_missing_compiler_is_one_error_naming_the_install_line(monkeypatch):
@@ -82,7 +106,7 @@ def test_a_slice_of_two_hosts_compiles_in_one_process():
 
 _QUIET_SCRIPT = """
 import jax
-from specdec_jax import machines
+from benchmarks import machines
 assert [len(machines.compile_only_devices(n)) for n in ('tpu-v4', 'v5e-8')] == [1, 8]
 machines.simulate_cpu_devices(3)
 assert jax.device_count() == 3 and jax.default_backend() == 'cpu', jax.devices()

@@ -10,9 +10,9 @@ import pytest
 from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from benchmarks import distill_model, memory_model
+from benchmarks import distill_model, machines, memory_model, synthetic
 from experiments.configs import distill_drafter
-from specdec_jax import machines, sharding
+from specdec_jax import sharding
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
 from tests import helpers
@@ -24,7 +24,7 @@ GiB = machines.GiB
 
 def _model(name, mesh=_MESH, *, shard=True, dtype='float32', param_dtype='float32'):
   config = dataclasses.replace(t5.CONFIGS[name], dtype=dtype)
-  return memory_model.abstract_model(config, mesh, param_dtype=param_dtype, shard=shard)
+  return synthetic.abstract_model(config, mesh, param_dtype=param_dtype, shard=shard)
 
 
 def _total_bytes(tree):
@@ -66,10 +66,10 @@ def test_cache_bytes_match_the_formula_and_init_cache(batch):
   per_slot = layers * 2 * local_batch * local_heads * d_kv * 2  # k and v, bf16
   assert got == {'self': per_slot * buffer_len, 'cross': per_slot * source_length}
   # On one device: the bytes of the arrays `t5.init_cache` builds.
-  params = jax.eval_shape(lambda key: t5.init_params(key, config), jax.random.key(0))
-  cache = memory_model.abstract_cache(
-    params, config, batch=batch, buffer_len=buffer_len, source_length=source_length
-  )
+  cache = synthetic.abstract_cache(
+    synthetic.abstract_model(config), batch=batch, cache_len=buffer_len,
+    source_length=source_length,
+  )  # fmt: skip
   whole = memory_model.cache_bytes_per_device(
     config, _ONE, batch=batch, buffer_len=buffer_len, source_length=source_length
   )
@@ -207,15 +207,11 @@ def _check_compiled_plan(mesh, *, batch, rows_per_device, in_float32):
   """Compiles both loops of a tiny bf16 pair on `mesh` (as planned, or `in_float32`) and checks
   that the rows' bytes add up."""
   config = lambda name: dataclasses.replace(t5.CONFIGS[name], dtype='bfloat16')
-  target = memory_model.abstract_model(
-    config('tiny-v1.1'), mesh, param_dtype='bfloat16', shard=True
-  )
-  drafter = memory_model.abstract_model(
-    config('tiny-v1.0'), mesh, param_dtype='bfloat16', shard=False
-  )
+  target = synthetic.abstract_model(config('tiny-v1.1'), mesh, param_dtype='bfloat16', shard=True)
+  drafter = synthetic.abstract_model(config('tiny-v1.0'), mesh, param_dtype='bfloat16', shard=False)
   pair = (target, drafter)
   if in_float32:
-    pair = tuple(memory_model.with_dtype(m, 'float32') for m in pair)
+    pair = tuple(synthetic.with_dtype(m, 'float32') for m in pair)
     assert memory_model.bytes_per_device(pair[0].params) == 2 * memory_model.bytes_per_device(
       target.params
     )
@@ -275,7 +271,8 @@ def test_compiled_plan_on_one_device():
 
 _COMPILED_PLAN_SCRIPT = """
 import jax
-from specdec_jax import machines, sharding
+from specdec_jax import sharding
+from benchmarks import machines
 from tests import memory_plan_test
 
 assert jax.device_count() == 4, jax.devices()
@@ -332,7 +329,7 @@ def test_distill_plan_bytes_on_one_device():
   )
   student = distill_drafter.get_config(_STUDENT).student.to_dict()
   student = t5.T5Config(**dict(student, vocab_size=128, encoder_dim=32))
-  student = memory_model.abstract_model(student, _ONE, param_dtype='float32', shard=False)
+  student = synthetic.abstract_model(student, _ONE, param_dtype='float32', shard=False)
   assert t5.param_count(student.params) == _STUDENT_PARAMS
   assert row['student_forward'] == distill_model.forward_cost(student, _ONE, **common)
 

@@ -48,3 +48,13 @@ def test_shipped_pair_loads_and_its_recommended_drafter_is_lossless(name):
 def test_every_shipped_drafter_is_lossless(name):
   pair = pretrained.load(name)
   _greedy_parity(pair, sorted(pair.drafters), num_sentences=16)
+
+
+def test_read_manifest_gives_a_dict_of_its_own(tmp_path):
+  # A directory without pair.json reads the default manifest: a copy, so that a caller adding a
+  # drafter to it (scripts/add_drafter.py) leaves the default as it was.
+  manifest = pretrained.read_manifest(tmp_path)
+  manifest['drafters']['mine'] = 'mine'
+  assert 'mine' not in pretrained.read_manifest(tmp_path)['drafters']
+  (tmp_path / 'pair.json').write_text('{"target": "t", "drafters": {}, "recommended": "x"}')
+  assert pretrained.read_manifest(tmp_path)['target'] == 't'

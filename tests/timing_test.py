@@ -17,7 +17,7 @@ from specdec_jax.models import t5
 from tests import helpers
 
 # Fake seconds of a timing loop run: fixed setup (dispatch), plus per call of the loop _STEP per
-# position a model call scores (`_repeated_steps`), or per iteration (`_repeated_iterations`)
+# position a model call scores (`repeated_steps`), or per iteration (`repeated_iterations`)
 # _PASS_IN_LOOP, _DRAFT per drafter call of its draft, and _FIRST_DRAFT once when it drafts (the
 # draft's first call feeds two positions, and reloads what the pass evicted).
 # _PASS_IN_LOOP is not (gamma+1) * _STEP, so a c taken as (iteration - separately timed pass) /
@@ -32,7 +32,7 @@ def _run(per_call, loop_length):
 
 
 def _iteration_seconds(kw):
-  """Fake seconds of one iteration of `_repeated_iterations(**kw)`: its draft of `draft_length`
+  """Fake seconds of one iteration of `repeated_iterations(**kw)`: its draft of `draft_length`
   drafter calls (none at 0) and the pass."""
   calls = kw['draft_length']
   return _PASS_IN_LOOP + (calls > 0) * _FIRST_DRAFT + calls * _DRAFT
@@ -53,9 +53,9 @@ def fake_clock(monkeypatch):
     return run
 
   monkeypatch.setattr(timing, 'time', types.SimpleNamespace(perf_counter=lambda: now[0]))
-  steps, iterations = timing._repeated_steps, timing._repeated_iterations
-  monkeypatch.setattr(timing, '_repeated_steps', spy(steps, lambda kw: _STEP * kw['num_tokens']))
-  monkeypatch.setattr(timing, '_repeated_iterations', spy(iterations, _iteration_seconds))
+  steps, iterations = timing.repeated_steps, timing.repeated_iterations
+  monkeypatch.setattr(timing, 'repeated_steps', spy(steps, lambda kw: _STEP * kw['num_tokens']))
+  monkeypatch.setattr(timing, 'repeated_iterations', spy(iterations, _iteration_seconds))
   return steps, iterations  # the real jitted loops
 
 
@@ -191,14 +191,15 @@ def test_iteration_timer_keeps_every_drafter_output_layer():
   )  # fmt: skip
   target, drafter = (helpers.tiny_t5(config, seed) for seed, config in enumerate(configs))
   ids = jnp.full((1, 8), 3, jnp.int32)
-  args = [*step_models.as_step_model(target), *step_models.as_step_model(drafter)]
-  args += [timing._cache(target, None, ids, 16), timing._cache(drafter, target, ids, 16)]
+  pair = step_models.as_step_model(target), step_models.as_step_model(drafter)
+  args = [*pair[0], *pair[1]]
+  args += [timing._cache(pair[0], None, ids, 16), timing._cache(pair[1], pair[0], ids, 16)]
   args += [jnp.full((1,), 4, jnp.int32)]
   # The draft's first call (one position's logits: `step_at`) and its scan's call: one output
   # layer each; unrolled, one per call. The program has the decode loop's structure: its while
   # loop, the draft's scan (none unrolled or without a draft) and no branch.
   for draft_length, unroll, layers, loops in ((3, False, 2, 2), (3, True, 3, 1), (0, False, 0, 1)):
-    text = timing._repeated_iterations.lower(
+    text = timing.repeated_iterations.lower(
       *args, gamma=3, draft_length=draft_length, cache_len=16, unroll_draft=unroll,
       loop_length=jnp.int32(2),
     ).compile().as_text()  # fmt: skip
@@ -250,20 +251,20 @@ def test_timed_loops_do_not_run_the_encoder(tiny_pair):
   target, drafter = tiny_pair
   source = 24  # a size no other axis has
   ids = jnp.full((1, source), 3, jnp.int32)
-  steps, params = step_models.as_step_model(target)
+  target, drafter = step_models.as_step_model(target), step_models.as_step_model(drafter)
+  steps, params = target
   cache = timing._cache(target, None, ids, 16)
   position = jnp.full((1,), 4, jnp.int32)
-  lowered = timing._repeated_steps.lower(
+  lowered = timing.repeated_steps.lower(
     steps, params, cache, position, num_tokens=1, loop_length=jnp.int32(2)
   )
   assert not _has_source_self_attention(lowered.compile().as_text(), source)
-  args = [*step_models.as_step_model(target), *step_models.as_step_model(drafter)]
-  args += [cache, timing._cache(drafter, target, ids, 16), position]
-  lowered = timing._repeated_iterations.lower(
+  args = [*target, *drafter, cache, timing._cache(drafter, target, ids, 16), position]
+  lowered = timing.repeated_iterations.lower(
     *args, gamma=2, draft_length=2, cache_len=16, unroll_draft=False, loop_length=jnp.int32(2)
   )
   assert not _has_source_self_attention(lowered.compile().as_text(), source)
   # Negative control: the set-up program, which encodes the source, has them.
-  encoder = step_models.encoder_of(target)
+  encoder = step_models.encoder_of(target)  # (steps, params)
   setup = timing._init_cache.lower(steps, params, *encoder, ids, cache_len=16).compile()
   assert _has_source_self_attention(setup.as_text(), source)

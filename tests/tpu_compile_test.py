@@ -1,6 +1,6 @@
 """The TPU compile gate: every program of the project compiled by XLA:TPU, without a TPU.
 
-libtpu's compile-only client (`specdec_jax.machines`) gives the abstract devices of one TPU v4
+libtpu's compile-only client (`benchmarks.machines`) gives the abstract devices of one TPU v4
 chip and of a v4-8 (4 chips); on each of one chip, a 1x4 and a 2x2 mesh of them, with the
 project's sharding rules (the target over 'model' by `sharding.param_shardings`, the drafter and
 the student replicated, the batch over 'data'), a tiny T5 pair's programs compile:
@@ -30,9 +30,9 @@ from tests import helpers
 
 pytest.importorskip('libtpu', reason=helpers.NO_LIBTPU)
 
-from benchmarks import distill_model, memory_model  # noqa: E402
+from benchmarks import distill_model, machines, memory_model, synthetic  # noqa: E402
 from experiments.configs import distill_drafter  # noqa: E402
-from specdec_jax import decode, machines, verifiers, verify_multipath
+from specdec_jax import decode, verifiers, verify_multipath  # noqa: E402
 from specdec_jax.models import t5  # noqa: E402
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
 from specdec_jax.training import trainer  # noqa: E402
@@ -115,7 +115,7 @@ def _tiny(name: str, mesh, *, shard: bool) -> t5.T5Model:
   """A tiny T5 of one layer a side (every kind of param, the fastest compile), abstract params
   on `mesh`: sharded by the default rules or replicated."""
   config = dataclasses.replace(t5.CONFIGS[name], num_encoder_layers=1, num_decoder_layers=1)
-  return memory_model.abstract_model(config, mesh, param_dtype='float32', shard=shard)
+  return synthetic.abstract_model(config, mesh, param_dtype='float32', shard=shard)
 
 
 def _check_on_tpu(compiled, mesh) -> dict:
@@ -129,7 +129,7 @@ def _check_on_tpu(compiled, mesh) -> dict:
 
 
 def _ids(mesh):
-  return memory_model.abstract_batch(mesh, 2, 8)
+  return synthetic.abstract_batch(mesh, 2, 8)
 
 
 @pytest.mark.parametrize(

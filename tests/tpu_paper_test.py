@@ -18,9 +18,13 @@ from tests import helpers
 
 pytest.importorskip('libtpu', reason=helpers.NO_LIBTPU)
 
-from benchmarks import memory_model  # noqa: E402
+from benchmarks import (  # noqa: E402
+  machines,  # noqa: E402
+  memory_model,
+  synthetic,
+)
 from experiments.configs import ende  # noqa: E402
-from specdec_jax import decode, machines, sharding  # noqa: E402
+from specdec_jax import decode, sharding  # noqa: E402
 from specdec_jax.models import t5  # noqa: E402
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
 
@@ -32,7 +36,7 @@ def _paper_model(path: str, how: str, mesh, config) -> t5.T5Model:
   shapes = dataclasses.replace(t5.CONFIGS[name], dtype='float32')  # infer_t5x_config's dtype
   params = jax.eval_shape(lambda key: t5.init_params(key, shapes), jax.random.key(0))
   rules = sharding.rules_for(how, t5.param_count(params))
-  return memory_model.abstract_model(
+  return synthetic.abstract_model(
     shapes, mesh, param_dtype=config.param_dtype, shard=True, rules=rules
   )
 
@@ -44,7 +48,7 @@ def _paper():
   target = _paper_model(config.target, 'model', mesh, config)
   drafter = _paper_model(config.drafter, config.drafter_sharding, mesh, config)
   assert t5.param_count(target.params) > 11e9 and mesh.shape['model'] == 4
-  ids = memory_model.abstract_batch(mesh, config.batch_size, config.max_source_length)
+  ids = synthetic.abstract_batch(mesh, config.batch_size, config.max_source_length)
   options = dict(sampling=SamplingConfig(temperature=1.0), max_new_tokens=config.max_new_tokens)
   return mesh, target, drafter, ids, dict(options, gamma=max(config.gammas))
 

@@ -193,6 +193,33 @@ def test_methods_timed_in_turn_decode_as_alone_and_share_one_baseline(monkeypatc
   assert block.speedup == runs['autoregressive'].seconds / runs['block'].seconds
 
 
+def test_cost_phase_shows_its_own_progress_before_the_decode_bar(monkeypatch, capsys):
+  # The newcomer's first run sat at 0% for minutes while the costs were measured, and the decode
+  # bar's first estimate counted them: the phase has its own bar (what, k of n), and the decode
+  # bar is made after it (its clock starts at the first decoded sentence).
+  config = ende.get_config(
+    'runlocal,num_examples=2,drafters=bigram,temperatures=0,gammas=2,3,batch_size=2,'
+    'max_source_length=64,max_new_tokens=8'
+  )
+  made = []
+  real_costs = evaluation.model_costs
+
+  def spy_costs(plan, **kw):
+    made.append('costs')
+    return real_costs(plan, **kw)
+
+  monkeypatch.setattr(timing, 'step_costs', _fake_step_costs)
+  monkeypatch.setattr(evaluation, 'model_costs', spy_costs)
+  monkeypatch.setattr(translation, 'translate_in_turn', lambda **kw: made.append('decode') or {})
+  with pytest.raises(KeyError):  # the spy decodes nothing: the first row cannot be made
+    list(evaluation.rows(evaluation.prepare(config), progress=True))
+  assert made == ['costs', 'decode']
+  err = capsys.readouterr().err
+  assert 'model costs (c, c_fixed, pass cost' in err and '2/2' in err
+  assert 'bigram, gamma 3' in err
+  assert err.index('model costs') < err.index('sentence')
+
+
 def test_loop_costs_fit_fixed_and_per_iteration_seconds():
   iterations = [12, 30, 7, 19]
   seconds = [0.015 + 0.004 * n for n in iterations]

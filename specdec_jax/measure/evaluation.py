@@ -337,17 +337,31 @@ def load_pair(config, mesh) -> pretrained.Pair:
 _TIMING_REPEATS = 15
 
 
-def model_costs(plan: Plan) -> dict[tuple[str, int], dict[str, float]]:
+def model_costs(plan: Plan, *, progress: bool = False) -> dict[tuple[str, int], dict[str, float]]:
   """c, c_fixed, c_alone and pass_cost of every (drafter name, gamma) of the plan, measured in the
   loop (`timing.step_costs`, `config.timing_rounds` rounds). The pass cost is the target's, not the
   drafter's: each gamma's is the median over every drafter's measurement (less noise than one
-  drafter's rounds)."""
+  drafter's rounds). `progress`: a bar of its own, what it measures and k of n, since on a CPU
+  this phase takes minutes before the first sentence is decoded."""
+  from tqdm.auto import tqdm  # imported here: only the main job's progress needs it
+
   c = plan.config
-  with translation.on_mesh(plan.mesh):
-    costs = {
-      (name, gamma): timing.step_costs(
+  todo = plan.groups
+  bar = tqdm(
+    total=len(todo),
+    desc='model costs (c, c_fixed, pass cost; timed in the loop)',
+    unit='drafter x gamma',
+    disable=not progress,
+    dynamic_ncols=True,
+    mininterval=0.0,
+  )
+  costs = {}
+  with translation.on_mesh(plan.mesh), bar:
+    for name, gamma in todo:
+      bar.set_postfix_str(f'{name}, gamma {gamma}')
+      costs[name, gamma] = timing.step_costs(
         plan.pair.target,
-        drafter,
+        plan.drafters[name],
         batch_size=c.batch_size,
         source_length=c.max_source_length,
         gamma=gamma,
@@ -356,9 +370,7 @@ def model_costs(plan: Plan) -> dict[tuple[str, int], dict[str, float]]:
         num_drafts=num_drafts(c),
         repeats=_TIMING_REPEATS,
       )
-      for name, gamma in plan.groups
-      for drafter in (plan.drafters[name],)
-    }
+      bar.update()
   pass_cost = {
     g: float(np.median([v['pass_cost'] for (_, gamma), v in costs.items() if gamma == g]))
     for g in {gamma for _, gamma in plan.groups}
@@ -446,14 +458,17 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[Row]:
   """Measures the model costs (`model_costs`), then at each temperature every (drafter, gamma):
   each batch decoded autoregressively and with every verifier in turn (`translation.translate_in_turn`).
   Yields each Row as soon as it is measured: a temperature's autoregressive row is its first
-  baseline's. A progress bar with ETA counts decoded sentences (process 0 alone shows it)."""
+  baseline's. Two progress bars (process 0 alone shows them): the cost measurement's, then one
+  with ETA counting decoded sentences, whose clock starts after the costs are measured."""
   from tqdm.auto import tqdm  # imported here: only the main job's progress needs it
 
   c = plan.config
+  show = progress and sharding.is_main_process()
+  costs = model_costs(plan, progress=show)
   bar = tqdm(
     total=plan.num_passes * len(plan.sources),
     unit='sentence',
-    disable=not progress or not sharding.is_main_process(),
+    disable=not show,
     dynamic_ncols=True,
     mininterval=2.0,
   )
@@ -471,7 +486,6 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[Row]:
       proposal=c.get('proposal') or None,
     )
 
-  costs = model_costs(plan)
   groups = plan.groups
   for temperature in c.temperatures:
     if not groups:

@@ -71,3 +71,17 @@ def format_line(row, columns: Sequence[Column]) -> str:
 def format_table(rows, columns: Sequence[Column]) -> str:
   """The header and one line per row."""
   return '\n'.join([format_header(columns)] + [format_line(row, columns) for row in rows])
+
+
+def print_table(title: str, rows, columns: Sequence[Column]) -> None:
+  """A blank line, `title` and the table, its first (name) column as wide as its widest value:
+  the benchmarks' titled tables."""
+  first = columns[0]
+  width = max([first.width] + [len(str(_value(row, first.name))) for row in rows])
+  columns = (dataclasses.replace(first, width=width),) + tuple(columns[1:])
+  print(f'\n{title}\n{format_table(rows, columns)}', flush=True)
+
+
+def gib(nbytes: float) -> str:
+  """Bytes as GiB with two decimals: '1.50' for 1.5 * 2**30."""
+  return f'{nbytes / 2**30:.2f}'

@@ -14,8 +14,9 @@ with more of them (`step_costs`): a cost per call (c) and a fixed cost per itera
 `decode_steps.draft` at a static length, scanned or unrolled as the loop runs it, and no traced
 branch or loop decides the drafter's calls. Loops timed together run in turn and the fastest run
 of each counts, so that a shared machine's load moves them alike (`step_costs`, which the main
-job and the benchmarks use). What these timers measured, and why they are built so:
-docs/performance.md.
+job and the benchmarks use). The timed programs, `repeated_steps` and `repeated_iterations`, are
+public: `benchmarks.paper_scale_tpu` compiles these very programs for a TPU instead of timing
+them. What these timers measured, and why they are built so: docs/performance.md.
 
 Axis legend: B batch, S source length, T query length.
 """
@@ -106,14 +107,15 @@ def _init_cache(steps, params, encoder_steps, encoder_params, input_ids, *, cach
 
 
 def _cache(model, target, input_ids, cache_len: int):
-  """`model`'s cache over `input_ids` (from `target`'s encoder for a drafter that reads it)."""
-  steps, params = step_models.as_step_model(model)
+  """`model`'s cache over `input_ids` (from `target`'s encoder for a drafter that reads it);
+  `model`, `target`: (steps, params) (`step_models.as_step_model`), target None for a target."""
+  steps, params = model
   encoder_steps, encoder_params = step_models.encoder_of(model, target)
   return _init_cache(steps, params, encoder_steps, encoder_params, input_ids, cache_len=cache_len)
 
 
 @functools.partial(jax.jit, static_argnames=('steps', 'num_tokens'))
-def _repeated_steps(steps, params, cache, position, *, num_tokens, loop_length):
+def repeated_steps(steps, params, cache, position, *, num_tokens, loop_length):
   """`loop_length` (traced: one program for every loop length) model calls of `num_tokens`
   positions each, every one from `position` [B] of `cache`."""
   batch = position.shape[0]
@@ -191,7 +193,7 @@ def _draft(
     'target_steps', 'drafter_steps', 'gamma', 'draft_length', 'cache_len', 'unroll_draft'
   ),
 )  # fmt: skip
-def _repeated_iterations(
+def repeated_iterations(
   target_steps,
   target_params,
   drafter_steps,
@@ -270,12 +272,13 @@ def _per_iteration(run: Callable[[int], object], loop_lengths: tuple[int, int], 
 
 
 def _step_loop(model, *, batch_size, source_length, num_tokens=1, cache_len=64, target=None):
-  """`run(k)`: k in-loop calls of `model`, each scoring `num_tokens` positions per row."""
-  steps, params = step_models.as_step_model(model)
+  """`run(k)`: k in-loop calls of `model` ((steps, params), as `target`), each scoring
+  `num_tokens` positions per row."""
+  steps, params = model
   ids = jnp.full((batch_size, source_length), 3, jnp.int32)
   cache = _cache(model, target, ids, cache_len)
   position = jnp.full((batch_size,), cache_len // 4, jnp.int32)
-  return lambda k: _repeated_steps(
+  return lambda k: repeated_steps(
     steps, params, cache, position, num_tokens=num_tokens, loop_length=jnp.int32(k)
   )
 
@@ -284,14 +287,13 @@ def _iteration_loop(
   target, drafter, *, batch_size, source_length, gamma, cache_len=64, unroll_draft=False
 ):
   """`run(k, draft_length=gamma)`: k iterations of the loop's model calls with a draft of
-  `draft_length` drafter calls (`_repeated_iterations`; one program per draft length), the draft's
-  scan unrolled with `unroll_draft`."""
-  target_steps, target_params = step_models.as_step_model(target)
-  drafter_steps, drafter_params = step_models.as_step_model(drafter)
+  `draft_length` drafter calls (`repeated_iterations`; one program per draft length), the draft's
+  scan unrolled with `unroll_draft`. `target`, `drafter`: (steps, params)."""
+  (target_steps, target_params), (drafter_steps, drafter_params) = target, drafter
   ids = jnp.full((batch_size, source_length), 3, jnp.int32)
   caches = _cache(target, None, ids, cache_len), _cache(drafter, target, ids, cache_len)
   position = jnp.full((batch_size,), cache_len // 4, jnp.int32)
-  return lambda k, draft_length=gamma: _repeated_iterations(
+  return lambda k, draft_length=gamma: repeated_iterations(
     target_steps,
     target_params,
     drafter_steps,
@@ -338,6 +340,7 @@ def iteration_seconds(
   lengths as `step_seconds`. Unlike the sum of their bare costs, it includes what the calls cost
   each other: the target's pass evicts the drafter's weights from the CPU caches. `unroll_draft`:
   the draft's scan unrolled, as `speculative_generate(..., unroll_draft=True)` runs it."""
+  target, drafter = step_models.as_step_model(target), step_models.as_step_model(drafter)
   run = _iteration_loop(
     target, drafter, batch_size=batch_size, source_length=source_length, gamma=gamma,
     cache_len=cache_len, unroll_draft=unroll_draft,
@@ -370,6 +373,8 @@ def step_seconds(
     target: the target, for a drafter that reads the target's encoder output (its cache is built
       from the target's `encode`, as the decode loops build it; the encoder is not timed).
   """
+  model = step_models.as_step_model(model)
+  target = None if target is None else step_models.as_step_model(target)
   run = _step_loop(
     model, batch_size=batch_size, source_length=source_length, num_tokens=num_tokens,
     cache_len=cache_len, target=target,
@@ -421,6 +426,7 @@ def step_costs(
   as K rows of both models) the pass, the drafter and the iteration are measured at K x
   batch_size rows and the target step at batch_size rows.
   """
+  target, drafter = step_models.as_step_model(target), step_models.as_step_model(drafter)
   kw = dict(source_length=source_length, cache_len=cache_len)
   rows = dict(kw, batch_size=batch_size * num_drafts)
   block = getattr(step_models.as_step_model(drafter)[0], 'block_size', None)

@@ -53,6 +53,24 @@ class Chip:
 TPU_V4 = Chip('TPU v4', peak_flops=275e12, hbm_bandwidth=1.2e12, hbm_bytes=32 * GiB)
 TPU_V5E = Chip('TPU v5e', peak_flops=197e12, hbm_bandwidth=819e9, hbm_bytes=16 * GiB)
 H100 = Chip('H100 SXM', peak_flops=989e12, hbm_bandwidth=3.35e12, hbm_bytes=80 * GiB)
+# H200: NVIDIA's H200 datasheet, "GPU memory bandwidth 4.8TB/s" (SXM and NVL); its bf16 Tensor
+# Cores are H100 SXM's (989 dense TFLOPS). Timed, never planned for: no capacity given.
+H200 = Chip('H200', peak_flops=989e12, hbm_bandwidth=4.8e12)
+
+# Chips by a part of `jax.devices()[0].device_kind` as JAX reports it, tried in order. An H100
+# PCIe ('NVIDIA H100 PCIe', 2 TB/s) or NVL is not an SXM: it matches nothing.
+DEVICE_KINDS = (
+  ('H100 80GB HBM3', H100),
+  ('H200', H200),
+  ('TPU v4', TPU_V4),
+  ('TPU v5 lite', TPU_V5E),
+  ('TPU v5e', TPU_V5E),
+)
+
+
+def chip_for(device_kind: str) -> Chip | None:
+  """The chip of `DEVICE_KINDS` whose name part `device_kind` contains, or None (a CPU)."""
+  return next((chip for part, chip in DEVICE_KINDS if part in device_kind), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,17 +234,46 @@ def simulate_cpu_devices(count: int) -> None:
       ) from e
 
 
-def parse_machine_mesh(text: str) -> list[tuple[str, int, int]]:
-  """'v4-8:1x4,h100:1x1' -> [('v4-8', 1, 4), ('h100', 1, 1)]: machines checked, meshes read by
-  `sharding.parse_mesh`."""
+def parse_machines(text: str, *, mesh_required: bool = False):
+  """'v4-8:1x4,tpu-v4' -> [('v4-8', (1, 4)), ('tpu-v4', None)]: `MACHINE[:DATAxMODEL]` items, the
+  one convention of every benchmark's --compile_for (and of distill_plan's --machines), machines
+  checked, meshes read by `sharding.parse_mesh`. A mesh given must cover the machine's devices;
+  None where an item names none (ValueError with `mesh_required`)."""
   out = []
   for item in text.split(','):
     name, _, mesh = item.strip().partition(':')
-    get(name)
+    machine = get(name)
     if mesh.strip().lower() in ('', 'auto'):
-      raise ValueError(f'Machine meshes are MACHINE:DATAxMODEL (e.g. v4-8:2x2), got {item!r}.')
-    out.append((name, *sharding.parse_mesh(mesh)))
+      if mesh_required:
+        raise ValueError(f'Machine meshes are MACHINE:DATAxMODEL (e.g. v4-8:2x2), got {item!r}.')
+      out.append((name, None))
+      continue
+    data, model = sharding.parse_mesh(mesh)
+    if data * model != machine.devices:
+      raise ValueError(
+        f'{name} has {machine.devices} devices; the mesh {data}x{model} has {data * model} '
+        f'(an item is MACHINE:DATAxMODEL over all its devices, e.g. {name}:1x{machine.devices}).'
+      )
+    out.append((name, (data, model)))
   return out
+
+
+def parse_machine_mesh(text: str) -> list[tuple[str, int, int]]:
+  """'v4-8:1x4,h100:1x1' -> [('v4-8', 1, 4), ('h100', 1, 1)]: `parse_machines` with every mesh
+  given."""
+  return [(name, *mesh) for name, mesh in parse_machines(text, mesh_required=True)]
+
+
+def for_mesh(name: str, mesh: tuple[int, int] | None, planned: tuple[int, int] | None = None):
+  """(machine name, data, model) of one `parse_machines` item: its own mesh; else the `planned`
+  mesh (a benchmark's --mesh) on the machine of `name`'s chip with that many devices ('tpu-v4'
+  planned 1x4: a v4-8); else all of the machine's devices on 'model' (1 x devices)."""
+  if mesh is not None:
+    return (name, *mesh)
+  if planned is None:
+    return name, 1, get(name).devices
+  data, model = planned
+  return with_devices(name, data * model).name, data, model
 
 
 def on_devices(devices: Sequence[jax.Device]) -> str:
