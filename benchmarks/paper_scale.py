@@ -10,9 +10,10 @@ r"""The engine at the paper's scale: public T5 shapes, timed in the loop, agains
 
 Models of `t5.CONFIGS` shapes with constant weights (a call's time should not depend on the
 values; `--weights=random` checks it: `synthetic.model`), batch 1, one device. A drafter is a
-`t5.CONFIGS` name (a T5 with its own encoder, e.g. `t5-small`, the paper's) or `one-layer[:NAME]`:
+`t5.CONFIGS` name (a T5 with its own encoder, e.g. `t5-small`, the paper's), `one-layer[:NAME]`:
 one decoder layer of NAME's width (default t5-small) over the target's encoder, the shape of our
-shipped `distilled` drafters. Four tables, every time from the project's timers
+shipped `distilled` drafters, or `block[:NAME]`: a block drafter of NAME's width (one call drafts
+gamma tokens: its `c` is 0 and `c fixed` the call, `drafter_config`). Four tables, every time from the project's timers
 (`specdec_jax.measure.timing`: model calls inside a jitted loop, dispatch cancelled):
 
 1. target: the step and the (gamma+1)-position pass at each of --gammas, against the HBM bound,
@@ -116,19 +117,34 @@ _HBM = flags.DEFINE_float(
 GREEDY = SamplingConfig(temperature=0.0)
 
 
+# A block drafter's shape here (`block[:NAME]`): the shipped ones' depth, and the most drafts a call.
+BLOCK_LAYERS, BLOCK_SIZE = 2, 16
+
+
 def drafter_config(name: str, target: t5.T5Config) -> t5.T5Config:
-  """A drafter's shape: a `t5.CONFIGS` name, or `one-layer[:NAME]` (one decoder layer of NAME's
-  width, default t5-small, over the target's encoder, in the target's vocabulary)."""
+  """A drafter's shape: a `t5.CONFIGS` name, `one-layer[:NAME]` (one decoder layer of NAME's
+  width, default t5-small, over the target's encoder, in the target's vocabulary), or
+  `block[:NAME]` (a block drafter: `BLOCK_LAYERS` decoder layers of NAME's width over the
+  target's encoder, reading its states, `BLOCK_SIZE` drafts a call, as the shipped `block`
+  drafters are built)."""
   kind, _, width = name.partition(':')
-  if kind == 'one-layer':
+  if kind in ('one-layer', 'block'):
     base = synthetic.shape(width or 't5-small')
-    return dataclasses.replace(
+    config = dataclasses.replace(
       base,
       vocab_size=target.vocab_size,
       num_encoder_layers=0,
       num_decoder_layers=1,
       encoder_dim=target.d_model,
     )
+    if kind == 'block':
+      config = dataclasses.replace(
+        config,
+        num_decoder_layers=BLOCK_LAYERS,
+        feature_dim=target.d_model,
+        block_size=BLOCK_SIZE,
+      )
+    return config
   config = synthetic.shape(name)
   if config.vocab_size != target.vocab_size:
     raise ValueError(

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import decode, decode_steps
+from specdec_jax import checkpoints, decode, decode_steps, sharding
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import timing
 from specdec_jax.models import t5
@@ -183,6 +183,25 @@ def test_step_block_equals_the_training_pass(tiny_pair):
   assert not np.allclose(trained[0, 1, 1:], trained[0, 2, 1:], atol=1e-3)
 
 
+def test_saves_restores_and_has_logical_axes(tiny_pair, tmp_path):
+  """A block drafter round-trips through `checkpoints.save` / `restore` (its config and its query
+  slots, T5X-style names), and every param has logical axes: the slots replicated under the
+  default ('model') rules as under the replicated ones."""
+  target, _ = tiny_pair
+  drafter = _block_t5(target)
+  assert drafter.params['decoder']['block_queries']['embedding'].shape == (3, 16)
+  assert 'feature_out' not in drafter.params['decoder']  # it predicts no states
+  checkpoints.save(drafter, tmp_path / 'block')
+  restored = checkpoints.restore(tmp_path / 'block')
+  assert restored.config == drafter.config and restored.config.block_size == 4
+  for a, b in zip(jax.tree.leaves(restored.params), jax.tree.leaves(drafter.params)):
+    np.testing.assert_array_equal(a, b)
+  axes = sharding.param_logical_axes(drafter.params)
+  assert tuple(axes['decoder']['block_queries']['embedding']) == ('length', 'embed')
+  for rules in (sharding.DEFAULT_RULES, sharding.REPLICATED_RULES):
+    assert dict(rules)['length'] is None and dict(rules)['embed'] is None
+
+
 # ---------------------------------------------------------------------------------------------
 # Errors before any work.
 
@@ -204,7 +223,7 @@ def test_errors(tiny_pair):
   other_vocab = helpers.tiny_t5(dataclasses.replace(drafter.config, vocab_size=64))
   with pytest.raises(ValueError, match='vocabularies differ'):
     decode.speculative_generate(target, other_vocab, ids, mask, gamma=2, **kw)
-  with pytest.raises(ValueError, match="greedy_block.*target's states"):
+  with pytest.raises(ValueError, match='greedy_block.*a block drafter'):
     decode.speculative_generate(
       target, drafter, ids, mask, gamma=2, verifier='greedy_block',
       sampling=SAMPLING, max_new_tokens=4, rng=jax.random.key(0),

@@ -19,6 +19,8 @@ _VARIANTS = (
   'eagle',
   'debsumm',
   'debsumm48m',
+  'block',
+  'block_debsumm48m',
   'paper',
 )
 

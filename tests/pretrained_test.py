@@ -18,7 +18,7 @@ DEFAULT_PAIRS = [
 ]
 
 
-def _greedy_parity(pair, drafter_names, num_sentences):
+def _greedy_parity(pair, drafter_names, num_sentences, gamma=None):
   sources = [s for s, _ in pair.test_pairs()[:num_sentences]]
   ids, mask = pair.tokenizer.encode_batch(sources, 64, truncate=True)
   kw = dict(
@@ -27,7 +27,7 @@ def _greedy_parity(pair, drafter_names, num_sentences):
   ref = np.asarray(decode.generate(pair.target, ids, mask, **kw).tokens)
   for name in drafter_names:
     out = decode.speculative_generate(
-      pair.target, pair.drafters[name], ids, mask, gamma=pair.gamma(0.0), **kw
+      pair.target, pair.drafters[name], ids, mask, gamma=gamma or pair.gamma(0.0), **kw
     )
     np.testing.assert_array_equal(np.asarray(out.tokens), ref, err_msg=name)
     alpha = np.asarray(out.stats.alpha)  # per row
@@ -48,6 +48,27 @@ def test_shipped_pair_loads_and_its_recommended_drafter_is_lossless(name):
 def test_every_shipped_drafter_is_lossless(name):
   pair = pretrained.load(name)
   _greedy_parity(pair, sorted(pair.drafters), num_sentences=16)
+
+
+BLOCK_PAIRS = [p for p in DEFAULT_PAIRS if p.values[0] != 'ende']
+
+
+@pytest.mark.parametrize('name', BLOCK_PAIRS)
+def test_shipped_block_drafter_drafts_a_block_a_call_losslessly(name):
+  """Each 48M pair ships a block drafter (one call proposes block_size drafts); greedy
+  speculative decoding with it at its largest gamma is its target's greedy decoding."""
+  pair = pretrained.load(name)
+  steps = pair.drafters['block'].steps
+  assert steps.block_size >= 8 and callable(steps.step_block) and steps.reads_target_states
+  _greedy_parity(pair, ['block'], num_sentences=8, gamma=steps.block_size)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', [p.values[0] for p in BLOCK_PAIRS])
+def test_shipped_block_drafter_is_lossless_on_the_test_set(name):
+  pair = pretrained.load(name)
+  for gamma in (4, pair.drafters['block'].steps.block_size):
+    _greedy_parity(pair, ['block'], num_sentences=100, gamma=gamma)
 
 
 def test_read_manifest_gives_a_dict_of_its_own(tmp_path):

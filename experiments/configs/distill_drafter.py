@@ -15,6 +15,10 @@ r"""Distil a drafter from the shipped target (DistillSpec-style; `specdec_jax.tr
       --workdir=workdir/distill_debsumm                # for pretrained/debsumm (dropped; see _debsumm)
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:debsumm48m \
       --workdir=workdir/distill_debsumm48m             # for pretrained/debsumm48m's (issue 27)
+  python -m scripts.distill --config=experiments/configs/distill_drafter.py:block \
+      --workdir=workdir/block_ende48m                  # its block drafter (issue 45)
+  python -m scripts.distill --config=experiments/configs/distill_drafter.py:block_debsumm48m \
+      --workdir=workdir/block_debsumm48m               # pretrained/debsumm48m's block drafter
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:paper \
       --workdir=/mnt/shared/distill_t5_11b             # T5 11B's, on a v4-32 (see _paper)
   # your own pair: --config.teacher=/path/to/t5 (ours, HF or T5X) --config.tokenizer=spm.model
@@ -82,13 +86,18 @@ def _eagle(c):
 def _block(c):
   # A block drafter for pretrained/ende48m's target (issue 45): its distilled drafter made to read
   # the target's states and to fill block_size - 1 query slots (t5_growth.add_feature_input,
-  # add_block_queries), grown to 2 decoder layers, distilled on greedy and sampled outputs.
+  # add_block_queries), grown to 2 decoder layers, distilled on the target's greedy outputs (its
+  # default proposal at T > 0 is each position's argmax, which greedy data teaches). The shipped
+  # one is this run's step-300 export (pretrained/ende48m/MODEL_CARD.md: the session's CPU time
+  # ended the schedule there).
   _deeper(c)
   c.student.feature_dim = 0  # 0: the target's d_model
   c.student.block_size = 8
-  c.num_train_sources = 10_000
+  c.num_train_sources, c.num_valid_sources = 6_000, 128
+  c.data_temperatures = (0.0,)
   c.eval_gamma = 8
-  c.learning_rate, c.num_train_steps, c.eval_every = 1e-3, 1500, 500
+  c.learning_rate, c.num_train_steps, c.eval_every = 1e-3, 600, 300
+  c.checkpoint_every = 100
   c.on_policy_every = 0  # it cannot draft without the target
 
 
@@ -125,11 +134,12 @@ def _block_debsumm48m(c):
   # The block drafter of pretrained/debsumm48m's target, from its distilled drafter, as `block`.
   _debsumm48m(c)
   c.init_from = str(_ROOT / 'pretrained' / 'debsumm48m' / 'distilled')
-  c.data_temperatures = (0.0, 1.0)
+  c.data_temperatures = (0.0,)
   c.student.update(feature_dim=0, block_size=8, num_decoder_layers=2)
-  c.num_train_sources = 4_000
+  c.num_train_sources, c.num_valid_sources = 3_000, 96
   c.eval_gamma = 8
-  c.learning_rate, c.num_train_steps, c.eval_every = 1e-3, 1200, 400
+  c.learning_rate, c.num_train_steps, c.eval_every = 1e-3, 600, 300
+  c.checkpoint_every = 100
   c.on_policy_every = 0
 
 

@@ -429,7 +429,7 @@ def step_costs(
   target, drafter = step_models.as_step_model(target), step_models.as_step_model(drafter)
   kw = dict(source_length=source_length, cache_len=cache_len)
   rows = dict(kw, batch_size=batch_size * num_drafts)
-  block = getattr(step_models.as_step_model(drafter)[0], 'block_size', None)
+  block = getattr(drafter[0], 'block_size', None)
   loops = dict(
     target_step=_step_loop(target, batch_size=batch_size, **kw),
     target_pass=_step_loop(target, num_tokens=gamma + 1, **rows),
