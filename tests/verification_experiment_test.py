@@ -51,7 +51,7 @@ def test_runlocal_end_to_end(tmp_path):
   assert '| drafter | B | temp | gamma |' in (tmp_path / 'table.md').read_text()
   for name, columns in verification.TABLES.items():
     header, rows = _csv(tmp_path / f'{name}.csv')
-    assert tuple(header) == columns
+    assert tuple(header) == tuple(c.name for c in columns)
     assert json.loads((tmp_path / f'{name}.json').read_text()) is not None  # strict JSON
     assert paths[f'{name}.csv'] == str(tmp_path / f'{name}.csv')
   assert {'block_efficiency', 'speedup', 'tokens_per_s', 'seed'} <= set(verification.RUN_COLUMNS)
