@@ -45,6 +45,7 @@ tests/paper_scale_test.py runs it on tiny shapes.
 """
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -54,7 +55,7 @@ from absl import app, flags
 import benchmarks
 from benchmarks import machines, memory_model, paper_scale_tpu, synthetic
 from specdec_jax import analysis, decode
-from specdec_jax.measure import tables, timing, xla_cpu
+from specdec_jax.measure import tables, timing, translation, xla_cpu
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
 
@@ -173,8 +174,9 @@ def loop_seconds(target, drafter, *, gamma: int, max_new_tokens: int) -> tuple[f
   outs = [run(m) for m in lengths]  # compiles
   seconds = [timing.time_call(lambda m=m: run(m).tokens, _REPEATS.value)[1] for m in lengths]
   iterations = [int(out.stats.target_calls.max()) for out in outs]
-  steps = max(iterations[1] - iterations[0], 1)
-  return max(seconds[1] - seconds[0], 0.0) / steps, int(outs[1].lengths.max()) / iterations[1]
+  _, per_iteration = translation.loop_costs(seconds, iterations)  # NaN: one iteration either way
+  per_iteration = 0.0 if math.isnan(per_iteration) else max(per_iteration, 0.0)
+  return per_iteration, int(outs[1].lengths.max()) / iterations[1]
 
 
 def main(argv):
