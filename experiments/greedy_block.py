@@ -1,5 +1,7 @@
-r"""Table 4 of Sun et al. 2024 (arXiv 2403.10444, Appendix C) on our pairs: token, block and
-greedy block verification, per iteration and over whole sequences.
+r"""A check of Sun et al. 2024's Appendix C statement (arXiv 2403.10444; its Table 4 could not be
+retrieved, so this is no reproduction of it): greedy block verification keeps more drafts per
+iteration than block verification, but is slower overall. Token, block and greedy block
+verification on our pairs, per iteration and over whole sequences.
 
   python -m experiments.greedy_block --config=experiments/configs/greedy_block.py
   python -m experiments.greedy_block --config=experiments/configs/greedy_block.py:runlocal
@@ -16,7 +18,7 @@ and output lengths) and each gamma, at one temperature, with one drafter:
                     verifier starts from the target's own law there, so this is where greedy block
                     verification's per-block optimum shows (docs/method.md section 11).
 Each row is printed as it finishes and appended to results.csv / .json in --workdir (default:
-config.workdir); table.md (Table 4's layout) at the end.
+config.workdir); table.md (the three verifiers side by side) at the end.
 """
 
 import dataclasses
@@ -152,8 +154,8 @@ def rows(tasks: list[Task], config, say=print):
 
 
 def format_table4(results: list[dict], verifiers) -> str:
-  """Table 4's layout: per task and gamma, first-iteration and whole-sequence block efficiency
-  and speedup of each verifier (markdown)."""
+  """Per task and gamma, first-iteration and whole-sequence block efficiency and speedup of each
+  verifier side by side (markdown)."""
   names = ' / '.join(verifiers)
   lines = [
     f'| task | gamma | first iteration: {names} | whole sequences: {names} | speedup: {names} |',
