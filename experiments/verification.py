@@ -561,13 +561,15 @@ def run(config, workdir: str, *, progress: bool = True, echo=print) -> dict[str,
   say = tqdm.write if progress else echo
 
   def measure(results):
-    for table, table_rows in rows(config, plan, on_batch=bar.update):
-      for row in table_rows:
-        results.add(table, row)
-      results.say(report.format_rows(table, table_rows))
+    try:
+      for table, table_rows in rows(config, plan, on_batch=bar.update):
+        for row in table_rows:
+          results.add(table, row)
+        results.say(report.format_rows(table, table_rows))
+    finally:
+      bar.close()
 
   def finish(results):
-    bar.close()
     paths = {}
     for name in TABLES:
       paths.update(results.paths(name, f'{name}.'))
