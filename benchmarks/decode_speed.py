@@ -38,7 +38,7 @@ from benchmarks import synthetic
 from experiments.configs import train_drafter, train_target
 from specdec_jax import decode, drafters, pretrained
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.measure import timing
+from specdec_jax.measure import timing, translation
 from specdec_jax.models import t5
 
 # This main's own flags (`benchmarks.run`).
@@ -191,9 +191,11 @@ def _measure(target, drafter, ids, mask, batch, temperature, **kw) -> tuple[Meas
   one = _timed(*_calls(target, drafter, ids, mask, batch, temperature, max_new_tokens=1, **kw))
   iterations = sum(int(o.stats.target_calls.max()) for o in outs)
   stats = jax.tree.map(lambda *x: jnp.concatenate(x), *[o.stats for o in outs]).summed()
+  # The line through (the calls at one iteration each, `one`) and (the whole pass, `seconds`).
+  _, per_iteration = translation.loop_costs([one, seconds], [len(calls), iterations])
   m = Measured(
     seconds,
-    (seconds - one) / max(iterations - len(calls), 1),
+    per_iteration,
     iterations,
     sum(int(o.lengths.sum()) for o in outs),
     stats,

@@ -192,7 +192,7 @@ def main(argv):
     teacher_config, one, param_dtype=_TEACHER_PARAM_DTYPE.value, shard=True
   )
   student = distill.student_config_for(config, teacher)
-  student_params = jax.eval_shape(lambda key: t5.init_params(key, student), jax.random.key(0))
+  student_params = synthetic.abstract_model(student).params  # its shapes, for the count
   batches = [int(b) for b in _BATCH.value]
   shape = dict(source_length=_SOURCE_LENGTH.value, target_length=_TARGET_LENGTH.value)
   compile_dtype = _COMPILE_DTYPE.value if _COMPILE.value else None

@@ -113,14 +113,6 @@ class Result:
   note: str = ''
 
 
-def with_dtype(model, dtype: str):
-  """A `T5Model` with params and activations in `dtype` (anything else as it is)."""
-  if not isinstance(model, t5.T5Model) or model.config.dtype == dtype:
-    return model
-  params = jax.tree.map(lambda x: x.astype(dtype), model.params)
-  return t5.T5Model(config=dataclasses.replace(model.config, dtype=dtype), params=params)
-
-
 def hf_runnable(drafter) -> str | None:
   """Why transformers cannot run `drafter` as an assistant model, or None if it can."""
   if not isinstance(drafter, t5.T5Model):
@@ -268,10 +260,10 @@ def _models_and_sources():
     if name != 'target' and name not in pair.drafters:
       raise ValueError(f'{pair.directory} has no drafter {name!r}; it has {sorted(pair.drafters)}.')
     found[name] = pair.target if name == 'target' else pair.drafters[name]
-  found = {name: with_dtype(d, _DTYPE.value) for name, d in found.items()}
+  found = {name: synthetic.with_dtype(d, _DTYPE.value) for name, d in found.items()}
   sources = [src for src, _ in pair.test_pairs()[:n]]
   ids, mask = pair.tokenizer.encode_batch(sources, s, truncate=True)
-  target = with_dtype(pair.target, _DTYPE.value)
+  target = synthetic.with_dtype(pair.target, _DTYPE.value)
   gamma = _GAMMA.value or pair.gamma(0.0)
   return target, found, ids, mask.astype(np.int32), gamma, str(pair.directory.name)
 

@@ -46,6 +46,7 @@ tests/paper_scale_test.py runs it on tiny shapes.
 """
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -55,7 +56,7 @@ from absl import app, flags
 import benchmarks
 from benchmarks import machines, memory_model, paper_scale_tpu, synthetic
 from specdec_jax import analysis, decode
-from specdec_jax.measure import tables, timing, xla_cpu
+from specdec_jax.measure import tables, timing, translation, xla_cpu
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
 
@@ -117,6 +118,34 @@ _HBM = flags.DEFINE_float(
 GREEDY = SamplingConfig(temperature=0.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """What every timed table of one run shares (the flags', read once by `main`)."""
+
+  batch: int = 1
+  source_length: int = 64
+  max_new_tokens: int = 64
+  dtype: str = 'bfloat16'
+  rounds: int = 3  # of `timing.step_costs`
+  repeats: int = 5  # timed calls of each loop in table 3
+  unroll_draft: bool = False
+
+  def shape(self) -> dict:
+    return dict(batch_size=self.batch, source_length=self.source_length)
+
+  def cache_len(self, gamma: int) -> int:
+    """Decoder slots of a loop at max_new_tokens: the autoregressive one's at gamma 0."""
+    return decode.buffer_length(self.max_new_tokens, gamma)
+
+
+def settings_from_flags() -> Settings:
+  return Settings(
+    batch=_BATCH.value, source_length=_SOURCE_LENGTH.value, max_new_tokens=_MAX_NEW.value,
+    dtype=_DTYPE.value, rounds=_ROUNDS.value, repeats=_REPEATS.value,
+    unroll_draft=_UNROLL_DRAFT.value,
+  )  # fmt: skip
+
+
 # A block drafter's shape here (`block[:NAME]`): the shipped ones' depth, and the most drafts a call.
 BLOCK_LAYERS, BLOCK_SIZE = 2, 16
 
@@ -154,24 +183,26 @@ def drafter_config(name: str, target: t5.T5Config) -> t5.T5Config:
   return config
 
 
-def call_bytes(model: t5.T5Model, *, positions: int, cache_len: int) -> float:
-  """HBM bytes one decoder call of `model` reads at --batch, --source_length
+def call_bytes(model: t5.T5Model, run: Settings, *, positions: int, cache_len: int) -> float:
+  """HBM bytes one decoder call of `model` reads at `run`'s batch and source length
   (`memory_model.call_bytes`)."""
   return memory_model.call_bytes(
-    model.config, batch=_BATCH.value, positions=positions, cache_len=cache_len,
-    source_length=_SOURCE_LENGTH.value,
+    model.config, batch=run.batch, positions=positions, cache_len=cache_len,
+    source_length=run.source_length,
   )  # fmt: skip
 
 
-def loop_seconds(target, drafter, *, gamma: int, max_new_tokens: int) -> tuple[float, float]:
+def loop_seconds(
+  target, drafter, run: Settings, *, gamma: int, max_new_tokens: int
+) -> tuple[float, float]:
   """(seconds per iteration of a greedy decode loop, tokens per iteration): `generate` (drafter
   None) or `speculative_generate`, timed whole at `max_new_tokens` and at 1 (one iteration: the
   encoder, the caches, dispatch), the difference over the iterations between."""
-  ids = jnp.full((_BATCH.value, _SOURCE_LENGTH.value), 3, jnp.int32)
+  ids = jnp.full((run.batch, run.source_length), 3, jnp.int32)
   mask = jnp.ones_like(ids)
   kw = dict(sampling=GREEDY, rng=jax.random.key(0), check_finite=False)
 
-  def run(m):
+  def call(m):
     if drafter is None:
       return decode.generate(target, ids, mask, max_new_tokens=m, **kw)
     return decode.speculative_generate(
@@ -181,19 +212,88 @@ def loop_seconds(target, drafter, *, gamma: int, max_new_tokens: int) -> tuple[f
       mask,
       gamma=gamma,
       max_new_tokens=m,
-      unroll_draft=_UNROLL_DRAFT.value,
+      unroll_draft=run.unroll_draft,
       **kw,
     )
 
   lengths = (1, max_new_tokens)
-  outs = [run(m) for m in lengths]  # compiles
-  seconds = [timing.time_call(lambda m=m: run(m).tokens, _REPEATS.value)[1] for m in lengths]
+  outs = [call(m) for m in lengths]  # compiles
+  seconds = [timing.time_call(lambda m=m: call(m).tokens, run.repeats)[1] for m in lengths]
   iterations = [int(out.stats.target_calls.max()) for out in outs]
-  steps = max(iterations[1] - iterations[0], 1)
-  return max(seconds[1] - seconds[0], 0.0) / steps, int(outs[1].lengths.max()) / iterations[1]
+  _, per_iteration = translation.loop_costs(seconds, iterations)  # NaN: one iteration either way
+  per_iteration = 0.0 if math.isnan(per_iteration) else max(per_iteration, 0.0)
+  return per_iteration, int(outs[1].lengths.max()) / iterations[1]
+
+
+def timed_tables(
+  target_config,
+  drafter_configs: dict,
+  run: Settings,
+  *,
+  gammas,
+  loop_gamma: int,
+  weights: str,
+  hbm_bandwidth: float | None = None,
+  target_name: str = '',
+) -> None:
+  """Tables 1-4 on this host's first device, timed (`timing`), printed: the library call of
+  `main` without --compile_for. `hbm_bandwidth`: GB/s of the HBM bound (default: the chip's,
+  `machines.chip_for`)."""
+  kind = jax.devices()[0].device_kind
+  bandwidth, hbm = _bandwidth(kind, hbm_bandwidth)
+  models = dict(dtype=run.dtype, weights=weights)
+  target = synthetic.model(target_config, seed=0, **models)
+  xla_cpu.check_tied_target(target_config)  # T5 v1.0 on a CPU with Eigen dots: a slow pass
+  found = {
+    name: synthetic.model(config, seed=i + 1, **models)
+    for i, (name, config) in enumerate(drafter_configs.items())
+  }
+  print(
+    f'device: {kind} ({hbm}), jax {jax.__version__}; target {target_name} '
+    f'{t5.param_count(target.params) / 1e6:.1f}M params, {run.dtype}, {weights} '
+    f'weights; batch {run.batch}, source {run.source_length}, {run.max_new_tokens} new tokens; '
+    f'timing.step_costs rounds {run.rounds}; draft scan '
+    f'{"unrolled" if run.unroll_draft else "looped"} (--unroll_draft)',
+    flush=True,
+  )
+  costs = {
+    (name, g): timing.step_costs(
+      target,
+      drafter,
+      gamma=g,
+      cache_len=run.cache_len(g),
+      rounds=run.rounds,
+      unroll_draft=run.unroll_draft,
+      **run.shape(),
+    )
+    for g in gammas
+    for name, drafter in found.items()
+  }
+  # The target's pass costs, pooled over the drafters' measurements.
+  pass_cost = {g: float(np.median([costs[n, g]['pass_cost'] for n in found])) for g in gammas}
+  step_bytes = call_bytes(target, run, positions=1, cache_len=run.cache_len(0))
+  rows = _target_rows(target, costs, pass_cost, bandwidth, run)
+  tables.print_table(
+    '1. target calls (ms; HBM bound: bytes read / bandwidth)', rows, TARGET_COLUMNS
+  )
+  tables.print_table(
+    '2. drafters (ms; c in target steps)', _drafter_rows(costs, found, step_bytes, run),
+    DRAFTER_COLUMNS,
+  )  # fmt: skip
+
+  if loop_gamma:
+    title = f'3. decode loops, greedy, gamma {loop_gamma} (ms per iteration)'
+    tables.print_table(title, _loop_rows(target, found, loop_gamma, run), LOOP_COLUMNS)
+
+  rows = _speedup_rows(costs, pass_cost, found, gammas)
+  gamma_columns = tuple(_Col(f'gamma_{g}', f'gamma {g}', '.2f', 7, suffix='x') for g in gammas)
+  columns = SPEEDUP_COLUMNS[:4] + gamma_columns + SPEEDUP_COLUMNS[4:]
+  title = '4. speedup by the formula (measured c, pass cost); paper: pass cost 1, best gamma 1..64'
+  tables.print_table(title, rows, columns)
 
 
 def main(argv):
+  """Flags in; one library call: `paper_scale_tpu.run` (--compile_for) or `timed_tables`."""
   del argv
   benchmarks.start()  # before JAX starts
   gammas = sorted({int(g) for g in _GAMMAS.value})
@@ -203,6 +303,7 @@ def main(argv):
     )
   target_config = synthetic.shape(_TARGET.value)
   drafter_configs = {name: drafter_config(name, target_config) for name in _DRAFTERS.value}
+  run = settings_from_flags()
   compile_for = benchmarks.compile_for(_COMPILE_FOR, one_chip=True)
   if compile_for and machines.get(compile_for).platform != 'tpu':
     raise app.UsageError(f"--compile_for={compile_for}: the cost model read is XLA:TPU's.")
@@ -212,89 +313,44 @@ def main(argv):
       target_config,
       drafter_configs,
       gammas=gammas,
-      max_new_tokens=_MAX_NEW.value,
-      dtype=_DTYPE.value,
-      batch=_BATCH.value,
-      source_length=_SOURCE_LENGTH.value,
+      max_new_tokens=run.max_new_tokens,
+      dtype=run.dtype,
+      batch=run.batch,
+      source_length=run.source_length,
       cache_dir=_COMPILE_CACHE.value,
     )
     return
-  kind = jax.devices()[0].device_kind
-  bandwidth, hbm = _bandwidth(kind)
-  models = dict(dtype=_DTYPE.value, weights=_WEIGHTS.value)
-  target = synthetic.model(target_config, seed=0, **models)
-  xla_cpu.check_tied_target(target_config)  # T5 v1.0 on a CPU with Eigen dots: a slow pass
-  found = {
-    name: synthetic.model(config, seed=i + 1, **models)
-    for i, (name, config) in enumerate(drafter_configs.items())
-  }
-  print(
-    f'device: {kind} ({hbm}), jax {jax.__version__}; target {_TARGET.value} '
-    f'{t5.param_count(target.params) / 1e6:.1f}M params, {_DTYPE.value}, {_WEIGHTS.value} '
-    f'weights; batch {_BATCH.value}, source {_SOURCE_LENGTH.value}, {_MAX_NEW.value} new tokens; '
-    f'timing.step_costs rounds {_ROUNDS.value}; draft scan '
-    f'{"unrolled" if _UNROLL_DRAFT.value else "looped"} (--unroll_draft)',
-    flush=True,
-  )
-  costs = {
-    (name, g): timing.step_costs(
-      target,
-      drafter,
-      gamma=g,
-      cache_len=_cache_len(g),
-      rounds=_ROUNDS.value,
-      unroll_draft=_UNROLL_DRAFT.value,
-      **_shape(),
-    )
-    for g in gammas
-    for name, drafter in found.items()
-  }
-  # The target's pass costs, pooled over the drafters' measurements.
-  pass_cost = {g: float(np.median([costs[n, g]['pass_cost'] for n in found])) for g in gammas}
-  step_bytes = call_bytes(target, positions=1, cache_len=_cache_len(0))
-  rows = _target_rows(target, costs, pass_cost, bandwidth)
-  tables.print_table(
-    '1. target calls (ms; HBM bound: bytes read / bandwidth)', rows, TARGET_COLUMNS
-  )
-  tables.print_table(
-    '2. drafters (ms; c in target steps)', _drafter_rows(costs, found, step_bytes), DRAFTER_COLUMNS
-  )
-
-  if _LOOP_GAMMA.value:
-    title = f'3. decode loops, greedy, gamma {_LOOP_GAMMA.value} (ms per iteration)'
-    tables.print_table(title, _loop_rows(target, found, _LOOP_GAMMA.value), LOOP_COLUMNS)
-
-  rows = _speedup_rows(costs, pass_cost, found, gammas)
-  gamma_columns = tuple(_Col(f'gamma_{g}', f'gamma {g}', '.2f', 7, suffix='x') for g in gammas)
-  columns = SPEEDUP_COLUMNS[:4] + gamma_columns + SPEEDUP_COLUMNS[4:]
-  title = '4. speedup by the formula (measured c, pass cost); paper: pass cost 1, best gamma 1..64'
-  tables.print_table(title, rows, columns)
+  timed_tables(
+    target_config, drafter_configs, run, gammas=gammas, loop_gamma=_LOOP_GAMMA.value,
+    weights=_WEIGHTS.value, hbm_bandwidth=_HBM.value, target_name=_TARGET.value,
+  )  # fmt: skip
 
 
-def _bandwidth(device_kind: str) -> tuple[float | None, str]:
-  """(HBM bytes/s or None, what the header says of it): --hbm_bandwidth, else the chip's."""
+def _bandwidth(device_kind: str, gb_per_s: float | None) -> tuple[float | None, str]:
+  """(HBM bytes/s or None, what the header says of it): `gb_per_s` (--hbm_bandwidth), else the
+  chip's."""
   chip = machines.chip_for(device_kind)
-  if _HBM.value:
-    return _HBM.value * 1e9, f'HBM {_HBM.value:g} GB/s (--hbm_bandwidth)'
+  if gb_per_s:
+    return gb_per_s * 1e9, f'HBM {gb_per_s:g} GB/s (--hbm_bandwidth)'
   if chip:
     return chip.hbm_bandwidth, f'HBM {chip.hbm_bandwidth / 1e9:.0f} GB/s ({chip.name})'
   return None, 'HBM bandwidth unknown: --hbm_bandwidth'
 
 
-def _target_rows(target, costs: dict, pass_cost: dict, bandwidth) -> list[dict]:
+def _target_rows(target, costs: dict, pass_cost: dict, bandwidth, run: Settings) -> list[dict]:
   """Table 1: the target's step and each gamma's pass (their seconds pooled over the drafters'
   measurements), against the HBM bound."""
   step = float(np.median([c['target_step'] for c in costs.values()]))
-  step_bytes = call_bytes(target, positions=1, cache_len=_cache_len(0))
+  step_bytes = call_bytes(target, run, positions=1, cache_len=run.cache_len(0))
   rows = [_bound_row('step', 1, step, 1.0, step_bytes, bandwidth)]
   for g in pass_cost:
     passes = float(np.median([c['target_pass'] for (_, gamma), c in costs.items() if gamma == g]))
-    pass_bytes = call_bytes(target, positions=g + 1, cache_len=_cache_len(g))
+    pass_bytes = call_bytes(target, run, positions=g + 1, cache_len=run.cache_len(g))
     rows.append(_bound_row(f'pass-{g + 1}', g + 1, passes, pass_cost[g], pass_bytes, bandwidth))
   return rows
 
 
-def _drafter_rows(costs: dict, found: dict, step_bytes: float) -> list[dict]:
+def _drafter_rows(costs: dict, found: dict, step_bytes: float, run: Settings) -> list[dict]:
   """Table 2: each drafter's costs at each gamma, and c at the HBM bound (its bytes over the
   target step's)."""
   return [
@@ -306,37 +362,28 @@ def _drafter_rows(costs: dict, found: dict, step_bytes: float) -> list[dict]:
       c_alone=c['c_alone'],
       c=c['c'],
       c_fixed=c['c_fixed'],
-      c_bound=call_bytes(found[name], positions=1, cache_len=_cache_len(g)) / step_bytes,
+      c_bound=call_bytes(found[name], run, positions=1, cache_len=run.cache_len(g)) / step_bytes,
       iteration=c['iteration'] * 1e3,
     )
     for (name, g), c in costs.items()
   ]
 
 
-def _shape() -> dict:
-  return dict(batch_size=_BATCH.value, source_length=_SOURCE_LENGTH.value)
-
-
-def _cache_len(gamma: int) -> int:
-  """Decoder slots of a loop at --max_new_tokens: the autoregressive one's at gamma 0."""
-  return decode.buffer_length(_MAX_NEW.value, gamma)
-
-
-def _loop_rows(target, found: dict, gamma: int) -> list[dict]:
+def _loop_rows(target, found: dict, gamma: int, run: Settings) -> list[dict]:
   """Table 3: each loop's seconds per iteration against its model calls."""
-  kw = dict(gamma=gamma, max_new_tokens=_MAX_NEW.value)
-  seconds, tokens = loop_seconds(target, None, **kw)
-  calls = timing.step_seconds(target, cache_len=_cache_len(0), **_shape())
+  kw = dict(gamma=gamma, max_new_tokens=run.max_new_tokens)
+  seconds, tokens = loop_seconds(target, None, run, **kw)
+  calls = timing.step_seconds(target, cache_len=run.cache_len(0), **run.shape())
   rows = [_loop_row('autoregressive', seconds, calls, tokens)]
   for name, drafter in found.items():
-    seconds, tokens = loop_seconds(target, drafter, **kw)
+    seconds, tokens = loop_seconds(target, drafter, run, **kw)
     calls = timing.iteration_seconds(
       target,
       drafter,
       gamma=gamma,
-      cache_len=_cache_len(gamma),
-      unroll_draft=_UNROLL_DRAFT.value,
-      **_shape(),
+      cache_len=run.cache_len(gamma),
+      unroll_draft=run.unroll_draft,
+      **run.shape(),
     )
     rows.append(_loop_row(name, seconds, calls, tokens))
   return rows

@@ -20,25 +20,10 @@ import ml_collections
 import numpy as np
 from matplotlib import figure
 
+from experiments import skeleton
 from experiments.configs import common
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.measure import evaluation, results_io, tables, translation
-
-COLUMNS = (
-  'task',
-  'drafter',
-  'sampling',
-  'temp',
-  'top_k',
-  'top_p',
-  'gamma',
-  'alpha',
-  'block_efficiency',
-  'positions',
-  'tokens',
-  'paper_drafter',
-  'paper_alpha',
-)
+from specdec_jax.measure import evaluation, tables, translation
 
 # Leviathan, Kalman, Matias, "Fast Inference from Transformers via Speculative Decoding"
 # (arXiv:2211.17192 v2, ICML 2023), Table 3: empirical alpha with target T5-XXL (11B), as
@@ -175,13 +160,19 @@ def rows(tasks: list[Task], samplings: dict, config):
         )
 
 
+# The table's one column spec: alpha_table.csv / .json hold every column, the lines the printed.
 TABLE = (
   tables.Column('task', width=7, align='<'),
   tables.Column('drafter', width=10, align='<'),
   tables.Column('sampling', width=9, align='<'),
+  tables.Column('temp', printed=False),
+  tables.Column('top_k', printed=False),
+  tables.Column('top_p', printed=False),
+  tables.Column('gamma', printed=False),
   tables.Column('alpha', fmt='.3f', width=6),
   tables.Column('block_efficiency', 'tok/call', '.2f', 8),
   tables.Column('positions', fmt='d', width=9),
+  tables.Column('tokens', printed=False),
   tables.Column('paper_drafter', 'paper (Table 3)', width=16, align='<'),
   tables.Column('paper_alpha', 'alpha', '.2f', 5),
 )
@@ -240,29 +231,33 @@ def _max_drafters(table) -> int:
 
 def run(config, workdir: str, *, echo=print) -> dict[str, str]:
   """Measures every row of `config`, writing each as it finishes; returns the output paths."""
-  writer = results_io.ResultsWriter(workdir, name='alpha_table', columns=COLUMNS)
   tasks, samplings = prepare(config)
-  for task in tasks:
-    plan = task.plan
-    echo(
-      f'{task.name}: {len(plan.sources)} test sentences of {plan.pair.directory}, batch '
-      f'{config.batch_size}; drafters {list(plan.drafters)} x samplings {list(samplings)}; '
-      f'{config.verifier} verification, gamma {config.gamma}'
-    )
-  echo(tables.format_header(TABLE))
-  try:
-    for row in rows(tasks, samplings, config):
-      writer.add(row)
-      echo(tables.format_line(row, TABLE))
-  finally:
-    paths = dict(writer.paths)
-    if writer.rows:
+  header = [
+    f'{task.name}: {len(task.plan.sources)} test sentences of {task.plan.pair.directory}, batch '
+    f'{config.batch_size}; drafters {list(task.plan.drafters)} x samplings {list(samplings)}; '
+    f'{config.verifier} verification, gamma {config.gamma}'
+    for task in tasks
+  ]
+
+  def finish(results):
+    table = results.rows['alpha_table']
+    paths = results.paths('alpha_table')
+    if table:
       paths['png'] = os.path.join(workdir, 'alpha_table.png')
-      plot(writer.rows, paths['png'])
+      plot(table, paths['png'])
     for task in tasks:
-      echo(format_paper(task.name))
-    echo(f'{len(writer.rows)} rows in ' + ', '.join(paths.values()))
-  return paths
+      results.say(format_paper(task.name))
+    results.say(f'{len(table)} rows in ' + ', '.join(paths.values()))
+    return paths
+
+  return skeleton.run(
+    workdir,
+    [skeleton.Table('alpha_table', TABLE)],
+    header=header,
+    measure=lambda results: (('alpha_table', row) for row in rows(tasks, samplings, config)),
+    finish=finish,
+    echo=echo,
+  )
 
 
 if __name__ == '__main__':

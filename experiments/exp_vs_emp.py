@@ -24,45 +24,10 @@ import statistics
 import numpy as np
 from matplotlib import figure
 
+from experiments import skeleton
 from experiments.configs import common
 from specdec_jax import analysis
-from specdec_jax.measure import evaluation, results_io, tables, translation
-
-COLUMNS = (
-  'task',
-  'drafter',
-  'method',
-  'temp',
-  'gamma',
-  'alpha',
-  'block_efficiency',
-  'expected_tokens',
-  'c',
-  'c_fixed',
-  'pass_cost',
-  'predicted_paper',
-  'predicted_measured',
-  'speedup',
-  'seconds',
-  'tokens_per_s',
-)
-OPTIMAL_COLUMNS = (
-  'task',
-  'drafter',
-  'method',
-  'temp',
-  'alpha',
-  'c',
-  'formula_gamma',
-  'formula_gamma_unbounded',
-  'formula_speedup',
-  'pass_cost_gamma',
-  'pass_cost_speedup',
-  'measured_gamma',
-  'measured_speedup',
-  'speedup_at_formula_gamma',
-  'speedup_at_pass_cost_gamma',
-)
+from specdec_jax.measure import evaluation, tables, translation
 
 # Leviathan et al. (arXiv:2211.17192 v2), Table 4, EnDe rows (target T5-XXL, TPU-v4, batch 1):
 # (drafter, temperature, gamma, alpha, c, Exp, Emp). Their c comes from profiler traces.
@@ -77,8 +42,9 @@ PAPER_TABLE4_ENDE = (
 
 
 def point(row: evaluation.Row) -> dict:
-  """A row of `evaluation.rows` (its COLUMNS) with the paper's prediction and E[tokens] added."""
-  out = {k: getattr(row, k, None) for k in COLUMNS}
+  """A row of `evaluation.rows` (POINT_TABLE's columns) with the paper's prediction and
+  E[tokens] added."""
+  out = {c.name: getattr(row, c.name, None) for c in POINT_TABLE}
   out['predicted_measured'] = row.predicted_speedup
   if row.method == translation.AUTOREGRESSIVE:
     return out
@@ -127,8 +93,11 @@ def optimal_gammas(points: list[dict]) -> list[dict]:
   return table
 
 
+# Each table's one column spec: its files hold every column, its lines the printed ones.
 POINT_TABLE = (
+  tables.Column('task', printed=False),
   tables.Column('drafter', width=10, align='<'),
+  tables.Column('method', printed=False),
   tables.Column('temp', fmt='g', width=4),
   tables.Column('gamma', fmt='d', width=5),
   tables.Column('alpha', fmt='.3f', width=6),
@@ -140,17 +109,23 @@ POINT_TABLE = (
   tables.Column('predicted_paper', 'EXP', '.2f', 6, suffix='x'),
   tables.Column('predicted_measured', 'EXP(pass)', '.2f', 9, suffix='x'),
   tables.Column('speedup', 'EMP', '.2f', 6, suffix='x'),
+  tables.Column('seconds', printed=False),
+  tables.Column('tokens_per_s', printed=False),
 )
 # Each gamma a formula picks (EXP: with c; EXP(pass): with the measured pass cost), the fastest
 # measured (EMP), each followed by the speedup measured at it.
 OPTIMAL_TABLE = (
+  tables.Column('task', printed=False),
   tables.Column('drafter', width=10, align='<'),
+  tables.Column('method', printed=False),
   tables.Column('temp', fmt='g', width=4),
   tables.Column('alpha', fmt='.3f', width=6),
   tables.Column('c', fmt='.3f', width=6),
   tables.Column('formula_gamma', 'EXP', 'd', 4),
+  tables.Column('formula_speedup', printed=False),
   tables.Column('speedup_at_formula_gamma', 'at EXP', '.2f', 6, suffix='x'),
   tables.Column('pass_cost_gamma', 'EXP(pass)', 'd', 9),
+  tables.Column('pass_cost_speedup', printed=False),
   tables.Column('speedup_at_pass_cost_gamma', 'at EXP(pass)', '.2f', suffix='x'),
   tables.Column('measured_gamma', 'EMP', 'd', 4),
   tables.Column('measured_speedup', 'at EMP', '.2f', 6, suffix='x'),
@@ -245,29 +220,34 @@ def plot(points: list[dict], path: str) -> None:
 
 def run(config, workdir: str, *, echo=print, progress: bool = True) -> dict[str, str]:
   """Measures every point of `config`, writing each as it finishes; returns the output paths."""
-  writer = results_io.ResultsWriter(workdir, name='exp_vs_emp', columns=COLUMNS)
-  optimal_writer = results_io.ResultsWriter(workdir, name='optimal_gamma', columns=OPTIMAL_COLUMNS)
   plan = evaluation.prepare(config)
-  echo(plan.summary())
-  echo(tables.format_header(POINT_TABLE))
-  try:
-    for row in evaluation.rows(plan, progress=progress):
-      p = point(row)
-      writer.add(p)
-      echo(tables.format_line(p, POINT_TABLE))
-  finally:
-    paths = dict(writer.paths)
-    if any(p['method'] != 'autoregressive' for p in writer.rows):
-      table = optimal_gammas(writer.rows)
+
+  def finish(results):
+    points = results.rows['points']
+    paths = results.paths('points')
+    if any(p['method'] != 'autoregressive' for p in points):
+      table = optimal_gammas(points)
       for r in table:
-        optimal_writer.add(r)
-      paths.update({f'optimal_{k}': v for k, v in optimal_writer.paths.items()})
+        results.add('optimal', r)
+      paths.update(results.paths('optimal', 'optimal_'))
       paths['png'] = os.path.join(workdir, 'exp_vs_emp.png')
-      plot(writer.rows, paths['png'])
-      echo(format_optimal(table))
-    echo(format_paper())
-    echo(f'{len(writer.rows)} rows in ' + ', '.join(paths.values()))
-  return paths
+      plot(points, paths['png'])
+      results.say(format_optimal(table))
+    results.say(format_paper())
+    results.say(f'{len(points)} rows in ' + ', '.join(paths.values()))
+    return paths
+
+  return skeleton.run(
+    workdir,
+    [
+      skeleton.Table('points', POINT_TABLE, file='exp_vs_emp'),
+      skeleton.Table('optimal', OPTIMAL_TABLE, file='optimal_gamma', printed=False),
+    ],
+    header=plan.summary(),
+    measure=lambda _: (('points', point(row)) for row in evaluation.rows(plan, progress=progress)),
+    finish=finish,
+    echo=echo,
+  )
 
 
 if __name__ == '__main__':

@@ -32,6 +32,7 @@ Writes ops_memory.csv / .json (a row per point, printed as it finishes), call_co
 (the per-call costs) and ops_memory.png to --workdir (default: config.workdir).
 """
 
+import functools
 import itertools
 import os
 
@@ -39,42 +40,23 @@ import jax
 import jax.numpy as jnp
 from matplotlib import figure
 
+from experiments import skeleton
 from experiments.configs import common
 from specdec_jax import analysis, decode, step_models
-from specdec_jax.measure import evaluation, results_io, tables, translation
+from specdec_jax.measure import evaluation, tables, translation
 
-COLUMNS = (
-  'task',
-  'drafter',
-  'method',
-  'temp',
-  'gamma',
-  'alpha',
-  'tokens_per_call',
-  'expected_tokens',
-  'c_hat',
-  'pass_flops_ratio',
-  'pass_bytes_ratio',
-  'ops_increase',
-  'ops_increase_formula',
-  'reads_reduction',
-  'reads_reduction_weights_kv',
-  'reads_reduction_formula',
-  'total_reads_reduction',
-  'flops_per_token',
-  'bytes_per_token',
-  'target_calls',
-  'drafter_calls',
-  'tokens',
-)
-COST_COLUMNS = (
-  'model',
-  'positions',
-  'cache_len',
-  'flops',
-  'bytes_accessed',
-  'weight_bytes',
-  'cache_bytes',
+# call_costs.csv / .json's columns (each cost is printed as a sentence: `format_cost`).
+COST_TABLE = tuple(
+  tables.Column(name)
+  for name in (
+    'model',
+    'positions',
+    'cache_len',
+    'flops',
+    'bytes_accessed',
+    'weight_bytes',
+    'cache_bytes',
+  )
 )
 
 
@@ -257,13 +239,19 @@ def _speculative_costs(r, gamma: int, iteration: dict, base: dict) -> dict:
   )
 
 
+# The table's one column spec: ops_memory.csv / .json hold every column, its lines the printed.
 TABLE = (
+  tables.Column('task', printed=False),
   tables.Column('drafter', width=10, align='<'),
+  tables.Column('method', printed=False),
   tables.Column('temp', fmt='g', width=4),
   tables.Column('gamma', fmt='d', width=5),
   tables.Column('alpha', fmt='.3f', width=6),
   tables.Column('tokens_per_call', 'tok/call', '.2f', 8),
+  tables.Column('expected_tokens', printed=False),
   tables.Column('c_hat', fmt='.3f', width=6),
+  tables.Column('pass_flops_ratio', printed=False),
+  tables.Column('pass_bytes_ratio', printed=False),
   tables.Column('ops_increase', 'ops x', '.2f', 6),
   tables.Column('ops_increase_formula', 'formula', '.2f', 7),
   tables.Column('reads_reduction', 'reads /', '.2f', 7),
@@ -272,6 +260,9 @@ TABLE = (
   tables.Column('total_reads_reduction', 'all /', '.2f', 6),
   tables.Column('flops_per_token', 'MFLOP/tok', '.2f', 9, scale=1e-6),
   tables.Column('bytes_per_token', 'MB/tok', '.2f', 7, scale=1e-6),
+  tables.Column('target_calls', printed=False),
+  tables.Column('drafter_calls', printed=False),
+  tables.Column('tokens', printed=False),
 )
 
 
@@ -338,34 +329,40 @@ def plot(table: list[dict], path: str) -> None:
 
 def run(config, workdir: str, *, echo=print) -> dict[str, str]:
   """Measures every point of `config`, writing each as it finishes; returns the output paths."""
-  writer = results_io.ResultsWriter(workdir, name='ops_memory', columns=COLUMNS)
-  cost_writer = results_io.ResultsWriter(workdir, name='call_costs', columns=COST_COLUMNS)
   plan = evaluation.prepare(config)
   c = config
-  echo(
+  header = (
     f'{len(plan.sources)} test sentences of {plan.pair.directory}, batch {c.batch_size} (counts '
     f'per row); drafters {list(plan.drafters)} x gammas {tuple(c.gammas)} x temperatures '
     f'{tuple(c.temperatures)}, verifiers {tuple(c.verifiers)}; per-call costs: XLA cost analysis, '
     'batch 1'
   )
 
-  def on_cost(cost):
-    cost_writer.add(cost)
-    echo(format_cost(cost))
-
-  echo(tables.format_header(TABLE))
-  try:
+  def measure_rows(results):
+    on_cost = functools.partial(results.add, 'call_costs')
     for row in measure(plan, on_cost=on_cost):
-      row = {k: row.get(k) for k in COLUMNS}
-      writer.add(row)
-      echo(tables.format_line(row, TABLE))
-  finally:
-    paths = {**writer.paths, **{f'costs_{k}': v for k, v in cost_writer.paths.items()}}
-    if any(r['method'] != 'autoregressive' for r in writer.rows):
+      yield 'ops_memory', {col.name: row.get(col.name) for col in TABLE}
+
+  def finish(results):
+    table = results.rows['ops_memory']
+    paths = {**results.paths('ops_memory'), **results.paths('call_costs', 'costs_')}
+    if any(r['method'] != 'autoregressive' for r in table):
       paths['png'] = os.path.join(workdir, 'ops_memory.png')
-      plot(writer.rows, paths['png'])
-    echo(f'{len(writer.rows)} rows in ' + ', '.join(paths.values()))
-  return paths
+      plot(table, paths['png'])
+    results.say(f'{len(table)} rows in ' + ', '.join(paths.values()))
+    return paths
+
+  return skeleton.run(
+    workdir,
+    [
+      skeleton.Table('ops_memory', TABLE),
+      skeleton.Table('call_costs', COST_TABLE, line=format_cost),
+    ],
+    header=header,
+    measure=measure_rows,
+    finish=finish,
+    echo=echo,
+  )
 
 
 if __name__ == '__main__':

@@ -12,37 +12,40 @@ Ctrl-C keeps every finished row; speedup.png at the end. Third-party INFO logs o
 --verbosity=0.
 """
 
+import os
+
 from tqdm.auto import tqdm
 
+from experiments import skeleton
 from experiments.configs import common
-from specdec_jax import sharding
-from specdec_jax.measure import evaluation, results_io, tables
+from specdec_jax.measure import evaluation, results_io, translation
 
 
 def run(config, workdir: str) -> list[evaluation.Row]:
-  """Every row of `config`, printed and written to `workdir` as it finishes.
-
-  On several processes (a multi-host slice) every process decodes its share and process 0 alone
-  prints and writes. Rows go through `tqdm.write`, so they never interleave with the bar.
-  """
-  main = sharding.is_main_process()
-  writer = results_io.ResultsWriter(workdir) if main else None
+  """Every row of `config`, printed and written to `workdir` as it finishes; speedup.png at the
+  end (`experiments.skeleton`: process 0 alone prints and writes on several processes). Rows go
+  through `tqdm.write`, so they never interleave with the progress bars."""
   plan = evaluation.prepare(config)
-  say = tqdm.write if main else (lambda text: None)
-  say(plan.summary())
-  say(tables.format_header(evaluation.TABLE))
-  rows = []
-  try:
+  measured = []
+
+  def measure(results):
     for row in evaluation.rows(plan):
-      rows.append(row)
-      if writer:
-        writer.add(row)
-      say(tables.format_line(row, evaluation.TABLE))
-  finally:
-    if writer:
-      paths = writer.finish()
-      say(f'{len(writer.rows)} rows in ' + ', '.join(paths.values()))
-  return rows
+      measured.append(row)
+      yield 'results', row
+
+  def finish(results):
+    writer = results.writers['results']
+    paths = dict(writer.paths, png=os.path.join(workdir, 'speedup.png'))
+    if any(r['method'] != translation.AUTOREGRESSIVE for r in writer.rows):
+      results_io.plot_speedup(writer.rows, paths['png'])
+    results.say(f'{len(writer.rows)} rows in ' + ', '.join(paths.values()))
+    return paths
+
+  table = skeleton.Table('results', evaluation.TABLE, fields=evaluation.COLUMNS)
+  skeleton.run(
+    workdir, [table], header=plan.summary(), measure=measure, finish=finish, echo=tqdm.write
+  )
+  return measured
 
 
 if __name__ == '__main__':

@@ -45,11 +45,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from experiments import skeleton
 from experiments import verification_report as report
 from experiments.configs import common
 from specdec_jax import decode, verifiers, verify_greedy
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.measure import evaluation, results_io, translation
+from specdec_jax.measure import evaluation, tables, translation
 
 PARTS = ('toy', 'sweep', 'ccdf')
 RUN_COLUMNS = (
@@ -98,7 +99,11 @@ CCDF_COLUMNS = (
   'samples',
   'estimate',
 )
-TABLES = {'runs': RUN_COLUMNS, 'summary': SUMMARY_COLUMNS, 'ccdf': CCDF_COLUMNS}
+# Each table's one column spec (its lines are `verification_report.format_rows`' sentences).
+TABLES = {
+  name: tuple(tables.Column(column) for column in columns)
+  for name, columns in (('runs', RUN_COLUMNS), ('summary', SUMMARY_COLUMNS), ('ccdf', CCDF_COLUMNS))
+}
 _SEED_STRIDE = 1 << 20  # seed s uses PRNG keys s * stride + 0 .. number of batches
 
 # Sun et al. §3: vocabulary {A, B}, both models context-free, gamma 2; token verification accepts
@@ -545,13 +550,10 @@ def run(config, workdir: str, *, progress: bool = True, echo=print) -> dict[str,
   from tqdm.auto import tqdm  # imported here: only a progress bar needs it
 
   plan = prepare(config)  # fails here, before anything is decoded or written
-  writers = {
-    name: results_io.ResultsWriter(workdir, name=name, columns=columns)
-    for name, columns in TABLES.items()
-  }
+  header = None
   if plan is not None:
     c = config
-    echo(
+    header = (
       f'{len(plan.sources)} test sentences of {plan.pair.directory} ({plan.truncated} truncated '
       f'to {c.max_source_length} tokens), drafters {list(plan.drafters)}, verifiers '
       f'{tuple(c.verifiers)}, gammas {tuple(c.gammas)}, temperatures {tuple(c.temperatures)}, '
@@ -565,15 +567,21 @@ def run(config, workdir: str, *, progress: bool = True, echo=print) -> dict[str,
     mininterval=2.0,
   )
   say = tqdm.write if progress else echo
-  try:
-    for table, table_rows in rows(config, plan, on_batch=bar.update):
-      for row in table_rows:
-        writers[table].add(row)
-      say(report.format_rows(table, table_rows))
-  finally:
-    bar.close()
-    paths = {f'{name}.{kind}': p for name, w in writers.items() for kind, p in w.paths.items()}
-    summary, ccdf = writers['summary'].rows, writers['ccdf'].rows
+
+  def measure(results):
+    try:
+      for table, table_rows in rows(config, plan, on_batch=bar.update):
+        for row in table_rows:
+          results.add(table, row)
+        results.say(report.format_rows(table, table_rows))
+    finally:
+      bar.close()
+
+  def finish(results):
+    paths = {}
+    for name in TABLES:
+      paths.update(results.paths(name, f'{name}.'))
+    summary, ccdf = results.rows['summary'], results.rows['ccdf']
     figures = {
       'improvement.png': lambda p: report.plot_improvement(summary, p),
       'ccdf.png': lambda p: report.plot_ccdf(ccdf, p),
@@ -586,12 +594,21 @@ def run(config, workdir: str, *, progress: bool = True, echo=print) -> dict[str,
       if draw(path):
         paths[name] = path
     if summary:
-      tables = report.format_tables(summary)
+      text = report.format_tables(summary)
       paths['table.md'] = os.path.join(workdir, 'table.md')
       with open(paths['table.md'], 'w') as f:
-        f.write(tables + '\n')
-      echo(tables)
-  return paths
+        f.write(text + '\n')
+      echo(text)
+    return paths
+
+  return skeleton.run(
+    workdir,
+    [skeleton.Table(name, columns, printed=False) for name, columns in TABLES.items()],
+    header=header,
+    measure=measure,
+    finish=finish,
+    echo=say,
+  )
 
 
 if __name__ == '__main__':

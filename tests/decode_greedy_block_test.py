@@ -137,8 +137,10 @@ def test_toy_falls_behind_block_verification_after_three_iterations():
 )
 def test_greedy_equals_generate(gamma):
   """At temperature 0 greedy block verification keeps the longest prefix of drafts equal to the
-  target's argmax (docs/method.md section 11): the loop's fast path (normalized to 'token') and its
-  general path on one-hot vectors both give greedy `generate`'s tokens."""
+  target's argmax (docs/method.md section 11). At T=0 `LoopSpec` runs every verifier as 'token'
+  (the loop's greedy fast path), so `speculative_generate(verifier='greedy_block')` there is token
+  verification, checked as such; greedy block verification's own kernel runs on one-hot vectors
+  (T=1, top_k=1: the same argmax, not renamed) and must give greedy `generate`'s tokens."""
   target = fakes.random_markov(seed=11, vocab_size=16, positions=40, eos_id=1)
   drafter = fakes.random_markov(seed=12, vocab_size=16, positions=40, eos_id=1)
   ids, mask = _source(vocab=4)
@@ -148,8 +150,9 @@ def test_greedy_equals_generate(gamma):
     max_new_tokens=30, rng=None,
   )  # fmt: skip
   np.testing.assert_array_equal(out.tokens, ref.tokens)
+  assert decode.LoopSpec(GREEDY, 30, gamma, 'greedy_block').verifier == 'token'  # the fast path
   spec = decode.LoopSpec(ONE_HOT, 30, gamma, 'greedy_block')
-  assert spec.verifier == 'greedy_block'
+  assert spec.verifier == 'greedy_block'  # the kernel under test: not renamed at T=1, top_k=1
   general = decode.speculative_loop(
     target.steps, target.params, drafter.steps, drafter.params, ids, mask, jax.random.key(0),
     spec=spec,
@@ -189,14 +192,22 @@ def test_unsupported_options_are_one_clear_error(tiny_pair):
 
 def test_lowers_through_lower_speculative():
   """The program `speculative_generate` runs, lowered from abstract inputs (as a compile-only
-  check of any backend does it), with the draft scan unrolled too; a while loop carries the
-  levels (f32[B, G - 1])."""
+  check of any backend does it), with the draft scan unrolled too; the decode loop's while
+  carries the levels (f32[B, G - 1]), which the block verifier's loop does not carry (a
+  tensor<2x2xf32> alone is no evidence: the block verifier's program has one too)."""
   target, drafter = map(_fake, _pair(1, 3))
   ids = jax.ShapeDtypeStruct((2, 1), jnp.int32)
-  for unroll in (False, True):
-    lowered = decode.lower_speculative(
-      target, drafter, ids, ids, gamma=3, verifier='greedy_block', sampling=T1, max_new_tokens=8,
+
+  def carried(verifier, unroll):
+    text = decode.lower_speculative(
+      target, drafter, ids, ids, gamma=3, verifier=verifier, sampling=T1, max_new_tokens=8,
       unroll_draft=unroll,
-    )  # fmt: skip
-    assert 'tensor<2x2xf32>' in lowered.as_text()
+    ).as_text()  # fmt: skip
+    # Each while's carried types: what follows ') : ' on its line.
+    loops = [line.rsplit(') : ', 1)[-1] for line in text.splitlines() if 'stablehlo.while(' in line]
+    return [types.count('tensor<2x2xf32>') for types in loops]
+
+  for unroll in (False, True):
+    with_levels, without = carried('greedy_block', unroll), carried('block', unroll)
+    assert max(with_levels) > max(without, default=0), (unroll, with_levels, without)
   assert verify_greedy.empty_levels(2, 3).shape == (2, 2)

@@ -1,4 +1,4 @@
-"""experiments/greedy_block.py (Table 4 of Sun et al.): its config and checks, the table's layout,
+"""experiments/greedy_block.py (the check of Sun et al.'s Appendix C statement): its config and checks, the table's layout,
 the runlocal variant end to end on the shipped 48M pair (slow); and the verification experiment's
 toy part for greedy block verification (its first iteration's law from the kernel)."""
 

@@ -43,7 +43,7 @@ def test_alpha_table_runlocal(tmp_path):
   config = alpha_table_config.get_config('runlocal')
   printed = []
   paths = alpha_table.run(config, str(tmp_path), echo=printed.append)
-  rows = _read(paths, 'main', alpha_table.COLUMNS)
+  rows = _read(paths, 'main', [c.name for c in alpha_table.TABLE])
   assert _is_png(paths['png'])
   assert [(r['drafter'], r['sampling']) for r in rows] == [
     (d, s) for d in config.drafters for s in config.samplings
@@ -106,8 +106,8 @@ def test_our_formula_reproduces_the_papers_table4_exp():
 def test_exp_vs_emp_runlocal(tmp_path):
   config = exp_vs_emp_config.get_config('runlocal')
   paths = exp_vs_emp.run(config, str(tmp_path), echo=lambda s: None, progress=False)
-  points = _read(paths, 'main', exp_vs_emp.COLUMNS)
-  optimal = _read(paths, 'optimal', exp_vs_emp.OPTIMAL_COLUMNS)
+  points = _read(paths, 'main', [c.name for c in exp_vs_emp.POINT_TABLE])
+  optimal = _read(paths, 'optimal', [c.name for c in exp_vs_emp.OPTIMAL_TABLE])
   assert _is_png(paths['png'])
   spec = [p for p in points if p['method'] != 'autoregressive']
   assert len(spec) == len(config.drafters) * len(config.gammas) * len(config.temperatures)
@@ -151,8 +151,8 @@ def test_exp_vs_emp_ende48m_variant_names_the_pairs_drafters():
 def test_ops_memory_runlocal(tmp_path):
   config = ops_memory_config.get_config('runlocal')
   paths = ops_memory.run(config, str(tmp_path), echo=lambda s: None)
-  rows = _read(paths, 'main', ops_memory.COLUMNS)
-  costs = _read(paths, 'costs', ops_memory.COST_COLUMNS)
+  rows = _read(paths, 'main', [c.name for c in ops_memory.TABLE])
+  costs = _read(paths, 'costs', [c.name for c in ops_memory.COST_TABLE])
   assert _is_png(paths['png'])
   (gamma,) = config.gammas
   assert {(c['model'], c['positions']) for c in costs} == {

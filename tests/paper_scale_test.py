@@ -147,10 +147,12 @@ def test_unroll_draft_reaches_the_timers_and_the_loop(monkeypatch):
     with pytest.raises(_Stop):
       paper_scale.main(['paper_scale'])
     target = synthetic.model(_SMOKE, dtype='float32', weights='constant')
+    run = paper_scale.settings_from_flags()  # what main passes its helpers: no flag read later
+    assert run.unroll_draft and run.source_length == _SOURCE
     with pytest.raises(_Stop):
-      paper_scale.loop_seconds(target, target, gamma=_GAMMA, max_new_tokens=4)
+      paper_scale.loop_seconds(target, target, run, gamma=_GAMMA, max_new_tokens=4)
     monkeypatch.setattr(paper_scale, 'loop_seconds', lambda *args, **kwargs: (1.0, 1.0))
-    paper_scale._loop_rows(target, {'drafter': target}, _GAMMA)
+    paper_scale._loop_rows(target, {'drafter': target}, _GAMMA, run)
   assert out.getvalue().splitlines()[0].endswith('draft scan unrolled (--unroll_draft)')
   unrolled = dict(step_costs=True, speculative_generate=True, iteration_seconds=True)
   assert asked == dict(unrolled, step_seconds=None)  # the autoregressive step drafts nothing

@@ -5,6 +5,7 @@ Monte Carlo with the jitted verifiers, and the config."""
 import csv
 import dataclasses
 import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -39,6 +40,17 @@ def _csv(path):
     return reader.fieldnames, list(reader)
 
 
+def _not_strict(constant: str):
+  raise ValueError(f'{constant} in a results file: strict JSON writes null.')
+
+
+def test_not_strict_catches_what_json_loads_lets_through():
+  # Negative control for the check below: Python reads NaN by default.
+  assert math.isnan(json.loads('[NaN]')[0])
+  with pytest.raises(ValueError, match='NaN in a results file'):
+    json.loads('[NaN]', parse_constant=_not_strict)
+
+
 @pytest.mark.slow  # ~35 CPU-s
 @helpers.needs_pair('ende')
 def test_runlocal_end_to_end(tmp_path):
@@ -52,12 +64,17 @@ def test_runlocal_end_to_end(tmp_path):
   assert '| drafter | B | temp | gamma |' in (tmp_path / 'table.md').read_text()
   for name, columns in verification.TABLES.items():
     header, rows = _csv(tmp_path / f'{name}.csv')
-    assert tuple(header) == columns
-    assert json.loads((tmp_path / f'{name}.json').read_text()) is not None  # strict JSON
+    assert tuple(header) == tuple(c.name for c in columns)
+    # Strict JSON: json.loads takes NaN and Infinity unless told not to.
+    strict = json.loads((tmp_path / f'{name}.json').read_text(), parse_constant=_not_strict)
+    assert len(strict) == len(rows) > 0, name
     assert paths[f'{name}.csv'] == str(tmp_path / f'{name}.csv')
-  assert {'block_efficiency', 'speedup', 'tokens_per_s', 'seed'} <= set(verification.RUN_COLUMNS)
 
   runs = json.loads((tmp_path / 'runs.json').read_text())
+  # Every run holds what the summary is made of, as written (not the column list against itself).
+  header, _ = _csv(tmp_path / 'runs.csv')
+  assert {'block_efficiency', 'speedup', 'tokens_per_s', 'seed'} <= set(header)
+  assert all(r['seed'] in config.seeds and r['tokens'] > 0 for r in runs)
   seeds, gamma = config.seeds, config.gammas[0]
   assert len(runs) == len(seeds) * (1 + len(config.verifiers))  # autoregressive + each verifier
   for r in runs:

@@ -1,5 +1,6 @@
-r"""Table 4 of Sun et al. (Appendix C): token, block and greedy block verification on both shipped
-48M pairs (experiments/greedy_block.py).
+r"""The check of Sun et al.'s Appendix C statement (not a reproduction of its Table 4, which could
+not be retrieved): token, block and greedy block verification on both shipped 48M pairs
+(experiments/greedy_block.py).
 
   python -m experiments.greedy_block --config=experiments/configs/greedy_block.py
   python -m experiments.greedy_block --config=experiments/configs/greedy_block.py:runlocal
@@ -7,7 +8,7 @@ r"""Table 4 of Sun et al. (Appendix C): token, block and greedy block verificati
 
 Tasks are main-job configs (experiments/configs/ende.py: EnDe on pretrained/ende48m, 64 source
 and 64 new tokens; debsumm.py: DebSumm on pretrained/debsumm48m, 256 / 40), each with its pair's
-`distilled` drafter at temperature 1, gammas 4 / 6 / 8 (the paper's Table 4 is at gamma 8),
+`distilled` drafter at temperature 1, gammas 4 / 6 / 8 (the paper's Appendix C is read to be at gamma 8),
 batch 1 as the main job times it, on the first 40 test sources of each pair; the first iteration
 from 16 samples per source (640 rows). How long it took, on which machine: docs/results.md
 section 7. Items apply in the order written (experiments/configs/common.py).

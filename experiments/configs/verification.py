@@ -44,7 +44,8 @@ variants to any sweep.
 
 `greedy`: every part with greedy block verification beside token and block verification
 ('greedy_block'; Sun et al. App. C): the toy's first-iteration CCDF from its kernel's law, the
-sweep and the traced CCDF. Its Table 4 on both 48M pairs is experiments/configs/greedy_block.py.
+sweep and the traced CCDF. The check of its Appendix C (greedy block verification) on both 48M pairs is
+experiments/configs/greedy_block.py.
 
 `runlocal`: one drafter, gamma 2, temperature 1, two seeds, 4 sentences of at most 16 new tokens;
 every part runs and every file is written (~45 s); `batch,runlocal`: batch 1 and 2, one seed.

@@ -1,5 +1,6 @@
 """Results on disk: each experiment's table as CSV and strict JSON, rewritten after every row so
-that an interrupted run keeps what it measured, and the main job's figure (speedup.png)."""
+that an interrupted run keeps what it measured, and the main job's figure (speedup.png,
+`plot_speedup`)."""
 
 import csv
 import dataclasses
@@ -9,25 +10,34 @@ import os
 from collections.abc import Mapping, Sequence
 
 from specdec_jax.measure.evaluation import COLUMNS, Row
+from specdec_jax.measure.tables import Column
 from specdec_jax.measure.translation import AUTOREGRESSIVE
 
 
-class ResultsWriter:
-  """Writes results.csv and results.json (strict JSON: null for missing values) after every row,
-  so an interrupted run keeps what it measured, and speedup.png at `finish`.
+def as_record(row: Row | Mapping) -> dict:
+  """A row as the files hold it: a dict (a dataclass by its fields), None for a non-finite
+  float (strict JSON)."""
+  if dataclasses.is_dataclass(row):
+    row = dataclasses.asdict(row)
+  return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
 
-  Rows are `Row`s or dicts (any dataclass is written as its fields). Another table: `name` gives
-  `<name>.csv` / `<name>.json` and `columns` the CSV's columns; only the main job's table (the
-  default columns) has a figure. `rows` holds the rows written, as dicts.
+
+class ResultsWriter:
+  """Writes `<name>.csv` and `<name>.json` (strict JSON: null for missing values) after every
+  row, so an interrupted run keeps what it measured.
+
+  Rows are `Row`s or dicts (any dataclass is written as its fields). `columns` are the CSV's
+  columns: names, or a table's `tables.Column` spec (every column of it, printed or not); by
+  default the main job's (`evaluation.COLUMNS`). `rows` holds the rows written, as dicts. Figures
+  are the caller's (the main job's: `plot_speedup`).
   """
 
-  def __init__(self, workdir: str, *, name: str = 'results', columns: Sequence[str] = COLUMNS):
+  def __init__(
+    self, workdir: str, *, name: str = 'results', columns: Sequence[str | Column] = COLUMNS
+  ):
     os.makedirs(workdir, exist_ok=True)
-    self.columns = tuple(columns)
-    files = [('csv', f'{name}.csv'), ('json', f'{name}.json')]
-    if self.columns == COLUMNS:
-      files.append(('png', 'speedup.png'))
-    self.paths = {k: os.path.join(workdir, f) for k, f in files}
+    self.columns = tuple(c.name if isinstance(c, Column) else c for c in columns)
+    self.paths = {k: os.path.join(workdir, f'{name}.{k}') for k in ('csv', 'json')}
     probe = os.path.join(workdir, '.writable')
     try:
       with open(probe, 'w') as f:
@@ -36,16 +46,12 @@ class ResultsWriter:
     except OSError as e:
       raise ValueError(f'Cannot write results to {workdir}: {e}') from None
     self.rows: list[dict] = []
-    for path in (self.paths['csv'], self.paths['json']):
+    for path in self.paths.values():
       if os.path.exists(path):
         os.remove(path)
 
   def add(self, row: Row | Mapping) -> None:
-    if dataclasses.is_dataclass(row):
-      row = dataclasses.asdict(row)
-    row = {
-      k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()
-    }
+    row = as_record(row)
     self.rows.append(row)
     new = not os.path.exists(self.paths['csv'])
     with open(self.paths['csv'], 'a', newline='') as f:
@@ -58,20 +64,17 @@ class ResultsWriter:
       json.dump(self.rows, f, indent=1, allow_nan=False)
     os.replace(tmp, self.paths['json'])
 
-  def finish(self) -> dict[str, str]:
-    """Draws speedup.png (main job's table) from the rows so far; returns the paths."""
-    if 'png' in self.paths and any(r['method'] != AUTOREGRESSIVE for r in self.rows):
-      plot_speedup(self.rows, self.paths['png'])
-    return self.paths
-
 
 def plot_speedup(table: Sequence[Mapping], path: str) -> None:
   """speedup.png: speedup over autoregressive decoding against gamma, one panel per temperature.
 
   One colour per drafter and one marker per verifier; measured solid with filled markers, the
-  formula's prediction (`predicted_speedup`) dashed with open ones at the same x, so each
-  measurement sits above or below its own prediction. Ticks at the gammas run; the legend outside
-  the panels.
+  prediction dashed with open ones at the same x, so each measurement sits above or below its own
+  prediction. The prediction drawn is the one that explains a run of whole calls:
+  `predicted_call` (the formula over the loop, plus each method's fixed work per call: the encoder,
+  the caches' set-up; the table's "pred_call"), where every row has it, else `predicted_speedup`
+  (the formula per iteration alone, which a run of short outputs and long sources cannot reach);
+  the legend says which. Ticks at the gammas run; the legend outside the panels.
   """
   import matplotlib
 
@@ -80,6 +83,8 @@ def plot_speedup(table: Sequence[Mapping], path: str) -> None:
   from matplotlib.lines import Line2D
 
   spec = [r for r in table if r['method'] != AUTOREGRESSIVE]
+  per_call = all(r.get('predicted_call') is not None for r in spec)
+  prediction = 'predicted_call' if per_call else 'predicted_speedup'
   temps = sorted({r['temp'] for r in spec})
   drafters = list(dict.fromkeys(r['drafter'] for r in spec))  # the table's order
   verifiers = sorted({r['method'] for r in spec}, key=lambda v: (v != 'token', v))
@@ -99,7 +104,7 @@ def plot_speedup(table: Sequence[Mapping], path: str) -> None:
     for drafter in drafters:
       for verifier in verifiers:
         pts = sorted(
-          (r['gamma'], r['speedup'], r['predicted_speedup'])
+          (r['gamma'], r['speedup'], r[prediction])
           for r in rows
           if r['drafter'] == drafter and r['method'] == verifier
         )
@@ -125,7 +130,17 @@ def plot_speedup(table: Sequence[Mapping], path: str) -> None:
   ]
   handles += [
     Line2D([], [], color='black', ls='-', marker='o', label='measured'),
-    Line2D([], [], color='black', ls='--', marker='o', markerfacecolor='white', label='predicted'),
+    Line2D(
+      [],
+      [],
+      color='black',
+      ls='--',
+      marker='o',
+      markerfacecolor='white',
+      label='predicted per call (loop + fixed work per call)'
+      if per_call
+      else 'predicted per iteration (the formula)',
+    ),
   ]
   fig.legend(handles=handles, loc='center left', bbox_to_anchor=(1.0, 0.5), frameon=False)
   fig.tight_layout()

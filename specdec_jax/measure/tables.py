@@ -7,7 +7,9 @@
     print(format_line(row, COLUMNS))
 
 A missing value (None or NaN) shows as '-'. A column is as wide as the wider of `width` and its
-header, so header and lines stay aligned whatever the header.
+header, so header and lines stay aligned whatever the header. A table's one spec also names the
+columns its files hold and the lines do not show (`printed=False`): `results_io.ResultsWriter`
+takes the spec itself.
 """
 
 import dataclasses
@@ -27,6 +29,7 @@ class Column:
   align: str = '>'  # '>' right (numbers), '<' left (names)
   suffix: str = ''  # appended to a number, e.g. 'x' for a speedup
   scale: float = 1.0  # a number is multiplied by this before formatting, e.g. 1e-6 for MB
+  printed: bool = True  # False: a column of the table's files (CSV, JSON) that is not printed
 
   def __post_init__(self):
     if self.align not in ('<', '>'):
@@ -58,14 +61,16 @@ def _value(row, name: str):
 
 
 def format_header(columns: Sequence[Column]) -> str:
-  """The header line of `columns`."""
-  return ' '.join(f'{c.title:{c.align}{c.span}}' for c in columns)
+  """The header line of `columns` (those printed)."""
+  return ' '.join(f'{c.title:{c.align}{c.span}}' for c in columns if c.printed)
 
 
 def format_line(row, columns: Sequence[Column]) -> str:
   """One row (a mapping or an object with the columns' names as attributes) under
   `format_header(columns)`. Raises KeyError / AttributeError naming a column the row lacks."""
-  return ' '.join(f'{format_cell(_value(row, c.name), c):{c.align}{c.span}}' for c in columns)
+  return ' '.join(
+    f'{format_cell(_value(row, c.name), c):{c.align}{c.span}}' for c in columns if c.printed
+  )
 
 
 def format_table(rows, columns: Sequence[Column]) -> str:
