@@ -33,7 +33,9 @@ def abstract_model(
   config: t5.T5Config, mesh, *, param_dtype: str, shard: bool, rules=sharding.DEFAULT_RULES
 ) -> t5.T5Model:
   """A `T5Model` whose params are `jax.ShapeDtypeStruct`s in `param_dtype`, each carrying its
-  `NamedSharding` on `mesh`: by `rules` (`shard=True`) or replicated. Nothing is allocated."""
+  `NamedSharding` on `mesh`: by `rules` (`shard=True`) or replicated, its activations constrained
+  by the same rules (`T5Model.rules`; `sharding.REPLICATED_RULES` when replicated). Nothing is
+  allocated."""
   shapes = jax.eval_shape(lambda key: t5.init_params(key, config), jax.random.key(0))
   shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, param_dtype), shapes)
   if shard:
@@ -43,7 +45,9 @@ def abstract_model(
   params = jax.tree.map(
     lambda s, h: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=h), shapes, shardings
   )
-  return t5.T5Model(config=config, params=params)
+  return t5.T5Model(
+    config=config, params=params, rules=rules if shard else sharding.REPLICATED_RULES
+  )
 
 
 def unsharded(model: t5.T5Model) -> t5.T5Model:
@@ -291,7 +295,7 @@ def with_dtype(model: t5.T5Model, dtype: str) -> t5.T5Model:
     lambda x: jax.ShapeDtypeStruct(x.shape, dtype, sharding=getattr(x, 'sharding', None)),
     model.params,
   )
-  return t5.T5Model(config=dataclasses.replace(model.config, dtype=dtype), params=params)
+  return model.replace(config=dataclasses.replace(model.config, dtype=dtype), params=params)
 
 
 def memory_stats(compiled: jax.stages.Compiled) -> dict[str, int]:

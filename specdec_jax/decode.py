@@ -401,6 +401,7 @@ def _speculative_call(
       f'{draft_steps.vocab_size}, target vocab_size={target_steps.vocab_size}.'
     )
   step_models.check_state_reader(draft_steps, target_steps)
+  step_models.check_encoder_reader(draft_steps, target_steps)
   ids, mask, max_new_tokens = validation.check_inputs(
     target_steps, input_ids, input_mask, max_new_tokens, drafter=draft_steps
   )
