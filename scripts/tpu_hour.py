@@ -244,7 +244,7 @@ def dry_run(stages: list[Stage]) -> None:
 
   from benchmarks import memory_model, tpu_costs, tpu_kernels
   from specdec_jax import decode, machines, pretrained, sharding
-  from specdec_jax.models import t5_growth
+  from specdec_jax.models import t5, t5_growth
   from specdec_jax.sampling import SamplingConfig
 
   for stage in stages:
@@ -268,7 +268,7 @@ def dry_run(stages: list[Stage]) -> None:
       lowered = {'build': build, 'generate': decode.lower_generate(target, ids, ids, **options)}
       for name in _DRAFTERS.value:
         drafter = pair.drafters[name]
-        if drafter.steps.__class__.__name__ == 'T5Steps' and drafter.steps.shares_target_encoder:
+        if isinstance(drafter, t5.T5Model) and drafter.steps.shares_target_encoder:
           drafter = memory_model.abstract_model(
             dataclasses.replace(drafter.config, encoder_dim=grown.d_model), mesh,
             param_dtype=_DTYPE.value, shard=False,
@@ -280,14 +280,21 @@ def dry_run(stages: list[Stage]) -> None:
         )
     for variant in _VARIANTS.value:
       for name, low in lowered.items():
-        compiled = tpu_costs.compile_lowered(
-          low, tag=f'{machine.name}:{spec}', options=VARIANT_OPTIONS[variant]
-        )
+        where = f'{machine.name} {spec} {variant}: {name}'
+        try:
+          compiled = tpu_costs.compile_lowered(
+            low, tag=f'{machine.name}:{spec}', options=VARIANT_OPTIONS[variant]
+          )
+        except jax.errors.JaxRuntimeError as e:  # XLA:TPU refuses what exceeds the chip's HBM
+          if 'RESOURCE_EXHAUSTED' not in str(e):
+            raise
+          print(f'does not fit {where}: {str(e).strip().splitlines()[0]}', flush=True)
+          continue
         cycles = ''
         if name != 'build':
           cycles = f', {tpu_kernels.read(compiled).per_iteration / 1e6:.3f} Mcycles an iteration'
         print(
-          f'compiled for {machine.name} {spec} {variant}: {name}: arguments '
+          f'compiled for {where}: arguments '
           f'{compiled.argument_bytes / machines.GiB:.2f} GiB, temporaries '
           f'{compiled.temp_bytes / machines.GiB:.2f} GiB a device{cycles}',
           flush=True,

@@ -128,6 +128,9 @@ def test_the_grown_xxl_pair_builds_and_decodes_on_a_v4_8_within_its_hbm_and_its_
   report = tpu_kernels.read(
     tpu_costs.Compiled(compiled.as_text(), stats['argument'], stats['temp'])
   )
+  print(
+    f'grown XXL pair on v4-8 1x4, bytes a device: build {build}; loop {stats}; {report.collectives}'
+  )
   assert report.collectives.get('drafter', 0) == 0, report.collectives
   assert report.collectives['target'] == 3 * grown.num_decoder_layers + 1, report.collectives
 
