@@ -264,17 +264,19 @@ def dry_run(stages: list[Stage]) -> None:
     build, target = t5_growth.lower_grow(small, grown, mesh=mesh, param_dtype=_DTYPE.value)
     ids = memory_model.abstract_batch(mesh, 1, _SOURCE.value)
     options = dict(sampling=SamplingConfig(), max_new_tokens=_MAX_NEW.value)
+    drafters = {}  # abstract, built before the mesh is set (a key made under it would run there)
+    for name in _DRAFTERS.value:
+      drafter = pair.drafters[name]
+      if isinstance(drafter, t5.T5Model) and drafter.steps.shares_target_encoder:
+        drafters[name] = memory_model.abstract_model(
+          dataclasses.replace(drafter.config, encoder_dim=grown.d_model), mesh,
+          param_dtype=_DTYPE.value, shard=False,
+        )  # fmt: skip
+      else:
+        drafters[name] = dataclasses.replace(drafter, params=jax.tree.map(whole, drafter.params))
     with jax.set_mesh(mesh):
       lowered = {'build': build, 'generate': decode.lower_generate(target, ids, ids, **options)}
-      for name in _DRAFTERS.value:
-        drafter = pair.drafters[name]
-        if isinstance(drafter, t5.T5Model) and drafter.steps.shares_target_encoder:
-          drafter = memory_model.abstract_model(
-            dataclasses.replace(drafter.config, encoder_dim=grown.d_model), mesh,
-            param_dtype=_DTYPE.value, shard=False,
-          )  # fmt: skip
-        else:
-          drafter = dataclasses.replace(drafter, params=jax.tree.map(whole, drafter.params))
+      for name, drafter in drafters.items():
         lowered[name] = decode.lower_speculative(
           target, drafter, ids, ids, gamma=_GAMMA.value, **options
         )
