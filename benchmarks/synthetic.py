@@ -133,7 +133,12 @@ def abstract_model(
     )
   else:
     params = _placed(shapes, where)
-  return t5.T5Model(config=config, params=params)
+  # Activations constrained by the params' rules: a replicated model by REPLICATED_RULES (no
+  # 'model' axis: its layers run whole on each device, with no collective).
+  placed = shard and where is not None and not isinstance(where, jax.Device)
+  return t5.T5Model(
+    config=config, params=params, rules=rules if placed else sharding.REPLICATED_RULES
+  )
 
 
 def abstract_cache(

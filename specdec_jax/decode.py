@@ -416,6 +416,7 @@ def _speculative_call(
     )
   step_models.check_state_reader(draft_steps, target_steps)
   step_models.check_block_drafter(draft_steps, gamma)
+  step_models.check_encoder_reader(draft_steps, target_steps)
   ids, mask, max_new_tokens = validation.check_inputs(
     target_steps, input_ids, input_mask, max_new_tokens, drafter=draft_steps
   )

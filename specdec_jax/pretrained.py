@@ -130,7 +130,9 @@ def load_model(
   sharding.check_placement(how)
   rules = sharding.rules_for(how, _param_count(path, kind) if how == 'auto' else 0)
   load = {'ours': checkpoints.restore, 'hf': checkpoints.load_hf_t5, 't5x': checkpoints.load_t5x}
-  return load[kind](path, mesh=mesh, rules=rules, param_dtype=param_dtype)
+  model = load[kind](path, mesh=mesh, rules=rules, param_dtype=param_dtype)
+  # Its activations follow its params: a replicated model's program has no collective.
+  return model if mesh is None else model.replace(rules=rules)
 
 
 def _param_count(path, kind: str) -> int:
@@ -164,6 +166,7 @@ def _check_pair(target, found: dict) -> None:
       )
     try:
       step_models.check_state_reader(drafter.steps, target.steps)
+      step_models.check_encoder_reader(drafter.steps, target.steps)
     except ValueError as e:
       raise ValueError(f'Drafter {name!r}: {e}') from e
 
@@ -260,3 +263,34 @@ def load(
     tokenizer=tokenizer_lib.Tokenizer.load(str(directory / 'spm.model')),
     gammas={float(t): int(g) for t, g in manifest['gamma'].items()},
   )
+
+
+def grow_pair(
+  pair: Pair, shape: str, *, mesh=None, param_dtype: str | None = None, seed: int = 0
+) -> Pair:
+  """`pair` with its target grown to the T5 shape `shape` (a name of `t5.CONFIGS`, e.g.
+  't5_1_1-xxl': `t5_growth.grown_config`), built on `mesh` sharded by the default rules in
+  `param_dtype` (`t5_growth.grow_placed`: never whole in host memory). It computes what the
+  shipped target computed, at the cost of a target of that shape; each T5 drafter over the
+  target's encoder follows it (`t5_growth.follow_grown_encoder`, placed as it was), the n-gram
+  drafters, tokenizer and test set are the pair's own.
+
+  Raises:
+    ValueError: a shape the target cannot grow to exactly, naming those it can.
+  """
+  from specdec_jax.models import t5_growth  # only a grown pair needs it
+
+  config = t5_growth.grown_config(pair.target.config, shape)
+  grow_key, follow_key = jax.random.split(jax.random.key(seed))
+  target = t5_growth.grow_placed(pair.target, config, grow_key, mesh=mesh, param_dtype=param_dtype)
+  drafters = {}
+  for name, drafter in pair.drafters.items():
+    if isinstance(drafter, t5.T5Model) and drafter.steps.shares_target_encoder:
+      moved = t5_growth.follow_grown_encoder(drafter, config.d_model, follow_key)
+      if mesh is not None:
+        place = sharding.param_shardings(moved.params, mesh, drafter.rules)
+        moved = moved.replace(params=jax.device_put(moved.params, place))
+      drafter = moved
+    drafters[name] = drafter
+  _check_pair(target, drafters)
+  return dataclasses.replace(pair, target=target, drafters=drafters)

@@ -49,8 +49,12 @@ DEFAULT_RULES: Rules = (
   ('relpos_buckets', None),
 )
 
-# Every logical axis whole on every device: a model replicated over the mesh.
-REPLICATED_RULES: Rules = tuple((name, None) for name, _ in DEFAULT_RULES)
+# A model replicated over the mesh: its params (which have no 'batch' axis) whole on every device,
+# and its activations split only by rows over 'data', so its program needs no collective
+# (`T5Model.rules`: a replicated drafter beside a target sharded over 'model').
+REPLICATED_RULES: Rules = tuple(
+  (name, 'data' if name == 'batch' else None) for name, _ in DEFAULT_RULES
+)
 
 # Logical axes of a '.../<module>/kernel' param, by module name (T5X names, as `t5.init_params` builds them).
 _KERNEL_AXES = {

@@ -26,6 +26,8 @@ class StepModel(Protocol):
     max_source_length / max_target_length: int limits checked before decoding (None: no limit).
     shares_target_encoder: True for a drafter whose `init_cache` takes the *target's* `encode`
       output (a small decoder over the target's encoder); the loop then encodes once.
+    encoder_dim / encoded_dim: int widths of the encoder output a drafter over the target's
+      encoder reads, and of what a target's `encode` returns (`check_encoder_reader`).
     reads_target_states: True for an EAGLE-style drafter (Li et al. 2024) that reads the target's
       final decoder states: it has `feature_dim` and
       `step_features(params, tokens, features f32[B, T, feature_dim], cache)
@@ -78,7 +80,25 @@ def encoder_of(model: tuple[StepModel, Any], target: tuple[StepModel, Any] | Non
     return model
   if target is None:
     raise ValueError("This drafter reads the target's encoder output: pass target=.")
+  target_steps, _ = target
+  check_encoder_reader(steps, target_steps)
   return target
+
+
+def check_encoder_reader(drafter_steps, target_steps) -> None:
+  """Raises ValueError if `drafter_steps` reads the target's encoder output (`shares_target_encoder`)
+  at a width other than the one `target_steps.encode` returns (e.g. a drafter distilled for a
+  48M target beside that target grown wider: `t5_growth.follow_grown_encoder` moves it)."""
+  if not getattr(drafter_steps, 'shares_target_encoder', False):
+    return
+  reads = getattr(drafter_steps, 'encoder_dim', None)
+  gives = getattr(target_steps, 'encoded_dim', None)
+  if reads is not None and gives is not None and reads != gives:
+    raise ValueError(
+      f"The drafter reads the target's encoder output at width encoder_dim={reads}, but the "
+      f"target's encoder gives width {gives} (its d_model): it was made for another target "
+      '(after growing a target, move the drafter with t5_growth.follow_grown_encoder).'
+    )
 
 
 def check_state_reader(drafter_steps, target_steps) -> None:

@@ -176,3 +176,90 @@ def test_add_feature_input_keeps_the_function():
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   with pytest.raises(ValueError, match='already reads features'):
     t5_growth.add_feature_input(eagle, 10, jax.random.key(2))
+
+
+# --- The shipped 48M target grown, as the main job grows it (`pretrained.grow_pair`). ---------
+
+
+def _shipped_batch(pair, n: int):
+  sources = [s for s, _ in pair.test_pairs()[:n]]
+  return pair.tokenizer.encode_batch(sources, 64, truncate=True)
+
+
+@helpers.needs_pair('ende48m')
+def test_the_grown_shipped_target_keeps_its_logits_and_greedy_outputs():
+  """ende48m's target twice as wide (d_model 1024) and deeper, built by the jitted `grow_placed`
+  in float32: the logits on shipped test sentences within float tolerance, and
+  the same greedy outputs (the 733M t5_1_1-large build is the main job's `:large`)."""
+  from specdec_jax import decode, pretrained
+  from specdec_jax.sampling import SamplingConfig
+
+  pair = pretrained.load('ende48m')
+  small = pair.target
+  grown = dataclasses.replace(
+    small.config, d_model=1024, num_heads=9, d_ff=1100, num_encoder_layers=5, num_decoder_layers=9
+  )
+  big = t5_growth.grow_placed(small, grown, jax.random.key(1))
+  assert big.config == grown and big.rules == small.rules
+  ids, mask = _shipped_batch(pair, 3)
+  dec = np.asarray(ids)[:, :12]
+  want = _logits(small, ids, mask, dec)
+  np.testing.assert_allclose(_logits(big, ids, mask, dec), want, rtol=2e-4, atol=2e-4)
+  options = dict(sampling=SamplingConfig(), max_new_tokens=24, rng=jax.random.key(0))
+  outs = [decode.to_host(decode.generate(m, ids, mask, **options)) for m in (small, big)]
+  np.testing.assert_array_equal(outs[1].lengths, outs[0].lengths)
+  np.testing.assert_array_equal(outs[1].tokens, outs[0].tokens)
+
+
+def test_grown_config_names_the_shapes_a_model_reaches():
+  target = dataclasses.replace(
+    t5.CONFIGS['t5_1_1-small'], vocab_size=8000, d_ff=1024, num_heads=8, **dict.fromkeys(
+      ('num_encoder_layers',), 4), num_decoder_layers=8,
+  )  # fmt: skip
+  xxl = t5_growth.grown_config(target, 't5_1_1-xxl')
+  assert (xxl.d_model, xxl.num_heads, xxl.d_ff, xxl.num_decoder_layers) == (4096, 64, 10240, 24)
+  assert xxl.vocab_size == 8000 and xxl.max_source_length == target.max_source_length
+  assert set(t5_growth.reachable(target)) >= {'t5_1_1-large', 't5_1_1-xl', 't5_1_1-xxl'}
+  # 768 is not a multiple of 512; t5-11b's heads are 128 wide.
+  with pytest.raises(ValueError, match=r'd_model 768 is not a multiple of 512.*grows to: t5-large'):
+    t5_growth.grown_config(target, 't5_1_1-base')
+  with pytest.raises(ValueError, match='d_kv differs'):
+    t5_growth.grown_config(target, 't5-11b')
+  with pytest.raises(ValueError, match="Unknown T5 shape 'xxl'"):
+    t5_growth.grown_config(target, 'xxl')
+
+
+def test_grow_placed_casts_and_places_on_a_mesh():
+  """On a (1-device) mesh in bfloat16: every param where `sharding.param_shardings` puts it, in
+  bfloat16, with the values of `grow`'s float32 params (the same key, the same program)."""
+  from specdec_jax import sharding
+
+  small, wider = helpers.tiny_t5(SMALL), dataclasses.replace(SMALL, d_model=32)
+  mesh = sharding.make_mesh(1, 1)
+  big = t5_growth.grow_placed(small, wider, jax.random.key(1), mesh=mesh, param_dtype='bfloat16')
+  want = t5_growth.grow(small, wider, jax.random.key(1)).params
+  placed = sharding.param_shardings(big.params, mesh)
+  for got, ref, where in zip(*map(jax.tree.leaves, (big.params, want, placed))):
+    assert got.dtype == jnp.bfloat16 and got.sharding == where
+    np.testing.assert_allclose(got.astype(np.float32), ref, rtol=1e-2, atol=1e-2)
+
+
+def test_a_drafter_beside_a_target_of_another_encoder_width_fails_before_any_work():
+  """One ValueError naming both widths, from the loop's checks and the pair's, before a cache is
+  built; after `follow_grown_encoder` the pair decodes."""
+  from specdec_jax import decode, pretrained, step_models
+  from specdec_jax.sampling import SamplingConfig
+
+  target, drafter = helpers.tiny_t5(SMALL), helpers.tiny_t5(DRAFTER, seed=2)
+  big = t5_growth.grow(target, GROWN, jax.random.key(1))
+  ids, mask, _ = _batch()
+  options = dict(gamma=2, sampling=SamplingConfig(), max_new_tokens=4, rng=jax.random.key(0))
+  match = r'encoder_dim=16, but the target.s encoder gives width 32'
+  with pytest.raises(ValueError, match=match):
+    decode.speculative_generate(big, drafter, ids, mask, **options)
+  with pytest.raises(ValueError, match=match):
+    step_models.encoder_of(drafter, big)
+  with pytest.raises(ValueError, match="Drafter 'distilled': .*" + match):
+    pretrained._check_vocab(big, {'distilled': drafter})
+  moved = t5_growth.follow_grown_encoder(drafter, GROWN.d_model, jax.random.key(3))
+  step_models.check_encoder_reader(moved.steps, big.steps)

@@ -165,7 +165,7 @@ def test_block_drafting_compiles_for_tpu(mesh_name, sampling):
     t5.CONFIGS['tiny-v1.0'], num_encoder_layers=0, num_decoder_layers=1, encoder_dim=width,
     feature_dim=width, block_size=4,
   )  # fmt: skip
-  drafter = memory_model.abstract_model(config, mesh, param_dtype='float32', shard=False)
+  drafter = synthetic.abstract_model(config, mesh, param_dtype='float32', shard=False)
   with jax.set_mesh(mesh):
     lowered = decode.lower_speculative(
       target, drafter, _ids(mesh), _ids(mesh), gamma=4, sampling=sampling, **_SHAPE

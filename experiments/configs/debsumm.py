@@ -3,6 +3,8 @@ r"""The second task (the paper's CNNDM rows): Debian description -> synopsis on 
   python -m experiments.translate --config=experiments/configs/debsumm.py
   python -m experiments.translate --config=experiments/configs/debsumm.py:runlocal  # smoke test
   python -m experiments.translate --config=experiments/configs/debsumm.py:full      # 500 sources
+  python -m experiments.translate --config=experiments/configs/debsumm.py:large     # grown, CPU
+  python -m experiments.translate --config=experiments/configs/debsumm.py:xxl       # grown, GPU
 
 Table 2 of Leviathan et al. as `ende.py` prints it, on the shipped debsumm pair: autoregressive,
 and the distilled, trigram and bigram drafters with token and block verification at temperature 0
@@ -30,4 +32,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.workdir = '/tmp/specdec_debsumm'
   c.max_source_length = 256
   c.max_new_tokens = 40
-  return common.parse(arg, c, {'runlocal': _runlocal, 'full': ende.full})
+  variants = {'runlocal': _runlocal, 'full': ende.full}
+  return common.parse(arg, c, {**variants, 'large': ende.grown_large, 'xxl': ende.grown_xxl})

@@ -7,6 +7,9 @@ r"""The main job: EN->DE on the shipped 48M pair (pretrained/ende48m), Table 2 o
   python -m experiments.translate --config=experiments/configs/ende.py:gammas=3,5,7,batch_size=8
   python -m experiments.translate --config=experiments/configs/ende.py:pretrained=/my/pair_dir
   python -m experiments.translate --config=experiments/configs/ende.py:paper   # T5-11B, v4-8
+  python -m experiments.translate --config=experiments/configs/ende.py:large   # grown, CPU
+  python -m experiments.translate --config=experiments/configs/ende.py:xxl     # grown, 1 GPU / v4-8
+  python -m experiments.translate --config=experiments/configs/ende.py:grow_to=t5_1_1-xl
 
 Every method at batch 1 as in the paper: autoregressive, and the distilled, trigram and bigram
 drafters with token and block verification at gammas 3 and 5, temperatures 0 and 1, on the first
@@ -77,6 +80,26 @@ def _paper(c):
   c.workdir = '/tmp/specdec_paper'
 
 
+def grown_large(c):
+  """The target grown to t5_1_1-large shapes (733M params with the pair's 8,000-piece vocabulary;
+  `pretrained.grow_pair`), computing what the shipped target computes: the same table at a
+  780M-class target's cost, shrunk to what a shared 2-core CPU decodes in under 30 minutes (12
+  sentences, the distilled and bigram drafters, gamma 3, the costs' fastest of 3 runs, not 15).
+  Its rows: docs/results.md section 15."""
+  c.grow_to = 't5_1_1-large'
+  c.num_examples, c.drafters, c.gammas, c.timing_repeats = 12, ('distilled', 'bigram'), (3,), 3
+  c.workdir = f'/tmp/specdec_{c.task.lower()}_large'
+
+
+def grown_xxl(c):
+  """The target grown to t5_1_1-xxl shapes (11B params; the paper's target's cost) in bfloat16
+  params on the accelerator (one GPU, or a v4-8 as 1x4 with the drafters replicated), the default
+  table (40 sentences, every drafter, gammas 3 and 5). Its build never holds the 11B params on the
+  host (`t5_growth.grow_placed`); its memory per v4 device: tests/tpu_paper_test.py."""
+  c.grow_to, c.param_dtype, c.drafter_sharding = 't5_1_1-xxl', 'bfloat16', 'replicated'
+  c.workdir = f'/tmp/specdec_{c.task.lower()}_xxl'
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.pretrained = 'ende48m'  # a pair under pretrained/, or a directory laid out the same way
@@ -118,7 +141,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.test_file = ''  # (source, reference) pairs: TSV, or JSONL with source/target keys
   c.source_prefix = ''  # e.g. 'translate English to German: ' for the public T5 checkpoints
   c.param_dtype = ''  # params on the device: '' as the loader gives them, or e.g. 'bfloat16'
+  # A T5 shape of t5.CONFIGS (e.g. 't5_1_1-xxl'): the pair's target grown to it, built on the
+  # devices in param_dtype, computing what the shipped target computes (`pretrained.grow_pair`);
+  # its drafters follow it. '' decodes with the shipped target.
+  c.grow_to = ''
   # Target step, pass and drafter costs (c, pass cost) are measured this many times; the median.
   # 1 by default (the cost of the default run, see above); :full measures 3.
   c.timing_rounds = 1
-  return common.parse(arg, c, {'runlocal': _runlocal, 'full': full, 'paper': _paper})
+  c.timing_repeats = 15  # timed runs of each cost loop per round; the fastest counts
+  variants = {'runlocal': _runlocal, 'full': full, 'paper': _paper}
+  return common.parse(arg, c, {**variants, 'large': grown_large, 'xxl': grown_xxl})

@@ -42,6 +42,7 @@ import sacrebleu
 from specdec_jax import analysis, decode, pretrained, sharding, step_models, verifiers
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import tables, timing, translation, xla_cpu
+from specdec_jax.models import t5
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -173,8 +174,13 @@ class Plan:
   def summary(self) -> str:
     c = self.config
     where = 'one device' if self.mesh is None else f'mesh {dict(self.mesh.shape)}'
+    grown = self.pair.target.config
+    target = f' (target grown to {c.grow_to}: {grown.d_model} wide, ' if c.get('grow_to') else ''
+    if target:
+      target += f'{grown.num_encoder_layers}+{grown.num_decoder_layers} layers)'
     return (
-      f'{len(self.sources)} test sentences of {self.pair.directory}, batch {c.batch_size}, on '
+      f'{len(self.sources)} test sentences of {self.pair.directory}{target}, batch '
+      f'{c.batch_size}, on '
       f'{where} ({jax.process_count()} process(es), {jax.devices()[0].platform}); '
       f'{self.truncated} source(s) longer than {c.max_source_length} tokens truncated; '
       f'{self.num_methods} rows: autoregressive and drafters {sorted(self.drafters)} x '
@@ -292,6 +298,15 @@ def check_config(config) -> None:
       draft_stop=config.get('draft_stop'),
     )
   sharding.check_placement(config.get('drafter_sharding', 'auto'), 'config.drafter_sharding')
+  if config.get('grow_to'):
+    if config.get('target'):
+      raise ValueError(
+        'config.grow_to grows a pair of pretrained/ (config.pretrained), not config.target.'
+      )
+    if config.grow_to not in t5.CONFIGS:
+      raise ValueError(
+        f'config.grow_to={config.grow_to!r} is not a T5 shape; known: {", ".join(t5.CONFIGS)}.'
+      )
   given = [k for k in ('drafter', 'tokenizer', 'test_file') if config.get(k)]
   if config.get('target') and len(given) < 3:
     missing = [k for k in ('drafter', 'tokenizer', 'test_file') if k not in given]
@@ -314,11 +329,17 @@ def load_pair(config, mesh) -> pretrained.Pair:
   """The pair of a checked `config` placed on `mesh` as it loads (the target sharded, drafters
   per `config.drafter_sharding`): checkpoints of any format (`config.target`, `drafter`,
   `tokenizer`, `test_file`: `pretrained.from_checkpoints`), else the pair directory
-  `config.pretrained` (`pretrained.load`)."""
+  `config.pretrained` (`pretrained.load`), its target grown to the T5 shape `config.grow_to`
+  where set (`pretrained.grow_pair`, params in `config.param_dtype`)."""
   how, prefix = config.get('drafter_sharding', 'auto'), config.get('source_prefix', '')
   if not config.get('target'):
     pair = pretrained.load(config.pretrained, mesh=mesh, drafter_sharding=how)
-    return dataclasses.replace(pair, source_prefix=prefix)
+    pair = dataclasses.replace(pair, source_prefix=prefix)
+    if config.get('grow_to'):  # the target at another T5's cost, computing what it computed
+      pair = pretrained.grow_pair(
+        pair, config.grow_to, mesh=mesh, param_dtype=config.get('param_dtype') or None
+      )
+    return pair
   return pretrained.from_checkpoints(
     config.target,
     {'drafter': config.drafter},
@@ -331,9 +352,9 @@ def load_pair(config, mesh) -> pretrained.Pair:
   )
 
 
-# Timed runs of each cost loop per round (`timing.step_costs`; its default is 7). c is a small
-# difference of two iteration times, and the fastest of more runs moves less with a shared
-# machine's load.
+# Timed runs of each cost loop per round (`timing.step_costs`; its default is 7), unless
+# `config.timing_repeats` says otherwise. c is a small difference of two iteration times, and the
+# fastest of more runs moves less with a shared machine's load.
 _TIMING_REPEATS = 15
 
 
@@ -368,7 +389,7 @@ def model_costs(plan: Plan, *, progress: bool = False) -> dict[tuple[str, int], 
         cache_len=decode.buffer_length(c.max_new_tokens, gamma),
         rounds=c.timing_rounds,
         num_drafts=num_drafts(c),
-        repeats=_TIMING_REPEATS,
+        repeats=c.get('timing_repeats', _TIMING_REPEATS),
       )
       bar.update()
   pass_cost = {

@@ -44,10 +44,17 @@ _MASKED = -1e30
 
 @flax.struct.dataclass
 class T5Model:
-  """A config and its params. A pytree whose leaves are the params (the config is static)."""
+  """A config and its params. A pytree whose leaves are the params (the config is static).
+
+  `rules` are the logical-axis rules its activations are constrained by on a mesh
+  (`sharding.constrain`): the default ones for a model sharded over 'model', `sharding.
+  REPLICATED_RULES` for one whose params are whole on every device (a replicated drafter, whose
+  program then has no collective). Off a mesh they change nothing.
+  """
 
   config: T5Config = flax.struct.field(pytree_node=False)
   params: Params
+  rules: sharding.Rules = flax.struct.field(pytree_node=False, default=sharding.DEFAULT_RULES)
 
   @property
   def has_encoder(self) -> bool:
@@ -56,7 +63,7 @@ class T5Model:
   @property
   def steps(self) -> 'T5Steps':
     """This model as a step model for the decode loops (see `step_models.StepModel`)."""
-    return T5Steps(self.config)
+    return T5Steps(self.config, self.rules)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +71,7 @@ class T5Steps:
   """A T5 model's static half as a step model (see `step_models.StepModel`); hashable."""
 
   config: T5Config
+  rules: sharding.Rules = sharding.DEFAULT_RULES  # its activations' (`T5Model.rules`)
 
   vocab_size = property(lambda self: self.config.vocab_size)
   start_id = property(lambda self: self.config.decoder_start_token_id)
@@ -78,14 +86,19 @@ class T5Steps:
   state_dim = property(lambda self: self.config.d_model)  # width of `step_states`' states
   # A block drafter: the most drafts one `step_block` call proposes (None: token by token).
   block_size = property(lambda self: self.config.block_size)
+  # Width of the encoder output its cross-attention reads (a drafter over the target's encoder:
+  # the target's d_model), and of what its own `encode` returns (`step_models.check_encoder_reader`).
+  encoder_dim = property(lambda self: self.config.encoder_dim or self.config.d_model)
+  encoded_dim = property(lambda self: self.config.d_model)
 
   def encode(self, params, input_ids, input_mask):
-    return encode(params, input_ids, input_mask, config=self.config)
+    return encode(params, input_ids, input_mask, config=self.config, rules=self.rules)
 
   def init_cache(self, params, encoded, input_mask, max_decode_len: int):
     return init_cache(
-      params, encoded, input_mask, config=self.config, max_decode_len=max_decode_len
-    )
+      params, encoded, input_mask, config=self.config, max_decode_len=max_decode_len,
+      rules=self.rules,
+    )  # fmt: skip
 
   def step(self, params, tokens, cache):
     if self.block_size is not None:
@@ -98,18 +111,20 @@ class T5Steps:
         "This T5 reads the target's decoder states (feature_dim is set): it drafts only inside "
         'speculative_generate, which feeds them (step_features).'
       )
-    return decode(params, tokens, cache, config=self.config)
+    return decode(params, tokens, cache, config=self.config, rules=self.rules)
 
   def step_at(self, params, tokens, features, cache, logits_at):
     """`step` (`step_features` with `features`) scoring only tokens[b, logits_at[b]] of each row:
     logits (and predicted features) [B, 1, ...]; the cache advances by T (`decode`'s `logits_at`;
     None: every position)."""
     if features is None:
-      logits, cache = decode(params, tokens, cache, config=self.config, logits_at=logits_at)
+      logits, cache = decode(
+        params, tokens, cache, config=self.config, logits_at=logits_at, rules=self.rules
+      )
       return logits, None, cache
     logits, states, cache = decode(
       params, tokens, cache, config=self.config, features=features, return_states=True,
-      logits_at=logits_at,
+      logits_at=logits_at, rules=self.rules,
     )  # fmt: skip
     return logits, predicted_features(params, states, config=self.config), cache
 
@@ -140,14 +155,14 @@ class T5Steps:
     start = cache.end_index
     logits, cache = decode(
       params, pad(tokens), cache, config=self.config, features=pad(features), slots=slots,
-      logits_at=logits_at,
+      logits_at=logits_at, rules=self.rules,
     )  # fmt: skip
     return logits, cache.replace(end_index=start + num_kept)
 
   def step_states(self, params, tokens, cache):
     """`step` that also returns the normed final decoder states [B, T, D] (what an EAGLE-style
     drafter of this target reads)."""
-    return decode(params, tokens, cache, config=self.config, return_states=True)
+    return decode(params, tokens, cache, config=self.config, return_states=True, rules=self.rules)
 
   def step_features(self, params, tokens, features, cache):
     """An EAGLE-style drafter's step: features [B, T, feature_dim] hold the target's state at the
@@ -196,11 +211,13 @@ def _rms_norm(x: jax.Array, p: Params, config: T5Config) -> jax.Array:
   return (y * p['scale'].astype(jnp.float32)).astype(x.dtype)
 
 
-def _heads(p: Params, x: jax.Array, config: T5Config) -> jax.Array:
+def _heads(
+  p: Params, x: jax.Array, config: T5Config, rules: sharding.Rules = sharding.DEFAULT_RULES
+) -> jax.Array:
   """Query, key or value projection: x [B, T, D] -> [B, T, N, H]."""
   y = _dense(x, p, config)
   y = y.reshape(*y.shape[:-1], config.num_heads, config.d_kv)
-  return sharding.constrain(y, ('batch', 'length', 'heads', 'kv'))
+  return sharding.constrain(y, ('batch', 'length', 'heads', 'kv'), rules)
 
 
 def _attention(
@@ -234,23 +251,32 @@ def _attention(
   return _dense(out.reshape(*out.shape[:2], -1), p['out'], config)
 
 
-def _mlp(p: Params, x: jax.Array, config: T5Config) -> jax.Array:
+def _mlp(
+  p: Params, x: jax.Array, config: T5Config, rules: sharding.Rules = sharding.DEFAULT_RULES
+) -> jax.Array:
   """x [B, T, D] -> [B, T, D]: ReLU (v1.0) or gated tanh-GELU (v1.1)."""
   if config.feed_forward == 'gated-gelu':
     h = jax.nn.gelu(_dense(x, p['wi_0'], config), approximate=True) * _dense(x, p['wi_1'], config)
   else:
     h = jax.nn.relu(_dense(x, p['wi'], config))
-  h = sharding.constrain(h, ('batch', 'length', 'mlp'))
+  h = sharding.constrain(h, ('batch', 'length', 'mlp'), rules)
   return _dense(h, p['wo'], config)
 
 
-def _embed(params: Params, tokens: jax.Array, config: T5Config) -> jax.Array:
+def _embed(
+  params: Params,
+  tokens: jax.Array,
+  config: T5Config,
+  rules: sharding.Rules = sharding.DEFAULT_RULES,
+) -> jax.Array:
   """tokens int32[B, T] -> [B, T, D] in the model dtype (an id >= V embeds as NaN)."""
   x = jnp.take(params['token_embedder']['embedding'], tokens, axis=0).astype(config.dtype)
-  return sharding.constrain(x, ('batch', 'length', 'embed'))
+  return sharding.constrain(x, ('batch', 'length', 'embed'), rules)
 
 
-def _logits(params: Params, y: jax.Array, config: T5Config) -> jax.Array:
+def _logits(
+  params: Params, y: jax.Array, config: T5Config, rules: sharding.Rules = sharding.DEFAULT_RULES
+) -> jax.Array:
   """Output layer: normed decoder states y [B, T, D] -> f32[B, T, V]."""
   dtype = jnp.dtype(config.dtype)
   if config.tie_word_embeddings:
@@ -262,17 +288,22 @@ def _logits(params: Params, y: jax.Array, config: T5Config) -> jax.Array:
   else:
     kernel = params['decoder']['logits_dense']['kernel'].astype(dtype)
     logits = jnp.einsum('btd,dv->btv', y, kernel, preferred_element_type=jnp.float32)
-  return sharding.constrain(logits, ('batch', 'length', 'vocab'))
+  return sharding.constrain(logits, ('batch', 'length', 'vocab'), rules)
 
 
-def _cross_kv(params: Params, encoded: jax.Array, config: T5Config) -> tuple[jax.Array, jax.Array]:
+def _cross_kv(
+  params: Params,
+  encoded: jax.Array,
+  config: T5Config,
+  rules: sharding.Rules = sharding.DEFAULT_RULES,
+) -> tuple[jax.Array, jax.Array]:
   """Encoder-decoder attention keys and values of every decoder layer: 2 x [L, B, S_enc, N, H]."""
   layers = [
     params['decoder'][f'layers_{i}']['encoder_decoder_attention']
     for i in range(config.num_decoder_layers)
   ]
-  k = jnp.stack([_heads(a['key'], encoded, config) for a in layers])
-  v = jnp.stack([_heads(a['value'], encoded, config) for a in layers])
+  k = jnp.stack([_heads(a['key'], encoded, config, rules) for a in layers])
+  v = jnp.stack([_heads(a['value'], encoded, config, rules) for a in layers])
   return k, v
 
 
@@ -289,6 +320,7 @@ def _decoder(
   features: jax.Array | None = None,
   slots: jax.Array | None = None,
   layout: tuple[jax.Array, jax.Array] | None = None,
+  rules: sharding.Rules = sharding.DEFAULT_RULES,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
   """The decoder stack on T new positions, up to its final norm (`_logits` is the output layer).
 
@@ -344,7 +376,7 @@ def _decoder(
   cross_mask = encoder_mask[:, None, None, :]
 
   drop = dropper(dropout, stream=1)
-  x = _embed(params, tokens, config)
+  x = _embed(params, tokens, config, rules)
   if features is not None:
     x = x + _dense(features, dec['feature_in'], config)
   if slots is not None:
@@ -356,7 +388,7 @@ def _decoder(
     layer = dec[f'layers_{i}']
     h = _rms_norm(x, layer['pre_self_attention_layer_norm'], config)
     a = layer['self_attention']
-    q, k, v = (_heads(a[name], h, config) for name in ('query', 'key', 'value'))
+    q, k, v = (_heads(a[name], h, config, rules) for name in ('query', 'key', 'value'))
     if self_cache is not None:
       self_k = cache_lib.write(self_k, k, end_index, layer=i)
       self_v = cache_lib.write(self_v, v, end_index, layer=i)
@@ -364,11 +396,11 @@ def _decoder(
     x = x + drop(_attention(a, q, k, v, bias, self_mask, config), 3 * i + 1)
     h = _rms_norm(x, layer['pre_cross_attention_layer_norm'], config)
     a = layer['encoder_decoder_attention']
-    q = _heads(a['query'], h, config)
+    q = _heads(a['query'], h, config, rules)
     x = x + drop(_attention(a, q, cross_k[i], cross_v[i], None, cross_mask, config), 3 * i + 2)
-    mlp = _mlp(layer['mlp'], _rms_norm(x, layer['pre_mlp_layer_norm'], config), config)
+    mlp = _mlp(layer['mlp'], _rms_norm(x, layer['pre_mlp_layer_norm'], config), config, rules)
     x = x + drop(mlp, 3 * i + 3)
-    x = sharding.constrain(x, ('batch', 'length', 'embed'))
+    x = sharding.constrain(x, ('batch', 'length', 'embed'), rules)
   states = drop(_rms_norm(x, dec['decoder_norm'], config), 3 * config.num_decoder_layers + 1)
   return states, None if self_cache is None else (self_k, self_v)
 
@@ -384,6 +416,7 @@ def encode(
   *,
   config: T5Config,
   dropout: Dropout = None,
+  rules: sharding.Rules = sharding.DEFAULT_RULES,
 ) -> jax.Array:
   """Runs the encoder.
 
@@ -393,6 +426,7 @@ def encode(
     input_mask: bool or int[B, S], nonzero at real (non-padding) tokens.
     config: model config.
     dropout: (key, rate) for training (see `forward`), or None.
+    rules: the logical-axis rules of its activations on a mesh (`T5Model.rules`).
 
   Returns:
     [B, S, D] encoder output in the model dtype (float32 by default). Rows at padding positions
@@ -419,16 +453,16 @@ def encode(
   )
   mask = input_mask.astype(bool)[:, None, None, :]
   drop = dropper(dropout, stream=0)
-  x = drop(_embed(params, input_ids, config), 0)
+  x = drop(_embed(params, input_ids, config, rules), 0)
   for i in range(config.num_encoder_layers):
     layer = enc[f'layers_{i}']
     h = _rms_norm(x, layer['pre_attention_layer_norm'], config)
     a = layer['attention']
-    q, k, v = (_heads(a[name], h, config) for name in ('query', 'key', 'value'))
+    q, k, v = (_heads(a[name], h, config, rules) for name in ('query', 'key', 'value'))
     x = x + drop(_attention(a, q, k, v, bias, mask, config), 2 * i + 1)
-    mlp = _mlp(layer['mlp'], _rms_norm(x, layer['pre_mlp_layer_norm'], config), config)
+    mlp = _mlp(layer['mlp'], _rms_norm(x, layer['pre_mlp_layer_norm'], config), config, rules)
     x = x + drop(mlp, 2 * i + 2)
-    x = sharding.constrain(x, ('batch', 'length', 'embed'))
+    x = sharding.constrain(x, ('batch', 'length', 'embed'), rules)
   return drop(_rms_norm(x, enc['encoder_norm'], config), 2 * config.num_encoder_layers + 1)
 
 
@@ -439,6 +473,7 @@ def init_cache(
   *,
   config: T5Config,
   max_decode_len: int,
+  rules: sharding.Rules = sharding.DEFAULT_RULES,
 ) -> cache_lib.DecoderCache:
   """An empty decoder cache, with the encoder-decoder keys/values of all layers computed.
 
@@ -450,6 +485,7 @@ def init_cache(
     max_decode_len: S_max, decoder slots per row. `decode` calls must keep end_index + T <= S_max
       (positions past it are not stored); a speculative loop needs about max_target_length +
       gamma + 1.
+    rules: the logical-axis rules of the cache and activations on a mesh (`T5Model.rules`).
 
   Returns:
     A `DecoderCache` in the model dtype with zero self-attention slots and end_index 0.
@@ -459,15 +495,15 @@ def init_cache(
   if encoded.shape[:2] != input_mask.shape:
     raise ValueError(f'encoded {encoded.shape} does not match input_mask {input_mask.shape}.')
   batch = encoded.shape[0]
-  cross_k, cross_v = _cross_kv(params, encoded, config)
+  cross_k, cross_v = _cross_kv(params, encoded, config, rules)
   shape = (config.num_decoder_layers, batch, max_decode_len, config.num_heads, config.d_kv)
   kv_axes = ('layers', 'batch', 'length', 'heads', 'kv')
-  zeros = lambda: sharding.constrain(jnp.zeros(shape, config.dtype), kv_axes)
+  zeros = lambda: sharding.constrain(jnp.zeros(shape, config.dtype), kv_axes, rules)
   return cache_lib.DecoderCache(
     self_k=zeros(),
     self_v=zeros(),
-    cross_k=sharding.constrain(cross_k, kv_axes),
-    cross_v=sharding.constrain(cross_v, kv_axes),
+    cross_k=sharding.constrain(cross_k, kv_axes, rules),
+    cross_v=sharding.constrain(cross_v, kv_axes, rules),
     encoder_mask=input_mask.astype(bool),
     end_index=jnp.zeros((batch,), jnp.int32),
   )
@@ -483,6 +519,7 @@ def decode(
   return_states: bool = False,
   logits_at: jax.Array | None = None,
   slots: jax.Array | None = None,
+  rules: sharding.Rules = sharding.DEFAULT_RULES,
 ):
   """Scores T new decoder positions per row and appends them to the cache.
 
@@ -505,6 +542,7 @@ def decode(
       tied output layer can cost many one-row ones: docs/performance.md, "Few-row dots").
       int32[B, R]: R positions per row, [B, R, ...] (a block drafter's call).
     slots: int32[B, T], for (only) a block drafter: which inputs are query slots (`_decoder`).
+    rules: the logical-axis rules of its activations on a mesh (`T5Model.rules`).
 
   Returns:
     (logits f32[B, T, V] predicting position end_index[b] + t + 1, cache with end_index += T);
@@ -526,12 +564,13 @@ def decode(
     self_cache=(cache.self_k, cache.self_v, cache.end_index),
     features=features,
     slots=slots,
+    rules=rules,
   )
   cache = cache.replace(self_k=self_k, self_v=self_v, end_index=cache.end_index + tokens.shape[1])
   if logits_at is not None:
     rows = logits_at[:, None] if logits_at.ndim == 1 else logits_at
     states = jnp.take_along_axis(states, rows[..., None], axis=1)
-  logits = _logits(params, states, config)
+  logits = _logits(params, states, config, rules)
   return (logits, states, cache) if return_states else (logits, cache)
 
 

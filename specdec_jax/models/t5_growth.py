@@ -27,15 +27,29 @@ there.
 `add_feature_input(model, feature_dim, rng)` makes a decoder an EAGLE-style one (it reads the
 target's decoder states, `T5Config.feature_dim`) that starts computing what it computed;
 `add_block_queries(model, block_size, rng)` makes that a block drafter (`T5Config.block_size`).
+
+`grown_config(config, 't5_1_1-xxl')` is `config` with a named shape of `CONFIGS` (its vocabulary,
+numerics and lengths kept), and `grow_placed` grows into it where the grown model will run: one
+jitted program from the small params whose outputs are the grown params, sharded on a mesh by the
+project's rules and cast to the requested dtype, so that an 11B model is never whole in host
+memory (nor on one device). A 48M target grown to `t5_1_1-xxl` shapes costs in every kernel what
+an 11B T5 costs, and computes what the 48M one computed: the paper's cost with a shipped pair's
+outputs (`pretrained.grow_pair`).
 """
 
 import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from specdec_jax import sharding
 from specdec_jax.models import t5
-from specdec_jax.models.t5_config import T5Config
+from specdec_jax.models.t5_config import CONFIGS, T5Config
+
+# The fields of a T5 shape: what `grown_config` takes from a named config.
+_SHAPE = ('d_model', 'd_kv', 'd_ff', 'num_heads', 'num_encoder_layers', 'num_decoder_layers')
 
 # Kernels that write into the residual stream (output axis d_model).
 _WRITERS = ('out', 'wo')
@@ -276,3 +290,101 @@ def add_block_queries(model: t5.T5Model, block_size: int, rng: jax.Array) -> t5.
   decoder.pop('feature_out')
   decoder['block_queries'] = t5.init_params(rng, config)['decoder']['block_queries']
   return t5.T5Model(config=config, params={**model.params, 'decoder': decoder})
+
+
+def grown_config(config: T5Config, name: str) -> T5Config:
+  """`config` with the shape (d_model, d_kv, d_ff, heads, layers) of `CONFIGS[name]`; its
+  vocabulary, feed-forward, numerics and lengths kept (a 48M target of an 8,000-piece vocabulary
+  grown to `t5_1_1-xxl` keeps its vocabulary).
+
+  Raises:
+    ValueError: an unknown name, or a shape `grow` cannot reach exactly from `config` (every
+      problem named, with the names of `CONFIGS` it can reach).
+  """
+  if name not in CONFIGS:
+    raise ValueError(f'Unknown T5 shape {name!r}; known: {", ".join(sorted(CONFIGS))}.')
+  new = dataclasses.replace(config, **{f: getattr(CONFIGS[name], f) for f in _SHAPE})
+  try:
+    _check(config, new)
+  except ValueError as e:
+    raise ValueError(f'{e} Shapes this model grows to: {", ".join(reachable(config))}.') from None
+  return new
+
+
+def reachable(config: T5Config) -> list[str]:
+  """The names of `CONFIGS` whose shape `grow` reaches exactly from `config`."""
+  out = []
+  for name, shape in CONFIGS.items():
+    try:
+      _check(config, dataclasses.replace(config, **{f: getattr(shape, f) for f in _SHAPE}))
+    except ValueError:
+      continue
+    out.append(name)
+  return out
+
+
+def grow_placed(
+  model: t5.T5Model,
+  config: T5Config,
+  rng: jax.Array,
+  *,
+  mesh=None,
+  rules: sharding.Rules = sharding.DEFAULT_RULES,
+  param_dtype: str | None = None,
+  noise: float = 1e-2,
+) -> t5.T5Model:
+  """`grow(model, config, rng, noise)` built where it runs: one jitted program takes the small
+  params and writes the grown ones straight into their places, on `mesh` sharded by `rules`
+  (`sharding.param_shardings`; the grown model's activations follow the same rules), or on the
+  default device without a mesh, in `param_dtype` (None: the small params' dtype). The fresh
+  params of the new heads, units and layers are drawn on the devices too. The small params are
+  copied whole to every device of the mesh first.
+  """
+  build, _ = _builder(model, config, mesh, rules, param_dtype, noise)
+  args = (model.params, rng)
+  if mesh is not None:
+    args = sharding.replicated(args, mesh)
+  return t5.T5Model(config=config, params=build(*args), rules=rules)
+
+
+def lower_grow(
+  model: t5.T5Model,
+  config: T5Config,
+  *,
+  mesh=None,
+  rules: sharding.Rules = sharding.DEFAULT_RULES,
+  param_dtype: str | None = None,
+  noise: float = 1e-2,
+) -> tuple[jax.stages.Lowered, t5.T5Model]:
+  """The program `grow_placed` runs, lowered and not run, and the grown model it would give (its
+  params `jax.ShapeDtypeStruct`s with their shardings). `model.params` may be abstract; on a
+  compile-only mesh (`machines.compile_only_mesh`) `lowered.compile().memory_analysis()` is what
+  building the grown model needs per device there.
+  """
+  build, out = _builder(model, config, mesh, rules, param_dtype, noise)
+  on = lambda x: jax.ShapeDtypeStruct(
+    x.shape, x.dtype, sharding=None if mesh is None else NamedSharding(mesh, P())
+  )
+  params = jax.tree.map(on, model.params)
+  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=on(jnp.zeros(())).sharding)
+  lowered = build.lower(params, key)
+  shapes = build.eval_shape(params, key)
+  if out is not None:
+    shapes = jax.tree.map(
+      lambda s, h: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=h), shapes, out
+    )
+  return lowered, t5.T5Model(config=config, params=shapes, rules=rules)
+
+
+def _builder(model, config, mesh, rules, param_dtype, noise):
+  """(the jitted program `(small params, key) -> grown params`, its out_shardings or None)."""
+  old = model.config
+  grown = lambda params, key: grow(t5.T5Model(config=old, params=params), config, key, noise).params
+  dtype = param_dtype or jax.tree.leaves(model.params)[0].dtype
+  out = None
+  if mesh is not None:
+    shapes = jax.eval_shape(grown, model.params, jax.random.key(0))
+    shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype), shapes)
+    out = sharding.param_shardings(shapes, mesh, rules)
+  cast = lambda params, key: jax.tree.map(lambda x: x.astype(dtype), grown(params, key))
+  return jax.jit(cast, out_shardings=out), out
