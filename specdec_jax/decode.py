@@ -400,7 +400,7 @@ def _speculative_call(
   num_drafts=1,
   draft_stop=None,
   unroll_draft=False,
-  proposal=None,
+  proposal='sample',
 ):
   """Validates `speculative_generate`'s arguments: (the loop's arguments before rng, LoopSpec)."""
   gamma = validation.as_int('gamma', gamma, 1)
@@ -429,15 +429,9 @@ def _speculative_call(
     draft_stop=draft_stop,
     unroll_draft=unroll_draft,
     trace=bool(trace),
-    proposal=proposal or default_proposal(draft_steps),
+    proposal=proposal,
   )
   return (target_steps, target_params, draft_steps, draft_params, ids, mask), spec
-
-
-def default_proposal(draft_steps) -> str:
-  """'argmax' for a block drafter (its drafts are accepted more often than independent draws:
-  docs/results.md, "Block drafting"), else 'sample' (an autoregressive drafter's own law)."""
-  return 'argmax' if getattr(draft_steps, 'block_size', None) else 'sample'
 
 
 # eval_shape: no backend starts at import (jax.distributed.initialize must come first).
@@ -495,7 +489,7 @@ def speculative_generate(
   unroll_draft: bool = False,
   trace: bool = False,
   check_finite: bool = True,
-  proposal: str | None = None,
+  proposal: str = 'sample',
 ) -> DecodeOutput:
   """Speculative decoding: output distributed exactly as `generate(target, ...)`.
 
@@ -542,8 +536,8 @@ def speculative_generate(
     check_finite: raise `NonFiniteError` if the target's logits or either model's probabilities
       held NaN or inf; False returns the output with `stats.nonfinite` counts instead.
     proposal: at temperature > 0, 'sample' draws each draft from the drafter's law q_i,
-      'argmax' proposes q_i's most likely token with a one-hot q_i (both exact); None: the
-      drafter's default (`default_proposal`: 'argmax' for a block drafter, else 'sample').
+      'argmax' proposes q_i's most likely token with a one-hot q_i (both exact; 'sample' accepted
+      more on the shipped pairs, block drafters included: docs/results.md section 16).
 
   A block drafter (a step model with `block_size`, e.g. a T5 with `T5Config.block_size`) proposes
   all gamma <= block_size drafts in one call (`decode_steps.draft_block`).
@@ -599,7 +593,7 @@ def lower_speculative(
   num_drafts: int = 1,
   draft_stop: float | None = None,
   unroll_draft: bool = False,
-  proposal: str | None = None,
+  proposal: str = 'sample',
 ) -> jax.stages.Lowered:
   """`speculative_generate`'s program lowered for these shapes (trace off), without running it.
 

@@ -183,7 +183,7 @@ def draft_block(
   greedy,
   target_states,
   stop=None,
-  proposal: str = 'argmax',
+  proposal: str = 'sample',
   unroll_draft: bool = False,
 ):
   """Step 1 by a block drafter (`block_size`): all gamma drafts from ONE call (`step_block`).

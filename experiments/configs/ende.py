@@ -117,9 +117,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # A block drafter's gammas (one call drafts them all, so they may be larger; <= its block_size).
   c.block_gammas = (4, 8)
   c.verifiers = ('token', 'block')
-  # How drafts are proposed at temperature > 0 (speculative_generate's proposal): 'sample',
-  # 'argmax', or '' for each drafter's default (decode.default_proposal).
-  c.proposal = ''
+  # How drafts are proposed at temperature > 0 (speculative_generate's proposal): 'sample' (each
+  # draft drawn from the drafter's law) or 'argmax' (its most likely token, q one-hot).
+  c.proposal = 'sample'
   # K draft paths per iteration (speculative_generate's num_drafts): K > 1 verifies K independent
   # paths with verify_multipath (block: greedy multi-path block verification; token: recursive
   # rejection) and runs each row as K rows of both models.

@@ -504,7 +504,7 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[Row]:
       mesh=plan.mesh,
       num_drafts=num_drafts(c),
       draft_stop=c.get('draft_stop'),
-      proposal=c.get('proposal') or None,
+      proposal=c.get('proposal') or 'sample',
     )
 
   groups = plan.groups

@@ -82,7 +82,7 @@ def translate_in_turn(
   mesh=None,
   num_drafts: int = 1,
   draft_stop: float | None = None,
-  proposal: str | None = None,
+  proposal: str = 'sample',
 ) -> dict[str, Run]:
   """Decodes `sources` batch by batch, each batch with every one of `methods` in turn (same rng),
   timing each call: {method: Run}.
