@@ -215,6 +215,8 @@ def prepare(config) -> Plan:
     names = list(pair.drafters)  # a pair given by checkpoints has its one drafter
   else:
     names = list(config.drafters)
+    # Block drafters join the rows where the pair ships them (the summary lists the drafters).
+    names += [n for n in config.get('block_drafters', ()) if n in pair.drafters and n not in names]
   missing = [n for n in names if n not in pair.drafters]
   if missing:
     raise ValueError(
