@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import decode
+from specdec_jax import decode, verify
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import timing
 from tests import fakes
@@ -75,7 +75,7 @@ def test_greedy_fast_path_matches_general_path_markov(verifier, gamma):
   )
 
 
-_GREEDY_VERIFY = decode.verify.greedy_verify
+_GREEDY_VERIFY = verify.greedy_verify
 
 
 def _off_by_one_greedy_verify(draft_tokens, target_ids):
@@ -90,7 +90,7 @@ def test_negative_control_greedy_fast_path_off_by_one_differs(monkeypatch):
   target = fakes.random_markov(seed=11, vocab_size=16, positions=40, eos_id=1)
   drafter = _noisy_copy(target, seed=12, noise=1.0)
   ids, mask = jnp.zeros((64, 1), jnp.int32), jnp.ones((64, 1), jnp.int32)
-  monkeypatch.setattr(decode.verify, 'greedy_verify', _off_by_one_greedy_verify)
+  monkeypatch.setattr(verify, 'greedy_verify', _off_by_one_greedy_verify)
   jax.clear_caches()
   fast, general = _both_paths(
     target, drafter, ids, mask, gamma=3, verifier='token', max_new_tokens=30

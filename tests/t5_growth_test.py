@@ -186,6 +186,7 @@ def _shipped_batch(pair, n: int):
   return pair.tokenizer.encode_batch(sources, 64, truncate=True)
 
 
+@pytest.mark.slow  # 110 s under load
 @helpers.needs_pair('ende48m')
 def test_the_grown_shipped_target_keeps_its_logits_and_greedy_outputs():
   """ende48m's target twice as wide (d_model 1024) and deeper, built by the jitted `grow_placed`
@@ -258,8 +259,8 @@ def test_a_drafter_beside_a_target_of_another_encoder_width_fails_before_any_wor
   with pytest.raises(ValueError, match=match):
     decode.speculative_generate(big, drafter, ids, mask, **options)
   with pytest.raises(ValueError, match=match):
-    step_models.encoder_of(drafter, big)
+    step_models.encoder_of(step_models.as_step_model(drafter), step_models.as_step_model(big))
   with pytest.raises(ValueError, match="Drafter 'distilled': .*" + match):
-    pretrained._check_vocab(big, {'distilled': drafter})
+    pretrained._check_pair(big, {'distilled': drafter})
   moved = t5_growth.follow_grown_encoder(drafter, GROWN.d_model, jax.random.key(3))
   step_models.check_encoder_reader(moved.steps, big.steps)

