@@ -150,7 +150,7 @@ def load_drafter(path: str | pathlib.Path, *, mesh=None, how: str = 'auto'):
   return load_model(path, mesh=mesh, how=how)
 
 
-def _check_pair(target, found: dict) -> None:
+def check_pair(target, found: dict) -> None:
   """One ValueError, before any work, for a target that cannot be one (a block drafter's
   checkpoint) or a drafter that cannot draft for it (another vocabulary, or target states of
   another width)."""
@@ -209,7 +209,7 @@ def from_checkpoints(
     n: load_model(p, mesh=mesh, how=drafter_sharding, param_dtype=param_dtype)
     for n, p in drafters.items()
   }
-  _check_pair(model, found)
+  check_pair(model, found)
   return Pair(
     directory=pathlib.Path(str(target)),
     target=model,
@@ -254,7 +254,7 @@ def load(
     name: load_drafter(where(rel), mesh=mesh, how=drafter_sharding)
     for name, rel in manifest['drafters'].items()
   }
-  _check_pair(target, found)
+  check_pair(target, found)
   return Pair(
     directory=directory,
     target=target,
@@ -292,5 +292,5 @@ def grow_pair(
         moved = moved.replace(params=jax.device_put(moved.params, place))
       drafter = moved
     drafters[name] = drafter
-  _check_pair(target, drafters)
+  check_pair(target, drafters)
   return dataclasses.replace(pair, target=target, drafters=drafters)

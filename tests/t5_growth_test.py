@@ -261,6 +261,6 @@ def test_a_drafter_beside_a_target_of_another_encoder_width_fails_before_any_wor
   with pytest.raises(ValueError, match=match):
     step_models.encoder_of(step_models.as_step_model(drafter), step_models.as_step_model(big))
   with pytest.raises(ValueError, match="Drafter 'distilled': .*" + match):
-    pretrained._check_pair(big, {'distilled': drafter})
+    pretrained.check_pair(big, {'distilled': drafter})
   moved = t5_growth.follow_grown_encoder(drafter, GROWN.d_model, jax.random.key(3))
   step_models.check_encoder_reader(moved.steps, big.steps)
