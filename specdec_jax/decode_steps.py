@@ -234,16 +234,24 @@ class Drafting:
       unroll_draft, proposal) -> (drafts int32[B, G], q f32[B, G, V] or None when greedy, cache,
       lengths int32[B] or None): how it fills (tokens, q), as `draft` documents.
     applies: whether it is the way `steps` drafts.
+    extra_slots: (gamma) -> the drafter cache's slots beyond the loop's `buffer_length`: a block
+      call writes its gamma - 1 query slots past the kept positions (`T5Steps.step_block`).
   """
 
   name: str
   draft: Callable
   applies: Callable
+  extra_slots: Callable = lambda gamma: 0
 
 
 # The first that applies is the drafter's way (`drafting_of`).
 DRAFTINGS = (
-  Drafting('block', lambda *a, **k: draft_block(*a, **k), lambda s: bool(getattr(s, 'block_size', None))),
+  Drafting(
+    'block',
+    lambda *a, **k: draft_block(*a, **k),
+    lambda s: bool(getattr(s, 'block_size', None)),
+    extra_slots=lambda gamma: gamma - 1,
+  ),
   Drafting('token', lambda *a, **k: draft(*a, **k), lambda s: True),
 )  # fmt: skip
 
@@ -371,9 +379,11 @@ def init_caches(
   input_mask,
   cache_len,
   num_drafts=1,
+  draft_cache_len=None,
 ):
   """Both caches, with `num_drafts` rows per source row (each source is encoded once); the
-  source is encoded once in all when the drafter reads the target's encoder."""
+  source is encoded once in all when the drafter reads the target's encoder. The drafter's has
+  `draft_cache_len` slots (default `cache_len`; a block drafter's needs more: `Drafting`)."""
   encoded = target_steps.encode(target_params, input_ids, input_mask)
   mask = repeat_paths(input_mask, num_drafts)
   target_cache = target_steps.init_cache(
@@ -384,7 +394,7 @@ def init_caches(
   if not getattr(draft_steps, 'shares_target_encoder', False):
     encoded = draft_steps.encode(draft_params, input_ids, input_mask)
   return target_cache, draft_steps.init_cache(
-    draft_params, repeat_paths(encoded, num_drafts), mask, cache_len
+    draft_params, repeat_paths(encoded, num_drafts), mask, draft_cache_len or cache_len
   )
 
 

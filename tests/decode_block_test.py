@@ -122,12 +122,16 @@ def test_greedy_equals_generate_markov():
   assert int(np.sum(out.stats.accepted)) > 0
 
 
-@pytest.mark.parametrize('verifier, gamma, num_drafts', [('token', 4, 1), ('block', 2, 2)])
-def test_greedy_equals_generate_t5(verifier, gamma, num_drafts, tiny_pair):
+# (max_new_tokens 1 at gamma 4: a block call is 2 gamma wide, wider than the loop's buffer of
+# M + gamma + 2 slots; the drafter's cache has gamma - 1 more, `Drafting.extra_slots`.)
+@pytest.mark.parametrize(
+  'verifier, gamma, num_drafts, max_new_tokens', [('token', 4, 1, 16), ('block', 2, 2, 16), ('token', 4, 1, 1)]
+)
+def test_greedy_equals_generate_t5(verifier, gamma, num_drafts, max_new_tokens, tiny_pair):
   target, _ = tiny_pair
   drafter = _block_t5(target)
   ids, mask = _source(vocab=target.config.vocab_size)
-  kw = dict(sampling=GREEDY, max_new_tokens=16, rng=None)
+  kw = dict(sampling=GREEDY, max_new_tokens=max_new_tokens, rng=None)
   ref = decode.generate(target, ids, mask, **kw)
   out = decode.speculative_generate(
     target, drafter, ids, mask, gamma=gamma, verifier=verifier, num_drafts=num_drafts, **kw
