@@ -159,6 +159,18 @@ def draft_cost(compiled: tpu_costs.Compiled, *, gamma: int, extra_calls: int) ->
   return DraftCost(iteration, draft, per_call)
 
 
+def block_draft_cost(compiled: tpu_costs.Compiled) -> DraftCost:
+  """`DraftCost` of an `iteration_program` of a block drafter: its one call and the draws (no
+  scan; `per_call` 0, the call is the iteration's fixed cost)."""
+  program = compiled.program
+  body, condition = program.traced_loop().runs
+  drafting = lambda ops: sum(
+    sub.cycles * times for sub, times in ops if tpu_costs.scope(sub) in ('drafter', 'sampling')
+  )
+  draft = drafting(program.flat(body)) + drafting(program.flat(condition))
+  return DraftCost(program.cycles(body) + program.cycles(condition), draft, 0.0)
+
+
 def drafter_cost(step: float, draft: float, per_call: float, *, gamma: int):
   """(c, c_fixed) in target steps from the cycles of a target step, of the draft in an iteration
   and of one extra call: c = per_call / step, c_fixed = draft / step - gamma c, what the draft adds
@@ -205,13 +217,20 @@ def tables_from_compiler(
   step_bytes = bound(target, 1, 0)[0]
   for g in gammas:
     for name, drafter in drafters.items():
-      alone = call_cycles(setup, drafter, positions=1, cache_len=cache_len(g))
-      extra = timing.EXTRA_CALLS
+      # A block drafter's call (`block_size`): gamma + 1 kept positions and gamma drafts, once an
+      # iteration, so c is 0 and c_fixed the call (as `timing.step_costs` measures it).
+      block = getattr(drafter.steps, 'block_size', None)
+      alone = call_cycles(setup, drafter, positions=g + 1 if block else 1, cache_len=cache_len(g))
+      extra = 0 if block else timing.EXTRA_CALLS
       iteration = iteration_program(
         setup, target, drafter, gamma=g, cache_len=cache_len(g), draft_length=g + extra
       )
-      cost = draft_cost(iteration, gamma=g, extra_calls=extra)
-      c, c_fixed = drafter_cost(step.per_iteration, cost.draft, cost.per_call, gamma=g)
+      if block:
+        cost = block_draft_cost(iteration)
+        c, c_fixed = 0.0, cost.draft / step.per_iteration
+      else:
+        cost = draft_cost(iteration, gamma=g, extra_calls=extra)
+        c, c_fixed = drafter_cost(step.per_iteration, cost.draft, cost.per_call, gamma=g)
       costs[name, g] = dict(
         c=c, c_fixed=c_fixed, pass_cost=passes[g].per_iteration / step.per_iteration
       )

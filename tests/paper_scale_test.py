@@ -338,7 +338,8 @@ def test_compile_for_a_tpu_prints_the_compilers_tables(monkeypatch, tmp_path):
   with flagsaver.flagsaver(), contextlib.redirect_stdout(out):
     flags.FLAGS(['paper_scale', '--noeigen_dots'])
     paper_scale.FLAGS.unparse_flags()
-    argv = ['--compile_for=tpu-v4', '--target=tiny-target', f'--drafters={drafter}', '--gammas=3']
+    drafters = f'{drafter},block:tiny-target'  # and a block drafter: one call an iteration
+    argv = ['--compile_for=tpu-v4', '--target=tiny-target', f'--drafters={drafters}', '--gammas=3']
     paper_scale.FLAGS(['paper_scale', *argv, '--source_length=8', '--max_new_tokens=8',
                        f'--compile_cache={tmp_path}'])  # fmt: skip
     paper_scale.main(['paper_scale'])
@@ -350,11 +351,21 @@ def test_compile_for_a_tpu_prints_the_compilers_tables(monkeypatch, tmp_path):
   assert pass_['pass_cost'] == pytest.approx(pass_['mcycles'] / step['mcycles'], rel=0.01)
   for row in (step, pass_):
     assert row['of_bound'] == pytest.approx(100 * row['bound'] / row['mcycles'], rel=0.02, abs=0.6)
-  (row,) = _table(printed, 2, tpu.DRAFTER_COLUMNS)
+  row, block = _table(printed, 2, tpu.DRAFTER_COLUMNS)
   assert row['drafter'] == drafter and row['gamma'] == 3 and row['c'] > 0
+  assert block['drafter'] == 'block:tiny-target' and block['c'] == 0
+  assert block['c_fixed'] > 0 and block['c_alone'] > 0  # its call: 4 kept positions, 3 drafts
   gamma_column = paper_scale.tables.Column('gamma_3', 'gamma 3', '.2f', suffix='x')
   columns = tpu.SPEEDUP_COLUMNS[:3] + (gamma_column,) + tpu.SPEEDUP_COLUMNS[3:]
-  rows = _table(printed, 4, columns)
+  # The block drafter's rows have no paper column: the formula at c 0 and its c_fixed.
+  lines = printed.splitlines()
+  block_rows = [line.split() for line in lines[lines.index(next(l for l in lines if l.startswith('4. '))) :]
+                if line.startswith('block:')]  # fmt: skip
+  assert [(cells[1], cells[2]) for cells in block_rows] == [('0', '0.75'), ('1', '0.62')]
+  for cells in block_rows:
+    formula = analysis.expected_tokens(float(cells[2]), 3) / (block['c_fixed'] + pass_['pass_cost'])
+    assert float(cells[3].removesuffix('x')) == pytest.approx(formula, rel=0.02, abs=0.011)
+  rows = _table('\n'.join(l for l in lines if not l.startswith('block:')), 4, columns)
   assert [(r['temp'], r['alpha']) for r in rows] == [(0, 0.75), (1, 0.62)]
   for r, (alpha, _, measured) in zip(rows, tpu.PAPER_TABLE_2.values()):
     formula = analysis.expected_tokens(alpha, 3) / (
