@@ -178,6 +178,8 @@ def test_methods_timed_in_turn_decode_as_alone_and_share_one_baseline(monkeypatc
   ]:
     with pytest.raises(ValueError, match=match):
       translation.translate_in_turn(*args, methods=methods, **kw)
+  with pytest.raises(ValueError, match=r"needs gamma for the verifiers among \('token',\)"):
+    translation.translate_in_turn(*args, methods=('token',), **dict(kw, gamma=None))
   # Both verifiers' speedups are over the one baseline timed in turn with them, which is also
   # the temperature's autoregressive row. (The shapes above: the compiled programs are reused.)
   config = ende.get_config(

@@ -71,7 +71,7 @@ def translate_in_turn(
   sources: Sequence[str],
   *,
   methods: Sequence[str],
-  gamma: int,
+  gamma: int | None = None,
   sampling: sampling_lib.SamplingConfig,
   batch_size: int,
   max_source_length: int,
@@ -87,7 +87,8 @@ def translate_in_turn(
   """Decodes `sources` batch by batch, each batch with every one of `methods` in turn (same rng),
   timing each call: {method: Run}.
 
-  `methods` are 'autoregressive' and verifier names (`verifiers.REGISTRY`). Timed in turn, batch
+  `methods` are 'autoregressive' and verifier names (`verifiers.REGISTRY`; `gamma` is needed
+  with any of them). Timed in turn, batch
   by batch, `runs['autoregressive'].seconds / runs[verifier].seconds` compares the two under the
   same machine load, so slow drift on a shared machine cancels out, and one autoregressive
   baseline serves every verifier. Every batch is padded to [batch_size, max_source_length], so
@@ -107,6 +108,8 @@ def translate_in_turn(
   compiles anything).
   """
   check_methods(methods)
+  if gamma is None and set(methods) != {AUTOREGRESSIVE}:
+    raise ValueError(f'translate_in_turn needs gamma for the verifiers among {tuple(methods)}.')
   if trace and AUTOREGRESSIVE in methods:
     raise ValueError('trace=True needs speculative methods only (verifier names).')
   chunks = [sources[i : i + batch_size] for i in range(0, len(sources), batch_size)]
