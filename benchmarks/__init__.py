@@ -41,6 +41,27 @@ def define_compile_for(
   )
 
 
+def define_compile(
+  what: str, skipped: str, planned: str, flag_values: flags.FlagValues
+) -> tuple[flags.FlagHolder, flags.FlagHolder]:
+  """--compile and --compile_dtype of a memory planner: whether to compile `what` (off:
+  `skipped` only), and on XLA:CPU in float32 or with the params as planned (`planned`: the flags
+  that plan them)."""
+  compile_ = flags.DEFINE_bool(
+    'compile', True, f'Compile {what} (off: {skipped} only).', flag_values=flag_values
+  )
+  dtype = flags.DEFINE_enum(
+    'compile_dtype',
+    'float32',
+    ['float32', 'params'],
+    f'On XLA:CPU (without --compile_for): compile {what} in float32 (whose temporaries bound the '
+    f"planned dtype's) or as planned ({planned}: XLA:CPU then adds a float32 copy of the bf16 "
+    'weights to the temporaries).',
+    flag_values=flag_values,
+  )
+  return compile_, dtype
+
+
 def compile_for(holder: flags.FlagHolder, *, one_chip: bool = False) -> list:
   """--compile_for's items, [(machine name, (data, model) or None)], [] where it is unset;
   `one_chip`: at most one item, a machine of one device (its name, or None). UsageError naming the

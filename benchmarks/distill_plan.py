@@ -108,17 +108,8 @@ _COMPILE_FOR = benchmarks.define_compile_for(
   'on simulated XLA:CPU devices (bounds).',
   FLAGS,
 )
-_COMPILE = flags.DEFINE_bool(
-  'compile', True, 'Compile the step (off: shapes and roofline only).', flag_values=FLAGS
-)
-_COMPILE_DTYPE = flags.DEFINE_enum(
-  'compile_dtype',
-  'float32',
-  ['float32', 'params'],
-  "On XLA:CPU: compile with the teacher's params in float32 (its temporaries are then the activations "
-  'alone) or as planned (--teacher_param_dtype: XLA:CPU then adds a float32 copy of the bf16 '
-  'weights to the temporaries).',
-  flag_values=FLAGS,
+_COMPILE, _COMPILE_DTYPE = benchmarks.define_compile(
+  'the step', 'shapes and roofline', '--teacher_param_dtype', FLAGS
 )
 
 

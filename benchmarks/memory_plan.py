@@ -135,17 +135,8 @@ _COMPILE_FOR = benchmarks.define_compile_for(
   'for 1x4). Unset: simulated XLA:CPU devices (bounds).',
   FLAGS,
 )
-_COMPILE = flags.DEFINE_bool(
-  'compile', True, 'Compile the loops (off: params + caches only).', flag_values=FLAGS
-)
-_COMPILE_DTYPE = flags.DEFINE_enum(
-  'compile_dtype',
-  'float32',
-  ['float32', 'params'],
-  'Without --compile_for: compile the loops in float32 (whose temporaries bound the planned '
-  "dtype's) or as planned (--param_dtype / --dtype; XLA:CPU then adds f32 copies of bf16 weights "
-  'to the temporaries).',
-  flag_values=FLAGS,
+_COMPILE, _COMPILE_DTYPE = benchmarks.define_compile(
+  'the loops', 'params + caches', '--param_dtype / --dtype', FLAGS
 )
 
 

@@ -456,17 +456,7 @@ TARGET_COLUMNS = (
   _Col('bound', 'HBM bound ms', '.4g'),
   _Col('of_bound', 'of bound', '.0f', 8, suffix='%'),
 )
-DRAFTER_COLUMNS = (
-  _Col('drafter', align='<', width=14),
-  _Col('params', 'params M', '.1f', 9),
-  _Col('gamma', fmt='d', width=5),
-  _Col('step', 'step ms', '.4g'),
-  _Col('c_alone', 'c alone', '.3f', 8),
-  _Col('c', fmt='.3f', width=7),
-  _Col('c_fixed', 'c fixed', '.3f', 7),
-  _Col('c_bound', 'c at bound', '.4g'),
-  _Col('iteration', 'iteration ms', '.4g'),
-)
+DRAFTER_COLUMNS = paper_scale_tpu.drafter_columns('ms', '.4f', '.4g')
 LOOP_COLUMNS = (
   _Col('loop', align='<', width=14),
   _Col('iteration', 'loop ms', '.4g'),

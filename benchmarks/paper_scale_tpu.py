@@ -341,17 +341,25 @@ TARGET_COLUMNS = (
   _Col('outside', 'outside Mcycles', '.3f'),
   _Col('temp', 'temp GiB', '.2f', 8),
 )
-DRAFTER_COLUMNS = (
-  _Col('drafter', align='<', width=10),
-  _Col('params', 'params M', '.1f', 9),
-  _Col('gamma', fmt='d', width=5),
-  _Col('step', 'step Mcycles', '.4f'),
-  _Col('c_alone', 'c alone', '.4f', 8),
-  _Col('c', fmt='.4f', width=7),
-  _Col('c_fixed', 'c fixed', '.4f', 8),
-  _Col('c_bound', 'c at bound', '.4f'),
-  _Col('iteration', 'iteration Mcycles', '.3f'),
-)
+
+
+def drafter_columns(unit: str, cost: str, time: str) -> tuple:
+  """Table 2's columns (paper_scale's timed, and these compiled): a drafter step and an
+  iteration in `unit` printed as `time`, its costs in target steps as `cost`."""
+  return (
+    _Col('drafter', align='<', width=14),
+    _Col('params', 'params M', '.1f', 9),
+    _Col('gamma', fmt='d', width=5),
+    _Col('step', f'step {unit}', time),
+    _Col('c_alone', 'c alone', cost, 8),
+    _Col('c', fmt=cost, width=7),
+    _Col('c_fixed', 'c fixed', cost, 8),
+    _Col('c_bound', 'c at bound', cost),
+    _Col('iteration', f'iteration {unit}', time),
+  )
+
+
+DRAFTER_COLUMNS = drafter_columns('Mcycles', '.4f', '.4f')
 SPEEDUP_COLUMNS = (
   _Col('drafter', align='<', width=10),
   _Col('temp', 'T', 'd', 2),

@@ -95,10 +95,7 @@ def optimal_gammas(points: list[dict]) -> list[dict]:
 
 # Each table's one column spec: its files hold every column, its lines the printed ones.
 POINT_TABLE = (
-  tables.Column('task', printed=False),
-  tables.Column('drafter', width=10, align='<'),
-  tables.Column('method', printed=False),
-  tables.Column('temp', fmt='g', width=4),
+  *skeleton.ROW_KEY,
   tables.Column('gamma', fmt='d', width=5),
   tables.Column('alpha', fmt='.3f', width=6),
   tables.Column('block_efficiency', 'tok/call', '.2f', 8),
@@ -115,10 +112,7 @@ POINT_TABLE = (
 # Each gamma a formula picks (EXP: with c; EXP(pass): with the measured pass cost), the fastest
 # measured (EMP), each followed by the speedup measured at it.
 OPTIMAL_TABLE = (
-  tables.Column('task', printed=False),
-  tables.Column('drafter', width=10, align='<'),
-  tables.Column('method', printed=False),
-  tables.Column('temp', fmt='g', width=4),
+  *skeleton.ROW_KEY,
   tables.Column('alpha', fmt='.3f', width=6),
   tables.Column('c', fmt='.3f', width=6),
   tables.Column('formula_gamma', 'EXP', 'd', 4),

@@ -241,10 +241,7 @@ def _speculative_costs(r, gamma: int, iteration: dict, base: dict) -> dict:
 
 # The table's one column spec: ops_memory.csv / .json hold every column, its lines the printed.
 TABLE = (
-  tables.Column('task', printed=False),
-  tables.Column('drafter', width=10, align='<'),
-  tables.Column('method', printed=False),
-  tables.Column('temp', fmt='g', width=4),
+  *skeleton.ROW_KEY,
   tables.Column('gamma', fmt='d', width=5),
   tables.Column('alpha', fmt='.3f', width=6),
   tables.Column('tokens_per_call', 'tok/call', '.2f', 8),

@@ -21,6 +21,16 @@ from specdec_jax import sharding
 from specdec_jax.measure import results_io, tables
 
 
+# The columns that name a main-job row (`evaluation.Row`) in an experiment's table: its task and
+# method in the files only, its drafter and temperature printed too.
+ROW_KEY = (
+  tables.Column('task', printed=False),
+  tables.Column('drafter', width=10, align='<'),
+  tables.Column('method', printed=False),
+  tables.Column('temp', fmt='g', width=4),
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Table:
   """One table of an experiment: `<file>.csv` / `.json` in the workdir.
