@@ -11,8 +11,6 @@ r"""Distil a drafter from the shipped target (DistillSpec-style; `specdec_jax.tr
       --workdir=workdir/distill_deeper                 # its drafter, 2 layers deep
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:eagle \
       --workdir=workdir/distill_eagle                  # its drafter reading the target's states
-  python -m scripts.distill --config=experiments/configs/distill_drafter.py:debsumm \
-      --workdir=workdir/distill_debsumm                # for pretrained/debsumm (dropped; see _debsumm)
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:debsumm48m \
       --workdir=workdir/distill_debsumm48m             # for pretrained/debsumm48m's (issue 27)
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:block \
@@ -58,9 +56,8 @@ def _grown(c):
 
 def _deeper(c):
   # pretrained/ende48m's distilled drafter grown to 2 decoder layers (the new one starts as the
-  # identity, t5_growth.grow) and distilled on greedy and sampled outputs. Measured (gamma 3):
-  # valid alpha 0.525 / 0.478 against 0.506 / 0.455, in-loop c 0.076 against 0.057, so the same
-  # predicted speedup (1.24x / 1.15x against 1.25x / 1.16x): not shipped (see the model card).
+  # identity, t5_growth.grow) and distilled on greedy and sampled outputs. Measured and not
+  # shipped: pretrained/ende48m/MODEL_CARD.md, "A deeper drafter".
   _grown(c)
   c.init_from = str(_ROOT / 'pretrained' / 'ende48m' / 'distilled')
   c.student.num_decoder_layers = 2
@@ -72,10 +69,7 @@ def _eagle(c):
   # pretrained/ende48m's distilled drafter made EAGLE-style (Li et al. 2024): it also reads the
   # target's final decoder state at the previous position (feature_dim; t5_growth.
   # add_feature_input starts it computing what it computed) and learns to predict that state to
-  # feed itself while drafting. Measured (2026-11-24): valid alpha (gamma 4) 0.521 / 0.495
-  # against 0.523 / 0.470; on the test sentences (main job, gamma 3) 0.452 / 0.484 against
-  # 0.416 / 0.468, but each iteration costs ~10% more, so 1.17x / 1.06x against 1.20x / 1.15x:
-  # not shipped (pretrained/ende48m/MODEL_CARD.md).
+  # feed itself while drafting. Measured and not shipped: pretrained/ende48m/MODEL_CARD.md.
   _deeper(c)
   c.student.num_decoder_layers = 1
   c.student.feature_dim = 0  # 0: the target's d_model
@@ -101,14 +95,18 @@ def _block(c):
   c.on_policy_every = 0  # it cannot draft without the target
 
 
-def _debsumm(c):
-  # The 13.5M debsumm target (pretrained/debsumm: pretrained/ende's target fine-tuned on Debian
-  # description -> synopsis, same shape and tokenizer); its drafter starts from pretrained/ende's
-  # distilled one, a decoder over an encoder of the same shape. pretrained/debsumm left the repo
-  # for the size budget when debsumm48m replaced it (2026-11-25); to rerun this or `debsumm48m`
-  # (which starts from its drafter): `git checkout abc7b7d -- pretrained/debsumm`.
-  c.teacher = str(_ROOT / 'pretrained' / 'debsumm' / 'target')
-  c.init_from = str(_ROOT / 'pretrained' / 'ende' / 'distilled')
+def _debsumm48m(c):
+  # The 48M debsumm target (pretrained/debsumm48m: pretrained/ende48m's target fine-tuned on Debian
+  # description -> synopsis, train_summ_target.py:from_ende48m, same shapes and tokenizer), its
+  # drafter started from pretrained/ende48m's distilled one (it reads an encoder of that shape).
+  # Sources of up to 256 tokens, summaries of 40 (the main job's, debsumm.py). The shipped
+  # drafter started instead from the 13.5M debsumm pair's distilled one made to read the 48M
+  # encoder (t5_growth.follow_grown_encoder); that pair left the repo for the size budget
+  # (`git checkout abc7b7d -- pretrained/debsumm` restores it), and was run with
+  # `:debsumm48m,num_train_sources=4000,num_train_steps=800,eval_every=400`
+  # (pretrained/debsumm48m/MODEL_CARD.md).
+  c.teacher = str(_ROOT / 'pretrained' / 'debsumm48m' / 'target')
+  c.init_from = str(_ROOT / 'pretrained' / 'ende48m' / 'distilled')
   c.train_file = str(_ROOT / 'data' / 'debsumm' / 'train.tsv')
   c.valid_file = str(_ROOT / 'data' / 'debsumm' / 'valid.tsv')
   c.max_source_length, c.max_target_length = 256, 40
@@ -116,18 +114,6 @@ def _debsumm(c):
   c.learning_rate, c.warmup_steps, c.num_train_steps, c.eval_every = 5e-4, 100, 1000, 250
   # Its outputs on 6,000 sources per temperature: ~5 min each on 2 cores (long sources).
   c.num_train_sources = 6_000
-
-
-def _debsumm48m(c):
-  # The 48M debsumm target (pretrained/debsumm48m: pretrained/ende48m's target fine-tuned on
-  # debsumm, train_summ_target.py:from_ende48m); its drafter starts from pretrained/debsumm's
-  # distilled one made to read the 48M encoder (t5_growth.follow_grown_encoder, as `grown` does for
-  # ende48m). Same sources and lengths as `debsumm` (the main job's). Shipped: run with
-  # `:debsumm48m,num_train_sources=4000,num_train_steps=800,eval_every=400` (the 48M target's
-  # outputs for 3,881 sources took ~5 min per temperature on 2 cores).
-  _debsumm(c)
-  c.teacher = str(_ROOT / 'pretrained' / 'debsumm48m' / 'target')
-  c.init_from = str(_ROOT / 'pretrained' / 'debsumm' / 'distilled')
 
 
 def _block_debsumm48m(c):
@@ -283,7 +269,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       'grown': _grown,
       'deeper': _deeper,
       'eagle': _eagle,
-      'debsumm': _debsumm,
       'debsumm48m': _debsumm48m,
       'block': _block,
       'block_debsumm48m': _block_debsumm48m,
