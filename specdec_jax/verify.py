@@ -312,7 +312,8 @@ def sample_next(rng, num_accepted, weight, draft_probs, target_probs) -> jax.Arr
 
 
 def check_and_cast(draft_tokens, draft_probs, target_probs) -> tuple[jax.Array, jax.Array]:
-  """Raises ValueError on inconsistent shapes; returns the probabilities as float32 (every
+  """Raises ValueError on inconsistent shapes; returns the probabilities as float32, or float64
+  where they are and x64 is on (tests compare a kernel with an exact law there; every
   single-draft verifier checks its inputs here, verify_greedy too)."""
   if draft_tokens.ndim != 2:
     raise ValueError(f'draft_tokens must be [B, G], got shape {draft_tokens.shape}')
@@ -328,7 +329,9 @@ def check_and_cast(draft_tokens, draft_probs, target_probs) -> tuple[jax.Array, 
     raise ValueError(
       f'target_probs must be [B, G+1, V] = {(batch, gamma + 1, vocab)}, got {target_probs.shape}'
     )
-  return jnp.asarray(draft_probs, jnp.float32), jnp.asarray(target_probs, jnp.float32)
+  dtype = jnp.promote_types(jnp.result_type(draft_probs, target_probs), jnp.float32)
+  dtype = jax.dtypes.canonicalize_dtype(dtype)  # float64 only with x64 on
+  return jnp.asarray(draft_probs, dtype), jnp.asarray(target_probs, dtype)
 
 
 def _finite_positions(draft_probs, target_probs) -> jax.Array:

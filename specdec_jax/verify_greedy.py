@@ -42,7 +42,6 @@ import jax.numpy as jnp
 from specdec_jax import sampling, verify
 
 NAME = 'greedy_block'  # the verifier's name in `verifiers.REGISTRY` and the decode loops
-_TINY = float(jnp.finfo(jnp.float32).tiny)
 
 
 class GreedyBlockResult(NamedTuple):
@@ -176,7 +175,7 @@ def law_rows(draft_tokens, draft_probs, target_probs, levels) -> tuple[jax.Array
   if depth == 0:
     return target_probs, jnp.zeros((batch, 0, 0), jnp.float32)
   q, x = draft_probs[:, :depth], draft_tokens[:, :depth, None].astype(jnp.int32)
-  log_q_x = jnp.log(jnp.maximum(jnp.take_along_axis(q, x, axis=-1)[..., 0], _TINY))
+  log_q_x = jnp.log(jnp.maximum(jnp.take_along_axis(q, x, axis=-1)[..., 0], _tiny(q)))
   rows, log_ws = jnp.asarray(target_probs[:, :depth]), []
   for j in range(depth):
     nodes = j + 1  # level j is active at nodes 0..j
@@ -196,7 +195,7 @@ def path_log_weights(draft_tokens, draft_probs, law) -> jax.Array:
   `-inf`, and every later weight stays `-inf` (no `+inf` can appear, so no NaN).
   """
   l_x, q_x = verify.probs_of_drafts(draft_tokens, draft_probs, law)
-  log_ratio = jnp.log(l_x) - jnp.log(jnp.maximum(q_x, _TINY))
+  log_ratio = jnp.log(l_x) - jnp.log(jnp.maximum(q_x, _tiny(q_x)))
   return jnp.pad(jnp.cumsum(log_ratio, axis=1), ((0, 0), (1, 0)))
 
 
@@ -262,6 +261,11 @@ def advance_levels(draft_probs, target_probs, levels, level_log_w, log_w, law, t
 # ----------------------------------------------------------------------------------------------
 
 
+def _tiny(x) -> float:
+  """The smallest normal number of x's dtype (a drafted token's q is clamped to it)."""
+  return float(jnp.finfo(x.dtype).tiny)
+
+
 def _at(x, index):
   """x[b, index[b]] for each row b: [B, N, ...] -> [B, ...]."""
   index = index.reshape(index.shape + (1,) * (x.ndim - 1))
@@ -279,5 +283,5 @@ def _check(draft_tokens, draft_probs, target_probs, levels):
   uniform = 1.0 / draft_probs.shape[-1]
   draft_probs = jnp.where(bad[:, None, None], uniform, draft_probs)
   target_probs = jnp.where(bad[:, None, None], uniform, target_probs)
-  levels = jnp.where(bad[:, None] | jnp.isnan(levels), jnp.inf, levels.astype(jnp.float32))
+  levels = jnp.where(bad[:, None] | jnp.isnan(levels), jnp.inf, levels.astype(draft_probs.dtype))
   return draft_probs, target_probs, levels

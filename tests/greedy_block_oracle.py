@@ -187,16 +187,21 @@ class RationalChain:
 
 
 class KernelChain:
-  """Decoding with `verify_greedy`'s distribution mode, exactly up to float32 rounding.
+  """Decoding with `verify_greedy`'s distribution mode, exactly up to `dtype`'s rounding
+  (float32; float64 inside `jax.enable_x64(True)`).
 
   Args:
     target_row, drafter_row: prefix (tuple of emitted ids) -> probability row (floats).
     context: prefix -> what the rows of every longer prefix depend on (a hashable key).
     vocab, gamma: V and G.
     eos: an id that ends the output (padded with `pad` after it), or None.
+    dtype: the kernel's inputs' dtype.
   """
 
-  def __init__(self, target_row, drafter_row, context, vocab, gamma, eos=None, pad=0):
+  def __init__(
+    self, target_row, drafter_row, context, vocab, gamma, eos=None, pad=0, dtype=np.float32
+  ):
+    self.dtype = dtype
     self.target_row, self.drafter_row, self.context = target_row, drafter_row, context
     self.vocab, self.gamma, self.eos, self.pad = vocab, gamma, eos, pad
     self.blocks = np.array(list(itertools.product(range(vocab), repeat=gamma)), np.int32)
@@ -204,7 +209,7 @@ class KernelChain:
 
   def outcomes(self, prefix, levels):
     """[(prob, emitted, levels after)] of one iteration from `prefix` with `levels`."""
-    levels = np.asarray(levels, np.float32)
+    levels = np.asarray(levels, self.dtype)
     key = (self.context(prefix), tuple(np.round(levels, 5)))
     if key not in self._memo:
       q = np.array(
@@ -219,8 +224,8 @@ class KernelChain:
       block_prob = np.prod(np.take_along_axis(q, self.blocks[..., None], -1)[..., 0], axis=1)
       batch = len(self.blocks)
       tau, y, after = map(np.asarray, verify_greedy.iteration_law(
-        jnp.asarray(self.blocks), jnp.asarray(q, jnp.float32), jnp.asarray(p, jnp.float32),
-        jnp.asarray(np.broadcast_to(levels, (batch, self.gamma - 1)), jnp.float32),
+        jnp.asarray(self.blocks), jnp.asarray(q, self.dtype), jnp.asarray(p, self.dtype),
+        jnp.asarray(np.broadcast_to(levels, (batch, self.gamma - 1)), self.dtype),
       ))  # fmt: skip
       out = []
       for b, t, tok in itertools.product(range(batch), range(self.gamma + 1), range(self.vocab)):

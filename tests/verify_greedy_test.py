@@ -28,6 +28,7 @@ from tests import greedy_block_oracle as go
 from tests import verify_test as vt
 
 EXACT_TOLERANCE = 1e-5  # float32 kernel vs the exact law, total variation / expectations
+FLOAT64_TOLERANCE = 1e-12  # the same kernel in float64 (measured ~1e-16; float32's ~3e-8)
 CONTROL_TV = 1e-3  # a negative control must miss the target's law by more than this
 
 # name: (models, gamma, tokens compared, iterations T of E[tokens after T])
@@ -90,11 +91,11 @@ def _rational(model: str) -> go.RationalChain:
   return go.RationalChain(*models, gamma)
 
 
-def _kernel(model: str) -> go.KernelChain:
+def _kernel(model: str, dtype=np.float32) -> go.KernelChain:
   (target, drafter), gamma, _, _ = MODELS[model]
   target_row, context = go.markov_rows(target)
   drafter_row, _ = go.markov_rows(drafter)
-  return go.KernelChain(target_row, drafter_row, context, len(target[None]), gamma)
+  return go.KernelChain(target_row, drafter_row, context, len(target[None]), gamma, dtype=dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -169,6 +170,22 @@ def test_kernel_is_lossless_and_optimal(model):
     expected = float(chain.tokens_after('greedy', t))
     assert kernel.tokens_after(t) == pytest.approx(expected, abs=EXACT_TOLERANCE), t
   assert kernel.max_depth() == chain.max_depth('greedy', tokens) == gamma - 1
+
+
+@pytest.mark.parametrize('model', sorted(MODELS))
+def test_kernel_in_float64_is_the_exact_law(model):
+  """The same kernel in float64 (x64 on) meets the rational oracle to FLOAT64_TOLERANCE: what
+  EXACT_TOLERANCE allows the float32 kernel is its rounding, not a slack a bug could hide in
+  (each negative control misses by more than CONTROL_TV)."""
+  chain = _rational(model)
+  _, gamma, tokens, iterations = MODELS[model]
+  exact = {k: float(v) for k, v in chain.target_joint(tokens).items()}
+  with jax.enable_x64(True):
+    kernel = _kernel(model, np.float64)
+    assert go.total_variation(kernel.joint(tokens), exact) < FLOAT64_TOLERANCE
+    assert abs(kernel.first_accepted() - float(chain.block_bound())) < FLOAT64_TOLERANCE
+    for t in range(1, iterations + 1):
+      assert abs(kernel.tokens_after(t) - float(chain.tokens_after('greedy', t))) < FLOAT64_TOLERANCE
 
 
 def test_toy_falls_behind_block_verification_after_three_iterations():
