@@ -6,6 +6,8 @@ r"""A drafter's decoder step, kernel by kernel: what its compiled program launch
   python -m benchmarks.drafter_kernels --baseline=/tmp/base           # another checkout beside
   python -m benchmarks.drafter_kernels --time --target=t5-11b         # on a device: ms, c
   python -m benchmarks.drafter_kernels --model=t5-11b --compile_for=h100 --gemms --nounrolled
+  python -m benchmarks.drafter_kernels --model=block --target=t5-11b --compile_for=h100
+      # a block drafter (paper_scale's shape): its one call of gamma drafts, and the iteration
 
 Compiles, for one row over a source of --source_length, (1) a decoder step: `t5.decode` of one
 token on a cache from `t5.init_cache` (the cache donated, as the decode loops carry it), and (2)
@@ -49,6 +51,7 @@ kernel".
 
 import collections
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -70,7 +73,11 @@ from specdec_jax.models import t5
 # This main's own flags (`benchmarks.run`).
 FLAGS = flags.FlagValues()
 _MODEL = flags.DEFINE_string(
-  'model', 't5-small', 'The drafter: a name in t5.CONFIGS.', flag_values=FLAGS
+  'model',
+  't5-small',
+  'The drafter: a name in t5.CONFIGS, or one-layer[:NAME] / block[:NAME] over --target '
+  "(paper_scale's drafter shapes; block needs --target).",
+  flag_values=FLAGS,
 )
 _DTYPE = flags.DEFINE_enum(
   'dtype', 'bfloat16', ['bfloat16', 'float32'], 'Params and compute.', flag_values=FLAGS
@@ -191,12 +198,24 @@ def _draft(steps, gamma: int, unrolled: bool):
   return run
 
 
+def _block_call(steps, gamma: int):
+  """A block drafter's one call of the loop as a function of (params, cache, tokens, features,
+  num_kept): gamma + 1 kept positions, gamma drafts (`T5Steps.step_block`)."""
+
+  def run(params, cache, tokens, features, num_kept):
+    return steps.step_block(params, tokens, features, cache, gamma, num_kept)
+
+  return run
+
+
 def count(config, *, source_length, cache_len, gamma, unrolled=True, device=None, hlo_dir=None):
   """The step and the draft loop(s) of `config`'s decoder, compiled for `device` (default: the
   default backend): {program: {'launches': what its HLO holds, by category (a loop body once);
   'per_call': what one call launches (the scan's body and condition once an iteration);
   'per_step': per_call over its drafter calls (gamma for a draft loop); 'per_layer';
-  'loop_body': the scan's body alone (one drafter step and its argmax); 'stablehlo'}}."""
+  'loop_body': the scan's body alone (one drafter step and its argmax); 'stablehlo'}}. A block
+  drafter (`config.block_size`) has its one call instead of the draft loops ('block call': its
+  gamma drafts in one call, no loop)."""
   model = synthetic.abstract_model(config, device)
   params = model.params
   cache = synthetic.abstract_cache(model, device, batch=1, source_length=source_length,
@@ -208,10 +227,24 @@ def count(config, *, source_length, cache_len, gamma, unrolled=True, device=None
     on = jax.sharding.SingleDeviceSharding(device)
     place = lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=on)
     token, seq, n = jax.tree.map(place, (token, seq, n))
-  step = jax.jit(lambda p, t, c: t5.decode(p, t, c, config=config), donate_argnums=2)
-  programs = {'step': (step.lower(params, token, cache), None)}
+  # A drafter reading the target's states (feature_dim) gets them beside its token.
+  feature = None
+  if config.feature_dim:
+    feature = jax.ShapeDtypeStruct((1, 1, config.feature_dim), jnp.float32, **_on(device))
+  step = jax.jit(
+    lambda p, t, f, c: t5.decode(p, t, c, config=config, features=f), donate_argnums=3
+  )
+  programs = {}
+  if not config.block_size:  # a block drafter has no one-token step: its call is below
+    programs['step'] = (step.lower(params, token, feature, cache), None)
   steps = t5.T5Model(config=config, params=None).steps
-  for unroll in (False, True)[: 1 + unrolled]:
+  if config.block_size:
+    width = jax.ShapeDtypeStruct((1, gamma + 1), jnp.int32, **_on(device))
+    features = jax.ShapeDtypeStruct((1, gamma + 1, config.feature_dim), jnp.float32, **_on(device))
+    fn = jax.jit(_block_call(steps, gamma), donate_argnums=1)
+    programs['block call'] = (fn.lower(params, cache, width, features, n), 'block')
+  draft_loops = () if config.block_size else (False, True)[: 1 + unrolled]
+  for unroll in draft_loops:
     fn = jax.jit(_draft(steps, gamma, unroll), donate_argnums=1)
     programs[f'draft loop ({"unrolled" if unroll else "scan"})'] = (
       fn.lower(params, cache, seq, n),
@@ -235,17 +268,22 @@ def count(config, *, source_length, cache_len, gamma, unrolled=True, device=None
       in_loop = body
     elif loops:
       raise ValueError(f'{name} compiled to {len(loops)} while loops, expected none.')
-    calls = 1 if unroll is None else gamma
+    calls = 1 if unroll in (None, 'block') else gamma
     out[name] = dict(
       launches=dict(static),
       per_call=per_call,
       per_step=per_call / calls,
       per_layer=per_call / calls / config.num_decoder_layers,
       loop_body=in_loop,
-      stablehlo=stablehlo_ops(lowered.as_text()) if unroll is None else None,
+      stablehlo=stablehlo_ops(lowered.as_text()) if unroll in (None, 'block') else None,
       gemms=gemm_table(gemms(hlo)) if unroll is None else None,
     )
   return out
+
+
+def _on(device) -> dict:
+  """`ShapeDtypeStruct` keywords placing an argument on `device` (none for the default one)."""
+  return {} if device is None else dict(sharding=jax.sharding.SingleDeviceSharding(device))
 
 
 _DEFINITION = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+) = \(?([a-z]+[0-9]*)\[([\d,]*)\]')
@@ -359,8 +397,8 @@ def iteration(
   """What one iteration of `speculative_generate`'s loop launches (greedy, one row): the outer
   while loop's body and condition, the draft scan in it once an iteration (gamma - 1 times; with
   `unroll_draft`, `speculative_generate(..., unroll_draft=True)`, no scan: its calls are in the
-  body), and 'weight copies': the copies, transposes and concatenations in the loop of >= 2**20
-  elements."""
+  body; a block drafter's one call is in the body too), and 'weight copies': the copies,
+  transposes and concatenations in the loop of >= 2**20 elements."""
   models = [synthetic.abstract_model(config, device) for config in (target, drafter)]
   sharding = {}
   if device is not None:
@@ -383,18 +421,20 @@ def iteration(
       f.write(hlo)
   comps, _ = hlo_text.computations(hlo)
   loops = {loop: hlo_text.while_loops(hlo, loop[0]) for loop in hlo_text.while_loops(hlo)}
-  # The decode loop: the one holding the draft scan, or, the scan unrolled, the one loop.
-  outer = list(loops) if unroll_draft else [loop for loop, inner in loops.items() if inner]
-  if len(outer) != 1 or len(loops[outer[0]]) != (0 if unroll_draft else 1):
+  # The decode loop: the one holding the draft scan, or, with no scan (unrolled, or a block
+  # drafter's one call), the one loop.
+  no_scan = unroll_draft or bool(drafter.block_size)
+  outer = list(loops) if no_scan else [loop for loop, inner in loops.items() if inner]
+  if len(outer) != 1 or len(loops[outer[0]]) != (0 if no_scan else 1):
     held = {loop[0]: len(inner) for loop, inner in loops.items()}
     raise ValueError(
-      f'Expected one decode loop holding {"no loop" if unroll_draft else "the draft scan"}; '
+      f'Expected one decode loop holding {"no loop" if no_scan else "the draft scan"}; '
       f'the while loops (body: loops in it) are {held}.'
     )
   body, condition = outer[0]
   per_iteration = launches(hlo, body)['total'] + launches(hlo, condition)['total']
   bodies = [body]
-  if not unroll_draft:
+  if not no_scan:
     ((inner_body, inner_condition),) = loops[outer[0]]
     per_iteration += (gamma - 2) * launches(hlo, inner_body)['total']
     per_iteration += (gamma - 1) * launches(hlo, inner_condition)['total']
@@ -413,8 +453,21 @@ def iteration(
   return dict(per_iteration=per_iteration, weight_copies=copies)
 
 
+def drafter_shape(name: str, target: str | None, dtype: str) -> t5.T5Config:
+  """--model's shape: a `t5.CONFIGS` name, or paper_scale's one-layer[:NAME] / block[:NAME]
+  over `target` (a block drafter needs one: it reads the target's encoder and states)."""
+  from benchmarks import paper_scale  # its drafter shapes
+
+  if name.partition(':')[0] not in ('one-layer', 'block'):
+    return synthetic.shape(name, dtype)
+  if not target:
+    raise app.UsageError(f'--model={name} drafts over a target: pass --target (e.g. t5-11b).')
+  config = paper_scale.drafter_config(name, synthetic.shape(target, dtype))
+  return dataclasses.replace(config, dtype=dtype)
+
+
 def measure() -> dict:
-  config = synthetic.shape(_MODEL.value, _DTYPE.value)
+  config = drafter_shape(_MODEL.value, _TARGET.value, _DTYPE.value)
   shape = dict(source_length=_SOURCE_LENGTH.value, cache_len=_CACHE_LEN.value)
   device = jax.devices()[0]
   compile_for = benchmarks.compile_for(_COMPILE_FOR, one_chip=True)
@@ -424,6 +477,7 @@ def measure() -> dict:
     except RuntimeError as e:
       raise app.UsageError(f'--compile_for={_COMPILE_FOR.value}: {e}') from e
   result = dict(
+    block=bool(config.block_size),
     device=f'{device.device_kind} ({device.platform}{", compile-only" * bool(_COMPILE_FOR.value)})',
     jax=jax.__version__,
     xla_flags=os.environ.get('XLA_FLAGS', '').replace(xla_cpu.FLAG, '').strip(),
@@ -437,7 +491,8 @@ def measure() -> dict:
     ),
   )
   if _TARGET.value:
-    for key, unroll in (('iteration', False), ('iteration_unrolled', True))[: 1 + _UNROLLED.value]:
+    unrolled = _UNROLLED.value and not config.block_size  # a block call: nothing to unroll
+    for key, unroll in (('iteration', False), ('iteration_unrolled', True))[: 1 + unrolled]:
       result[key] = iteration(
         synthetic.shape(_TARGET.value, _DTYPE.value),
         config,
@@ -506,7 +561,7 @@ def main(argv):
       stablehlo = c['stablehlo'] or '-'
       print(f'{label:5s} {name:22s}' + ''.join(f'{x:>8}' for x in cells) + f'  {stablehlo:>9}')
   for label, run in runs:
-    step = run['counts']['step']
+    step = run['counts'].get('step', {})
     if _GEMMS.value and step.get('gemms'):
       mbytes = sum(g['total_mbytes'] for g in step['gemms'])
       print(f"{label}: the step's GEMMs ({len(step['gemms'])} kinds, {mbytes:,.1f} MB in all):")
@@ -514,7 +569,8 @@ def main(argv):
         print(
           f'  {g["launches"]:4d} x {g["mbytes"]:9.3f} MB = {g["total_mbytes"]:9.1f}  {g["inputs"]}'
         )
-    for key, draft in (('iteration', 'scan'), ('iteration_unrolled', 'unrolled')):
+    scan = 'one block call' if run.get('block') else 'scan'
+    for key, draft in (('iteration', scan), ('iteration_unrolled', 'unrolled')):
       if key in run:
         it = run[key]
         print(

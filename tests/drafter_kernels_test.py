@@ -112,3 +112,19 @@ def test_an_iteration_is_counted_with_its_draft_scan_and_unrolled():
   # What docs/performance.md reports for an H100 (1,351 -> 1,277 launches) holds on XLA:CPU at
   # these shapes: unrolled, an iteration launches fewer kernels (no inner loop to test).
   assert 0 < unrolled['per_iteration'] < scan['per_iteration']
+
+
+def test_a_block_drafter_is_one_call_with_no_loop_and_so_is_its_iteration():
+  # `--model=block --target=...`: its gamma drafts in one call (no scan, nothing to unroll), and
+  # the decode loop holding that call and no loop; it needs a target to draft over.
+  target = t5.CONFIGS['tiny-v1.1']
+  drafter = drafter_kernels.drafter_shape('block:tiny-v1.1', 'tiny-v1.1', 'float32')
+  assert drafter.block_size and drafter.feature_dim == target.d_model
+  counts = drafter_kernels.count(drafter, source_length=8, cache_len=16, gamma=3)
+  assert list(counts) == ['block call']
+  call = counts['block call']
+  assert 'while' not in call['launches'] and call['per_call'] == call['launches']['total'] > 0
+  iteration = drafter_kernels.iteration(target, drafter, source_length=8, gamma=3)
+  assert iteration['per_iteration'] > call['per_call'] and iteration['weight_copies'] == 0
+  with pytest.raises(drafter_kernels.app.UsageError, match='pass --target'):
+    drafter_kernels.drafter_shape('block', None, 'float32')
