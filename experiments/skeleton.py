@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from specdec_jax import sharding
 from specdec_jax.measure import results_io, tables
 
-
 # The columns that name a main-job row (`evaluation.Row`) in an experiment's table: its task and
 # method in the files only, its drafter and temperature printed too.
 ROW_KEY = (

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from experiments import greedy_block, verification
+from experiments import greedy_block, verification, verification_toy
 from experiments.configs import greedy_block as greedy_block_config
 from experiments.configs import verification as verification_config
 from tests import helpers
@@ -45,13 +45,13 @@ def test_table4_layout():
 
 def test_verification_toy_part_has_greedy_block():
   """The toy's first iteration from the kernel's law: E[tau] 12/9 at gamma 2 (block 11/9)."""
-  dist = verification.toy_greedy_block_distribution(
-    verification.SUN_TOY_TARGET, verification.SUN_TOY_DRAFTER, 2
+  dist = verification_toy.toy_greedy_block_distribution(
+    verification_toy.SUN_TOY_TARGET, verification_toy.SUN_TOY_DRAFTER, 2
   )
   np.testing.assert_allclose(dist, [1 / 3, 0, 2 / 3], atol=1e-6)
   config = verification_config.get_config('greedy,parts=toy,toy_gammas=2')
   verification.check(config)
-  curves = [rows for _, rows in verification.toy_rows(config)]
+  curves = [rows for _, rows in verification_toy.toy_rows(config)]
   means = {rows[0]['method']: rows[0]['mean_accepted'] for rows in curves}
   assert means == pytest.approx({'token': 10 / 9, 'block': 11 / 9, 'greedy_block': 12 / 9})
   assert curves[-1][0]['estimate'] == 'kernel_law'

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import verification, verification_report
+from experiments import verification, verification_report, verification_toy
 from experiments.configs import verification as verification_config
 from specdec_jax import verifiers, verify
 from specdec_jax.measure import translation
@@ -26,12 +26,12 @@ from tests import verify_oracle as oracle
 
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-_TOY = (verification.SUN_TOY_TARGET, verification.SUN_TOY_DRAFTER)
+_TOY = (verification_toy.SUN_TOY_TARGET, verification_toy.SUN_TOY_DRAFTER)
 
 
 def _exact_ccdf(gamma, method, target=_TOY[0], drafter=_TOY[1]):
-  dist = verification.toy_accepted_distribution(target, drafter, gamma, method)
-  return verification.ccdf_of_distribution(dist)
+  dist = verification_toy.toy_accepted_distribution(target, drafter, gamma, method)
+  return verification_toy.ccdf_of_distribution(dist)
 
 
 def _csv(path):
@@ -135,7 +135,7 @@ def test_translate_trace_gives_the_accepted_lengths_the_stats_count(ende_pair):
   np.testing.assert_array_equal(
     [(taus > i).sum() for i in range(3)], np.asarray(run.stats.accepted_per_position)
   )
-  ccdf = verification.ccdf_of_lengths(taus, 3)
+  ccdf = verification_toy.ccdf_of_lengths(taus, 3)
   np.testing.assert_allclose(ccdf[1:], np.asarray(run.stats.accepted_per_position) / taus.size)
   with pytest.raises(ValueError, match='speculative method'):
     translation.translate(
@@ -173,7 +173,7 @@ def test_toy_matches_the_rational_oracle(gamma, method):
     expected = [Fraction(0)] * (gamma + 1)
     for seq, prob in emitted.items():
       expected[len(seq) - 1] += prob
-    assert verification.toy_accepted_distribution(target, drafter, gamma, method) == expected
+    assert verification_toy.toy_accepted_distribution(target, drafter, gamma, method) == expected
 
 
 @pytest.mark.parametrize('gamma', [2, 4, 6])
@@ -192,7 +192,7 @@ def test_toy_ccdf_matches_monte_carlo_of_the_jitted_verifiers(gamma):
       jnp.broadcast_to(q, (samples, gamma, 2)),
       jnp.broadcast_to(p, (samples, gamma + 1, 2)),
     ).num_accepted
-    observed = verification.ccdf_of_lengths(np.asarray(tau), gamma)
+    observed = verification_toy.ccdf_of_lengths(np.asarray(tau), gamma)
     exact = np.array([float(x) for x in _exact_ccdf(gamma, method)])
     tolerance = 5 * np.sqrt(exact * (1 - exact) / samples) + 1e-6
     assert np.all(np.abs(observed - exact) <= tolerance), (method, observed, exact)
@@ -215,7 +215,7 @@ def test_toy_part_estimates_other_verifiers_by_monte_carlo(monkeypatch):
     'parts=toy,verifiers=token,token_copy,toy_gammas=3,toy_samples=50000'
   )
   verification.check(config)
-  (_, exact), (_, estimated) = list(verification.toy_rows(config))
+  (_, exact), (_, estimated) = list(verification_toy.toy_rows(config))
   assert [r['estimate'] for r in exact + estimated] == ['exact'] * 4 + ['monte_carlo'] * 4
   np.testing.assert_allclose(
     [r['p_at_least_k'] for r in estimated], [r['p_at_least_k'] for r in exact], atol=0.01
