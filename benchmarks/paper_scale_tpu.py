@@ -296,7 +296,6 @@ def speedup_rows(costs: dict, drafters: list[str], gammas: list[int]) -> list[di
           best_gamma=best,
           best=by_gamma[best],
           paper=paper,
-          ratio=None if paper is None else by_gamma[best] / paper,
         )
       )
   return rows
@@ -367,7 +366,6 @@ SPEEDUP_COLUMNS = (
   _Col('best_gamma', 'best gamma', 'd'),
   _Col('best', 'best', '.2f', 6, suffix='x'),
   _Col('paper', 'paper', '.1f', 6, suffix='x'),
-  _Col('ratio', 'best / paper', '.2f'),
 )
 
 

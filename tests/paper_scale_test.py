@@ -372,4 +372,4 @@ def test_compile_for_a_tpu_prints_the_compilers_tables(monkeypatch, tmp_path):
       3 * row['c'] + row['c_fixed'] + pass_['pass_cost']
     )
     assert r['gamma_3'] == pytest.approx(formula, rel=0.02, abs=0.011)
-    assert r['paper'] == measured and r['ratio'] == pytest.approx(r['best'] / measured, abs=0.011)
+    assert r['paper'] == measured  # beside it, no ratio: an estimate over a measurement
