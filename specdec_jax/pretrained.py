@@ -272,7 +272,8 @@ def grow_pair(
   't5_1_1-xxl': `t5_growth.grown_config`), built on `mesh` sharded by the default rules in
   `param_dtype` (`t5_growth.grow_placed`: never whole in host memory). It computes what the
   shipped target computed, at the cost of a target of that shape; each T5 drafter over the
-  target's encoder follows it (`t5_growth.follow_grown_encoder`, placed as it was), the n-gram
+  target's encoder follows it (`t5_growth.follow_grown_encoder`, and `follow_grown_states` for
+  one reading its states: a block drafter; placed as it was), the n-gram
   drafters, tokenizer and test set are the pair's own.
 
   Raises:
@@ -287,6 +288,10 @@ def grow_pair(
   for name, drafter in pair.drafters.items():
     if isinstance(drafter, t5.T5Model) and drafter.steps.shares_target_encoder:
       moved = t5_growth.follow_grown_encoder(drafter, config.d_model, follow_key)
+      if moved.config.feature_dim:  # it reads the target's states too (EAGLE-style, block)
+        moved = t5_growth.follow_grown_states(
+          moved, config.d_model, jax.random.fold_in(follow_key, 1)
+        )
       if mesh is not None:
         place = sharding.param_shardings(moved.params, mesh, drafter.rules)
         moved = moved.replace(params=jax.device_put(moved.params, place))

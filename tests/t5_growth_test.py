@@ -119,6 +119,59 @@ def test_a_drafter_follows_its_grown_target_encoder(follow):
   assert np.allclose(got, want, rtol=1e-4, atol=1e-4) == follow
 
 
+@pytest.mark.parametrize('follow', [True, False])
+def test_a_state_reader_follows_its_grown_target_states(follow):
+  # The grown target's final decoder states are the old ones with each dimension copied k times
+  # (as its encoder output is); a drafter reading them (EAGLE-style, here with a state predictor)
+  # that follows both reads the grown target as it read the old one. Negative control: the
+  # feature input's rows copied, not divided.
+  target = helpers.tiny_t5(SMALL)
+  big = t5_growth.grow(target, GROWN, jax.random.key(1))
+  ids, mask, dec = _batch()
+  small_encoded = helpers.encode(target.params, ids, mask, config=SMALL)
+  big_encoded = helpers.encode(big.params, ids, mask, config=GROWN)
+  old = t5.decoder_states(target.params, small_encoded, mask, dec, config=SMALL)
+  new = t5.decoder_states(big.params, big_encoded, mask, dec, config=GROWN)
+  k = GROWN.d_model // SMALL.d_model
+  np.testing.assert_allclose(new, jnp.tile(old, (1, 1, k)), rtol=1e-4, atol=1e-5)
+
+  drafter = t5_growth.add_feature_input(
+    helpers.tiny_t5(DRAFTER, seed=2), SMALL.d_model, jax.random.key(4)
+  )
+  drafter = drafter.replace(
+    params=jax.tree.map(lambda x: x + 0.1 * jnp.ones_like(x), drafter.params)
+  )  # feature_in != 0
+
+  def run(model, encoded, states):
+    out = t5.decoder_states(model.params, encoded, mask, dec, config=model.config, features=states)
+    return t5.output_logits(model.params, out, config=model.config), t5.predicted_features(
+      model.params, out, config=model.config
+    )
+
+  want_logits, want_features = run(drafter, small_encoded, old)
+  moved = t5_growth.follow_grown_encoder(drafter, GROWN.d_model, jax.random.key(3))
+  if follow:
+    moved = t5_growth.follow_grown_states(moved, GROWN.d_model, jax.random.key(5))
+  else:
+    decoder = dict(
+      moved.params['decoder'],
+      feature_in={'kernel': jnp.tile(moved.params['decoder']['feature_in']['kernel'], (k, 1))},
+    )
+    moved = t5.T5Model(
+      config=dataclasses.replace(moved.config, feature_dim=GROWN.d_model),
+      params={**moved.params, 'decoder': decoder},
+    )
+  got_logits, got_features = run(moved, big_encoded, new)
+  assert moved.config.feature_dim == GROWN.d_model
+  assert np.allclose(got_logits, want_logits, rtol=1e-3, atol=1e-3) == follow
+  if follow:  # the state predictor predicts the grown target's (copied) states
+    np.testing.assert_allclose(
+      got_features, jnp.tile(want_features, (1, 1, k)), rtol=1e-4, atol=1e-4
+    )
+  with pytest.raises(ValueError, match='feature_dim None -> 32'):
+    t5_growth.follow_grown_states(helpers.tiny_t5(DRAFTER), GROWN.d_model, jax.random.key(0))
+
+
 def test_follow_grown_encoder_rejects_a_model_with_its_own_encoder():
   with pytest.raises(ValueError, match=r'num_encoder_layers=2, encoder_dim None -> 32'):
     t5_growth.follow_grown_encoder(helpers.tiny_t5(SMALL), 32, jax.random.key(0))

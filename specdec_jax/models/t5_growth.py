@@ -24,6 +24,9 @@ cross-attention key/value rows are copied and divided by k, and over the grown t
 it computes what it computed over the old one: its distillation to the grown target starts from
 there.
 
+`follow_grown_states(drafter, feature_dim, rng)` is the same for a drafter reading the target's
+decoder states (EAGLE-style or block): the grown target's final states are copies too.
+
 `add_feature_input(model, feature_dim, rng)` makes a decoder an EAGLE-style one (it reads the
 target's decoder states, `T5Config.feature_dim`) that starts computing what it computed;
 `add_block_queries(model, block_size, rng)` makes that a block drafter (`T5Config.block_size`).
@@ -249,6 +252,33 @@ def follow_grown_encoder(
     layer['encoder_decoder_attention'] = cross
     decoder[f'layers_{i}'] = layer
   config = dataclasses.replace(old, encoder_dim=encoder_dim)
+  return t5.T5Model(config=config, params={**model.params, 'decoder': decoder})
+
+
+def follow_grown_states(
+  model: t5.T5Model, feature_dim: int, rng: jax.Array, noise: float = 1e-2
+) -> t5.T5Model:
+  """A drafter reading a target's decoder states (EAGLE-style or block: `feature_dim`), made to
+  read them after `grow` widened that target: its grown final states are the old ones with each
+  dimension copied k times (as its encoder output is), so the feature input's rows are copied and
+  divided by k (`_read`) and a state predictor's (`feature_out`) columns copied; over the grown
+  target's states it computes what it computed (up to float rounding and `noise`).
+
+  Raises:
+    ValueError: `model` reads no states, or feature_dim is not a multiple of its feature_dim.
+  """
+  old = model.config
+  if not old.feature_dim or feature_dim % old.feature_dim:
+    raise ValueError(
+      "follow_grown_states needs a drafter reading a target's states (feature_dim) and a width "
+      f'that is a multiple of it; got feature_dim {old.feature_dim} -> {feature_dim}.'
+    )
+  k = feature_dim // old.feature_dim
+  decoder = dict(model.params['decoder'])
+  decoder['feature_in'] = {'kernel': _read(decoder['feature_in']['kernel'], k, rng, noise)}
+  if 'feature_out' in decoder:
+    decoder['feature_out'] = {'kernel': jnp.tile(decoder['feature_out']['kernel'], (1, k))}
+  config = dataclasses.replace(old, feature_dim=feature_dim)
   return t5.T5Model(config=config, params={**model.params, 'decoder': decoder})
 
 
