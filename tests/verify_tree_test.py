@@ -377,9 +377,7 @@ def test_greedy_is_the_targets_argmax_decoding():
   block = rng.dirichlet(np.ones(pair.vocab) * 0.5, size=(rows, DEPTH)).astype(np.float32)
   tree = trees.best_first_tree(jnp.zeros(rows, jnp.int32), block, num_nodes=5)
   p = _node_rows(pair, tree)
-  ids = jnp.asarray(
-    np.argmax(p, axis=-1), jnp.int32
-  )  # the toy rows have no ties at the top? see below
+  ids = jnp.asarray(np.argmax(p, axis=-1), jnp.int32)  # lowest id on ties, as _argmax_chain
   result = vtree.greedy_tree_verify(tree, ids, max_depth=DEPTH)
   seqs, lengths = _emitted(tree, result)
   chain = np.array(_argmax_chain(pair.target, DEPTH + 1, pair.vocab))
