@@ -61,7 +61,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import decode_steps, step_models, validation, verifiers
+from specdec_jax import decode_steps, decode_tree, step_models, validation, verifiers
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.decode_stats import (  # noqa: F401 (API)
   DecodeOutput,
@@ -69,6 +69,7 @@ from specdec_jax.decode_stats import (  # noqa: F401 (API)
   SpeculativeTrace,
   to_host,
 )
+from specdec_jax.decode_tree import TreeSpec  # noqa: F401 (API)
 from specdec_jax.validation import NonFiniteError  # noqa: F401  (raised by the public functions)
 
 
@@ -113,6 +114,8 @@ class LoopSpec:
       calls, so an accelerator launches fewer kernels per draft; compiling takes longer.
     trace: record a `SpeculativeTrace` of every iteration.
     proposal: how a drafter proposes at temperature > 0 (`PROPOSALS`).
+    tree: a `decode_tree.TreeSpec`: one token tree of depth gamma per row and iteration, one
+      target pass over its nodes (`decode_tree`'s loop); None: a chain (or K paths).
 
   The loop's two extension points are registries it reads: a verifier is a
   `verifiers.Verifier`, a way of drafting a `decode_steps.Drafting` (chosen by the drafter:
@@ -128,6 +131,7 @@ class LoopSpec:
   unroll_draft: bool = False
   trace: bool = False
   proposal: str = 'sample'
+  tree: decode_tree.TreeSpec | None = None
 
   def __post_init__(self):
     validation.check_sampling(self.sampling)
@@ -147,6 +151,14 @@ class LoopSpec:
       raise TypeError(f'unroll_draft must be a bool, got {self.unroll_draft!r}.')
     object.__setattr__(self, 'unroll_draft', bool(self.unroll_draft))
     verifiers.get(self.verifier).check(num_drafts=self.num_drafts, draft_stop=self.draft_stop)
+    if self.tree is not None:
+      if not isinstance(self.tree, decode_tree.TreeSpec):
+        raise ValueError(f'tree must be a decode.TreeSpec or None, got {self.tree!r}.')
+      self.tree.check(
+        gamma=self.gamma, verifier=self.verifier, num_drafts=self.num_drafts,
+        draft_stop=self.draft_stop, trace=self.trace, proposal=self.proposal,
+        unroll_draft=self.unroll_draft,
+      )  # fmt: skip
     if self.greedy:  # one program for both verifiers: they keep the same tokens
       object.__setattr__(self, 'verifier', 'token')
 
@@ -157,6 +169,8 @@ class LoopSpec:
 
   @property
   def buffer_length(self) -> int:
+    if self.tree is not None:  # a tree pass writes N cache slots from n
+      return buffer_length(self.max_new_tokens, max(self.gamma, self.tree.num_nodes - 1))
     return buffer_length(self.max_new_tokens, self.gamma)
 
 
@@ -237,6 +251,12 @@ def speculative_loop(
   """
   if spec.gamma < 1:
     raise ValueError(f'speculative_loop needs spec.gamma >= 1, got {spec.gamma}.')
+  if spec.tree is not None:
+    spec.tree.check_models(target_steps, draft_steps)
+    return decode_tree.tree_loop(
+      target_steps, target_params, draft_steps, draft_params, input_ids, input_mask, rng,
+      spec=spec,
+    )  # fmt: skip
   reads_states = getattr(draft_steps, 'reads_target_states', False)
   verifiers.get(spec.verifier).check_drafter(draft_steps)
   target_cache, draft_cache = decode_steps.init_caches(
@@ -401,6 +421,7 @@ def _speculative_call(
   draft_stop=None,
   unroll_draft=False,
   proposal='sample',
+  tree=None,
 ):
   """Validates `speculative_generate`'s arguments: (the loop's arguments before rng, LoopSpec)."""
   gamma = validation.as_int('gamma', gamma, 1)
@@ -430,7 +451,10 @@ def _speculative_call(
     unroll_draft=unroll_draft,
     trace=bool(trace),
     proposal=proposal,
+    tree=tree,
   )
+  if tree is not None:
+    tree.check_models(target_steps, draft_steps)
   return (target_steps, target_params, draft_steps, draft_params, ids, mask), spec
 
 
@@ -490,6 +514,7 @@ def speculative_generate(
   trace: bool = False,
   check_finite: bool = True,
   proposal: str = 'sample',
+  tree: TreeSpec | None = None,
 ) -> DecodeOutput:
   """Speculative decoding: output distributed exactly as `generate(target, ...)`.
 
@@ -539,6 +564,13 @@ def speculative_generate(
       'argmax' proposes q_i's most likely token with a one-hot q_i (both exact; 'sample' accepted
       more on the shipped pairs, block drafters included: docs/results.md section 16).
 
+    tree: a `TreeSpec` (e.g. `TreeSpec(num_nodes=16)`): each iteration drafts a token tree of
+      depth gamma and `num_nodes` slots (the best-first tree on a block drafter's laws, no extra
+      drafter call), scores it in one target pass and keeps one root path, verified greedily at
+      temperature 0 and by sampling along the tree above it (`decode_tree`; docs/method.md
+      section 13). Needs a block drafter, a target with `step_tree` (T5), num_nodes >= gamma + 1,
+      and the defaults of verifier, num_drafts, draft_stop, proposal, unroll_draft and trace.
+
   A block drafter (a step model with `block_size`, e.g. a T5 with `T5Config.block_size`) proposes
   all gamma <= block_size drafts in one call (`decode_steps.draft_block`).
 
@@ -559,6 +591,7 @@ def speculative_generate(
     draft_stop=draft_stop,
     unroll_draft=unroll_draft,
     proposal=proposal,
+    tree=tree,
   )
   out = speculative_loop(*args, validation.check_rng(rng, sampling), spec=spec)
   return validation.raise_if_nonfinite(out, 'The target or the drafter') if check_finite else out
@@ -594,6 +627,7 @@ def lower_speculative(
   draft_stop: float | None = None,
   unroll_draft: bool = False,
   proposal: str = 'sample',
+  tree: TreeSpec | None = None,
 ) -> jax.stages.Lowered:
   """`speculative_generate`'s program lowered for these shapes (trace off), without running it.
 
@@ -615,5 +649,6 @@ def lower_speculative(
     draft_stop=draft_stop,
     unroll_draft=unroll_draft,
     proposal=proposal,
+    tree=tree,
   )
   return speculative_loop.lower(*args, _ABSTRACT_KEY, spec=spec)
