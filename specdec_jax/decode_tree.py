@@ -1,10 +1,15 @@
 """The token-tree speculative loop: `speculative_generate(..., tree=TreeSpec(...))`'s program.
 
 Each iteration, per row:
-  1. draft   a block drafter's ONE call gives the laws q_1..q_G of the gamma positions after the
-             pending token seq[n] (`decode_steps.block_logits`, as chain block drafting);
-  2. build   the best-first tree of `num_nodes` slots on them (`trees.best_first_tree`: the root
-             seq[n] and the N - 1 most probable prefixes of depth <= gamma; no drafter call);
+  1-2. draft a tree rooted at the pending token seq[n], by the spec's builder:
+     'block': a block drafter's ONE call gives the laws q_1..q_G of the gamma positions after
+             seq[n] (`decode_steps.block_logits`, as chain block drafting), and the best-first
+             tree of `num_nodes` slots is built on them (`trees.best_first_tree`: the N - 1 most
+             probable prefixes of depth <= gamma);
+     'topk': an autoregressive drafter's call catches it up on the kept tokens and gives its law
+             after seq[n]; each depth then expands the top_k best frontier nodes into their top_k
+             children with ONE batched call over top_k copies of each row's drafter cache
+             (`trees.topk_tree`); N = 1 + top_k * gamma;
   3. score   one target pass over the N nodes (`step_tree`: ancestor mask, positions n + depth);
   4. verify  T = 0: follow the target's argmax down the tree (`verify_tree.greedy_tree_verify`);
              T > 0: sample along the tree (`verify_tree.sample_along_tree`, rule 1b: exact for a
@@ -13,7 +18,7 @@ Each iteration, per row:
              Y emitted (`decode_steps.emit_accepted`), and the target's states at the root and the
              path handed to the drafter's next call (what it reads at the kept positions).
 
-The tree is scored with the drafter's softmax at temperature 0 (a one-hot law would give a chain)
+Either tree is scored with the drafter's softmax at temperature 0 (a one-hot law would give a chain)
 and with its law under the loop's sampling transform otherwise; any scores give an exact rule 1b.
 Stats: `DecodeStats` with gamma = the tree's depth; `drafted` counts gamma per target call (the
 depth of the tree, not its N - 1 nodes), and beta is 1 at the accepted depths and 0 after (a
@@ -28,12 +33,13 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from specdec_jax import cache as cache_lib
 from specdec_jax import decode_steps, trees, verify_tree
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.decode_stats import DecodeOutput, DecodeStats
 from specdec_jax.step_models import PAD_ID
 
-BUILDERS = ('block',)
+BUILDERS = ('block', 'topk')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,12 +49,15 @@ class TreeSpec:
   Attributes:
     num_nodes: N >= gamma + 1 node slots per row, the root (the pending token) included: one
       target pass scores N positions. N = gamma + 1 can hold only a chain.
-    builder: how the tree is drafted: 'block', the best-first tree on a block drafter's
-      per-position laws (`trees.best_first_tree`).
+    builder: how the tree is drafted (module docstring): 'block', the best-first tree on a block
+      drafter's per-position laws (`trees.best_first_tree`); 'topk', an autoregressive drafter's
+      top_k children per node, depth by depth (`trees.topk_tree`; N = 1 + top_k * gamma).
+    top_k: children per expanded node and frontier width of 'topk' (unread by 'block').
   """
 
   num_nodes: int
   builder: str = 'block'
+  top_k: int = 2
 
   def __post_init__(self):
     n = self.num_nodes
@@ -56,6 +65,9 @@ class TreeSpec:
       raise ValueError(f'TreeSpec.num_nodes must be an int >= 2, got {n!r}.')
     if self.builder not in BUILDERS:
       raise ValueError(f'TreeSpec.builder must be one of {BUILDERS}, got {self.builder!r}.')
+    k = self.top_k
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+      raise ValueError(f'TreeSpec.top_k must be an int >= 1, got {k!r}.')
 
   def check(self, *, gamma, verifier, num_drafts, draft_stop, trace, proposal, unroll_draft):
     """Raises one ValueError naming the first loop setting a tree cannot run with."""
@@ -64,6 +76,12 @@ class TreeSpec:
       raise ValueError(
         f'tree.num_nodes={self.num_nodes} cannot hold a path of gamma={gamma} drafts: it needs '
         f'num_nodes >= gamma + 1 = {gamma + 1}.'
+      )
+    if self.builder == 'topk' and self.num_nodes != 1 + self.top_k * gamma:
+      raise ValueError(
+        f"tree=TreeSpec(builder='topk', top_k={self.top_k}) at gamma={gamma} has "
+        f'1 + top_k * gamma = {1 + self.top_k * gamma} nodes: pass that num_nodes, got '
+        f'{self.num_nodes}.'
       )
     if num_drafts != 1:
       raise ValueError(
@@ -85,7 +103,14 @@ class TreeSpec:
 
   def check_models(self, target_steps, draft_steps) -> None:
     """Raises one ValueError if the models cannot run this tree."""
-    if not getattr(draft_steps, 'block_size', None):
+    block = bool(getattr(draft_steps, 'block_size', None))
+    if self.builder == 'topk' and (block or getattr(draft_steps, 'reads_target_states', False)):
+      raise ValueError(
+        "tree=TreeSpec(builder='topk') expands the tree with an autoregressive drafter's step; "
+        "this drafter is a block drafter or reads the target's states: use builder='block' for "
+        'a block drafter.'
+      )
+    if self.builder == 'block' and not block:
       raise ValueError(
         f"tree=TreeSpec(builder='{self.builder}') builds its tree from a block drafter's "
         'per-position laws: the drafter needs block_size and step_block (a T5 with '
@@ -108,7 +133,10 @@ class _State(NamedTuple):
   draft_cache: Any
   stats: DecodeStats  # [B], gamma = the tree's depth
   iteration: jax.Array  # int32[]
-  target_states: decode_steps.TargetStates  # at the root and the kept path: [B, G + 1, F]
+  # 'block': the target's states at the last root and its kept path, [B, G + 1, F], from the
+  # last root's position; 'topk': None.
+  target_states: decode_steps.TargetStates | None
+  last_root: jax.Array  # int32[B] the last iteration's n (-1 before the first)
 
 
 def tree_loop(
@@ -121,7 +149,12 @@ def tree_loop(
     target_steps, target_params, draft_steps, draft_params, input_ids, input_mask,
     spec.buffer_length,
   )  # fmt: skip
-  states = jnp.zeros((batch, gamma + 1, draft_steps.feature_dim), jnp.float32)
+  block = tree_spec.builder == 'block'
+  last_root = jnp.full((batch,), -1, jnp.int32)
+  target_states = None
+  if block:
+    states = jnp.zeros((batch, gamma + 1, draft_steps.feature_dim), jnp.float32)
+    target_states = decode_steps.TargetStates(states, last_root)
   state = _State(
     seq=jnp.zeros((batch, spec.buffer_length), jnp.int32).at[:, 0].set(target_steps.start_id),
     n=jnp.zeros((batch,), jnp.int32),
@@ -130,27 +163,19 @@ def tree_loop(
     draft_cache=draft_cache,
     stats=DecodeStats.zeros(batch, gamma),
     iteration=jnp.zeros((), jnp.int32),
-    target_states=decode_steps.TargetStates(states, jnp.full((batch,), -1, jnp.int32)),
+    target_states=target_states,
+    last_root=last_root,
   )
 
   def body(state: _State) -> _State:
     verify_rng = jax.random.fold_in(rng, state.iteration)
-    pending = decode_steps.row_slice(state.seq, state.n, 1)[:, 0]
-    # 1-2. One drafter call, then the best-first tree on its laws.
-    logits, draft_cache = decode_steps.block_logits(
-      draft_steps, draft_params, state.draft_cache, state.seq, state.n, state.target_states,
-      gamma=gamma,
-    )  # fmt: skip
-    with jax.named_scope('tree'):
-      if spec.greedy:
-        scores = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-      else:
-        scores = sampling_lib.logits_to_probs(logits, spec.sampling)
-      tree = trees.best_first_tree(pending, scores, tree_spec.num_nodes)
+    # 1-2. The drafter's tree.
+    draft = _draft_block_tree if block else _draft_topk_tree
+    tree, draft_cache = draft(draft_steps, draft_params, state, spec=spec)
     # 3. One target pass over the tree.
     with jax.named_scope('target'):
-      target_logits, node_states, target_cache = target_steps.step_tree(
-        target_params, tree, state.target_cache, gamma, return_states=True
+      target_logits, *node_states, target_cache = target_steps.step_tree(
+        target_params, tree, state.target_cache, gamma, return_states=block
       )
     # 4. Verify.
     with jax.named_scope('verify'):
@@ -168,8 +193,11 @@ def tree_loop(
       state.seq, state.n, state.done, target_cache, drafts, result.num_accepted,
       result.next_token, eos_id=target_steps.eos_id, max_new_tokens=spec.max_new_tokens,
     )  # fmt: skip
-    kept = jnp.concatenate([jnp.zeros_like(result.path[:, :1]), jnp.maximum(result.path, 0)], 1)
-    kept_states = jnp.take_along_axis(node_states.astype(jnp.float32), kept[:, :, None], axis=1)
+    target_states = None
+    if block:  # the drafter reads the target's states at the root and the kept path
+      kept = jnp.concatenate([jnp.zeros_like(result.path[:, :1]), jnp.maximum(result.path, 0)], 1)
+      kept_states = jnp.take_along_axis(node_states[0].astype(jnp.float32), kept[..., None], 1)
+      target_states = decode_steps.TargetStates(kept_states, state.n)
     depth = jnp.arange(gamma)[None]
     beta = (depth < result.num_accepted[:, None]).astype(jnp.float32)
     return state._replace(
@@ -180,7 +208,8 @@ def tree_loop(
       draft_cache=draft_cache,
       stats=state.stats.accumulate(~state.done, result.num_accepted, beta, nonfinite),
       iteration=state.iteration + 1,
-      target_states=decode_steps.TargetStates(kept_states, state.n),
+      target_states=target_states,
+      last_root=state.n,
     )
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
@@ -188,3 +217,54 @@ def tree_loop(
   tokens = state.seq[:, 1 : m + 1]
   tokens = jnp.where(jnp.arange(m) < state.n[:, None], tokens, PAD_ID)
   return DecodeOutput(tokens=tokens, lengths=state.n, stats=state.stats, trace=None)
+
+
+def _scores(logits, spec) -> jax.Array:
+  """The drafter's law a tree is built on: its softmax at temperature 0 (a one-hot law would
+  give a chain), its law under the loop's sampling transform otherwise."""
+  if spec.greedy:
+    return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  return sampling_lib.logits_to_probs(logits, spec.sampling)
+
+
+def _draft_block_tree(draft_steps, draft_params, state: _State, *, spec):
+  """'block': one block drafter call, the best-first tree on its laws: (tree, draft cache)."""
+  logits, draft_cache = decode_steps.block_logits(
+    draft_steps, draft_params, state.draft_cache, state.seq, state.n, state.target_states,
+    gamma=spec.gamma,
+  )  # fmt: skip
+  with jax.named_scope('tree'):
+    pending = decode_steps.row_slice(state.seq, state.n, 1)[:, 0]
+    tree = trees.best_first_tree(pending, _scores(logits, spec), spec.tree.num_nodes)
+  return tree, draft_cache
+
+
+def _draft_topk_tree(draft_steps, draft_params, state: _State, *, spec):
+  """'topk': a catch-up call on the kept tokens (seq[last_root + 1 ..], its law after seq[n]),
+  then one batched call per depth on top_k copies of each row's cache: (tree, draft cache, the
+  row's own, holding positions 0..n)."""
+  gamma, top_k = spec.gamma, spec.tree.top_k
+  start = state.last_root + 1  # the drafter holds positions < start; seq[start..n] are new
+  tokens = decode_steps.row_slice(state.seq, start, gamma + 1)
+  logits, _, cache = decode_steps.drafter_call(
+    draft_steps, draft_params, tokens, None, state.draft_cache.replace(end_index=start),
+    logits_at=jnp.clip(state.n - start, 0, gamma),
+  )  # fmt: skip
+  cache = cache.replace(end_index=state.n + 1)
+  batch = tokens.shape[0]
+
+  def expand(tokens, from_node, frontier_cache):
+    """The law after each of the K new frontier nodes: each continues its parent's cache row."""
+    k_in = frontier_cache.end_index.shape[0] // batch
+    rows = (jnp.arange(batch)[:, None] * k_in + from_node).reshape(-1)
+    frontier_cache = cache_lib.take_rows(frontier_cache, rows, same_source=k_in == top_k)
+    with jax.named_scope('drafter'):
+      logits, frontier_cache = draft_steps.step(draft_params, tokens.reshape(-1, 1), frontier_cache)
+    return _scores(logits[:, 0], spec).reshape(batch, top_k, -1), frontier_cache
+
+  with jax.named_scope('tree'):
+    tree, _ = trees.topk_tree(
+      decode_steps.row_slice(state.seq, state.n, 1)[:, 0], _scores(logits[:, 0], spec), expand,
+      cache, top_k=top_k, max_depth=gamma,
+    )  # fmt: skip
+  return tree, cache

@@ -232,6 +232,7 @@ def best_first_tree(pending: jax.Array, probs: jax.Array, num_nodes: int) -> Tre
 
 def topk_tree(
   pending: jax.Array,
+  root_probs: jax.Array,
   expand: Callable,
   state,
   *,
@@ -239,7 +240,8 @@ def topk_tree(
   max_depth: int,
 ):
   """An autoregressive drafter's tree: top_k children per node, depth by depth, one batched
-  drafter call per depth, the frontier kept to the top_k nodes by path probability.
+  drafter call per depth after the first, the frontier kept to the top_k nodes by path
+  probability.
 
   Depth 1 holds the root's top_k tokens; each later depth expands the top_k frontier nodes into
   their top_k children each and keeps the best top_k of those k^2 by path probability (EAGLE-2's
@@ -248,10 +250,11 @@ def topk_tree(
 
   Args:
     pending: i32[B], the root's token.
+    root_probs: f32[B, V], the drafter's law after the root.
     expand: `(tokens i32[B, K], parents i32[B, K], state) -> (probs f32[B, K, V], state)`: the
       drafter's law after each of the K frontier nodes, given each node's token and its parent's
-      frontier index at the previous depth (-1: the root); the first call gets the root alone
-      (K = 1). How the drafter keeps its per-node caches is `expand`'s business.
+      index in the previous frontier (all 0 at depth 1: the root); called for depths 1..D-1. How
+      the drafter keeps its per-node caches is `expand`'s business.
     state: `expand`'s initial state.
     top_k: K, children per expanded node and frontier width.
     max_depth: D.
@@ -260,21 +263,17 @@ def topk_tree(
     (Tree of 1 + K D slots, expand's final state).
   """
   batch = pending.shape[0]
-  probs, state = expand(pending[:, None], jnp.full((batch, 1), -1, jnp.int32), state)
+  probs = root_probs[:, None]
   frontier_log = jnp.zeros((batch, 1), jnp.float32)
-  tokens, parents, depths = (
-    [pending[:, None]],
-    [jnp.full((batch, 1), -1, jnp.int32)],
-    [jnp.zeros((batch, 1), jnp.int32)],
-  )
-  valid = [jnp.ones((batch, 1), bool)]
+  tokens, parents = [pending[:, None]], [jnp.full((batch, 1), -1, jnp.int32)]
+  depths, valid = [jnp.zeros((batch, 1), jnp.int32)], [jnp.ones((batch, 1), bool)]
   first_slot = 0  # slot of the frontier's first node
   for d in range(1, max_depth + 1):
     k_in = probs.shape[1]
     top_p, top_ids = jax.lax.top_k(probs, top_k)  # [B, k_in, K]
     scores = (frontier_log[:, :, None] + jnp.log(top_p)).reshape(batch, k_in * top_k)
     keep_scores, keep = jax.lax.top_k(scores, top_k)  # best first; ties: lowest index
-    from_node = keep // top_k
+    from_node = (keep // top_k).astype(jnp.int32)
     new_tokens = jnp.take_along_axis(top_ids.reshape(batch, -1), keep, axis=1)
     ok = keep_scores > -jnp.inf
     tokens.append(jnp.where(ok, new_tokens, 0))
@@ -284,8 +283,7 @@ def topk_tree(
     first_slot = 1 + (d - 1) * top_k
     frontier_log = keep_scores
     if d < max_depth:
-      probs, state = expand(new_tokens, from_node.astype(jnp.int32), state)
-      # An invalid frontier node gets no children.
-      probs = jnp.where(ok[:, :, None], probs, 0.0)
+      probs, state = expand(new_tokens.astype(jnp.int32), from_node, state)
+      probs = jnp.where(ok[:, :, None], probs, 0.0)  # an invalid frontier node gets no children
   cat = lambda xs: jnp.concatenate(xs, axis=1)
   return Tree(cat(tokens).astype(jnp.int32), cat(parents), cat(depths), cat(valid)), state

@@ -445,7 +445,7 @@ def test_best_first_tree_is_the_top_prefixes(num_nodes):
 
 
 def test_topk_tree_expands_the_best_frontier():
-  """One batched call per depth; the tree is the frontier rule, computed by brute force."""
+  """One batched call per depth after the root; the tree is the frontier rule, by brute force."""
   codes = vt._offsets(5, 3)[3]  # prefixes of length 0..2
   table = np.random.default_rng(0).dirichlet(np.ones(5), size=codes).astype(np.float32)
   code_of = lambda prefix: vt._encode(np.array([prefix or [0]]), len(prefix), 5)[0]
@@ -453,19 +453,18 @@ def test_topk_tree_expands_the_best_frontier():
 
   def expand(tokens, from_node, prefixes):
     calls.append(tokens.shape)
-    if prefixes is None:
-      prefixes = jnp.zeros(tokens.shape + (0,), jnp.int32)
-    else:
-      prefixes = jnp.take_along_axis(prefixes, from_node[..., None], axis=1)
-      prefixes = jnp.concatenate([prefixes, tokens[..., None]], axis=-1)
+    prefixes = jnp.take_along_axis(prefixes, from_node[..., None], axis=1)
+    prefixes = jnp.concatenate([prefixes, tokens[..., None]], axis=-1)
     depth = prefixes.shape[-1]
     codes = vt._offsets(5, 3)[depth] + jnp.sum(prefixes * 5 ** jnp.arange(depth)[::-1], -1)
     return jnp.asarray(table)[codes], prefixes
 
   pending = jnp.zeros((1,), jnp.int32)
-  tree, _ = trees.topk_tree(pending, expand, None, top_k=2, max_depth=3)
+  root = jnp.asarray(table[:1])
+  no_prefix = jnp.zeros((1, 1, 0), jnp.int32)
+  tree, _ = trees.topk_tree(pending, root, expand, no_prefix, top_k=2, max_depth=3)
   trees.check_tree(tree, max_depth=3)
-  assert calls == [(1, 1), (1, 2), (1, 2)]
+  assert calls == [(1, 2), (1, 2)]
   frontier = [((), 1.0)]
   expected = []
   for _ in range(3):
