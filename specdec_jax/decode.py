@@ -152,13 +152,7 @@ class LoopSpec:
     object.__setattr__(self, 'unroll_draft', bool(self.unroll_draft))
     verifiers.get(self.verifier).check(num_drafts=self.num_drafts, draft_stop=self.draft_stop)
     if self.tree is not None:
-      if not isinstance(self.tree, decode_tree.TreeSpec):
-        raise ValueError(f'tree must be a decode.TreeSpec or None, got {self.tree!r}.')
-      self.tree.check(
-        gamma=self.gamma, verifier=self.verifier, num_drafts=self.num_drafts,
-        draft_stop=self.draft_stop, trace=self.trace, proposal=self.proposal,
-        unroll_draft=self.unroll_draft,
-      )  # fmt: skip
+      decode_tree.check_loop(self)
     if self.greedy:  # one program for both verifiers: they keep the same tokens
       object.__setattr__(self, 'verifier', 'token')
 
@@ -453,8 +447,6 @@ def _speculative_call(
     proposal=proposal,
     tree=tree,
   )
-  if tree is not None:
-    tree.check_models(target_steps, draft_steps)
   return (target_steps, target_params, draft_steps, draft_params, ids, mask), spec
 
 
@@ -563,13 +555,10 @@ def speculative_generate(
     proposal: at temperature > 0, 'sample' draws each draft from the drafter's law q_i,
       'argmax' proposes q_i's most likely token with a one-hot q_i (both exact; 'sample' accepted
       more on the shipped pairs, block drafters included: docs/results.md section 16).
-
-    tree: a `TreeSpec` (e.g. `TreeSpec(num_nodes=16)`): each iteration drafts a token tree of
-      depth gamma and `num_nodes` slots (the best-first tree on a block drafter's laws, no extra
-      drafter call), scores it in one target pass and keeps one root path, verified greedily at
-      temperature 0 and by sampling along the tree above it (`decode_tree`; docs/method.md
-      section 13). Needs a block drafter, a target with `step_tree` (T5), num_nodes >= gamma + 1,
-      and the defaults of verifier, num_drafts, draft_stop, proposal, unroll_draft and trace.
+    tree: a `TreeSpec`, e.g. `TreeSpec(num_nodes=16)`: each iteration drafts a token tree of
+      depth gamma (a block drafter's best-first tree, or an autoregressive drafter's top-k one),
+      scores its nodes in one target pass and keeps one root path (`decode_tree`; docs/method.md
+      section 13). Other settings at their defaults; each misfit is one ValueError.
 
   A block drafter (a step model with `block_size`, e.g. a T5 with `T5Config.block_size`) proposes
   all gamma <= block_size drafts in one call (`decode_steps.draft_block`).

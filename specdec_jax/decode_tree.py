@@ -123,6 +123,17 @@ class TreeSpec:
       )
 
 
+def check_loop(spec) -> None:
+  """Raises one ValueError if a `decode.LoopSpec`'s tree cannot run with its other settings."""
+  if not isinstance(spec.tree, TreeSpec):
+    raise ValueError(f'tree must be a decode.TreeSpec or None, got {spec.tree!r}.')
+  spec.tree.check(
+    gamma=spec.gamma, verifier=spec.verifier, num_drafts=spec.num_drafts,
+    draft_stop=spec.draft_stop, trace=spec.trace, proposal=spec.proposal,
+    unroll_draft=spec.unroll_draft,
+  )  # fmt: skip
+
+
 class _State(NamedTuple):
   """The tree loop's carry (B rows, L the buffer length)."""
 
