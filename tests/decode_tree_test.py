@@ -13,6 +13,7 @@ import pytest
 
 from specdec_jax import decode, pretrained, verify_tree
 from specdec_jax import sampling as sampling_lib
+from specdec_jax.measure import timing
 from tests import fakes, helpers
 from tests.decode_block_test import BLOCK, LENGTH, ROWS, STATE_TARGET, _block_t5, _pvalue
 from tests.decode_test import DRAFTER, GREEDY, SIGNIFICANCE, TARGET, _source
@@ -194,3 +195,15 @@ def test_errors(tiny_pair):
   ]:
     with pytest.raises(ValueError, match=message):
       decode.TreeSpec(**bad)
+
+
+def test_one_program_per_shape():
+  """Other weights and another key, same shapes: the tree loop is not compiled again."""
+  ids, mask = _source(vocab=4)
+  kw = dict(gamma=2, sampling=SAMPLING, max_new_tokens=6, tree=TREE)
+  decode.speculative_generate(STATE_TARGET, BLOCK, ids, mask, rng=jax.random.key(0), **kw)
+  with timing.compiles() as compiled:
+    for seed in (1, 2):
+      other = fakes.random_block_drafter(seed=seed + 10)
+      decode.speculative_generate(STATE_TARGET, other, ids, mask, rng=jax.random.key(seed), **kw)
+  assert compiled == []
