@@ -300,8 +300,14 @@ def _node_rows(pair, tree):
   return pair.p_table[codes].astype(np.float32)
 
 
-def test_recursive_rejection_matches_oracle():
-  pair = _pair()
+@pytest.mark.parametrize(
+  'seed, vocab',
+  [(502, 4), pytest.param(503, 3, marks=pytest.mark.slow)],  # 503: drafter rows of support 1
+)
+def test_recursive_rejection_matches_oracle(seed, vocab):
+  """Rule 1a on trees sampled without replacement; on the V = 3 toy some nodes' drafter rows
+  have one token, so some children slots are padding."""
+  pair = _pair(seed, vocab)
   tree, q, p = _draft_trees(pair, BRANCHING, 'sampled', 0)
   result = _rrs_run(jax.random.key(1), tree, q, p)
   public = vtree.recursive_rejection_verify(
@@ -312,6 +318,7 @@ def test_recursive_rejection_matches_oracle():
   law = to.rrs_law(pair.target, pair.drafter, BRANCHING)
   law_p, whole_p = _pvalues(pair, tree, result, law)
   assert law_p > SIGNIFICANCE and whole_p > SIGNIFICANCE, (law_p, whole_p)
+  assert np.asarray(tree.valid).all() == (vocab == 4)
 
 
 def test_cumulative_form_is_exact_with_distinct_siblings():
