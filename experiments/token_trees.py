@@ -19,8 +19,6 @@ Rows are printed as they finish and written to token_trees.csv / token_trees_pas
 --workdir.
 """
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
@@ -95,21 +93,6 @@ def acceptance_rows(plan: evaluation.Plan, config):
         )
 
 
-@functools.partial(jax.jit, static_argnames=('steps', 'tree_pass'))
-def _passes(steps, params, cache, tree, *, tree_pass, loop_length):
-  """`loop_length` (traced) target passes over `tree`'s N tokens, as a tree or as a chain."""
-
-  def body(i, logits):
-    tokens = tree.tokens + i % 7  # not loop-invariant
-    if tree_pass:
-      out, _ = steps.step_tree(params, tree._replace(tokens=tokens), cache, DEPTH)
-    else:
-      out, _ = steps.step(params, tokens, cache)
-    return logits + out[:, :1, :1]
-
-  return jax.lax.fori_loop(0, loop_length, body, jnp.zeros((1, 1, 1), jnp.float32))
-
-
 def pass_rows(plan: evaluation.Plan, config):
   """A row per N: the chain and tree passes of N positions at batch 1, in target steps."""
   target = plan.pair.target
@@ -120,14 +103,21 @@ def pass_rows(plan: evaluation.Plan, config):
   encoded = steps.encode(params, ids, jnp.ones_like(ids))
   for nodes in config.pass_nodes:
     cache = steps.init_cache(params, encoded, jnp.ones_like(ids), 2 * nodes + 32)
-    cache = cache.replace(end_index=jnp.array([16]))
     probs = jax.random.dirichlet(jax.random.key(0), jnp.full((64,), 0.1), (1, DEPTH))
     tree = trees.best_first_tree(jnp.array([5]), probs, nodes)
+    position = jnp.array([16], jnp.int32)
+    runs = {
+      'chain': lambda n: timing.repeated_steps(
+        steps, params, cache, position, num_tokens=nodes, loop_length=n
+      ),
+      'tree': lambda n: timing.repeated_tree_passes(
+        steps, params, cache, position, tree, max_depth=DEPTH, loop_length=n
+      ),
+    }
     costs = {}
-    for tree_pass in (False, True):
-      run = lambda n: _passes(steps, params, cache, tree, tree_pass=tree_pass, loop_length=n)
+    for name, run in runs.items():
       short, long = (timing.time_call(lambda n=n: run(n), config.repeats)[1] for n in (2, 10))
-      costs['tree' if tree_pass else 'chain'] = (long - short) / 8 / step
+      costs[name] = (long - short) / 8 / step
     yield dict(task=plan.task, nodes=nodes, **costs)
 
 

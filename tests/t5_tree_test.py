@@ -13,6 +13,7 @@ import pytest
 
 from specdec_jax import cache as cache_lib
 from specdec_jax import trees
+from specdec_jax.measure import timing
 from specdec_jax.models import t5, t5_tree
 from tests import helpers
 
@@ -178,3 +179,16 @@ def test_keep_path_leaves_the_cache_of_a_plain_decode():
     np.testing.assert_allclose(
       compact.self_k[:, row, :end], want_cache.self_k[:, 0, :end], atol=TOLERANCE
     )
+
+
+def test_repeated_tree_passes_is_the_tree_pass():
+  """`timing.repeated_tree_passes` (what the benchmarks time and compile for a TPU) runs
+  `step_tree`: one loop iteration gives its logits at every node."""
+  model, cache, _, tree = _setup()
+  row = cache_lib.take_rows(cache, jnp.array([1]))
+  one = jax.tree.map(lambda x: x[1:], tree)
+  looped = timing.repeated_tree_passes(
+    model.steps, model.params, row, row.end_index, one, max_depth=DEPTH, loop_length=1
+  )
+  direct = _tree_logits(model.params, one, row, config=model.config)
+  np.testing.assert_allclose(looped, direct, atol=1e-6)

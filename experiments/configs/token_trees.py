@@ -4,6 +4,7 @@ and K paths at equal node budgets, and a tree pass's cost against a chain pass's
   python -m experiments.token_trees --config=experiments/configs/token_trees.py
   python -m experiments.token_trees --config=experiments/configs/token_trees.py:runlocal
   python -m experiments.token_trees --config=experiments/configs/token_trees.py:pairs=debsumm48m
+  python -m experiments.token_trees --config=experiments/configs/token_trees.py:passes_only
 
 Items apply in the order written (experiments/configs/common.py).
 """
@@ -22,6 +23,10 @@ def _runlocal(c):
   c.workdir = '/tmp/specdec_token_trees_runlocal'
 
 
+def _passes_only(c):
+  c.temperatures = ()  # no acceptance rows: the pass costs alone
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.pairs = ('ende48m', 'debsumm48m')  # pair directories of pretrained/ (or paths)
@@ -32,4 +37,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.pass_nodes = (4, 8, 16, 32, 64)  # tree pass costs at batch 1; () skips them
   c.repeats = 5
   c.workdir = '/tmp/specdec_token_trees'
-  return common.parse(arg, c, {'runlocal': _runlocal})
+  return common.parse(arg, c, {'runlocal': _runlocal, 'passes_only': _passes_only})
