@@ -10,10 +10,14 @@ Each iteration, per row:
              after seq[n]; each depth then expands the top_k best frontier nodes into their top_k
              children with ONE batched call over top_k copies of each row's drafter cache
              (`trees.topk_tree`); N = 1 + top_k * gamma;
+     'sampled': the block drafter's one call, then `branching[d]` children per node of depth d
+             DRAWN without replacement from q_{d+1} (`trees.sampled_tree`; at T = 0 its top
+             tokens);
   3. score   one target pass over the N nodes (`step_tree`: ancestor mask, positions n + depth);
   4. verify  T = 0: follow the target's argmax down the tree (`verify_tree.greedy_tree_verify`);
              T > 0: sample along the tree (`verify_tree.sample_along_tree`, rule 1b: exact for a
-             tree fixed before the target's coins, docs/method.md section 13);
+             tree fixed before the target's coins, docs/method.md section 13); a 'sampled' tree by
+             recursive rejection (`verify_tree.recursive_rejection_verify`, rule 1a);
   5. keep    the accepted path's keys and values moved after the root (`keep_path`), the path and
              Y emitted (`decode_steps.emit_accepted`), and the target's states at the root and the
              path handed to the drafter's next call (what it reads at the kept positions).
@@ -39,7 +43,7 @@ from specdec_jax import sampling as sampling_lib
 from specdec_jax.decode_stats import DecodeOutput, DecodeStats
 from specdec_jax.step_models import PAD_ID
 
-BUILDERS = ('block', 'topk')
+BUILDERS = ('block', 'topk', 'sampled')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,12 +56,15 @@ class TreeSpec:
     builder: how the tree is drafted (module docstring): 'block', the best-first tree on a block
       drafter's per-position laws (`trees.best_first_tree`); 'topk', an autoregressive drafter's
       top_k children per node, depth by depth (`trees.topk_tree`; N = 1 + top_k * gamma).
-    top_k: children per expanded node and frontier width of 'topk' (unread by 'block').
+    top_k: children per expanded node and frontier width of 'topk' (unread by the others).
+    branching: 'sampled': children per node at depths 0..gamma-1 (gamma = its length; N the full
+      tree's size, `trees.full_tree_size`); unread by the others.
   """
 
   num_nodes: int
   builder: str = 'block'
   top_k: int = 2
+  branching: tuple[int, ...] = ()
 
   def __post_init__(self):
     n = self.num_nodes
@@ -68,6 +75,15 @@ class TreeSpec:
     k = self.top_k
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
       raise ValueError(f'TreeSpec.top_k must be an int >= 1, got {k!r}.')
+    branching = tuple(self.branching)
+    if any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in branching):
+      raise ValueError(f'TreeSpec.branching must hold ints >= 1, got {self.branching!r}.')
+    if (self.builder == 'sampled') != bool(branching):
+      raise ValueError(
+        f"TreeSpec.branching is for builder='sampled' (and it needs one), got builder="
+        f'{self.builder!r}, branching={self.branching!r}.'
+      )
+    object.__setattr__(self, 'branching', branching)
 
   def check(self, *, gamma, verifier, num_drafts, draft_stop, trace, proposal, unroll_draft):
     """Raises one ValueError naming the first loop setting a tree cannot run with."""
@@ -76,6 +92,15 @@ class TreeSpec:
       raise ValueError(
         f'tree.num_nodes={self.num_nodes} cannot hold a path of gamma={gamma} drafts: it needs '
         f'num_nodes >= gamma + 1 = {gamma + 1}.'
+      )
+    if self.builder == 'sampled' and (
+      len(self.branching) != gamma or self.num_nodes != trees.full_tree_size(self.branching)
+    ):
+      raise ValueError(
+        f"tree=TreeSpec(builder='sampled', branching={self.branching}) draws a full tree of "
+        f'depth {len(self.branching)} and {trees.full_tree_size(self.branching)} nodes: pass '
+        f'gamma={len(self.branching)} and num_nodes={trees.full_tree_size(self.branching)}, got '
+        f'gamma={gamma}, num_nodes={self.num_nodes}.'
       )
     if self.builder == 'topk' and self.num_nodes != 1 + self.top_k * gamma:
       raise ValueError(
@@ -110,7 +135,7 @@ class TreeSpec:
         "this drafter is a block drafter or reads the target's states: use builder='block' for "
         'a block drafter.'
       )
-    if self.builder == 'block' and not block:
+    if self.builder in ('block', 'sampled') and not block:
       raise ValueError(
         f"tree=TreeSpec(builder='{self.builder}') builds its tree from a block drafter's "
         'per-position laws: the drafter needs block_size and step_block (a T5 with '
@@ -160,7 +185,7 @@ def tree_loop(
     target_steps, target_params, draft_steps, draft_params, input_ids, input_mask,
     spec.buffer_length,
   )  # fmt: skip
-  block = tree_spec.builder == 'block'
+  block = tree_spec.builder in ('block', 'sampled')  # a block drafter, reading states
   last_root = jnp.full((batch,), -1, jnp.int32)
   target_states = None
   if block:
@@ -179,10 +204,10 @@ def tree_loop(
   )
 
   def body(state: _State) -> _State:
-    verify_rng = jax.random.fold_in(rng, state.iteration)
-    # 1-2. The drafter's tree.
-    draft = _draft_block_tree if block else _draft_topk_tree
-    tree, draft_cache = draft(draft_steps, draft_params, state, spec=spec)
+    draft_rng, verify_rng = jax.random.split(jax.random.fold_in(rng, state.iteration))
+    # 1-2. The drafter's tree (and, for rule 1a, the law each node's children were drawn from).
+    draft = _DRAFTS[tree_spec.builder]
+    tree, draft_cache, node_laws = draft(draft_steps, draft_params, state, draft_rng, spec=spec)
     # 3. One target pass over the tree.
     with jax.named_scope('target'):
       target_logits, *node_states, target_cache = target_steps.step_tree(
@@ -194,9 +219,15 @@ def tree_loop(
       if spec.greedy:
         ids = sampling_lib.argmax(target_logits)
         result = verify_tree.greedy_tree_verify(tree, ids, max_depth=gamma)
-      else:
+      elif node_laws is None:
         p = sampling_lib.logits_to_probs(target_logits, spec.sampling)
         result = verify_tree.sample_along_tree(verify_rng, tree, p, max_depth=gamma)
+      else:
+        p = sampling_lib.logits_to_probs(target_logits, spec.sampling)
+        result = verify_tree.recursive_rejection_verify(
+          verify_rng, tree, node_laws, p, max_depth=gamma,
+          max_children=max(tree_spec.branching),
+        )  # fmt: skip
     # 5. Keep the path: the target's cache, the emitted tokens, the states the drafter reads.
     target_cache = target_steps.keep_path(target_cache, result.path, result.num_accepted)
     drafts = trees.path_tokens(tree, result.path)
@@ -238,22 +269,28 @@ def _scores(logits, spec) -> jax.Array:
   return sampling_lib.logits_to_probs(logits, spec.sampling)
 
 
-def _draft_block_tree(draft_steps, draft_params, state: _State, *, spec):
-  """'block': one block drafter call, the best-first tree on its laws: (tree, draft cache)."""
+def _draft_block_tree(draft_steps, draft_params, state: _State, rng, *, spec):
+  """'block' / 'sampled': one block drafter call, then the best-first tree on its laws, or the
+  tree drawn from them: (tree, draft cache, each node's law for 'sampled', else None)."""
   logits, draft_cache = decode_steps.block_logits(
     draft_steps, draft_params, state.draft_cache, state.seq, state.n, state.target_states,
     gamma=spec.gamma,
   )  # fmt: skip
   with jax.named_scope('tree'):
     pending = decode_steps.row_slice(state.seq, state.n, 1)[:, 0]
-    tree = trees.best_first_tree(pending, _scores(logits, spec), spec.tree.num_nodes)
-  return tree, draft_cache
+    q = _scores(logits, spec)
+    if spec.tree.builder == 'block':
+      return trees.best_first_tree(pending, q, spec.tree.num_nodes), draft_cache, None
+    branching = spec.tree.branching
+    tree = trees.sampled_tree(None if spec.greedy else rng, pending, q, branching)
+    return tree, draft_cache, trees.node_laws(q, branching)
 
 
-def _draft_topk_tree(draft_steps, draft_params, state: _State, *, spec):
+def _draft_topk_tree(draft_steps, draft_params, state: _State, rng, *, spec):
   """'topk': a catch-up call on the kept tokens (seq[last_root + 1 ..], its law after seq[n]),
   then one batched call per depth on top_k copies of each row's cache: (tree, draft cache, the
-  row's own, holding positions 0..n)."""
+  row's own, holding positions 0..n; None: no node laws)."""
+  del rng  # deterministic
   gamma, top_k = spec.gamma, spec.tree.top_k
   start = state.last_root + 1  # the drafter holds positions < start; seq[start..n] are new
   tokens = decode_steps.row_slice(state.seq, start, gamma + 1)
@@ -278,4 +315,7 @@ def _draft_topk_tree(draft_steps, draft_params, state: _State, *, spec):
       decode_steps.row_slice(state.seq, state.n, 1)[:, 0], _scores(logits[:, 0], spec), expand,
       cache, top_k=top_k, max_depth=gamma,
     )  # fmt: skip
-  return tree, cache
+  return tree, cache, None
+
+
+_DRAFTS = {'block': _draft_block_tree, 'sampled': _draft_block_tree, 'topk': _draft_topk_tree}

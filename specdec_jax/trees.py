@@ -23,6 +23,8 @@ Builders (jit-able, static shapes, vectorized over the batch):
   (`verify_tree.sample_along_tree`) or greedily.
 - `topk_tree`: an autoregressive drafter's top-k children, expanded depth by depth with one
   batched drafter call per depth. Deterministic too.
+- `sampled_tree`: children DRAWN without replacement from a block drafter's per-position laws,
+  a fixed number per depth: verify it with rule 1a (`verify_tree.recursive_rejection_verify`).
 
 Axes: B batch, N node slots, D max depth, V vocab, C children slots, K frontier width.
 """
@@ -287,3 +289,70 @@ def topk_tree(
       probs = jnp.where(ok[:, :, None], probs, 0.0)  # an invalid frontier node gets no children
   cat = lambda xs: jnp.concatenate(xs, axis=1)
   return Tree(cat(tokens).astype(jnp.int32), cat(parents), cat(depths), cat(valid)), state
+
+
+def full_tree_size(branching: tuple[int, ...]) -> int:
+  """Slots of the full tree with `branching[d]` children per node of depth d: 1 + k_1 + k_1 k_2
+  + ..."""
+  size, width = 1, 1
+  for k in branching:
+    width *= k
+    size += width
+  return size
+
+
+def sampled_tree(rng: jax.Array | None, pending: jax.Array, probs: jax.Array, branching):
+  """A tree whose children are DRAWN from a block drafter's per-position laws, without
+  replacement: every node of depth d - 1 gets `branching[d - 1]` children drawn from q_d (Gumbel
+  top-k: the same law as drawing one by one, each from q_d with the earlier ones removed and
+  renormalized, in slot order). What `verify_tree.recursive_rejection_verify` (rule 1a) needs,
+  with `q_u = q_{depth(u) + 1}` (`node_laws`). rng None: no noise, each node's children are q_d's
+  top tokens (a deterministic tree, for temperature 0).
+
+  Breadth-first slots: depth d's nodes follow depth d - 1's, each parent's children together, in
+  draw order. A child q_d cannot draw (its key is -inf) is padding, and so is its subtree.
+
+  Args:
+    rng: PRNG key, or None.
+    pending: i32[B], the root's token.
+    probs: f32[B, D, V], q_1..q_D, D = len(branching).
+    branching: static tuple of children per node at depths 0..D-1.
+
+  Returns:
+    Tree of `full_tree_size(branching)` slots.
+  """
+  batch, _, vocab = probs.shape
+  log_q = jnp.log(probs.astype(jnp.float32))
+  tokens, parents = [pending[:, None]], [jnp.full((batch, 1), -1, jnp.int32)]
+  depths, valid = [jnp.zeros((batch, 1), jnp.int32)], [jnp.ones((batch, 1), bool)]
+  first_slot, width = 0, 1
+  keys = [None] * len(branching) if rng is None else jax.random.split(rng, len(branching))
+  for d, k in enumerate(branching, start=1):
+    scores = jnp.broadcast_to(log_q[:, d - 1, None], (batch, width, vocab))
+    if keys[d - 1] is not None:
+      scores = scores + jax.random.gumbel(keys[d - 1], scores.shape)
+    top, ids = jax.lax.top_k(scores, k)  # [B, width, k]
+    ok = (top > -jnp.inf) & valid[-1][:, :, None]
+    parent_slots = first_slot + jnp.arange(width)
+    tokens.append(jnp.where(ok, ids, 0).reshape(batch, -1))
+    parents.append(jnp.where(ok, parent_slots[None, :, None], -1).reshape(batch, -1))
+    depths.append(jnp.where(ok, d, 0).reshape(batch, -1))
+    valid.append(ok.reshape(batch, -1))
+    first_slot, width = first_slot + width, width * k
+  cat = lambda xs: jnp.concatenate(xs, axis=1)
+  return Tree(
+    cat(tokens).astype(jnp.int32), cat(parents).astype(jnp.int32), cat(depths).astype(jnp.int32),
+    cat(valid),
+  )  # fmt: skip
+
+
+def node_laws(probs: jax.Array, branching) -> jax.Array:
+  """The drafter law each node's children were drawn from in `sampled_tree`: q_{depth + 1} at
+  every slot of depth < D (leaves: q_D, unread), f32[B, N, V]."""
+  depth_of_slot = []
+  width = 1
+  for d, k in enumerate(branching):
+    depth_of_slot += [d] * width
+    width *= k
+  depth_of_slot += [len(branching) - 1] * width
+  return probs[:, jnp.array(depth_of_slot)]
