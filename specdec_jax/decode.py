@@ -556,7 +556,7 @@ def speculative_generate(
       'argmax' proposes q_i's most likely token with a one-hot q_i (both exact; 'sample' accepted
       more on the shipped pairs, block drafters included: docs/results.md section 16).
     tree: a `TreeSpec`, e.g. `TreeSpec(num_nodes=16)`: each iteration drafts a token tree of
-      depth gamma (a block drafter's best-first tree, or an autoregressive drafter's top-k one),
+      depth gamma (a block drafter's best-first or sampled tree, an autoregressive drafter's top-k),
       scores its nodes in one target pass and keeps one root path (`decode_tree`; docs/method.md
       section 13). Other settings at their defaults; each misfit is one ValueError.
 
