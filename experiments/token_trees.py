@@ -9,6 +9,8 @@ For each pair, temperature and node budget B, one speculative run over the pair'
 per row (nothing timed there; tokens per call and alpha are exact counts):
   block chain     the block drafter, gamma = min(B - 1, block_size): gamma + 1 positions;
   block tree      the block drafter's best-first tree of B nodes, depth gamma (one drafter call);
+  block sampled   its tree drawn without replacement, (B - 1) // 4 children at the root and one
+                  per node below, depth 4 (T > 0 only, rule 1a; at T = 0 it is a top-k tree);
   distilled chain the autoregressive drafter, gamma = B - 1;
   distilled paths K = B // 4 paths of gamma 3 (K x 4 positions; T > 0 only: at T = 0 the K
                   paths are one argmax path);
@@ -63,6 +65,10 @@ def methods(budget: int, block_size: int, temperature: float):
   gamma = min(budget - 1, block_size)
   yield 'block chain', 'block', gamma, {}, gamma + 1
   yield 'block tree', 'block', gamma, {'tree': decode.TreeSpec(budget)}, budget
+  if temperature > 0 and budget >= 9:
+    branching = ((budget - 1) // 4, 1, 1, 1)
+    sampled = decode.TreeSpec(trees.full_tree_size(branching), 'sampled', branching=branching)
+    yield 'block sampled', 'block', 4, {'tree': sampled}, sampled.num_nodes
   yield 'distilled chain', 'distilled', budget - 1, {}, budget
   if temperature > 0 and budget >= 8:
     k = budget // 4
@@ -77,6 +83,9 @@ def acceptance_rows(plan: evaluation.Plan, config):
   for temperature in config.temperatures:
     for budget in config.budgets:
       for name, drafter, gamma, kw, positions in methods(budget, block_size, temperature):
+        wanted = [m for m in config.methods if m]
+        if wanted and name not in wanted:
+          continue
         run = translation.translate(
           drafter=plan.drafters[drafter], method='token', gamma=gamma,
           **plan.decoding(temperature), **kw,
