@@ -12,6 +12,7 @@ Two layers, each with negative controls (plausible bugs) that must fail the same
 Greedy verification is compared token for token with the target's argmax decoding.
 """
 
+import collections
 import contextlib
 import functools
 import itertools
@@ -24,6 +25,7 @@ import pytest
 
 from specdec_jax import sampling, trees
 from specdec_jax import verify_tree as vtree
+from tests import chisquare
 from tests import multipath_oracle as mo
 from tests import tree_oracle as to
 from tests import verify_oracle as oracle
@@ -483,6 +485,36 @@ def test_topk_tree_expands_the_best_frontier():
     frontier = sorted(cands, key=lambda c: -c[1])[:2]
     expected += [prefix for prefix, _ in frontier]
   assert _prefixes(tree, 0) == expected
+
+
+def test_sampled_tree_draws_without_replacement():
+  """`trees.sampled_tree`'s ordered children of a node are distributed as draws one by one from
+  q_d with the earlier ones removed (chi-square over the ordered pairs at the root and at a depth-1
+  node), every node's own; with rng None they are q_d's top tokens."""
+  q = np.array([[0.5, 0.3, 0.15, 0.05], [0.1, 0.2, 0.3, 0.4]], np.float32)
+  rows = 50_000
+  probs = jnp.broadcast_to(q, (rows, 2, 4))
+  tree = jax.jit(trees.sampled_tree, static_argnums=3)(
+    jax.random.key(0), jnp.zeros(rows, jnp.int32), probs, (2, 2)
+  )
+  trees.check_tree(tree, max_depth=2)
+  tokens = np.asarray(tree.tokens)
+  for depth, (a, b) in [(0, (1, 2)), (1, (3, 4))]:
+    exact = {
+      (x, y): q[depth, x] * q[depth, y] / (1 - q[depth, x])
+      for x in range(4)
+      for y in range(4)
+      if x != y
+    }
+    observed = collections.Counter(zip(tokens[:, a].tolist(), tokens[:, b].tolist()))
+    assert chisquare.pvalue(observed, exact) > SIGNIFICANCE, depth
+  # The two depth-1 nodes draw their children independently of each other.
+  assert np.mean(tokens[:, 3] == tokens[:, 5]) < 0.5
+  top = trees.sampled_tree(None, jnp.zeros(1, jnp.int32), jnp.asarray(q)[None], (2, 2))
+  np.testing.assert_array_equal(top.tokens[0], [0, 0, 1, 3, 2, 3, 2])
+  np.testing.assert_array_equal(
+    trees.node_laws(jnp.asarray(q)[None], (2, 2))[0], q[[0, 1, 1, 1, 1, 1, 1]]
+  )
 
 
 def test_structure_helpers():
