@@ -9,7 +9,7 @@ the target's step and its chain pass of N positions (`timing.repeated_steps`), a
 a token tree of N nodes (`timing.repeated_tree_passes`: `step_tree`, the tree loop's pass, with
 the ancestor mask and positions from each node's depth over a cache of --cache_len slots). Each
 row: the estimated cycles of one pass over those of one step ('pass cost', the paper's unit), the
-tree's over the chain's, and XLA:TPU's temporaries. Every number is a compiler's estimate
+tree's over the chain's, and XLA:TPU's temporaries of each program. Every number is a compiler's estimate
 (`tpu_costs`), not a timing.
 """
 
@@ -38,6 +38,7 @@ TABLE = (
   tables.Column('chain', 'chain pass', fmt='.3f', width=10),
   tables.Column('tree', 'tree pass', fmt='.3f', width=9),
   tables.Column('ratio', 'tree / chain', fmt='.3f', width=12),
+  tables.Column('chain_temp_mib', 'chain temp MiB', fmt='.1f', width=14),
   tables.Column('tree_temp_mib', 'tree temp MiB', fmt='.1f', width=13),
 )
 
@@ -71,13 +72,14 @@ def rows(machine: str, target: str, *, dtype: str, nodes, depth, source_length, 
   calls = lambda n: paper_scale_tpu.call_cycles(setup, model, positions=n, cache_len=cache_len)
   step = calls(1).per_iteration
   for n in nodes:
-    chain = calls(n).per_iteration / step
+    chain = calls(n)
     tree = tree_cycles(setup, model, nodes=n, depth=depth, cache_len=cache_len)
     yield dict(
       nodes=n,
-      chain=chain,
+      chain=chain.per_iteration / step,
       tree=tree.per_iteration / step,
-      ratio=tree.per_iteration / step / chain,
+      ratio=tree.per_iteration / chain.per_iteration,
+      chain_temp_mib=chain.temp_bytes / 2**20,
       tree_temp_mib=tree.temp_bytes / 2**20,
     )
 
