@@ -27,6 +27,10 @@ def _passes_only(c):
   c.temperatures = ()  # no acceptance rows: the pass costs alone
 
 
+def _no_passes(c):
+  c.pass_nodes = ()  # acceptance rows alone
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.pairs = ('ende48m', 'debsumm48m')  # pair directories of pretrained/ (or paths)
@@ -38,4 +42,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.pass_nodes = (4, 8, 16, 32, 64)  # tree pass costs at batch 1; () skips them
   c.repeats = 5
   c.workdir = '/tmp/specdec_token_trees'
-  return common.parse(arg, c, {'runlocal': _runlocal, 'passes_only': _passes_only})
+  return common.parse(
+    arg, c, {'runlocal': _runlocal, 'passes_only': _passes_only, 'no_passes': _no_passes}
+  )
