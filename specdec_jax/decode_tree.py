@@ -296,7 +296,7 @@ def _draft_topk_tree(draft_steps, draft_params, state: _State, rng, *, spec):
   tokens = decode_steps.row_slice(state.seq, start, gamma + 1)
   logits, _, cache = decode_steps.drafter_call(
     draft_steps, draft_params, tokens, None, state.draft_cache.replace(end_index=start),
-    logits_at=jnp.clip(state.n - start, 0, gamma),
+    logits_at=jnp.clip(state.n - start, min=0, max=gamma),
   )  # fmt: skip
   cache = cache.replace(end_index=state.n + 1)
   batch = tokens.shape[0]

@@ -112,7 +112,7 @@ def ancestor_mask(tree: Tree, max_depth: int) -> jax.Array:
   num_nodes = tree.tokens.shape[1]
   own = jnp.eye(num_nodes, dtype=bool)[None] & tree.valid[:, :, None]
   mask = own
-  parent = jnp.clip(tree.parents, 0, num_nodes - 1)
+  parent = jnp.clip(tree.parents, min=0, max=num_nodes - 1)
   for _ in range(max_depth):
     inherited = jnp.take_along_axis(mask, parent[:, :, None], axis=1)
     mask = own | (inherited & (tree.parents >= 0)[:, :, None] & tree.valid[:, :, None])
@@ -172,7 +172,9 @@ def best_first_tree(pending: jax.Array, probs: jax.Array, num_nodes: int) -> Tre
 
   def rank_log_prob(depth, rank):
     ok = rank < width
-    value = log_sorted[rows, jnp.clip(depth - 1, 0, max_depth - 1), jnp.clip(rank, 0, width - 1)]
+    value = log_sorted[
+      rows, jnp.clip(depth - 1, min=0, max=max_depth - 1), jnp.clip(rank, min=0, max=width - 1)
+    ]
     return jnp.where(ok, value, -jnp.inf)
 
   int_pool = lambda: jnp.zeros((batch, pool), jnp.int32)
@@ -202,7 +204,9 @@ def best_first_tree(pending: jax.Array, probs: jax.Array, num_nodes: int) -> Tre
     )
     ok = score > -jnp.inf
     slot = t + 1
-    token = sorted_ids[rows, jnp.clip(depth - 1, 0, max_depth - 1), jnp.clip(rank, 0, width - 1)]
+    token = sorted_ids[
+      rows, jnp.clip(depth - 1, min=0, max=max_depth - 1), jnp.clip(rank, min=0, max=width - 1)
+    ]
     nodes = {
       'tokens': nodes['tokens'].at[:, slot].set(jnp.where(ok, token, 0)),
       'parents': nodes['parents'].at[:, slot].set(jnp.where(ok, parent, -1)),
