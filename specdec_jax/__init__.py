@@ -9,6 +9,8 @@ engine (specdec_jax/)
   verify             token and block verification of one draft (pure kernels).
   verify_greedy      greedy block verification (one draft, levels carried between iterations).
   verify_multipath   verification of K drafted paths (multi-path block, recursive rejection).
+  trees              token trees of N static slots: the representation, ancestor mask, builders.
+  verify_tree        lossless verification of a token tree (greedy, sample along, recursive rej.).
   verifiers          the registry of verifiers the loops run: kernels, carried state, constraints.
   analysis           the formulas of Leviathan et al. (2023), section 3, as vectorized numpy.
   cache              the decoder KV cache with a write position per row (`end_index`).
@@ -16,6 +18,7 @@ engine (specdec_jax/)
   decode             `generate` and `speculative_generate`, each one jit.
   decode_steps       the steps of one iteration: draft (token by token, or one block call),
                      target pass, verify, emit.
+  decode_tree        the token-tree loop (`speculative_generate(..., tree=TreeSpec(...))`).
   decode_stats       `DecodeOutput`, `DecodeStats`, `SpeculativeTrace`, `to_host`.
   validation         checks at the decode loops' boundary; `NonFiniteError`.
   drafters           n-gram drafters (`NGramDrafter`).
@@ -29,6 +32,7 @@ models/
   t5_relpos          T5's relative-position buckets.
   t5_dropout         T5's residual dropout, for training only.
   t5_growth          growing a trained T5 into a larger one computing the same function.
+  t5_tree            one decoder pass over a token tree (positions, mask); keeping its path.
 
 checkpoints/
   (package)          orbax save / restore, and every format's loader in one place.

@@ -61,7 +61,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import decode_steps, step_models, validation, verifiers
+from specdec_jax import decode_steps, decode_tree, step_models, validation, verifiers
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.decode_stats import (  # noqa: F401 (API)
   DecodeOutput,
@@ -69,6 +69,7 @@ from specdec_jax.decode_stats import (  # noqa: F401 (API)
   SpeculativeTrace,
   to_host,
 )
+from specdec_jax.decode_tree import TreeSpec  # noqa: F401 (API)
 from specdec_jax.validation import NonFiniteError  # noqa: F401  (raised by the public functions)
 
 
@@ -113,6 +114,8 @@ class LoopSpec:
       calls, so an accelerator launches fewer kernels per draft; compiling takes longer.
     trace: record a `SpeculativeTrace` of every iteration.
     proposal: how a drafter proposes at temperature > 0 (`PROPOSALS`).
+    tree: a `decode_tree.TreeSpec`: one token tree of depth gamma per row and iteration, one
+      target pass over its nodes (`decode_tree`'s loop); None: a chain (or K paths).
 
   The loop's two extension points are registries it reads: a verifier is a
   `verifiers.Verifier`, a way of drafting a `decode_steps.Drafting` (chosen by the drafter:
@@ -128,6 +131,7 @@ class LoopSpec:
   unroll_draft: bool = False
   trace: bool = False
   proposal: str = 'sample'
+  tree: decode_tree.TreeSpec | None = None
 
   def __post_init__(self):
     validation.check_sampling(self.sampling)
@@ -147,6 +151,8 @@ class LoopSpec:
       raise TypeError(f'unroll_draft must be a bool, got {self.unroll_draft!r}.')
     object.__setattr__(self, 'unroll_draft', bool(self.unroll_draft))
     verifiers.get(self.verifier).check(num_drafts=self.num_drafts, draft_stop=self.draft_stop)
+    if self.tree is not None:
+      decode_tree.check_loop(self)
     if self.greedy:  # one program for both verifiers: they keep the same tokens
       object.__setattr__(self, 'verifier', 'token')
 
@@ -157,6 +163,8 @@ class LoopSpec:
 
   @property
   def buffer_length(self) -> int:
+    if self.tree is not None:  # a tree pass writes N cache slots from n
+      return buffer_length(self.max_new_tokens, max(self.gamma, self.tree.num_nodes - 1))
     return buffer_length(self.max_new_tokens, self.gamma)
 
 
@@ -237,6 +245,12 @@ def speculative_loop(
   """
   if spec.gamma < 1:
     raise ValueError(f'speculative_loop needs spec.gamma >= 1, got {spec.gamma}.')
+  if spec.tree is not None:
+    spec.tree.check_models(target_steps, draft_steps)
+    return decode_tree.tree_loop(
+      target_steps, target_params, draft_steps, draft_params, input_ids, input_mask, rng,
+      spec=spec,
+    )  # fmt: skip
   reads_states = getattr(draft_steps, 'reads_target_states', False)
   verifiers.get(spec.verifier).check_drafter(draft_steps)
   target_cache, draft_cache = decode_steps.init_caches(
@@ -402,6 +416,7 @@ def _speculative_call(
   draft_stop=None,
   unroll_draft=False,
   proposal='sample',
+  tree=None,
 ):
   """Validates `speculative_generate`'s arguments: (the loop's arguments before rng, LoopSpec)."""
   gamma = validation.as_int('gamma', gamma, 1)
@@ -431,6 +446,7 @@ def _speculative_call(
     unroll_draft=unroll_draft,
     trace=bool(trace),
     proposal=proposal,
+    tree=tree,
   )
   return (target_steps, target_params, draft_steps, draft_params, ids, mask), spec
 
@@ -491,6 +507,7 @@ def speculative_generate(
   trace: bool = False,
   check_finite: bool = True,
   proposal: str = 'sample',
+  tree: TreeSpec | None = None,
 ) -> DecodeOutput:
   """Speculative decoding: output distributed exactly as `generate(target, ...)`.
 
@@ -539,6 +556,10 @@ def speculative_generate(
     proposal: at temperature > 0, 'sample' draws each draft from the drafter's law q_i,
       'argmax' proposes q_i's most likely token with a one-hot q_i (both exact; 'sample' accepted
       more on the shipped pairs, block drafters included: docs/results.md section 16).
+    tree: a `TreeSpec`, e.g. `TreeSpec(num_nodes=16)`: each iteration drafts a token tree of
+      depth gamma (a block drafter's best-first or sampled tree, an autoregressive drafter's top-k),
+      scores its nodes in one target pass and keeps one root path (`decode_tree`; docs/method.md
+      section 13). Other settings at their defaults; each misfit is one ValueError.
 
   A block drafter (a step model with `block_size`, e.g. a T5 with `T5Config.block_size`) proposes
   all gamma <= block_size drafts in one call (`decode_steps.draft_block`).
@@ -560,6 +581,7 @@ def speculative_generate(
     draft_stop=draft_stop,
     unroll_draft=unroll_draft,
     proposal=proposal,
+    tree=tree,
   )
   out = speculative_loop(*args, validation.check_rng(rng, sampling), spec=spec)
   return validation.raise_if_nonfinite(out, 'The target or the drafter') if check_finite else out
@@ -595,6 +617,7 @@ def lower_speculative(
   draft_stop: float | None = None,
   unroll_draft: bool = False,
   proposal: str = 'sample',
+  tree: TreeSpec | None = None,
 ) -> jax.stages.Lowered:
   """`speculative_generate`'s program lowered for these shapes (trace off), without running it.
 
@@ -616,5 +639,6 @@ def lower_speculative(
     draft_stop=draft_stop,
     unroll_draft=unroll_draft,
     proposal=proposal,
+    tree=tree,
   )
   return speculative_loop.lower(*args, _ABSTRACT_KEY, spec=spec)

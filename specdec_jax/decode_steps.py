@@ -200,14 +200,7 @@ def draft_block(
   the drafts are not fed.
   """
   del unroll_draft
-  features, state_start = target_states
-  start = state_start + 1
-  tokens = row_slice(seq, start, features.shape[1])
-  num_kept = jnp.clip(n - start + 1, 1, tokens.shape[1])
-  with jax.named_scope('drafter'):
-    logits, cache = steps.step_block(
-      params, tokens, features, cache.replace(end_index=start), gamma, num_kept
-    )
+  logits, cache = block_logits(steps, params, cache, seq, n, target_states, gamma=gamma)
   with jax.named_scope('sampling'):
     if greedy or proposal == 'argmax':
       drafts, q = sampling_lib.argmax(logits), None
@@ -222,6 +215,20 @@ def draft_block(
       unsure = jnp.exp(own - jax.nn.logsumexp(logits, axis=-1)) < stop
       lengths = jnp.where(unsure.any(1), jnp.argmax(unsure, axis=1) + 1, gamma).astype(jnp.int32)
   return drafts, q, cache, lengths
+
+
+def block_logits(steps, params, cache, seq, n, target_states, *, gamma: int):
+  """A block drafter's one call (`step_block`): the logits f32[B, G, V] of the gamma positions
+  after each row's pending token seq[b, n[b]], and its cache caught up on the positions the last
+  iteration kept (those of `target_states`, the last target pass's, up to n), end_index n + 1."""
+  features, state_start = target_states
+  start = state_start + 1
+  tokens = row_slice(seq, start, features.shape[1])
+  num_kept = jnp.clip(n - start + 1, 1, tokens.shape[1])
+  with jax.named_scope('drafter'):
+    return steps.step_block(
+      params, tokens, features, cache.replace(end_index=start), gamma, num_kept
+    )
 
 
 @dataclasses.dataclass(frozen=True)

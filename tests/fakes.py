@@ -48,6 +48,32 @@ class MarkovSteps:
     logits = table[jnp.minimum(pos, table.shape[0] - 1), two_back, tokens]
     return logits, FakeCache(buffer, cache.end_index + tokens.shape[1])
 
+  def step_tree(self, params, tree, cache, max_depth, return_states=False):
+    """A pass over a token tree (`trees.Tree`) written at slots end_index + u: node u is at
+    position end_index + depth, its token two back its parent's (before the root: the cache's
+    last token). Returns (logits [B, N, V], [one-hot states,] cache with end_index unchanged)."""
+    del max_depth
+    write = jax.vmap(lambda row, new, start: jax.lax.dynamic_update_slice(row, new, (start,)))
+    end = cache.end_index
+    buffer = write(cache.tokens, tree.tokens, end)
+    before_root = jnp.take_along_axis(cache.tokens, jnp.maximum(end - 1, 0)[:, None], axis=1)
+    before_root = jnp.where(end[:, None] == 0, self.start_id, before_root)
+    parent_token = jnp.take_along_axis(tree.tokens, jnp.maximum(tree.parents, 0), axis=1)
+    two_back = jnp.where(tree.parents >= 0, parent_token, before_root)
+    table = params['table']
+    pos = end[:, None] + tree.depth
+    logits = table[jnp.minimum(pos, table.shape[0] - 1), two_back, tree.tokens]
+    states = (jax.nn.one_hot(tree.tokens, self.vocab_size),) if return_states else ()
+    return (logits, *states, FakeCache(buffer, end))
+
+  def keep_path(self, cache, path, num_accepted):
+    """After `step_tree`: the accepted nodes' tokens moved after the root, end_index + 1 + tau."""
+    end = cache.end_index
+    slots = end[:, None] + jnp.where(path >= 0, path, 1 + jnp.arange(path.shape[1]))
+    moved = jnp.take_along_axis(cache.tokens, slots, axis=1)
+    write = jax.vmap(lambda row, new, start: jax.lax.dynamic_update_slice(row, new, (start,)))
+    return FakeCache(write(cache.tokens, moved, end + 1), end + 1 + num_accepted)
+
 
 @dataclasses.dataclass
 class MarkovModel:

@@ -9,7 +9,8 @@ the student replicated, the batch over 'data'), a tiny T5 pair's programs compil
   speculative        every verifier (`_VERIFIERS`) at temperature 1 with top-k / top-p, the
                      trace on and the draft unrolled; draft_stop; temperature 0; 2 draft paths
                      with every verifier of `verify_multipath.VERIFIERS`; a block drafter (one
-                     call drafts gamma tokens) at temperatures 0 and 1, on 2x2 and one chip;
+                     call drafts gamma tokens) at temperatures 0 and 1, on 2x2 and one chip,
+                     as a chain and as a token tree; the token-tree loop with a top-2 tree;
   training step      `trainer.train_step` (dropout, label smoothing) on the train state
                      `trainer.compile_step` places (params over 'model');
   distillation step  `distill_loss.distill_step`, the live teacher over 'model' and the student
@@ -100,6 +101,10 @@ def _decode_programs() -> dict:
     programs[f'speculative-{verifier}-T1-2-paths'] = _public(
       verifier=verifier, sampling=_SAMPLED, num_drafts=2
     )
+  # The token-tree loop with an autoregressive drafter's top-2 tree (1 + 2 gamma nodes).
+  topk = decode.TreeSpec(num_nodes=1 + 2 * _GAMMA, builder='topk', top_k=2)
+  for name, sampling in [('T1-topk-topp', _SAMPLED), ('T0', _GREEDY)]:
+    programs[f'speculative-tree-topk-{name}'] = _public(sampling=sampling, tree=topk)
   return programs
 
 
@@ -154,10 +159,12 @@ def test_decode_loop_compiles_for_tpu(mesh_name, program):
 @pytest.mark.parametrize(
   'mesh_name', [m for m in _meshes(always=True) if m.id in ('v4-8:2x2', 'tpu-v4:1x1')]
 )
+@pytest.mark.parametrize('tree', [None, decode.TreeSpec(num_nodes=8)], ids=['chain', 'tree'])
 @pytest.mark.parametrize('sampling', [_SAMPLED, _GREEDY], ids=['T1-topk-topp', 'T0'])
-def test_block_drafting_compiles_for_tpu(mesh_name, sampling):
+def test_block_drafting_compiles_for_tpu(mesh_name, sampling, tree):
   """The loop with a block drafter (one call drafts gamma tokens, `decode_steps.draft_block`):
-  the drafter over the target's encoder, reading its states, replicated."""
+  the drafter over the target's encoder, reading its states, replicated; as a chain, and as the
+  token-tree loop's best-first tree of 8 nodes (`decode_tree`)."""
   mesh = _mesh(*mesh_name)
   target = _tiny('tiny-v1.1', mesh, shard=True)
   width = target.config.d_model
@@ -168,7 +175,7 @@ def test_block_drafting_compiles_for_tpu(mesh_name, sampling):
   drafter = synthetic.abstract_model(config, mesh, param_dtype='float32', shard=False)
   with jax.set_mesh(mesh):
     lowered = decode.lower_speculative(
-      target, drafter, _ids(mesh), _ids(mesh), gamma=4, sampling=sampling, **_SHAPE
+      target, drafter, _ids(mesh), _ids(mesh), gamma=4, sampling=sampling, tree=tree, **_SHAPE
     )
     compiled = lowered.compile()
   _check_on_tpu(compiled, mesh)
@@ -220,5 +227,5 @@ def test_every_verifier_and_option_is_in_the_gate():
   names = ' '.join(_PROGRAMS)
   for verifier in _VERIFIERS:
     assert f'speculative-{verifier}-T1-topk-topp-trace-unrolled' in names
-  for option in ('T0', 'topk-topp', 'trace', 'unrolled', 'draft_stop', '2-paths'):
+  for option in ('T0', 'topk-topp', 'trace', 'unrolled', 'draft_stop', '2-paths', 'tree'):
     assert option in names, option

@@ -14,8 +14,8 @@ with more of them (`step_costs`): a cost per call (c) and a fixed cost per itera
 `decode_steps.draft` at a static length, scanned or unrolled as the loop runs it, and no traced
 branch or loop decides the drafter's calls. Loops timed together run in turn and the fastest run
 of each counts, so that a shared machine's load moves them alike (`step_costs`, which the main
-job and the benchmarks use). The timed programs, `repeated_steps` and `repeated_iterations`, are
-public: `benchmarks.paper_scale_tpu` compiles these very programs for a TPU instead of timing
+job and the benchmarks use). The timed programs, `repeated_steps`, `repeated_tree_passes` and
+`repeated_iterations`, are public: `benchmarks.paper_scale_tpu` compiles these very programs for a TPU instead of timing
 them. What these timers measured, and why they are built so: docs/performance.md.
 
 Axis legend: B batch, S source length, T query length.
@@ -143,6 +143,23 @@ def repeated_steps(steps, params, cache, position, *, num_tokens, loop_length):
 
   vocab = steps.vocab_size
   logits = jnp.zeros((batch, width, vocab), jnp.float32)
+  return jax.lax.fori_loop(0, loop_length, body, (cache, logits))[1]
+
+
+@functools.partial(jax.jit, static_argnames=('steps', 'max_depth'))
+def repeated_tree_passes(steps, params, cache, position, tree, *, max_depth, loop_length):
+  """`loop_length` (traced) target passes over a token tree (`step_tree`, the tree loop's pass:
+  `decode_tree`), every one from `position` [B] of `cache`: `repeated_steps` for a tree of N
+  nodes (tree: `trees.Tree` [B, N], depth <= max_depth)."""
+
+  def body(i, carry):
+    cache, _ = carry
+    tokens = tree.tokens + i % 7  # not loop-invariant
+    cache = cache.replace(end_index=position)
+    logits, cache = steps.step_tree(params, tree._replace(tokens=tokens), cache, max_depth)
+    return cache, logits
+
+  logits = jnp.zeros(tree.tokens.shape + (steps.vocab_size,), jnp.float32)
   return jax.lax.fori_loop(0, loop_length, body, (cache, logits))[1]
 
 

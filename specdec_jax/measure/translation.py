@@ -83,6 +83,7 @@ def translate_in_turn(
   num_drafts: int = 1,
   draft_stop: float | None = None,
   proposal: str = 'sample',
+  tree=None,
 ) -> dict[str, Run]:
   """Decodes `sources` batch by batch, each batch with every one of `methods` in turn (same rng),
   timing each call: {method: Run}.
@@ -96,8 +97,8 @@ def translate_in_turn(
   `on_batch(n)` is called after each method's batch of n sources (progress). `trace=True`
   (verifiers only) decodes with `speculative_generate(..., trace=True)` and fills
   `Run.accepted_lengths`; the trace's bookkeeping is then part of the timed work. `num_drafts`,
-  `draft_stop` and `proposal` are `speculative_generate`'s (K draft paths per iteration;
-  adaptive length; how drafts are proposed at T > 0).
+  `draft_stop`, `proposal` and `tree` are `speculative_generate`'s (K draft paths per iteration;
+  adaptive length; how drafts are proposed at T > 0; a token tree per iteration).
 
   With a `mesh` (the models placed on it, see `pretrained.load`), each batch is split over its
   'data' axis and every process tokenizes only the rows its devices hold; outputs are gathered to
@@ -130,7 +131,7 @@ def translate_in_turn(
         return decode.generate(target, *batch, **kw)
       return decode.speculative_generate(
         target, drafter, *batch, gamma=gamma, verifier=method, trace=trace,
-        num_drafts=num_drafts, draft_stop=draft_stop, proposal=proposal, **kw,
+        num_drafts=num_drafts, draft_stop=draft_stop, proposal=proposal, tree=tree, **kw,
       )  # fmt: skip
 
   if mesh is not None:

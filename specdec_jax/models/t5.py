@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from specdec_jax import cache as cache_lib
 from specdec_jax import sharding
-from specdec_jax.models import t5_relpos
+from specdec_jax.models import t5_relpos, t5_tree
 from specdec_jax.models.t5_config import CONFIGS, T5Config  # noqa: F401 (part of this API)
 from specdec_jax.models.t5_dropout import Dropout, dropper
 from specdec_jax.models.t5_params import Params, init_params, param_count  # noqa: F401 (API)
@@ -158,6 +158,27 @@ class T5Steps:
       logits_at=logits_at, rules=self.rules,
     )  # fmt: skip
     return logits, cache.replace(end_index=start + num_kept)
+
+  def step_tree(self, params, tree, cache, max_depth: int, return_states: bool = False):
+    """One pass over a token tree (`trees.Tree` of N slots) written at slots end_index + u:
+    (logits f32[B, N, V] at every node, [states [B, N, D] with `return_states`,] the cache with
+    the nodes written and end_index unchanged: `keep_path` keeps the accepted ones). Positions
+    and mask: `t5_tree.layout`."""
+    if self.block_size is not None or self.reads_target_states:
+      raise ValueError(
+        'step_tree is a target pass: this T5 is a drafter (block_size or feature_dim).'
+      )
+    cache_layout = t5_tree.layout(tree, cache.end_index, cache.max_decode_len, max_depth)
+    *out, new_cache = decode(
+      params, tree.tokens, cache, config=self.config, return_states=return_states,
+      cache_layout=cache_layout, rules=self.rules,
+    )  # fmt: skip
+    return (*out, new_cache.replace(end_index=cache.end_index))
+
+  def keep_path(self, cache, path, num_accepted):
+    """After `step_tree`: the accepted path's keys and values moved after the root
+    (`t5_tree.keep_path`); end_index + 1 + num_accepted."""
+    return t5_tree.keep_path(cache, path, num_accepted)
 
   def step_states(self, params, tokens, cache):
     """`step` that also returns the normed final decoder states [B, T, D] (what an EAGLE-style
@@ -320,6 +341,7 @@ def _decoder(
   features: jax.Array | None = None,
   slots: jax.Array | None = None,
   layout: tuple[jax.Array, jax.Array] | None = None,
+  cache_layout: tuple[jax.Array, jax.Array, jax.Array] | None = None,
   rules: sharding.Rules = sharding.DEFAULT_RULES,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
   """The decoder stack on T new positions, up to its final norm (`_logits` is the output layer).
@@ -345,6 +367,9 @@ def _decoder(
       each input's decoder position and which inputs it attends to (a block drafter's training
       pass packs a sequence and its blocks in one row, `block_forward`); None: positions 0..T-1,
       causal.
+    cache_layout: with a cache, (positions int32[B, T], key positions int32[B, S_max], attend
+      bool[B, T, S_max]) for inputs that are not a causal chain (a token tree: `t5_tree.layout`);
+      None: positions end_index[b] + t, keys at their slots, causal.
 
   Returns:
     the normed final states [B, T, D], and the updated (self_k, self_v) (None without a cache).
@@ -366,8 +391,11 @@ def _decoder(
     k_pos = q_pos if layout is not None else jnp.arange(t)
   else:
     self_k, self_v, end_index = self_cache
-    q_pos, attend = end_index[:, None] + jnp.arange(t), None
-    k_pos = jnp.arange(self_k.shape[2])
+    if cache_layout is None:
+      q_pos, attend = end_index[:, None] + jnp.arange(t), None
+      k_pos = jnp.arange(self_k.shape[2])
+    else:
+      q_pos, k_pos, attend = cache_layout
   bias = _relpos_bias(
     dec['relpos_bias']['rel_embedding'], q_pos, k_pos, bidirectional=False, config=config
   )
@@ -519,6 +547,7 @@ def decode(
   return_states: bool = False,
   logits_at: jax.Array | None = None,
   slots: jax.Array | None = None,
+  cache_layout: tuple[jax.Array, jax.Array, jax.Array] | None = None,
   rules: sharding.Rules = sharding.DEFAULT_RULES,
 ):
   """Scores T new decoder positions per row and appends them to the cache.
@@ -542,6 +571,8 @@ def decode(
       tied output layer can cost many one-row ones: docs/performance.md, "Few-row dots").
       int32[B, R]: R positions per row, [B, R, ...] (a block drafter's call).
     slots: int32[B, T], for (only) a block drafter: which inputs are query slots (`_decoder`).
+    cache_layout: the positions and mask of inputs that are not a causal chain (`_decoder`; a
+      token tree's, `t5_tree.layout`), or None.
     rules: the logical-axis rules of its activations on a mesh (`T5Model.rules`).
 
   Returns:
@@ -564,6 +595,7 @@ def decode(
     self_cache=(cache.self_k, cache.self_v, cache.end_index),
     features=features,
     slots=slots,
+    cache_layout=cache_layout,
     rules=rules,
   )
   cache = cache.replace(self_k=self_k, self_v=self_v, end_index=cache.end_index + tokens.shape[1])

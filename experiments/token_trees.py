@@ -1,0 +1,154 @@
+r"""Token trees measured (issue 48): tokens per target call of a tree, a chain and K paths at an
+equal node budget (positions one target pass scores), and what a tree pass of N nodes costs
+against a chain pass of N positions.
+
+  python -m experiments.token_trees --config=experiments/configs/token_trees.py
+  python -m experiments.token_trees --config=experiments/configs/token_trees.py:runlocal
+
+For each pair, temperature and node budget B, one speculative run over the pair's test sentences
+per row (nothing timed there; tokens per call and alpha are exact counts):
+  block chain     the block drafter, gamma = min(B - 1, block_size): gamma + 1 positions;
+  block tree      the block drafter's best-first tree of B nodes, depth gamma (one drafter call);
+  block sampled   its tree drawn without replacement, (B - 1) // 4 children at the root and one
+                  per node below, depth 4 (T > 0 only, rule 1a; at T = 0 it is a top-k tree);
+  distilled chain the autoregressive drafter, gamma = B - 1;
+  distilled paths K = B // 4 paths of gamma 3 (K x 4 positions; T > 0 only: at T = 0 the K
+                  paths are one argmax path);
+  distilled topk  its top-2 tree of depth (B - 1) // 2 (1 + 2 depth nodes).
+Then at batch 1 (`pass_nodes`): a target pass of N positions as a chain (`step`) and as a tree
+(`step_tree` over a best-first tree of N nodes), each in target steps (a 1-position step = 1).
+Rows are printed as they finish and written to token_trees.csv / token_trees_passes.csv in
+--workdir.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from experiments.configs import common
+from specdec_jax import decode, trees
+from specdec_jax.measure import evaluation, results_io, tables, timing, translation
+
+TABLE = (
+  tables.Column('task', width=10),
+  tables.Column('temp', fmt='g', width=4),
+  tables.Column('budget', width=6),
+  tables.Column('method', width=16),
+  tables.Column('gamma', width=5),
+  tables.Column('positions', 'pass', width=4),
+  tables.Column('tokens_per_call', 'tok/call', fmt='.3f', width=8),
+  tables.Column('num_calls', 'calls', width=6),
+)
+COLUMNS = tuple(c.name for c in TABLE)
+PASS_TABLE = (
+  tables.Column('task', width=10),
+  tables.Column('nodes', width=5),
+  tables.Column('chain', 'chain pass', fmt='.2f', width=10),
+  tables.Column('tree', 'tree pass', fmt='.2f', width=9),
+)
+PASS_COLUMNS = tuple(c.name for c in PASS_TABLE)
+DEPTH = 8  # of the trees whose passes are timed
+
+
+def _plan(config, pair: str) -> evaluation.Plan:
+  """The main job's plan for `pair` (configs/debsumm.py's lengths for a debsumm pair, ende.py's
+  otherwise) with this experiment's drafters and sentences."""
+  from experiments.configs import debsumm, ende
+
+  main = (debsumm if 'debsumm' in str(pair) else ende).get_config()
+  main.pretrained, main.drafters = pair, ('block', 'distilled')
+  main.num_examples, main.batch_size = config.num_examples, config.batch_size
+  return evaluation.prepare(main)
+
+
+def methods(budget: int, block_size: int, temperature: float):
+  """(name, drafter, gamma, keyword arguments, positions per pass) of a budget's rows."""
+  gamma = min(budget - 1, block_size)
+  yield 'block chain', 'block', gamma, {}, gamma + 1
+  yield 'block tree', 'block', gamma, {'tree': decode.TreeSpec(budget)}, budget
+  if temperature > 0 and budget >= 9:
+    branching = ((budget - 1) // 4, 1, 1, 1)
+    sampled = decode.TreeSpec(trees.full_tree_size(branching), 'sampled', branching=branching)
+    yield 'block sampled', 'block', 4, {'tree': sampled}, sampled.num_nodes
+  yield 'distilled chain', 'distilled', budget - 1, {}, budget
+  if temperature > 0 and budget >= 8:
+    k = budget // 4
+    yield f'distilled {k} paths', 'distilled', 3, {'num_drafts': k}, 4 * k
+  depth = (budget - 1) // 2
+  topk = decode.TreeSpec(1 + 2 * depth, builder='topk', top_k=2)
+  yield 'distilled topk', 'distilled', depth, {'tree': topk}, 1 + 2 * depth
+
+
+def acceptance_rows(plan: evaluation.Plan, config):
+  block_size = plan.drafters['block'].steps.block_size
+  for temperature in config.temperatures:
+    for budget in config.budgets:
+      for name, drafter, gamma, kw, positions in methods(budget, block_size, temperature):
+        wanted = [m for m in config.methods if m]
+        if wanted and name not in wanted:
+          continue
+        run = translation.translate(
+          drafter=plan.drafters[drafter], method='token', gamma=gamma,
+          **plan.decoding(temperature), **kw,
+        )  # fmt: skip
+        yield dict(
+          task=plan.task,
+          temp=temperature,
+          budget=budget,
+          method=name,
+          gamma=gamma,
+          positions=positions,
+          tokens_per_call=float(run.stats.block_efficiency),
+          num_calls=int(run.stats.target_calls),
+        )
+
+
+def pass_rows(plan: evaluation.Plan, config):
+  """A row per N: the chain and tree passes of N positions at batch 1, in target steps."""
+  target = plan.pair.target
+  steps, params = target.steps, target.params
+  source = plan.config.max_source_length
+  step = timing.step_seconds(target, batch_size=1, source_length=source, repeats=config.repeats)
+  ids = jnp.full((1, source), 5, jnp.int32)
+  encoded = steps.encode(params, ids, jnp.ones_like(ids))
+  for nodes in config.pass_nodes:
+    cache = steps.init_cache(params, encoded, jnp.ones_like(ids), 2 * nodes + 32)
+    probs = jax.random.dirichlet(jax.random.key(0), jnp.full((64,), 0.1), (1, DEPTH))
+    tree = trees.best_first_tree(jnp.array([5]), probs, nodes)
+    position = jnp.array([16], jnp.int32)
+    runs = {
+      'chain': lambda n: timing.repeated_steps(
+        steps, params, cache, position, num_tokens=nodes, loop_length=n
+      ),
+      'tree': lambda n: timing.repeated_tree_passes(
+        steps, params, cache, position, tree, max_depth=DEPTH, loop_length=n
+      ),
+    }
+    costs = {}
+    for name, run in runs.items():
+      short, long = (timing.time_call(lambda n=n: run(n), config.repeats)[1] for n in (2, 10))
+      costs[name] = (long - short) / 8 / step
+    yield dict(task=plan.task, nodes=nodes, **costs)
+
+
+def run(config, workdir: str, *, echo=print) -> dict:
+  writer = results_io.ResultsWriter(workdir, name='token_trees', columns=COLUMNS)
+  pass_writer = results_io.ResultsWriter(workdir, name='token_trees_passes', columns=PASS_COLUMNS)
+  for pair in config.pairs:
+    plan = _plan(config, pair)
+    echo(plan.summary())
+    echo(tables.format_header(TABLE))
+    for row in acceptance_rows(plan, config):
+      writer.add(row)
+      echo(tables.format_line(row, TABLE))
+    if config.pass_nodes:
+      echo(tables.format_header(PASS_TABLE))
+      for row in pass_rows(plan, config):
+        pass_writer.add(row)
+        echo(tables.format_line(row, PASS_TABLE))
+  return {**writer.paths, **{f'passes_{k}': v for k, v in pass_writer.paths.items()}}
+
+
+if __name__ == '__main__':
+  common.run_experiment(
+    lambda config, workdir: run(config, workdir, echo=lambda s: print(s, flush=True))
+  )
