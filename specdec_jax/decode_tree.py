@@ -181,11 +181,12 @@ def tree_loop(
   """The tree loop, traced inside `decode.speculative_loop`'s jit (spec.tree is set)."""
   gamma, tree_spec = spec.gamma, spec.tree
   batch = input_ids.shape[0]
+  block = tree_spec.builder in ('block', 'sampled')  # a block drafter, reading states
   target_cache, draft_cache = decode_steps.init_caches(
     target_steps, target_params, draft_steps, draft_params, input_ids, input_mask,
     spec.buffer_length,
+    draft_cache_len=spec.buffer_length + decode_steps.drafting_of(draft_steps).extra_slots(gamma),
   )  # fmt: skip
-  block = tree_spec.builder in ('block', 'sampled')  # a block drafter, reading states
   last_root = jnp.full((batch,), -1, jnp.int32)
   target_states = None
   if block:

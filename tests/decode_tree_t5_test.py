@@ -12,16 +12,22 @@ from tests.decode_block_test import BLOCK, _block_t5
 from tests.decode_test import GREEDY, _source
 
 
-@pytest.mark.parametrize('builder', ['block', pytest.param('topk', marks=pytest.mark.slow)])
+# (block-short: a chain-sized tree of 5 nodes at gamma 4 and 1 new token, where the block call, 2
+# gamma wide, is wider than the loop's buffer; the drafter's cache has `Drafting.extra_slots`.)
+@pytest.mark.parametrize(
+  'builder', ['block', 'block-short', pytest.param('topk', marks=pytest.mark.slow)]
+)
 def test_greedy_equals_generate_t5(tiny_pair, builder):
   target, drafter = tiny_pair
-  tree = decode.TreeSpec(num_nodes=7, builder='topk', top_k=2)
+  tree, gamma, max_new_tokens = decode.TreeSpec(num_nodes=7, builder='topk', top_k=2), 3, 16
   if builder == 'block':
     drafter, tree = _block_t5(target), decode.TreeSpec(num_nodes=8)
+  if builder == 'block-short':
+    drafter, tree, gamma, max_new_tokens = _block_t5(target), decode.TreeSpec(num_nodes=5), 4, 1
   ids, mask = _source(vocab=target.config.vocab_size)
-  kw = dict(sampling=GREEDY, max_new_tokens=16, rng=None)
+  kw = dict(sampling=GREEDY, max_new_tokens=max_new_tokens, rng=None)
   ref = decode.generate(target, ids, mask, **kw)
-  out = decode.speculative_generate(target, drafter, ids, mask, gamma=3, tree=tree, **kw)
+  out = decode.speculative_generate(target, drafter, ids, mask, gamma=gamma, tree=tree, **kw)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   np.testing.assert_array_equal(out.lengths, ref.lengths)
 
