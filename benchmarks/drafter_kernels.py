@@ -231,9 +231,7 @@ def count(config, *, source_length, cache_len, gamma, unrolled=True, device=None
   feature = None
   if config.feature_dim:
     feature = jax.ShapeDtypeStruct((1, 1, config.feature_dim), jnp.float32, **_on(device))
-  step = jax.jit(
-    lambda p, t, f, c: t5.decode(p, t, c, config=config, features=f), donate_argnums=3
-  )
+  step = jax.jit(lambda p, t, f, c: t5.decode(p, t, c, config=config, features=f), donate_argnums=3)
   programs = {}
   if not config.block_size:  # a block drafter has no one-token step: its call is below
     programs['step'] = (step.lower(params, token, feature, cache), None)

@@ -106,9 +106,9 @@ def launch_rows(machine: str, target: str, *, dtype: str, nodes, depth, source_l
     tree = trees.Tree(
       *(_placed((1, n), jnp.int32, device) for _ in range(3)), _placed((1, n), jnp.bool_, device)
     )
-    tree = jax.jit(
-      timing.repeated_tree_passes, static_argnames=('steps', 'max_depth')
-    ).lower(model.steps, model.params, cache, position, tree, max_depth=depth, loop_length=loop)
+    tree = jax.jit(timing.repeated_tree_passes, static_argnames=('steps', 'max_depth')).lower(
+      model.steps, model.params, cache, position, tree, max_depth=depth, loop_length=loop
+    )
     (chain, chain_temp), (tree, tree_temp) = (_pass_launches(p.compile()) for p in (chain, tree))
     yield dict(nodes=n, chain=chain, tree=tree, chain_temp_mib=chain_temp, tree_temp_mib=tree_temp)
 
@@ -139,7 +139,9 @@ def main(argv):
   gpu = machines.get(machine).platform != 'tpu'
   if gpu:  # no CUDA libraries are needed to compile, nor checked
     os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
-  what = "XLA:GPU's kernels a pass launches" if gpu else "XLA:TPU's estimated cycles per pass / per step"
+  what = (
+    "XLA:GPU's kernels a pass launches" if gpu else "XLA:TPU's estimated cycles per pass / per step"
+  )
   print(f'{_TARGET.value} ({_DTYPE.value}) on one {machine} chip, compile-only, batch 1, '
         f'source {_SOURCE.value}, cache {_CACHE_LEN.value}; trees of depth {_DEPTH.value}; '
         f'{what}', flush=True)  # fmt: skip

@@ -262,7 +262,8 @@ def speculative_loop(
     input_mask,
     spec.buffer_length,
     num_drafts=spec.num_drafts,
-    draft_cache_len=spec.buffer_length + decode_steps.drafting_of(draft_steps).extra_slots(spec.gamma),
+    draft_cache_len=spec.buffer_length
+    + decode_steps.drafting_of(draft_steps).extra_slots(spec.gamma),
   )
   state = _init_state(
     input_ids.shape[0],

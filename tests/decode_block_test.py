@@ -125,7 +125,8 @@ def test_greedy_equals_generate_markov():
 # (max_new_tokens 1 at gamma 4: a block call is 2 gamma wide, wider than the loop's buffer of
 # M + gamma + 2 slots; the drafter's cache has gamma - 1 more, `Drafting.extra_slots`.)
 @pytest.mark.parametrize(
-  'verifier, gamma, num_drafts, max_new_tokens', [('token', 4, 1, 16), ('block', 2, 2, 16), ('token', 4, 1, 1)]
+  'verifier, gamma, num_drafts, max_new_tokens',
+  [('token', 4, 1, 16), ('block', 2, 2, 16), ('token', 4, 1, 1)],
 )
 def test_greedy_equals_generate_t5(verifier, gamma, num_drafts, max_new_tokens, tiny_pair):
   target, _ = tiny_pair

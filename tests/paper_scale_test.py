@@ -359,13 +359,13 @@ def test_compile_for_a_tpu_prints_the_compilers_tables(monkeypatch, tmp_path):
   columns = tpu.SPEEDUP_COLUMNS[:3] + (gamma_column,) + tpu.SPEEDUP_COLUMNS[3:]
   # The block drafter's rows have no paper column: the formula at c 0 and its c_fixed.
   lines = printed.splitlines()
-  block_rows = [line.split() for line in lines[lines.index(next(l for l in lines if l.startswith('4. '))) :]
-                if line.startswith('block:')]  # fmt: skip
+  table_4 = lines[next(i for i, line in enumerate(lines) if line.startswith('4. ')) :]
+  block_rows = [line.split() for line in table_4 if line.startswith('block:')]
   assert [(cells[1], cells[2]) for cells in block_rows] == [('0', '0.75'), ('1', '0.62')]
   for cells in block_rows:
     formula = analysis.expected_tokens(float(cells[2]), 3) / (block['c_fixed'] + pass_['pass_cost'])
     assert float(cells[3].removesuffix('x')) == pytest.approx(formula, rel=0.02, abs=0.011)
-  rows = _table('\n'.join(l for l in lines if not l.startswith('block:')), 4, columns)
+  rows = _table('\n'.join(line for line in lines if not line.startswith('block:')), 4, columns)
   assert [(r['temp'], r['alpha']) for r in rows] == [(0, 0.75), (1, 0.62)]
   for r, (alpha, _, measured) in zip(rows, tpu.PAPER_TABLE_2.values()):
     formula = analysis.expected_tokens(alpha, 3) / (

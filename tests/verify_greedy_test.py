@@ -185,7 +185,9 @@ def test_kernel_in_float64_is_the_exact_law(model):
     assert go.total_variation(kernel.joint(tokens), exact) < FLOAT64_TOLERANCE
     assert abs(kernel.first_accepted() - float(chain.block_bound())) < FLOAT64_TOLERANCE
     for t in range(1, iterations + 1):
-      assert abs(kernel.tokens_after(t) - float(chain.tokens_after('greedy', t))) < FLOAT64_TOLERANCE
+      assert (
+        abs(kernel.tokens_after(t) - float(chain.tokens_after('greedy', t))) < FLOAT64_TOLERANCE
+      )
 
 
 def test_toy_falls_behind_block_verification_after_three_iterations():
