@@ -18,9 +18,10 @@ written to block_drafting.csv / .json in --workdir.
 
 import numpy as np
 
+from experiments import skeleton
 from experiments.configs import common
 from specdec_jax import analysis, decode, step_models
-from specdec_jax.measure import evaluation, results_io, tables, timing, translation
+from specdec_jax.measure import evaluation, tables, timing, translation
 
 TABLE = (
   tables.Column('task', width=10),
@@ -31,8 +32,8 @@ TABLE = (
   tables.Column('tokens_per_call', 'tok/call', fmt='.3f', width=8),
   tables.Column('alpha', fmt='.3f', width=6),
   tables.Column('accepted', 'accepted at position 1..gamma (per call)', width=44),
+  tables.Column('num_calls', printed=False),
 )
-COLUMNS = (*(c.name for c in TABLE), 'num_calls')
 COST_TABLE = (
   tables.Column('task', width=10),
   tables.Column('drafter', width=9),
@@ -43,7 +44,6 @@ COST_TABLE = (
   tables.Column('c_fixed', fmt='.4f', width=7),
   tables.Column('pass_cost', 'pass', fmt='.3f', width=6),
 )
-COST_COLUMNS = tuple(c.name for c in COST_TABLE)
 
 
 def _plan(config, pair: str) -> evaluation.Plan:
@@ -135,23 +135,27 @@ def predicted(acceptance: list[dict], costs: list[dict]) -> list[str]:
 
 
 def run(config, workdir: str, *, echo=print) -> dict:
-  writer = results_io.ResultsWriter(workdir, name='block_drafting', columns=COLUMNS)
-  cost_writer = results_io.ResultsWriter(workdir, name='block_drafting_costs', columns=COST_COLUMNS)
-  for pair in config.pairs:
-    plan = _plan(config, pair)
-    echo(plan.summary())
-    echo(tables.format_header(TABLE))
-    for row in acceptance_rows(plan, config):
-      writer.add(row)
-      echo(tables.format_line(row, TABLE))
-    if config.timing_rounds:
-      echo(tables.format_header(COST_TABLE))
-      for row in cost_rows(plan, config):
-        cost_writer.add(row)
-        echo(tables.format_line(row, COST_TABLE))
-  for line in predicted(writer.rows, cost_writer.rows):
-    echo(line)
-  return {**writer.paths, **{f'costs_{k}': v for k, v in cost_writer.paths.items()}}
+  costs = lambda row: tables.format_line(row, COST_TABLE)  # under its header, after the pair's rows
+
+  def measure(results):
+    for pair in config.pairs:
+      plan = _plan(config, pair)
+      results.say(plan.summary())
+      yield from (('block_drafting', row) for row in acceptance_rows(plan, config))
+      if config.timing_rounds:
+        results.say(tables.format_header(COST_TABLE))
+        yield from (('block_drafting_costs', row) for row in cost_rows(plan, config))
+
+  def finish(results):
+    for line in predicted(results.rows['block_drafting'], results.rows['block_drafting_costs']):
+      results.say(line)
+    return {**results.paths('block_drafting'), **results.paths('block_drafting_costs', 'costs_')}
+
+  tables_ = [
+    skeleton.Table('block_drafting', TABLE),
+    skeleton.Table('block_drafting_costs', COST_TABLE, line=costs),
+  ]
+  return skeleton.run(workdir, tables_, header=None, measure=measure, finish=finish, echo=echo)
 
 
 if __name__ == '__main__':

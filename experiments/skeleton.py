@@ -11,7 +11,8 @@ spec), and draw the figures and summaries at the end, also after an interruption
 
 On several processes (a multi-host slice) every process measures its share and process 0 alone
 prints and writes (`sharding.is_main_process`). An experiment main is then a config, its rows and
-its figures: alpha_table, exp_vs_emp, greedy_block, ops_memory, verification and translate.
+its figures: alpha_table, exp_vs_emp, greedy_block, ops_memory, verification, translate,
+block_drafting and token_trees.
 """
 
 import dataclasses

@@ -24,9 +24,10 @@ Rows are printed as they finish and written to token_trees.csv / token_trees_pas
 import jax
 import jax.numpy as jnp
 
+from experiments import skeleton
 from experiments.configs import common
 from specdec_jax import decode, trees
-from specdec_jax.measure import evaluation, results_io, tables, timing, translation
+from specdec_jax.measure import evaluation, tables, timing, translation
 
 TABLE = (
   tables.Column('task', width=10),
@@ -38,14 +39,12 @@ TABLE = (
   tables.Column('tokens_per_call', 'tok/call', fmt='.3f', width=8),
   tables.Column('num_calls', 'calls', width=6),
 )
-COLUMNS = tuple(c.name for c in TABLE)
 PASS_TABLE = (
   tables.Column('task', width=10),
   tables.Column('nodes', width=5),
   tables.Column('chain', 'chain pass', fmt='.2f', width=10),
   tables.Column('tree', 'tree pass', fmt='.2f', width=9),
 )
-PASS_COLUMNS = tuple(c.name for c in PASS_TABLE)
 DEPTH = 8  # of the trees whose passes are timed
 
 
@@ -131,21 +130,26 @@ def pass_rows(plan: evaluation.Plan, config):
 
 
 def run(config, workdir: str, *, echo=print) -> dict:
-  writer = results_io.ResultsWriter(workdir, name='token_trees', columns=COLUMNS)
-  pass_writer = results_io.ResultsWriter(workdir, name='token_trees_passes', columns=PASS_COLUMNS)
-  for pair in config.pairs:
-    plan = _plan(config, pair)
-    echo(plan.summary())
-    echo(tables.format_header(TABLE))
-    for row in acceptance_rows(plan, config):
-      writer.add(row)
-      echo(tables.format_line(row, TABLE))
-    if config.pass_nodes:
-      echo(tables.format_header(PASS_TABLE))
-      for row in pass_rows(plan, config):
-        pass_writer.add(row)
-        echo(tables.format_line(row, PASS_TABLE))
-  return {**writer.paths, **{f'passes_{k}': v for k, v in pass_writer.paths.items()}}
+  passes = lambda row: tables.format_line(row, PASS_TABLE)  # under its header, after the rows
+
+  def measure(results):
+    for pair in config.pairs:
+      plan = _plan(config, pair)
+      results.say(plan.summary())
+      yield from (('token_trees', row) for row in acceptance_rows(plan, config))
+      if config.pass_nodes:
+        results.say(tables.format_header(PASS_TABLE))
+        yield from (('token_trees_passes', row) for row in pass_rows(plan, config))
+
+  tables_ = [
+    skeleton.Table('token_trees', TABLE),
+    skeleton.Table('token_trees_passes', PASS_TABLE, line=passes),
+  ]
+  finish = lambda results: {
+    **results.paths('token_trees'),
+    **results.paths('token_trees_passes', 'passes_'),
+  }
+  return skeleton.run(workdir, tables_, header=None, measure=measure, finish=finish, echo=echo)
 
 
 if __name__ == '__main__':
