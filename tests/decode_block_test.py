@@ -33,7 +33,7 @@ def _samples(verifier='token', *, proposal, sampling=SAMPLING, gamma=2, seed=3, 
   return np.asarray(out.tokens), out.stats
 
 
-def _pvalue(tokens, sampling=SAMPLING):
+def sequence_pvalue(tokens, sampling=SAMPLING):
   exact = fakes.exact_prefix_distribution(TARGET, LENGTH, sampling)
   if set(map(tuple, tokens.tolist())) - set(exact):
     return 0.0  # an output the target cannot produce
@@ -55,7 +55,7 @@ def _pvalue(tokens, sampling=SAMPLING):
 )  # fmt: skip
 def test_block_drafting_is_lossless(verifier, proposal, sampling, num_drafts):
   tokens, stats = _samples(verifier, proposal=proposal, sampling=sampling, num_drafts=num_drafts)
-  assert _pvalue(tokens, sampling) > SIGNIFICANCE
+  assert sequence_pvalue(tokens, sampling) > SIGNIFICANCE
   summed = jax.tree.map(np.asarray, stats.summed())
   assert 0 < summed.accepted < summed.drafted  # drafts were kept and rejected: a real test
 
@@ -63,7 +63,7 @@ def test_block_drafting_is_lossless(verifier, proposal, sampling, num_drafts):
 @pytest.mark.slow
 def test_block_drafting_is_lossless_with_draft_stop():
   tokens, stats = _samples('token', proposal='sample', draft_stop=0.3, gamma=3)
-  assert _pvalue(tokens) > SIGNIFICANCE
+  assert sequence_pvalue(tokens) > SIGNIFICANCE
   summed = jax.tree.map(np.asarray, stats.summed())
   assert summed.drafted < 3 * summed.target_calls  # some iterations stopped early
 
@@ -96,14 +96,14 @@ def test_negative_controls_fail(monkeypatch, bug):
   tokens, _ = _samples('token', proposal='sample')
   monkeypatch.undo()
   jax.clear_caches()
-  assert _pvalue(tokens) < SIGNIFICANCE
+  assert sequence_pvalue(tokens) < SIGNIFICANCE
 
 
 # ---------------------------------------------------------------------------------------------
 # Greedy: the target's greedy output, token for token.
 
 
-def _block_t5(target, seed=6, **kw):
+def tiny_block_t5(target, seed=6, **kw):
   return helpers.tiny_t5(
     'tiny-v1.0', seed, num_encoder_layers=0, encoder_dim=target.config.d_model,
     feature_dim=target.config.d_model, block_size=4, d_model=16, d_kv=4, d_ff=32,
@@ -130,7 +130,7 @@ def test_greedy_equals_generate_markov():
 )
 def test_greedy_equals_generate_t5(verifier, gamma, num_drafts, max_new_tokens, tiny_pair):
   target, _ = tiny_pair
-  drafter = _block_t5(target)
+  drafter = tiny_block_t5(target)
   ids, mask = _source(vocab=target.config.vocab_size)
   kw = dict(sampling=GREEDY, max_new_tokens=max_new_tokens, rng=None)
   ref = decode.generate(target, ids, mask, **kw)
@@ -143,13 +143,13 @@ def test_greedy_equals_generate_t5(verifier, gamma, num_drafts, max_new_tokens, 
 
 def test_one_program_per_shape(tiny_pair):
   target, _ = tiny_pair
-  drafter = _block_t5(target)
+  drafter = tiny_block_t5(target)
   kw = dict(gamma=3, sampling=SAMPLING, max_new_tokens=8)
   ids, mask = _source(vocab=target.config.vocab_size)
   decode.speculative_generate(target, drafter, ids, mask, rng=jax.random.key(0), **kw)
   with timing.compiles() as compiled:
     for seed in (1, 2):
-      other = _block_t5(target, seed=seed + 10)  # other weights, same shapes
+      other = tiny_block_t5(target, seed=seed + 10)  # other weights, same shapes
       decode.speculative_generate(target, other, ids, mask, rng=jax.random.key(seed), **kw)
   assert compiled == []
 
@@ -160,7 +160,7 @@ def test_one_program_per_shape(tiny_pair):
 
 def test_step_block_equals_the_training_pass(tiny_pair):
   target, _ = tiny_pair
-  drafter = _block_t5(target)
+  drafter = tiny_block_t5(target)
   cfg, params = drafter.config, drafter.params
   b, s, t, d = 2, 5, 9, target.config.d_model
   encoded = jax.random.normal(jax.random.key(1), (b, s, d))
@@ -193,7 +193,7 @@ def test_saves_restores_and_has_logical_axes(tiny_pair, tmp_path):
   slots, T5X-style names), and every param has logical axes: the slots replicated under the
   default ('model') rules as under the replicated ones."""
   target, _ = tiny_pair
-  drafter = _block_t5(target)
+  drafter = tiny_block_t5(target)
   assert drafter.params['decoder']['block_queries']['embedding'].shape == (3, 16)
   assert 'feature_out' not in drafter.params['decoder']  # it predicts no states
   checkpoints.save(drafter, tmp_path / 'block')
@@ -213,7 +213,7 @@ def test_saves_restores_and_has_logical_axes(tiny_pair, tmp_path):
 
 def test_errors(tiny_pair):
   target, _ = tiny_pair
-  drafter = _block_t5(target)
+  drafter = tiny_block_t5(target)
   ids, mask = _source(vocab=target.config.vocab_size)
   kw = dict(sampling=GREEDY, max_new_tokens=4, rng=None)
   with pytest.raises(ValueError, match=r'gamma=5 exceeds .* block_size=4'):

@@ -8,7 +8,7 @@ import pytest
 
 from specdec_jax import decode, pretrained
 from tests import helpers
-from tests.decode_block_test import BLOCK, _block_t5
+from tests.decode_block_test import BLOCK, tiny_block_t5
 from tests.decode_test import GREEDY, _source
 
 
@@ -21,9 +21,9 @@ def test_greedy_equals_generate_t5(tiny_pair, builder):
   target, drafter = tiny_pair
   tree, gamma, max_new_tokens = decode.TreeSpec(num_nodes=7, builder='topk', top_k=2), 3, 16
   if builder == 'block':
-    drafter, tree = _block_t5(target), decode.TreeSpec(num_nodes=8)
+    drafter, tree = tiny_block_t5(target), decode.TreeSpec(num_nodes=8)
   if builder == 'block-short':
-    drafter, tree, gamma, max_new_tokens = _block_t5(target), decode.TreeSpec(num_nodes=5), 4, 1
+    drafter, tree, gamma, max_new_tokens = tiny_block_t5(target), decode.TreeSpec(num_nodes=5), 4, 1
   ids, mask = _source(vocab=target.config.vocab_size)
   kw = dict(sampling=GREEDY, max_new_tokens=max_new_tokens, rng=None)
   ref = decode.generate(target, ids, mask, **kw)
@@ -58,7 +58,7 @@ def test_shipped_pair_greedy_equals_generate(name):
 
 def test_errors(tiny_pair):
   target, plain_drafter = tiny_pair
-  drafter = _block_t5(target)
+  drafter = tiny_block_t5(target)
   ids, mask = _source(vocab=target.config.vocab_size)
   kw = dict(sampling=GREEDY, max_new_tokens=4, rng=None, gamma=3)
   tree = decode.TreeSpec(num_nodes=6)

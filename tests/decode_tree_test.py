@@ -15,7 +15,7 @@ from specdec_jax import decode, trees, verify_tree
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import timing
 from tests import fakes
-from tests.decode_block_test import BLOCK, LENGTH, ROWS, STATE_TARGET, _pvalue
+from tests.decode_block_test import BLOCK, LENGTH, ROWS, STATE_TARGET, sequence_pvalue
 from tests.decode_test import DRAFTER, GREEDY, SIGNIFICANCE, TARGET, _source
 
 SAMPLING = sampling_lib.SamplingConfig(temperature=1.0)
@@ -53,7 +53,7 @@ _clean_samples = functools.cache(_samples)  # for the runs no control patches
 )
 def test_tree_loop_is_lossless(tree, sampling):
   tokens, stats = _clean_samples(sampling, tree=tree)
-  assert _pvalue(tokens, sampling) > SIGNIFICANCE
+  assert sequence_pvalue(tokens, sampling) > SIGNIFICANCE
   assert 0 < stats.accepted < stats.drafted  # drafts were kept and rejected: a real test
 
 
@@ -106,7 +106,7 @@ def test_negative_controls_fail(monkeypatch, tree, target, name, bug):
   tokens, _ = _samples(tree=tree)
   monkeypatch.undo()
   jax.clear_caches()
-  assert _pvalue(tokens) < SIGNIFICANCE
+  assert sequence_pvalue(tokens) < SIGNIFICANCE
 
 
 # ---------------------------------------------------------------------------------------------
