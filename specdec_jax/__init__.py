@@ -16,6 +16,7 @@ engine (specdec_jax/)
   cache              the decoder KV cache with a write position per row (`end_index`).
   step_models        the `StepModel` protocol the decode loops are written against.
   decode             `generate` and `speculative_generate`, each one jit.
+  loop_spec          `LoopSpec`: what a decode loop is asked to do, checked once; its buffer.
   decode_steps       the steps of one iteration: draft (token by token, or one block call),
                      target pass, verify, emit.
   decode_tree        the token-tree loop (`speculative_generate(..., tree=TreeSpec(...))`).
