@@ -17,11 +17,19 @@ and output lengths) and each gamma, at one temperature, with one drafter:
                     `DecodeStats.first_accepted` + 1 over those rows and its standard error. Every
                     verifier starts from the target's own law there, so this is where greedy block
                     verification's per-block optimum shows (docs/method.md section 11).
-Each row is printed as it finishes and appended to results.csv / .json in --workdir (default:
-config.workdir); table.md (the three verifiers side by side) at the end.
+  paired seeds      untimed whole sequences again, once per seed of `paired_seeds` (batches of
+                    `paired_batch_size`), the three verifiers of a seed sharing its keys
+                    (`translate_in_turn`): tokens per target call per (seed, verifier), and per
+                    gamma the paired differences greedy block - block and greedy block - token
+                    over the seeds (mean, spread, and at how many seeds the difference is < 0).
+                    `:paired` runs this section alone.
+Each row is printed as it finishes and appended to results.csv / .json (paired.csv / .json) in --workdir
+(default: config.workdir); table.md (the three verifiers side by side) and paired.md (the
+differences) at the end.
 """
 
 import dataclasses
+import itertools
 import math
 import os
 import time
@@ -56,6 +64,18 @@ TABLE = (
   tables.Column('bleu', fmt='.2f', width=6),
   tables.Column('sentences', printed=False),
 )
+# The paired section's rows: one per (task, gamma, seed, verifier).
+PAIRED = (
+  tables.Column('task', width=7, align='<'),
+  tables.Column('gamma', fmt='d', width=5),
+  tables.Column('seed', fmt='d', width=4),
+  tables.Column('method', width=12, align='<'),
+  tables.Column('block_efficiency', 'tok/call', '.3f', 8),
+  tables.Column('alpha', fmt='.3f', width=6),
+  tables.Column('target_calls', 'calls', 'd', 6),
+  tables.Column('temp', printed=False),
+  tables.Column('sentences', printed=False),
+)
 
 
 @dataclasses.dataclass
@@ -66,12 +86,13 @@ class Task:
 
 
 def task_config(config, task: str):
-  """The main job's config of `task` with this experiment's drafter, gammas, temperature,
-  verifiers, sentences, batch size and seed."""
+  """The main job's config of `task` with this experiment's drafter (and no other), gammas,
+  temperature, verifiers, sentences, batch size and seed."""
   if task not in TASKS:
     raise ValueError(f'Unknown task {task!r} in config.tasks; choose from {sorted(TASKS)}.')
   c = TASKS[task].get_config()
   c.drafters, c.gammas = (config.drafter,), tuple(config.gammas)
+  c.block_drafters = ()  # the main job's block rows: greedy block verification refuses them
   c.temperatures, c.verifiers = (config.temperature,), tuple(config.verifiers)
   c.num_examples, c.batch_size, c.seed = config.num_examples, config.batch_size, config.seed
   return c
@@ -85,7 +106,7 @@ def prepare(config) -> list[Task]:
   """
   if not config.tasks:
     raise ValueError('config.tasks is empty.')
-  for name in ('first_samples', 'first_batch_size'):
+  for name in ('first_samples', 'first_batch_size', 'paired_batch_size'):
     if isinstance(config[name], bool) or not isinstance(config[name], int) or config[name] < 1:
       raise ValueError(f'config.{name} must be an int >= 1, got {config[name]!r}.')
   tasks = []
@@ -117,9 +138,10 @@ def first_iteration(plan: evaluation.Plan, c, method: str, gamma: int, config):
   return float(taus.mean() + 1), float(taus.std(ddof=1) / math.sqrt(taus.size)), int(taus.size)
 
 
-def rows(tasks: list[Task], config, say=print):
-  """Yields one row per (task, gamma, verifier) as soon as it is measured."""
-  for task in tasks:
+def rows(tasks: list[Task], config):
+  """Yields one row per (task, gamma, verifier) as soon as it is measured (none unless
+  `config.timed`)."""
+  for task in tasks if config.timed else ():
     plan, c = task.plan, task.config
     for gamma in config.gammas:
       runs = translation.translate_in_turn(
@@ -151,6 +173,80 @@ def rows(tasks: list[Task], config, say=print):
           bleu=plan.bleu(run.hypotheses),
           sentences=len(plan.sources),
         )
+
+
+def paired_rows(tasks: list[Task], config):
+  """Yields one row per (task, gamma, seed, verifier): whole sequences, untimed, the verifiers of
+  a seed decoding every batch with the same keys."""
+  for task in tasks:
+    plan = task.plan
+    for gamma in config.gammas:
+      for seed in config.paired_seeds:
+        kw = dict(plan.decoding(config.temperature), seed=seed)
+        kw['batch_size'] = config.paired_batch_size
+        runs = translation.translate_in_turn(
+          drafter=plan.drafters[config.drafter], methods=tuple(config.verifiers), gamma=gamma, **kw
+        )
+        for method, run in runs.items():
+          yield dict(
+            task=task.name, gamma=gamma, seed=seed, method=method,
+            block_efficiency=float(run.stats.block_efficiency), alpha=float(run.stats.alpha),
+            target_calls=int(run.stats.target_calls), temp=config.temperature,
+            sentences=len(plan.sources),
+          )  # fmt: skip
+
+
+def paired_differences(results: list[dict], verifiers) -> list[dict]:
+  """Per (task, gamma), each verifier's tokens per call over the seeds (mean, sample sd) and the
+  paired differences of the last verifier against each other one: per seed, their mean and sample
+  sd, and at how many seeds the difference is below 0."""
+  groups = {}
+  for r in results:
+    groups.setdefault((r['task'], r['gamma']), {}).setdefault(r['method'], {})[r['seed']] = r[
+      'block_efficiency'
+    ]
+  last, out = verifiers[-1], []
+  for (task, gamma), by in groups.items():
+    seeds = sorted(set.intersection(*(set(by.get(m, {})) for m in verifiers)))
+    if not seeds:
+      continue
+    value = {m: np.array([by[m][s] for s in seeds]) for m in verifiers}
+    row = dict(task=task, gamma=gamma, seeds=len(seeds))
+    for m in verifiers:
+      row[m] = (float(value[m].mean()), _sd(value[m]))
+    for m in verifiers[:-1]:
+      d = value[last] - value[m]
+      row[f'{last} - {m}'] = (float(d.mean()), _sd(d), int((d < 0).sum()), d.tolist())
+    out.append(row)
+  return out
+
+
+def _sd(x: np.ndarray) -> float:
+  return float(x.std(ddof=1)) if x.size > 1 else float('nan')
+
+
+def format_paired(summary: list[dict], verifiers) -> str:
+  """`paired_differences` as markdown: tokens per call mean +- sd over the seeds, and each paired
+  difference as mean +- sd [below 0 at k of n seeds] (per-seed values)."""
+  last = verifiers[-1]
+  diffs = [f'{last} - {m}' for m in verifiers[:-1]]
+  lines = [
+    f'| task | gamma | seeds | tokens per call: {" / ".join(verifiers)} | '
+    + ' | '.join(diffs)
+    + ' |',
+    '|---|---:|---:|---|' + '---|' * len(diffs),
+  ]
+  for r in summary:
+    cells = ' / '.join(f'{r[m][0]:.3f} +- {r[m][1]:.3f}' for m in verifiers)
+    ds = [
+      f'{mean:+.3f} +- {sd:.3f} [< 0 at {below} of {r["seeds"]}] '
+      f'({", ".join(f"{v:+.3f}" for v in values)})'
+      for mean, sd, below, values in (r[d] for d in diffs)
+    ]
+    lines.append(
+      f'| {r["task"]} | {r["gamma"]} | {r["seeds"]} | {cells} | ' + ' | '.join(ds) + ' |'
+    )
+  return '\n'.join(lines)
 
 
 def format_table4(results: list[dict], verifiers) -> str:
@@ -190,7 +286,8 @@ def run(config, workdir: str, *, echo=print) -> dict[str, str]:
     f'{config.num_examples} sentences each, drafter {config.drafter}, gammas '
     f'{tuple(config.gammas)}, temperature {config.temperature}, verifiers '
     f'{tuple(config.verifiers)}, batch {config.batch_size}; first iteration: '
-    f'{config.first_samples} samples per sentence'
+    f'{config.first_samples} samples per sentence; timed section {"on" if config.timed else "off"}'
+    f'; paired seeds {tuple(config.paired_seeds)} (batch {config.paired_batch_size})'
   )
   start = time.perf_counter()
 
@@ -202,14 +299,25 @@ def run(config, workdir: str, *, echo=print) -> dict[str, str]:
       with open(paths['table.md'], 'w') as f:
         f.write(format_table4(table, tuple(config.verifiers)) + '\n')
       results.say(format_table4(table, tuple(config.verifiers)))
+    paired = results.rows['paired']
+    if paired:
+      paths.update(results.paths('paired', prefix='paired.'))
+      paths['paired.md'] = os.path.join(workdir, 'paired.md')
+      text = format_paired(paired_differences(paired, tuple(config.verifiers)), config.verifiers)
+      with open(paths['paired.md'], 'w') as f:
+        f.write(text + '\n')
+      results.say(text)
     results.say(f'{time.perf_counter() - start:.0f} s after loading')
     return paths
 
   return skeleton.run(
     workdir,
-    [skeleton.Table('results', TABLE)],
+    [skeleton.Table('results', TABLE), skeleton.Table('paired', PAIRED)],
     header=header,
-    measure=lambda _: (('results', row) for row in rows(tasks, config)),
+    measure=lambda _: itertools.chain(
+      (('results', row) for row in rows(tasks, config)),
+      (('paired', row) for row in paired_rows(tasks, config)),
+    ),
     finish=finish,
     echo=echo,
   )

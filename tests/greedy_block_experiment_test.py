@@ -20,6 +20,7 @@ def test_config_and_checks():
   ende = greedy_block.task_config(config, 'ende')
   assert (ende.pretrained, ende.task, ende.max_new_tokens) == ('ende48m', 'EnDe', 64)
   assert ende.drafters == ('distilled',) and ende.verifiers == config.verifiers
+  assert ende.block_drafters == ()  # the main job adds its block rows; greedy block refuses them
   debsumm = greedy_block.task_config(config, 'debsumm')
   assert (debsumm.pretrained, debsumm.max_source_length) == ('debsumm48m', 256)
   with pytest.raises(ValueError, match="Unknown task 'cnndm'"):
@@ -40,6 +41,31 @@ def test_table4_layout():
   assert table.splitlines()[2] == (
     '| EnDe | 8 | 2.000 +- 0.010 / 2.200 +- 0.010 / 2.400 +- 0.010 | 1.900 / 2.100 / 2.000 | '
     '1.10 / 1.20 / 1.15 |'
+  )
+
+
+def test_paired_differences():
+  """Per-seed differences of the last verifier against each other, their spread, and the count of
+  seeds where it is below 0; a seed missing a verifier is left out of every difference."""
+  values = {('token', 0): 1.8, ('block', 0): 2.0, ('greedy_block', 0): 1.9,
+            ('token', 1): 1.7, ('block', 1): 1.9, ('greedy_block', 1): 2.0,
+            ('token', 2): 1.6, ('block', 2): 2.1}  # fmt: skip
+  rows = [
+    dict(task='EnDe', gamma=8, method=m, seed=s, block_efficiency=v) for (m, s), v in values.items()
+  ]
+  verifiers = ('token', 'block', 'greedy_block')
+  (r,) = greedy_block.paired_differences(rows, verifiers)
+  assert r['seeds'] == 2
+  assert r['block'] == pytest.approx((1.95, np.std([2.0, 1.9], ddof=1)))
+  mean, sd, below, per_seed = r['greedy_block - block']
+  assert per_seed == pytest.approx([-0.1, 0.1]) and below == 1
+  assert (mean, sd) == pytest.approx((0.0, np.std([-0.1, 0.1], ddof=1)))
+  assert r['greedy_block - token'][2] == 0
+  table = greedy_block.format_paired([r], verifiers)
+  assert table.splitlines()[2] == (
+    '| EnDe | 8 | 2 | 1.750 +- 0.071 / 1.950 +- 0.071 / 1.950 +- 0.071 | '
+    '+0.200 +- 0.141 [< 0 at 0 of 2] (+0.100, +0.300) | '
+    '+0.000 +- 0.141 [< 0 at 1 of 2] (-0.100, +0.100) |'
   )
 
 
@@ -70,4 +96,10 @@ def test_runlocal_end_to_end(tmp_path):
     assert 1 <= r['first_block_efficiency'] <= 5 and 1 <= r['block_efficiency'] <= 5
     assert r['first_samples'] == 12 and r['sentences'] == 3 and r['speedup'] > 0
   assert (tmp_path / 'table.md').read_text().startswith('| task | gamma | first iteration')
-  assert set(paths) == {'csv', 'json', 'table.md'}
+  paired = json.loads((tmp_path / 'paired.json').read_text())
+  assert [(r['seed'], r['method']) for r in paired] == [
+    (s, m) for s in (0, 1) for m in ('token', 'block', 'greedy_block')
+  ]
+  assert all(1 <= r['block_efficiency'] <= 5 and r['sentences'] == 3 for r in paired)
+  assert '[< 0 at' in (tmp_path / 'paired.md').read_text()
+  assert set(paths) == {'csv', 'json', 'table.md', 'paired.csv', 'paired.json', 'paired.md'}

@@ -10,7 +10,9 @@ Tasks are main-job configs (experiments/configs/ende.py: EnDe on pretrained/ende
 and 64 new tokens; debsumm.py: DebSumm on pretrained/debsumm48m, 256 / 40), each with its pair's
 `distilled` drafter at temperature 1, gammas 4 / 6 / 8 (the paper's Appendix C is read to be at gamma 8),
 batch 1 as the main job times it, on the first 40 test sources of each pair; the first iteration
-from 16 samples per source (640 rows). How long it took, on which machine: docs/results.md
+from 16 samples per source (640 rows); then whole sequences again, untimed, at seeds 0, 1, 2
+(`paired_seeds`, batches of 10), the verifiers of a seed sharing its keys, for the paired
+differences over seeds (`:paired` runs that section alone). How long it took, on which machine: docs/results.md
 section 7. Items apply in the order written (experiments/configs/common.py).
 """
 
@@ -21,7 +23,12 @@ from experiments.configs import common
 
 def _runlocal(c):
   c.tasks, c.gammas, c.num_examples, c.first_samples = ('ende',), (4,), 3, 4
+  c.paired_seeds, c.paired_batch_size = (0, 1), 3
   c.workdir = '/tmp/specdec_greedy_block_runlocal'
+
+
+def _paired(c):
+  c.timed = False  # the paired seeds' section alone
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -36,5 +43,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.first_samples = 16  # untimed first-iteration rows per source
   c.first_batch_size = 64
   c.seed = 0
+  c.timed = True  # the timed whole sequences and the first iteration (`:paired`: off)
+  c.paired_seeds = (0, 1, 2)  # untimed whole sequences, once per seed, verifiers sharing keys
+  c.paired_batch_size = 10
   c.workdir = '/tmp/specdec_greedy_block'
-  return common.parse(arg, c, {'runlocal': _runlocal})
+  return common.parse(arg, c, {'runlocal': _runlocal, 'paired': _paired})
