@@ -47,11 +47,14 @@ PAPER_DRAFTER = 't5-small'
 @dataclasses.dataclass(frozen=True)
 class LoopCost:
   """One compiled loop: estimated cycles of one iteration (`per_iteration`), of what runs once
-  outside it (`outside`), and XLA:TPU's temporaries (bytes)."""
+  outside it (`outside`), XLA:TPU's temporaries (bytes), and the copies one iteration runs
+  (`copies`: layout copies of its body and condition, inner loops counted per trip; a cache
+  written in a layout its readers do not share shows here, docs/performance.md)."""
 
   per_iteration: int
   outside: int
   temp_bytes: int
+  copies: int = 0
 
 
 def _scalar(device, dtype=jnp.int32, shape=()):
@@ -64,7 +67,11 @@ def loop_cost(compiled: tpu_costs.Compiled) -> LoopCost:
   loop = program.traced_loop()
   body, condition = loop.runs
   outside = sum(program.op_cycles(op) for op in program.computations[program.entry] if op != loop)
-  return LoopCost(program.cycles(body) + program.cycles(condition), outside, compiled.temp_bytes)
+  copies = sum(
+    times for c in (body, condition) for op, times in program.flat(c) if op.opcode == 'copy'
+  )
+  per_iteration = program.cycles(body) + program.cycles(condition)
+  return LoopCost(per_iteration, outside, compiled.temp_bytes, copies)
 
 
 @dataclasses.dataclass(frozen=True)

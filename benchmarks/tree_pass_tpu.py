@@ -11,7 +11,9 @@ the target's step and its chain pass of N positions (`timing.repeated_steps`), a
 a token tree of N nodes (`timing.repeated_tree_passes`: `step_tree`, the tree loop's pass, with
 the ancestor mask and positions from each node's depth over a cache of --cache_len slots). Each
 row: the estimated cycles of one pass over those of one step ('pass cost', the paper's unit), the
-tree's over the chain's, and XLA:TPU's temporaries of each program. Every number is a compiler's estimate
+tree's over the chain's, XLA:TPU's temporaries of each program, and the layout copies one pass
+runs (the tree's must be the chain's: a cache written in a layout its attention does not read is
+copied at every layer, as `cache.select_write` fixed for chains; tests/tree_pass_tpu_test.py). Every number is a compiler's estimate
 (`tpu_costs`), not a timing. Compiled for an H100 (`--compile_for=h100`, the CUDA plugin as
 `benchmarks.drafter_kernels` says), where XLA has no cost model, each row counts instead the
 kernels one pass launches (`drafter_kernels.launches` of the loop's body and condition) and the
@@ -47,6 +49,8 @@ TABLE = (
   tables.Column('ratio', 'tree / chain', fmt='.3f', width=12),
   tables.Column('chain_temp_mib', 'chain temp MiB', fmt='.1f', width=14),
   tables.Column('tree_temp_mib', 'tree temp MiB', fmt='.1f', width=13),
+  tables.Column('chain_copies', 'chain copies', fmt='d', width=12),
+  tables.Column('tree_copies', 'tree copies', fmt='d', width=11),
 )
 
 
@@ -130,6 +134,8 @@ def rows(machine: str, target: str, *, dtype: str, nodes, depth, source_length, 
       ratio=tree.per_iteration / chain.per_iteration,
       chain_temp_mib=chain.temp_bytes / 2**20,
       tree_temp_mib=tree.temp_bytes / 2**20,
+      chain_copies=chain.copies,
+      tree_copies=tree.copies,
     )
 
 
