@@ -33,6 +33,10 @@ gamma tokens: its `c` is 0 and `c fixed` the call, `drafter_config`). Four table
    cost) at each gamma, the best of them, and the paper's formula's best gamma over 1..64 (pass
    cost 1, `analysis.optimal_gamma`), at the paper's alpha (T5-small under T5-XXL on EnDe, 0.75
    greedy / 0.62 at T=1) and at our drafters' (`memory_model.ALPHAS`, docs/results.md section 2).
+5. token trees (--tree_nodes=16,32,64): a target pass over a token tree of N nodes (depth
+   --tree_depth, the tree loop's `step_tree`) against a chain pass of N positions, both in target
+   steps (`timing.tree_pass_costs`); with --compile_for, XLA:TPU's estimate of each and the layout
+   copies a pass runs (`benchmarks.tree_pass_tpu`, which also counts an H100's kernel launches).
 
 Results on an accelerator: docs/results.md section 11 ("Paper scale, and transformers beside
 us"). A CPU has no HBM bound (--hbm_bandwidth makes one up) and XLA:CPU computes bfloat16 in
@@ -54,7 +58,7 @@ import numpy as np
 from absl import app, flags
 
 import benchmarks
-from benchmarks import machines, memory_model, paper_scale_tpu, synthetic
+from benchmarks import machines, memory_model, paper_scale_tpu, synthetic, tree_pass_tpu
 from specdec_jax import analysis, decode
 from specdec_jax.measure import tables, timing, translation, xla_cpu
 from specdec_jax.models import t5
@@ -108,6 +112,13 @@ _COMPILE_FOR = benchmarks.define_compile_for(
 _COMPILE_CACHE = flags.DEFINE_string(
   'compile_cache', None, 'With --compile_for: keep compiled programs here.', flag_values=FLAGS
 )
+_TREE_NODES = flags.DEFINE_list(
+  'tree_nodes',
+  [],
+  'Table 5: node budgets N of the token-tree passes priced (none: no table).',
+  flag_values=FLAGS,
+)
+_TREE_DEPTH = flags.DEFINE_integer('tree_depth', 8, "Table 5: the trees' depth.", flag_values=FLAGS)
 _HBM = flags.DEFINE_float(
   'hbm_bandwidth',
   None,
@@ -235,10 +246,12 @@ def timed_tables(
   weights: str,
   hbm_bandwidth: float | None = None,
   target_name: str = '',
+  tree_nodes=(),
+  tree_depth: int = 8,
 ) -> None:
-  """Tables 1-4 on this host's first device, timed (`timing`), printed: the library call of
-  `main` without --compile_for. `hbm_bandwidth`: GB/s of the HBM bound (default: the chip's,
-  `machines.chip_for`)."""
+  """Tables 1-4 (and 5 for `tree_nodes`) on this host's first device, timed (`timing`), printed:
+  the library call of `main` without --compile_for. `hbm_bandwidth`: GB/s of the HBM bound
+  (default: the chip's, `machines.chip_for`)."""
   kind = jax.devices()[0].device_kind
   bandwidth, hbm = _bandwidth(kind, hbm_bandwidth)
   models = dict(dtype=run.dtype, weights=weights)
@@ -290,6 +303,24 @@ def timed_tables(
   columns = SPEEDUP_COLUMNS[:4] + gamma_columns + SPEEDUP_COLUMNS[4:]
   title = '4. speedup by the formula (measured c, pass cost); paper: pass cost 1, best gamma 1..64'
   tables.print_table(title, rows, columns)
+  if tree_nodes:
+    rows = [
+      _tree_row(n, timing.tree_pass_costs(
+        target, nodes=n, depth=tree_depth, source_length=run.source_length, repeats=run.repeats,
+      ))
+      for n in tree_nodes
+    ]  # fmt: skip
+    title = f'5. token trees of depth {tree_depth}: a pass over N nodes against N positions (steps)'
+    tables.print_table(title, rows, TREE_COLUMNS)
+
+
+# Table 5 timed: a tree pass against a chain pass of its width (with --compile_for:
+# `tree_pass_tpu.TABLE`, which adds the temporaries and the copies).
+TREE_COLUMNS = tree_pass_tpu.TABLE[:4]
+
+
+def _tree_row(nodes: int, costs: dict) -> dict:
+  return dict(nodes=nodes, **costs, ratio=costs['tree'] / costs['chain'])
 
 
 def main(argv):
@@ -297,9 +328,14 @@ def main(argv):
   del argv
   benchmarks.start()  # before JAX starts
   gammas = sorted({int(g) for g in _GAMMAS.value})
+  tree_nodes = [int(n) for n in _TREE_NODES.value]
   if min(gammas) < 1 or _LOOP_GAMMA.value < 0:
     raise ValueError(
       f'--gammas must be >= 1 and --loop_gamma >= 0, got {gammas}, {_LOOP_GAMMA.value}.'
+    )
+  if tree_nodes and (min(tree_nodes) < 2 or _TREE_DEPTH.value < 1):
+    raise ValueError(
+      f'--tree_nodes must be >= 2 and --tree_depth >= 1, got {tree_nodes}, {_TREE_DEPTH.value}.'
     )
   target_config = synthetic.shape(_TARGET.value)
   drafter_configs = {name: drafter_config(name, target_config) for name in _DRAFTERS.value}
@@ -319,10 +355,18 @@ def main(argv):
       source_length=run.source_length,
       cache_dir=_COMPILE_CACHE.value,
     )
+    if tree_nodes:
+      title = f'5. token trees of depth {_TREE_DEPTH.value}: XLA:TPU cycles per pass over a step'
+      rows = tree_pass_tpu.rows(
+        compile_for, _TARGET.value, dtype=run.dtype, nodes=tree_nodes, depth=_TREE_DEPTH.value,
+        source_length=run.source_length, cache_len=run.cache_len(max(tree_nodes)),
+      )  # fmt: skip
+      tables.print_table(title, list(rows), tree_pass_tpu.TABLE)
     return
   timed_tables(
     target_config, drafter_configs, run, gammas=gammas, loop_gamma=_LOOP_GAMMA.value,
     weights=_WEIGHTS.value, hbm_bandwidth=_HBM.value, target_name=_TARGET.value,
+    tree_nodes=tree_nodes, tree_depth=_TREE_DEPTH.value,
   )  # fmt: skip
 
 

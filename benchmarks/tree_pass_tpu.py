@@ -12,7 +12,7 @@ a token tree of N nodes (`timing.repeated_tree_passes`: `step_tree`, the tree lo
 the ancestor mask and positions from each node's depth over a cache of --cache_len slots). Each
 row: the estimated cycles of one pass over those of one step ('pass cost', the paper's unit), the
 tree's over the chain's, XLA:TPU's temporaries of each program, and the layout copies one pass
-runs (the tree's must be the chain's: a cache written in a layout its attention does not read is
+runs (the tree's must be no more than the chain's: a cache written in a layout its attention does not read is
 copied at every layer, as `cache.select_write` fixed for chains; tests/tree_pass_tpu_test.py). Every number is a compiler's estimate
 (`tpu_costs`), not a timing. Compiled for an H100 (`--compile_for=h100`, the CUDA plugin as
 `benchmarks.drafter_kernels` says), where XLA has no cost model, each row counts instead the

@@ -21,9 +21,6 @@ Rows are printed as they finish and written to token_trees.csv / token_trees_pas
 --workdir.
 """
 
-import jax
-import jax.numpy as jnp
-
 from experiments import skeleton
 from experiments.configs import common
 from specdec_jax import decode, trees
@@ -102,30 +99,13 @@ def acceptance_rows(plan: evaluation.Plan, config):
 
 
 def pass_rows(plan: evaluation.Plan, config):
-  """A row per N: the chain and tree passes of N positions at batch 1, in target steps."""
-  target = plan.pair.target
-  steps, params = target.steps, target.params
-  source = plan.config.max_source_length
-  step = timing.step_seconds(target, batch_size=1, source_length=source, repeats=config.repeats)
-  ids = jnp.full((1, source), 5, jnp.int32)
-  encoded = steps.encode(params, ids, jnp.ones_like(ids))
+  """A row per N: the chain and tree passes of N positions at batch 1, in target steps
+  (`timing.tree_pass_costs`, loops of 2 and 10 passes)."""
   for nodes in config.pass_nodes:
-    cache = steps.init_cache(params, encoded, jnp.ones_like(ids), 2 * nodes + 32)
-    probs = jax.random.dirichlet(jax.random.key(0), jnp.full((64,), 0.1), (1, DEPTH))
-    tree = trees.best_first_tree(jnp.array([5]), probs, nodes)
-    position = jnp.array([16], jnp.int32)
-    runs = {
-      'chain': lambda n: timing.repeated_steps(
-        steps, params, cache, position, num_tokens=nodes, loop_length=n
-      ),
-      'tree': lambda n: timing.repeated_tree_passes(
-        steps, params, cache, position, tree, max_depth=DEPTH, loop_length=n
-      ),
-    }
-    costs = {}
-    for name, run in runs.items():
-      short, long = (timing.time_call(lambda n=n: run(n), config.repeats)[1] for n in (2, 10))
-      costs[name] = (long - short) / 8 / step
+    costs = timing.tree_pass_costs(
+      plan.pair.target, nodes=nodes, depth=DEPTH, source_length=plan.config.max_source_length,
+      loop_lengths=(2, 10), repeats=config.repeats,
+    )  # fmt: skip
     yield dict(task=plan.task, nodes=nodes, **costs)
 
 

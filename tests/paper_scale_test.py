@@ -57,6 +57,8 @@ def printed() -> str:
         f'--hbm_bandwidth={_BANDWIDTH:g}',
         '--rounds=1',
         '--repeats=3',
+        '--tree_nodes=4,8',
+        '--tree_depth=3',
       ]
     )
     paper_scale.main(['paper_scale'])
@@ -235,6 +237,15 @@ _ALPHA_ROWS = [
 ]
 
 
+def test_token_tree_passes_against_chain_passes(printed):
+  """Table 5: a tree pass and a chain pass of N positions in target steps, and their ratio."""
+  rows = _table(printed, 5, paper_scale.TREE_COLUMNS)
+  assert [r['nodes'] for r in rows] == ['4', '8']
+  for r in rows:
+    assert r['chain'] > 0 and r['tree'] > 0
+    assert r['ratio'] == pytest.approx(r['tree'] / r['chain'], rel=0.01, abs=0.002)
+
+
 def test_tables_print_the_measured_costs(monkeypatch):
   # Every timer faked with known, distinct values (two drafters whose target costs differ, so the
   # pooling shows; a negative c_fixed, as an unrolled draft can measure): each printed cell is
@@ -340,6 +351,7 @@ def test_compile_for_a_tpu_prints_the_compilers_tables(monkeypatch, tmp_path):
     paper_scale.FLAGS.unparse_flags()
     drafters = f'{drafter},block:tiny-target'  # and a block drafter: one call an iteration
     argv = ['--compile_for=tpu-v4', '--target=tiny-target', f'--drafters={drafters}', '--gammas=3']
+    argv += ['--tree_nodes=4', '--tree_depth=3']  # table 5: a tree pass beside a chain pass
     paper_scale.FLAGS(['paper_scale', *argv, '--source_length=8', '--max_new_tokens=8',
                        f'--compile_cache={tmp_path}'])  # fmt: skip
     paper_scale.main(['paper_scale'])
@@ -373,3 +385,6 @@ def test_compile_for_a_tpu_prints_the_compilers_tables(monkeypatch, tmp_path):
     )
     assert r['gamma_3'] == pytest.approx(formula, rel=0.02, abs=0.011)
     assert r['paper'] == measured  # beside it, no ratio: an estimate over a measurement
+  (tree,) = _table(printed, 5, paper_scale.tree_pass_tpu.TABLE)
+  assert tree['nodes'] == '4' and 0.5 < tree['ratio'] < 2
+  assert 0 < tree['tree_copies'] <= tree['chain_copies']  # no layout copy the chain avoids

@@ -1,7 +1,7 @@
 """benchmarks/tree_pass_tpu.py on a tiny T5: the tree pass and the chain pass of N positions
 compile for a TPU v4 chip (compile-only, nothing runs), and XLA:TPU prices them within 2x of each
 other (both score N positions over the same cache; the tree adds its mask and gathers), and a
-tree pass runs the chain pass's layout copies, no more (negative control: the tree's cache written
+tree pass runs no more layout copies than the chain pass (negative control: the tree's cache written
 by a scatter, the layout `cache.select_write` avoids, adds copies)."""
 
 import jax
@@ -22,7 +22,7 @@ def test_tree_and_chain_passes_are_priced():
   assert [r['nodes'] for r in rows] == [4, 8]
   for row in rows:
     assert row['chain'] > 0 and row['tree'] > 0 and 0.5 < row['ratio'] < 2, row
-    assert row['chain_copies'] > 0 and row['tree_copies'] == row['chain_copies'], row
+    assert 0 < row['tree_copies'] <= row['chain_copies'], row  # no copy the chain avoids
 
 
 def test_negative_control_a_tree_written_by_scatter_has_more_copies(monkeypatch):

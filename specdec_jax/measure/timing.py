@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import decode_steps, step_models
+from specdec_jax import decode_steps, step_models, trees
 
 # What `jax.monitoring` records for each program XLA compiles, or reads from the persistent
 # compilation cache (jax._src.dispatch.BACKEND_COMPILE_EVENT; one event per program, with its name
@@ -397,6 +397,48 @@ def step_seconds(
     cache_len=cache_len, target=target,
   )  # fmt: skip
   return _per_iteration(run, loop_lengths, repeats)
+
+
+def tree_pass_costs(
+  target,
+  *,
+  nodes: int,
+  depth: int,
+  source_length: int,
+  loop_lengths: tuple[int, int] = (4, 36),
+  repeats: int = 7,
+) -> dict[str, float]:
+  """{'chain': a pass of `nodes` positions, 'tree': a pass over a token tree of `nodes` nodes and
+  depth <= `depth`}, each in target steps: in-loop seconds at batch 1 (`repeated_steps`,
+  `repeated_tree_passes`, timed in turn as `step_seconds`), over the 1-position step's. The tree
+  is `trees.best_first_tree` over made-up peaked marginals (its shape, not its tokens, is what a
+  pass pays for); the cache has 2 * nodes + 32 slots, every pass from slot 16."""
+  steps, params = model = step_models.as_step_model(target)
+  cache_len = 2 * nodes + 32
+  cache = _cache(model, None, jnp.full((1, source_length), 5, jnp.int32), cache_len)
+  position = jnp.array([16], jnp.int32)
+  probs = jax.random.dirichlet(jax.random.key(0), jnp.full((64,), 0.1), (1, depth))
+  tree = trees.best_first_tree(jnp.array([5]), probs, nodes)
+  passes = {
+    ('chain', k): functools.partial(
+      repeated_steps, steps, params, cache, position, num_tokens=nodes, loop_length=jnp.int32(k)
+    )
+    for k in loop_lengths
+  } | {
+    ('step', k): functools.partial(
+      repeated_steps, steps, params, cache, position, num_tokens=1, loop_length=jnp.int32(k)
+    )
+    for k in loop_lengths
+  } | {
+    ('tree', k): functools.partial(
+      repeated_tree_passes, steps, params, cache, position, tree, max_depth=depth,
+      loop_length=jnp.int32(k),
+    )
+    for k in loop_lengths
+  }  # fmt: skip
+  seconds = _fastest(passes, repeats)
+  step = _slope(seconds, 'step', loop_lengths)
+  return {name: _slope(seconds, name, loop_lengths) / step for name in ('chain', 'tree')}
 
 
 def step_costs(
