@@ -176,22 +176,33 @@ def rows(tasks: list[Task], config):
 
 
 def paired_rows(tasks: list[Task], config):
-  """Yields one row per (task, gamma, seed, verifier): whole sequences, untimed, the verifiers of
-  a seed decoding every batch with the same keys."""
+  """Yields one row per (task, gamma, seed, verifier): whole sequences, untimed, in batches of
+  `paired_batch_size`, the verifiers of a seed decoding every batch with the same key."""
   for task in tasks:
-    plan = task.plan
+    plan, c = task.plan, task.config
+    pair, drafter = plan.pair, plan.drafters[config.drafter]
+    size = config.paired_batch_size
+    batches = [plan.sources[i : i + size] for i in range(0, len(plan.sources), size)]
+    encoded = [
+      pair.tokenizer.encode_batch(b + [''] * (size - len(b)), c.max_source_length, truncate=True)
+      for b in batches
+    ]
     for gamma in config.gammas:
       for seed in config.paired_seeds:
-        kw = dict(plan.decoding(config.temperature), seed=seed)
-        kw['batch_size'] = config.paired_batch_size
-        runs = translation.translate_in_turn(
-          drafter=plan.drafters[config.drafter], methods=tuple(config.verifiers), gamma=gamma, **kw
-        )
-        for method, run in runs.items():
+        for method in config.verifiers:
+          stats = []
+          for n, (texts, (ids, mask)) in enumerate(zip(batches, encoded)):
+            out = decode.speculative_generate(
+              pair.target, drafter, ids, mask, gamma=gamma, verifier=method,
+              sampling=sampling_lib.SamplingConfig(temperature=config.temperature),
+              max_new_tokens=c.max_new_tokens, rng=jax.random.key(seed * 1_000_003 + n),
+            )  # fmt: skip
+            stats.append(jax.tree.map(lambda x, k=len(texts): np.asarray(x)[:k], out.stats))
+          pooled = jax.tree.map(lambda *x: np.concatenate(x).sum(0), *stats)
           yield dict(
             task=task.name, gamma=gamma, seed=seed, method=method,
-            block_efficiency=float(run.stats.block_efficiency), alpha=float(run.stats.alpha),
-            target_calls=int(run.stats.target_calls), temp=config.temperature,
+            block_efficiency=float(pooled.block_efficiency), alpha=float(pooled.alpha),
+            target_calls=int(pooled.target_calls), temp=config.temperature,
             sentences=len(plan.sources),
           )  # fmt: skip
 
