@@ -18,14 +18,14 @@ and output lengths) and each gamma, at one temperature, with one drafter:
                     verifier starts from the target's own law there, so this is where greedy block
                     verification's per-block optimum shows (docs/method.md section 11).
   paired seeds      untimed whole sequences again, once per seed of `paired_seeds` (batches of
-                    `paired_batch_size`), the three verifiers of a seed sharing its keys
-                    (`translate_in_turn`): tokens per target call per (seed, verifier), and per
+                    `paired_batch_size`), the three verifiers of a seed decoding each batch with
+                    the same key: tokens per target call per (seed, verifier), and per
                     gamma the paired differences greedy block - block and greedy block - token
                     over the seeds (mean, spread, and at how many seeds the difference is < 0).
                     `:paired` runs this section alone.
-Each row is printed as it finishes and appended to results.csv / .json (paired.csv / .json) in --workdir
-(default: config.workdir); table.md (the three verifiers side by side) and paired.md (the
-differences) at the end.
+Each row is printed as it finishes and appended to results.csv / .json (paired.csv / .json) in
+--workdir (default: config.workdir); table.md (the three verifiers side by side) and paired.md
+(the differences) at the end.
 """
 
 import dataclasses
