@@ -246,6 +246,25 @@ def test_token_tree_passes_against_chain_passes(printed):
     assert r['ratio'] == pytest.approx(r['tree'] / r['chain'], rel=0.01, abs=0.002)
 
 
+def test_the_papers_best_gamma_stops_at_a_block_drafters_block_size():
+  """At c = 0 the formula's best gamma runs far (52-64: every draft is worth its alpha^gamma); a
+  block drafter proposes at most block_size drafts a call, so its best gamma stops there."""
+  target = synthetic.shape('tiny-v1.1')
+  found = {n: synthetic.abstract_model(paper_scale.drafter_config(n, target)) for n in
+           ('one-layer:tiny-v1.1', 'block:tiny-v1.1')}  # fmt: skip
+  costs = {(n, 4): dict(c=0.0, c_fixed=0.01) for n in found}
+  rows = paper_scale._speedup_rows(costs, {4: 1.0}, found, [4])
+  for r in rows:
+    block = r['drafter'].startswith('block')
+    assert (r['paper_gamma'] <= paper_scale.BLOCK_SIZE) == block, r
+    assert r['paper'] == pytest.approx(
+      analysis.walltime_improvement(r['alpha'], r['paper_gamma'], 0)
+    )
+  assert {r['paper_gamma'] for r in rows if r['drafter'].startswith('block')} == {
+    paper_scale.BLOCK_SIZE
+  }
+
+
 def test_tables_print_the_measured_costs(monkeypatch):
   # Every timer faked with known, distinct values (two drafters whose target costs differ, so the
   # pooling shows; a negative c_fixed, as an unrolled draft can measure): each printed cell is
