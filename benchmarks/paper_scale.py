@@ -13,8 +13,9 @@ values; `--weights=random` checks it: `synthetic.model`), batch 1, one device. A
 `t5.CONFIGS` name (a T5 with its own encoder, e.g. `t5-small`, the paper's), `one-layer[:NAME]`:
 one decoder layer of NAME's width (default t5-small) over the target's encoder, the shape of our
 shipped `distilled` drafters, or `block[:NAME]`: a block drafter of NAME's width (one call drafts
-gamma tokens: its `c` is 0 and `c fixed` the call, `drafter_config`). Four tables, every time from the project's timers
-(`specdec_jax.measure.timing`: model calls inside a jitted loop, dispatch cancelled):
+gamma tokens: its `c` is 0 and `c fixed` the call, `drafter_config`). Four tables (five with
+--tree_nodes), every time from the project's timers (`specdec_jax.measure.timing`: model calls
+inside a jitted loop, dispatch cancelled):
 
 1. target: the step and the (gamma+1)-position pass at each of --gammas, against the HBM bound,
    the bytes a call reads (`memory_model.call_cost`: decoder weights, the tied embedding, both
@@ -31,8 +32,9 @@ gamma tokens: its `c` is 0 and `c fixed` the call, `drafter_config`). Four table
    on a GPU, kernel launches between model calls).
 4. speedup: the walltime formula (`analysis.walltime_improvement_measured`: measured c and pass
    cost) at each gamma, the best of them, and the paper's formula's best gamma over 1..64 (pass
-   cost 1, `analysis.optimal_gamma`; 1..block_size for a block drafter), at the paper's alpha (T5-small under T5-XXL on EnDe, 0.75
-   greedy / 0.62 at T=1) and at our drafters' (`memory_model.ALPHAS`, docs/results.md section 2).
+   cost 1, `analysis.optimal_gamma`; 1..block_size for a block drafter), at the paper's alpha
+   (T5-small under T5-XXL on EnDe, 0.75 greedy / 0.62 at T=1) and at our drafters'
+   (`memory_model.ALPHAS`, docs/results.md section 2).
 5. token trees (--tree_nodes=16,32,64): a target pass over a token tree of N nodes (depth
    --tree_depth, the tree loop's `step_tree`) against a chain pass of N positions, both in target
    steps (`timing.tree_pass_costs`); with --compile_for, XLA:TPU's estimate of each and the layout

@@ -172,15 +172,18 @@ def test_step_block_equals_the_training_pass(tiny_pair):
   flat = t5.output_logits(params, states.reshape(b, -1, cfg.d_model), config=cfg)
   trained = flat.reshape(b, 3, cfg.block_size, -1)
   steps = drafter.steps
+  step_block = jax.jit(steps.step_block, static_argnums=4)  # one program for every anchor
   for row in range(b):
     for k, a in enumerate(np.asarray(anchors[row]).tolist()):
       cache = steps.init_cache(params, encoded[row : row + 1], mask[row : row + 1], 32)
-      window = lambda x: jnp.pad(
-        x[row : row + 1, : a + 1], [(0, 0), (0, 2)] + [(0, 0)] * (x.ndim - 2)
+      unread = lambda x: jnp.where(
+        (jnp.arange(t + 2) <= a).reshape((1, -1) + (1,) * (x.ndim - 2)),
+        jnp.pad(x[row : row + 1], [(0, 0), (0, 2)] + [(0, 0)] * (x.ndim - 2)),
+        0,
       )
-      # Positions 0..a with the pending token a kept, two unread inputs after it.
-      logits, cache = steps.step_block(
-        params, window(tokens), window(features), cache, cfg.block_size, jnp.array([a + 1])
+      # Positions 0..a with the pending token a kept, the inputs after it unread (zeros).
+      logits, cache = step_block(
+        params, unread(tokens), unread(features), cache, cfg.block_size, jnp.array([a + 1])
       )
       np.testing.assert_allclose(logits[0], trained[row, k], atol=2e-5)
       assert int(cache.end_index[0]) == a + 1

@@ -160,7 +160,11 @@ def test_decode_loop_compiles_for_tpu(mesh_name, program):
   'mesh_name', [m for m in _meshes(always=True) if m.id in ('v4-8:2x2', 'tpu-v4:1x1')]
 )
 @pytest.mark.parametrize('tree', [None, decode.TreeSpec(num_nodes=8)], ids=['chain', 'tree'])
-@pytest.mark.parametrize('sampling', [_SAMPLED, _GREEDY], ids=['T1-topk-topp', 'T0'])
+@pytest.mark.parametrize(
+  'sampling',
+  [_SAMPLED, pytest.param(_GREEDY, marks=pytest.mark.slow)],  # T0: the fast path, slow-marked
+  ids=['T1-topk-topp', 'T0'],
+)
 def test_block_drafting_compiles_for_tpu(mesh_name, sampling, tree):
   """The loop with a block drafter (one call drafts gamma tokens, `decode_steps.draft_block`):
   the drafter over the target's encoder, reading its states, replicated; as a chain, and as the

@@ -419,23 +419,18 @@ def tree_pass_costs(
   position = jnp.array([16], jnp.int32)
   probs = jax.random.dirichlet(jax.random.key(0), jnp.full((64,), 0.1), (1, depth))
   tree = trees.best_first_tree(jnp.array([5]), probs, nodes)
+  runs = dict(
+    chain=functools.partial(repeated_steps, steps, params, cache, position, num_tokens=nodes),
+    step=functools.partial(repeated_steps, steps, params, cache, position, num_tokens=1),
+    tree=functools.partial(
+      repeated_tree_passes, steps, params, cache, position, tree, max_depth=depth
+    ),
+  )
   passes = {
-    ('chain', k): functools.partial(
-      repeated_steps, steps, params, cache, position, num_tokens=nodes, loop_length=jnp.int32(k)
-    )
+    (name, k): functools.partial(run, loop_length=jnp.int32(k))
+    for name, run in runs.items()
     for k in loop_lengths
-  } | {
-    ('step', k): functools.partial(
-      repeated_steps, steps, params, cache, position, num_tokens=1, loop_length=jnp.int32(k)
-    )
-    for k in loop_lengths
-  } | {
-    ('tree', k): functools.partial(
-      repeated_tree_passes, steps, params, cache, position, tree, max_depth=depth,
-      loop_length=jnp.int32(k),
-    )
-    for k in loop_lengths
-  }  # fmt: skip
+  }
   seconds = _fastest(passes, repeats)
   step = _slope(seconds, 'step', loop_lengths)
   return {name: _slope(seconds, name, loop_lengths) / step for name in ('chain', 'tree')}
