@@ -356,7 +356,8 @@ def load_pair(config, mesh) -> pretrained.Pair:
 
 # Timed runs of each cost loop per round (`timing.step_costs`; its default is 7), unless
 # `config.timing_repeats` says otherwise. c is a small difference of two iteration times, and the
-# fastest of more runs moves less with a shared machine's load.
+# fastest of more runs moves less with a shared machine's load: at 7, c spread 4.5x as much over
+# trials (`benchmarks.cost_repeats`, docs/performance.md), for half the timed part of the phase.
 _TIMING_REPEATS = 15
 
 
