@@ -433,6 +433,11 @@ def tree_pass_costs(
   }
   seconds = _fastest(passes, repeats)
   step = _slope(seconds, 'step', loop_lengths)
+  if step <= 0:
+    raise RuntimeError(
+      'A target step timed at 0 s (the longer loop did not take measurably longer): the target '
+      'is too cheap to time here; pass longer `loop_lengths`.'
+    )
   return {name: _slope(seconds, name, loop_lengths) / step for name in ('chain', 'tree')}
 
 
