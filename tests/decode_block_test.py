@@ -125,12 +125,19 @@ def test_greedy_equals_generate_markov():
 # (max_new_tokens 1 at gamma 4: a block call is 2 gamma wide, wider than the loop's buffer of
 # M + gamma + 2 slots; the drafter's cache has gamma - 1 more, `Drafting.extra_slots`.)
 @pytest.mark.parametrize(
-  'verifier, gamma, num_drafts, max_new_tokens',
-  [('token', 4, 1, 16), ('block', 2, 2, 16), ('token', 4, 1, 1)],
+  'verifier, gamma, num_drafts, max_new_tokens, block_attention',
+  [
+    ('token', 4, 1, 16, 'causal'),
+    ('block', 2, 2, 16, 'causal'),
+    ('token', 4, 1, 1, 'causal'),
+    ('token', 3, 1, 16, 'bidirectional'),
+  ],
 )
-def test_greedy_equals_generate_t5(verifier, gamma, num_drafts, max_new_tokens, tiny_pair):
+def test_greedy_equals_generate_t5(
+  verifier, gamma, num_drafts, max_new_tokens, block_attention, tiny_pair
+):
   target, _ = tiny_pair
-  drafter = tiny_block_t5(target)
+  drafter = tiny_block_t5(target, block_attention=block_attention)
   ids, mask = _source(vocab=target.config.vocab_size)
   kw = dict(sampling=GREEDY, max_new_tokens=max_new_tokens, rng=None)
   ref = decode.generate(target, ids, mask, **kw)
@@ -158,9 +165,10 @@ def test_one_program_per_shape(tiny_pair):
 # The model: one block call computes what the teacher-forced training pass computes.
 
 
-def test_step_block_equals_the_training_pass(tiny_pair):
+@pytest.mark.parametrize('block_attention', ['causal', 'bidirectional'])
+def test_step_block_equals_the_training_pass(block_attention, tiny_pair):
   target, _ = tiny_pair
-  drafter = tiny_block_t5(target)
+  drafter = tiny_block_t5(target, block_attention=block_attention)
   cfg, params = drafter.config, drafter.params
   b, s, t, d = 2, 5, 9, target.config.d_model
   encoded = jax.random.normal(jax.random.key(1), (b, s, d))
@@ -187,8 +195,14 @@ def test_step_block_equals_the_training_pass(tiny_pair):
       )
       np.testing.assert_allclose(logits[0], trained[row, k], atol=2e-5)
       assert int(cache.end_index[0]) == a + 1
-  # Negative control: the slots of another anchor's block are not this one's.
+  # Negative controls: the slots of another anchor's block are not this one's, and the other
+  # attention's slots are not these (the anchor's own output, causal in both, is).
   assert not np.allclose(trained[0, 1, 1:], trained[0, 2, 1:], atol=1e-3)
+  other = 'causal' if block_attention == 'bidirectional' else 'bidirectional'
+  other_cfg = dataclasses.replace(cfg, block_attention=other)
+  other_states = t5.block_states(params, encoded, mask, tokens, features, anchors, config=other_cfg)
+  np.testing.assert_allclose(other_states[:, :, 0], states[:, :, 0], atol=1e-5)
+  assert not np.allclose(other_states[:, :, 1:-1], states[:, :, 1:-1], atol=1e-3)
 
 
 def test_saves_restores_and_has_logical_axes(tiny_pair, tmp_path):

@@ -349,6 +349,7 @@ def test_params_layout():
     dict(relative_attention_max_distance=16),
     dict(eos_token_id=32128),
     dict(layer_norm_epsilon=0.0),
+    dict(block_attention='full'),
   ],
 )
 def test_config_validation(kwargs):

@@ -254,6 +254,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # (T5Config.block_size), trained on random block starts (block_anchors per sequence, block
       # position j weighted block_decay**j; docs/training.md, "Block drafters").
       block_size=None,
+      # How its query slots see each other: 'causal' or 'bidirectional' (T5Config.block_attention).
+      block_attention='causal',
       feed_forward='gated-gelu',
       tie_word_embeddings=True,
       max_source_length=512,

@@ -153,9 +153,16 @@ class T5Steps:
     slots = jnp.maximum(jnp.arange(width) - num_kept[:, None] + 1, 0)
     logits_at = num_kept[:, None] - 1 + jnp.arange(gamma)
     start = cache.end_index
+    layout = None
+    if self.config.block_attention == 'bidirectional':  # a slot also sees the slots after it
+      positions = start[:, None] + jnp.arange(width)
+      keys = jnp.arange(cache.max_decode_len)
+      last = (start + num_kept + gamma - 2)[:, None, None]  # the block's last slot
+      attend = (keys <= positions[..., None]) | ((slots > 0)[..., None] & (keys <= last))
+      layout = (positions, keys[None], attend)
     logits, cache = decode(
       params, pad(tokens), cache, config=self.config, features=pad(features), slots=slots,
-      logits_at=logits_at, rules=self.rules,
+      logits_at=logits_at, cache_layout=layout, rules=self.rules,
     )  # fmt: skip
     return logits, cache.replace(end_index=start + num_kept)
 
@@ -739,10 +746,12 @@ def block_states(
   )
   is_seq = block < 0
   # Query -> key: a sequence input sees the sequence causally; a slot sees the sequence up to its
-  # anchor and its own block's slots up to itself.
+  # anchor and its own block's slots up to itself (all of them with block_attention
+  # 'bidirectional').
   sees_seq = is_seq[None, None, :] & (positions[:, None, :] <= anchor_of[:, :, None])
-  sees_own = (block[:, None] == block[None, :]) & ~is_seq[None, :]
-  sees_own = sees_own[None] & (positions[:, None, :] <= positions[:, :, None])
+  sees_own = ((block[:, None] == block[None, :]) & ~is_seq[None, :])[None]
+  if config.block_attention == 'causal':
+    sees_own = sees_own & (positions[:, None, :] <= positions[:, :, None])
   attend = sees_seq | sees_own
   pad = lambda x: jnp.pad(x, [(0, 0), (0, a * (g - 1))] + [(0, 0)] * (x.ndim - 2))
   cross_k, cross_v = _cross_kv(params, encoded, config)

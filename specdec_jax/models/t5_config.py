@@ -5,6 +5,7 @@ import dataclasses
 
 _FEED_FORWARDS = ('relu', 'gated-gelu')
 _DTYPES = ('float32', 'bfloat16')
+_BLOCK_ATTENTIONS = ('causal', 'bidirectional')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +49,10 @@ class T5Config:
   # the past and to the slots before it: the pending token's output proposes draft 1, slot i
   # draft i + 1 (`t5.T5Steps.step_block`).
   block_size: int | None = None
+  # How a block drafter's slots see each other: 'causal' (slot i the slots before it) or
+  # 'bidirectional' (every slot of its block, DFlash's choice; the pending token stays causal, its
+  # keys are cached). Chosen by ablation: pretrained/ende48m/MODEL_CARD.md, "block".
+  block_attention: str = 'causal'
 
   def __post_init__(self):
     positive = (
@@ -78,6 +83,10 @@ class T5Config:
         raise ValueError(
           "T5Config.block_size needs feature_dim: a block drafter reads the target's states."
         )
+    if self.block_attention not in _BLOCK_ATTENTIONS:
+      raise ValueError(
+        f'T5Config.block_attention must be one of {_BLOCK_ATTENTIONS}, got {self.block_attention!r}.'
+      )
     if n == 0 and self.encoder_dim is None:
       raise ValueError(
         "T5Config with num_encoder_layers=0 reads another model's encoder "

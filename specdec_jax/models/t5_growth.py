@@ -76,6 +76,7 @@ def _check(old: T5Config, new: T5Config) -> int:
     'encoder_dim',
     'feature_dim',
     'block_size',
+    'block_attention',
   )
   problems += [
     f'{name} differs ({getattr(old, name)} -> {getattr(new, name)})'
@@ -302,8 +303,11 @@ def add_feature_input(model: t5.T5Model, feature_dim: int, rng: jax.Array) -> t5
   return t5.T5Model(config=config, params={**model.params, 'decoder': decoder})
 
 
-def add_block_queries(model: t5.T5Model, block_size: int, rng: jax.Array) -> t5.T5Model:
-  """An EAGLE-style decoder made a block drafter (`T5Config.block_size`): its query slots
+def add_block_queries(
+  model: t5.T5Model, block_size: int, rng: jax.Array, attention: str = 'causal'
+) -> t5.T5Model:
+  """An EAGLE-style decoder made a block drafter (`T5Config.block_size`, its slots attending to
+  each other as `attention` says: `T5Config.block_attention`): its query slots
   (`decoder/block_queries`) randomly initialised, its state predictor dropped; the pending
   token's output, draft 1, is computed as `model` computed it.
 
@@ -315,7 +319,7 @@ def add_block_queries(model: t5.T5Model, block_size: int, rng: jax.Array) -> t5.
       'add_block_queries needs an EAGLE-style decoder (feature_dim set, block_size None), got '
       f'feature_dim {model.config.feature_dim}, block_size {model.config.block_size}.'
     )
-  config = dataclasses.replace(model.config, block_size=block_size)
+  config = dataclasses.replace(model.config, block_size=block_size, block_attention=attention)
   decoder = dict(model.params['decoder'])
   decoder.pop('feature_out')
   decoder['block_queries'] = t5.init_params(rng, config)['decoder']['block_queries']

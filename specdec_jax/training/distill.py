@@ -104,8 +104,13 @@ def initial_student(init_from: str, student_config: t5.T5Config, rng: jax.Array)
     init = t5_growth.add_feature_input(init, student_config.feature_dim, feature_key)
     loop.say(f'{init_from}: made EAGLE-style (feature input starts at zero)')
   if student_config.block_size is not None and init.config.block_size is None:
-    init = t5_growth.add_block_queries(init, student_config.block_size, block_key)
-    loop.say(f'{init_from}: made a block drafter ({student_config.block_size} drafts a call)')
+    init = t5_growth.add_block_queries(
+      init, student_config.block_size, block_key, student_config.block_attention
+    )
+    loop.say(
+      f'{init_from}: made a block drafter ({student_config.block_size} drafts a call, '
+      f'{student_config.block_attention} slots)'
+    )
   if init.config.encoder_dim and init.config.encoder_dim != student_config.encoder_dim:
     try:
       init = t5_growth.follow_grown_encoder(init, student_config.encoder_dim, follow_key)
