@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from specdec_jax import cache as cache_lib
 from specdec_jax import sharding
-from specdec_jax.models import t5_relpos, t5_tree
+from specdec_jax.models import t5_block, t5_relpos, t5_tree
 from specdec_jax.models.t5_config import CONFIGS, T5Config  # noqa: F401 (part of this API)
 from specdec_jax.models.t5_dropout import Dropout, dropper
 from specdec_jax.models.t5_params import Params, init_params, param_count  # noqa: F401 (API)
@@ -150,16 +150,10 @@ class T5Steps:
       raise ValueError(f"gamma={gamma} drafts exceed this drafter's block_size={self.block_size}.")
     width = tokens.shape[1] + gamma - 1
     pad = lambda x: jnp.pad(x, [(0, 0), (0, gamma - 1)] + [(0, 0)] * (x.ndim - 2))
-    slots = jnp.maximum(jnp.arange(width) - num_kept[:, None] + 1, 0)
-    logits_at = num_kept[:, None] - 1 + jnp.arange(gamma)
     start = cache.end_index
-    layout = None
-    if self.config.block_attention == 'bidirectional':  # a slot also sees the slots after it
-      positions = start[:, None] + jnp.arange(width)
-      keys = jnp.arange(cache.max_decode_len)
-      last = (start + num_kept + gamma - 2)[:, None, None]  # the block's last slot
-      attend = (keys <= positions[..., None]) | ((slots > 0)[..., None] & (keys <= last))
-      layout = (positions, keys[None], attend)
+    slots, logits_at, layout = t5_block.step_layout(
+      num_kept, start, width, gamma, cache.max_decode_len, self.config.block_attention
+    )
     logits, cache = decode(
       params, pad(tokens), cache, config=self.config, features=pad(features), slots=slots,
       logits_at=logits_at, cache_layout=layout, rules=self.rules,
@@ -719,8 +713,9 @@ def block_states(
 
   One row packs the sequence's T inputs (causal, as `decoder_states`) and, for each anchor a (a
   pending token's position), the block_size - 1 query slots that would follow it, slot j at
-  position a + j, attending to the inputs at positions <= a and to the anchor's slots 1..j
-  (DFlash's training layout: all blocks in one masked pass). The block's G = block_size outputs,
+  position a + j, attending to the inputs at positions <= a and to the anchor's slots as
+  `config.block_attention` says (`t5_block.training_layout`; DFlash's training layout: all
+  blocks in one masked pass). The block's G = block_size outputs,
   the anchor's own and its slots', propose the tokens after positions a .. a + G - 1, as
   `T5Steps.step_block` proposes them while decoding.
 
@@ -733,26 +728,7 @@ def block_states(
   """
   batch, t = decoder_input_ids.shape
   a, g = anchors.shape[1], config.block_size
-  offsets = jnp.arange(1, g)
-  slot_pos = (anchors[:, :, None] + offsets).reshape(batch, -1)  # [B, A(G-1)]
-  positions = jnp.concatenate([jnp.broadcast_to(jnp.arange(t), (batch, t)), slot_pos], axis=1)
-  slots = jnp.concatenate(
-    [jnp.zeros((batch, t), jnp.int32), jnp.tile(offsets, (batch, a)).astype(jnp.int32)], axis=1
-  )
-  # Which block each input belongs to (-1: the sequence) and the anchor it follows.
-  block = jnp.concatenate([jnp.full((t,), -1), jnp.repeat(jnp.arange(a), g - 1)])
-  anchor_of = jnp.concatenate(
-    [jnp.broadcast_to(jnp.arange(t), (batch, t)), jnp.repeat(anchors, g - 1, axis=1)], axis=1
-  )
-  is_seq = block < 0
-  # Query -> key: a sequence input sees the sequence causally; a slot sees the sequence up to its
-  # anchor and its own block's slots up to itself (all of them with block_attention
-  # 'bidirectional').
-  sees_seq = is_seq[None, None, :] & (positions[:, None, :] <= anchor_of[:, :, None])
-  sees_own = ((block[:, None] == block[None, :]) & ~is_seq[None, :])[None]
-  if config.block_attention == 'causal':
-    sees_own = sees_own & (positions[:, None, :] <= positions[:, :, None])
-  attend = sees_seq | sees_own
+  slots, positions, attend = t5_block.training_layout(anchors, t, g, config.block_attention)
   pad = lambda x: jnp.pad(x, [(0, 0), (0, a * (g - 1))] + [(0, 0)] * (x.ndim - 2))
   cross_k, cross_v = _cross_kv(params, encoded, config)
   states, _ = _decoder(
