@@ -63,6 +63,7 @@ class Results:
   ):
     self.say = say
     self.tables = {t.name: t for t in tables_}
+    self._headed: set[str] = set()  # the printed tables whose column header is out
     self.rows: dict[str, list[dict]] = {t.name: [] for t in tables_}
     self.writers = {
       t.name: results_io.ResultsWriter(
@@ -80,6 +81,9 @@ class Results:
     if table in self.writers:
       self.writers[table].add(record)
     if echo and spec.printed:
+      if spec.line is None and table not in self._headed:  # its header, above its first row
+        self._headed.add(table)
+        self.say(tables.format_header(spec.columns))
       self.say(spec.line(record) if spec.line else tables.format_line(record, spec.columns))
     return record
 
@@ -98,9 +102,9 @@ def run(
   finish: Callable[[Results], dict[str, str]] | None = None,
   echo: Callable[[str], None] = print,
 ) -> dict[str, str]:
-  """Opens `tables_`' writers, prints `header` (a line or lines) and the printed tables' column
-  headers, adds every
-  (table, row) that `measure(results)` yields (or it adds itself) in a try, and in a finally
+  """Opens `tables_`' writers, prints `header` (a line or lines), adds every (table, row) that
+  `measure(results)` yields (or it adds itself; a printed table's column header goes above its
+  first printed row, so a table with no rows prints nothing) in a try, and in a finally
   returns what `finish(results)` returns (figures, summaries, the paths written: also after an
   interruption; process 0 alone calls it); without `finish`, every table's paths."""
   main = sharding.is_main_process()
@@ -108,9 +112,6 @@ def run(
   results = Results(workdir, tables_, say, main)
   for line in [header] if isinstance(header, str) else header or ():
     say(line)
-  for spec in tables_:
-    if spec.printed and spec.line is None:
-      say(tables.format_header(spec.columns))
   paths = {}
   try:
     for table, row in measure(results) or ():

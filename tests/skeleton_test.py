@@ -72,3 +72,21 @@ def test_other_processes_neither_print_nor_write(tmp_path, monkeypatch):
   )  # fmt: skip
   assert (lines, finished, paths) == ([], [], {})
   assert not (tmp_path / 'out').exists()
+
+
+def test_a_table_without_rows_prints_no_header(tmp_path):
+  """Each printed table's column header goes above its first row: a section that is off (no rows)
+  prints nothing, and a table first added to after another's rows gets its header there."""
+  lines = []
+  spec = (tables.Column('gamma', width=5), tables.Column('tokens', fmt='.2f', width=6))
+  three = [*_TABLES, skeleton.Table('late', spec), skeleton.Table('empty', spec)]
+
+  def rows(results):
+    yield from _rows(results)
+    yield 'late', dict(gamma=4, tokens=1.5)
+
+  skeleton.run(str(tmp_path), three, header='h', measure=rows, echo=lines.append)
+  assert [line.split() for line in lines] == [
+    ['h'], ['drafter', 'alpha'], ['bigram', '0.25'], ['trigram', '0.50'],
+    ['gamma', 'tokens'], ['4', '1.50'],
+  ]  # fmt: skip
