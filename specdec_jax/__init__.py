@@ -34,6 +34,7 @@ models/
   t5_dropout         T5's residual dropout, for training only.
   t5_growth          growing a trained T5 into a larger one computing the same function.
   t5_tree            one decoder pass over a token tree (positions, mask); keeping its path.
+  t5_block           a block drafter's layouts: its drafting call's slots and mask, its training row.
 
 checkpoints/
   (package)          orbax save / restore, and every format's loader in one place.
