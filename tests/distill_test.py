@@ -322,3 +322,25 @@ def test_runlocal_distillation_of_an_eagle_style_drafter(tmp_path):
   config.on_policy_every = 2
   with pytest.raises(ValueError, match='on_policy_every needs a drafter that can draft alone'):
     distill.distill_and_evaluate(config, str(tmp_path / 'again'))
+
+
+def test_a_config_field_added_at_its_default_keeps_the_fingerprint():
+  """`model_digest` keys a config by its fields off their defaults: a field T5Config gains later
+  (as block_attention did), left at its default, keeps every cached shard valid; a field set to
+  another value, or another shape, changes it."""
+  model = helpers.tiny_t5('tiny-v1.0', seed=0)
+
+  @dataclasses.dataclass(frozen=True)
+  class Later(t5.T5Config):
+    a_later_field: int = 7
+
+  later = t5.T5Model(config=Later(**dataclasses.asdict(model.config)), params=model.params)
+  assert distill_data.model_digest(later) == distill_data.model_digest(model)
+  moved = t5.T5Model(
+    config=Later(**dataclasses.asdict(model.config), a_later_field=8), params=model.params
+  )
+  assert distill_data.model_digest(moved) != distill_data.model_digest(model)
+  # Negative control: keyed by the whole config (as before), the added field changes it.
+  assert distill_data._digest(later.config) != distill_data._digest(model.config)
+  wider = dataclasses.replace(model.config, d_ff=2 * model.config.d_ff)
+  assert ('d_ff', wider.d_ff) in distill_data.config_key(wider)

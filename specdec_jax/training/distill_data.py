@@ -43,10 +43,21 @@ def _digest(*parts) -> str:
   return h.hexdigest()
 
 
+def config_key(config: t5.T5Config) -> tuple:
+  """The fields of `config` that differ from their defaults, (name, value) in field order: a
+  field added to `T5Config` later, at its default, leaves every fingerprint (and so every cached
+  shard) as it was."""
+  fields = dataclasses.fields(config)
+  return tuple(
+    (f.name, getattr(config, f.name)) for f in fields if getattr(config, f.name) != f.default
+  )
+
+
 def model_digest(model: t5.T5Model) -> str:
-  """A fingerprint of a model: its config and every parameter's bytes (each gathered to the host
-  in turn: a sharded 11B target never sits whole in host memory)."""
-  return _digest(model.config, *[_digest(decode.to_host(x)) for x in jax.tree.leaves(model.params)])
+  """A fingerprint of a model: its config (`config_key`) and every parameter's bytes (each
+  gathered to the host in turn: a sharded 11B target never sits whole in host memory)."""
+  params = [_digest(decode.to_host(x)) for x in jax.tree.leaves(model.params)]
+  return _digest(config_key(model.config), *params)
 
 
 def _load_shard(path: str, digest: str) -> dict | None:
