@@ -329,6 +329,21 @@ def _cross_kv(
   return k, v
 
 
+def _decoder_inputs(params, tokens, features, slots, config: T5Config, rules) -> jax.Array:
+  """The decoder's input vectors [B, T, D]: each token's embedding, plus a projection of its
+  features (`config.feature_dim`), and a block drafter's query slot embedding in place of both
+  where slots > 0 (`_decoder`'s Args)."""
+  dec = params['decoder']
+  x = _embed(params, tokens, config, rules)
+  if features is not None:
+    x = x + _dense(features, dec['feature_in'], config)
+  if slots is not None:
+    queries = dec['block_queries']['embedding'].astype(x.dtype)
+    slot_x = jnp.take(queries, jnp.clip(slots - 1, min=0, max=queries.shape[0] - 1), axis=0)
+    x = jnp.where((slots > 0)[..., None], slot_x, x)
+  return x
+
+
 def _decoder(
   params: Params,
   tokens: jax.Array,
@@ -405,14 +420,7 @@ def _decoder(
   cross_mask = encoder_mask[:, None, None, :]
 
   drop = dropper(dropout, stream=1)
-  x = _embed(params, tokens, config, rules)
-  if features is not None:
-    x = x + _dense(features, dec['feature_in'], config)
-  if slots is not None:
-    queries = dec['block_queries']['embedding'].astype(x.dtype)
-    slot_x = jnp.take(queries, jnp.clip(slots - 1, min=0, max=queries.shape[0] - 1), axis=0)
-    x = jnp.where((slots > 0)[..., None], slot_x, x)
-  x = drop(x, 0)
+  x = drop(_decoder_inputs(params, tokens, features, slots, config, rules), 0)
   for i in range(config.num_decoder_layers):
     layer = dec[f'layers_{i}']
     h = _rms_norm(x, layer['pre_self_attention_layer_norm'], config)
