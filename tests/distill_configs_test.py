@@ -2,14 +2,16 @@
 this checkout has, and `paper` (T5 11B's one-layer drafter on a v4-32) is consistent with the
 target of ende.py:paper and with its mesh."""
 
+import json
 import pathlib
 
+import jax
 import pytest
 
 from benchmarks import machines
 from experiments.configs import distill_drafter, ende
 from specdec_jax import sharding
-from specdec_jax.models import t5
+from specdec_jax.models import t5, t5_growth
 from specdec_jax.training import distill, distill_loss, trainer
 
 _VARIANTS = (
@@ -20,6 +22,7 @@ _VARIANTS = (
   'eagle',
   'debsumm48m',
   'block',
+  'block_wide',
   'block_debsumm48m',
   'paper',
 )
@@ -74,3 +77,20 @@ def test_paper_student_is_one_layer_at_the_teachers_width_over_its_encoder():
   assert (student.num_encoder_layers, student.num_decoder_layers) == (0, 1)
   assert student.num_heads * student.d_kv == student.d_model
   assert student.vocab_size == teacher.config.vocab_size and student.feature_dim is None
+
+
+def test_block_wide_is_built_from_the_shipped_target():
+  # Its student has the ende48m target's shape, the layers it names exist, and what it freezes
+  # names params (shapes only: no weights are read).
+  config = distill_drafter.get_config('block_wide')
+  target_config = t5.T5Config(
+    **json.loads((pathlib.Path(config.teacher) / 'config.json').read_text())
+  )
+  shapes = jax.eval_shape(lambda key: t5.init_params(key, target_config), jax.random.key(0))
+  teacher = t5.T5Model(config=target_config, params=shapes)
+  student = distill.student_config_for(config, teacher)
+  drafter = t5_growth.drafter_from_target(
+    teacher, student, tuple(config.init_from_target_layers), jax.random.key(0)
+  )
+  frozen = trainer.frozen_mask(drafter.params, tuple(config.frozen))
+  assert sum(jax.tree.leaves(frozen)) == 2 and student.block_size == 8

@@ -317,3 +317,55 @@ def test_a_drafter_beside_a_target_of_another_encoder_width_fails_before_any_wor
     pretrained.check_pair(big, {'distilled': drafter})
   moved = t5_growth.follow_grown_encoder(drafter, GROWN.d_model, jax.random.key(3))
   step_models.check_encoder_reader(moved.steps, big.steps)
+
+
+@pytest.mark.parametrize('layer', [1, 0])
+def test_a_drafter_from_the_target_starts_as_its_layers_on_the_tokens(layer):
+  # EAGLE's construction (t5_growth.drafter_from_target): the target's embeddings, one of its
+  # decoder layers, final norm and output layer, reading its states through a zero projection,
+  # computes what a one-layer target of that layer computes, whatever the states. Negative
+  # control: the other layer of the target is not the same function.
+  target = helpers.tiny_t5(SMALL)
+  config = dataclasses.replace(
+    SMALL, num_encoder_layers=0, num_decoder_layers=1, encoder_dim=16, feature_dim=16
+  )
+  drafter = t5_growth.drafter_from_target(target, config, (layer,), jax.random.key(1))
+  assert jax.tree.map(jnp.shape, drafter.params) == jax.tree.map(
+    jnp.shape, t5.init_params(jax.random.key(0), config)
+  )
+  ids, mask, dec = _batch()
+  encoded = helpers.encode(target.params, ids, mask, config=SMALL)
+  states = jax.random.normal(jax.random.key(3), dec.shape + (16,))
+  out = t5.decoder_states(drafter.params, encoded, mask, dec, config=config, features=states)
+  got = t5.output_logits(drafter.params, out, config=config)
+  one_layer = dataclasses.replace(SMALL, num_decoder_layers=1)
+  decoder = {k: v for k, v in target.params['decoder'].items() if k != 'layers_1'}
+  want = helpers.decode_forward({**target.params, 'decoder': decoder}, encoded, mask, dec,
+                                config=one_layer)  # fmt: skip
+  assert np.allclose(got, want, rtol=1e-4, atol=1e-4) == (layer == 0)
+  block = t5_growth.drafter_from_target(
+    target, dataclasses.replace(config, block_size=4), (layer,), jax.random.key(1)
+  )
+  assert block.params['decoder']['block_queries']['embedding'].shape == (3, 16)
+  assert 'feature_out' not in block.params['decoder']
+
+
+def test_a_drafter_from_the_target_must_have_its_shape():
+  target = helpers.tiny_t5(SMALL)
+  config = dataclasses.replace(
+    SMALL, num_encoder_layers=0, num_decoder_layers=1, encoder_dim=16, feature_dim=16
+  )
+  with pytest.raises(ValueError, match=r'd_model 32 \(the target: 16\)'):
+    t5_growth.drafter_from_target(
+      target, dataclasses.replace(config, d_model=32), (0,), jax.random.key(0)
+    )
+  with pytest.raises(ValueError, match=r"layers \(0, 2\): 1 of the target's decoder layers 0..1"):
+    t5_growth.drafter_from_target(target, config, (0, 2), jax.random.key(0))
+  with pytest.raises(ValueError, match=r"feature_dim None \(it reads the target's states"):
+    t5_growth.drafter_from_target(
+      target, dataclasses.replace(config, feature_dim=None), (0,), jax.random.key(0)
+    )
+  with pytest.raises(ValueError, match=r'num_encoder_layers 2, encoder_dim None'):
+    t5_growth.drafter_from_target(
+      target, dataclasses.replace(SMALL, feature_dim=16), (0, 1), jax.random.key(0)
+    )

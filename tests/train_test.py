@@ -12,6 +12,7 @@ import shutil
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from experiments.configs import train_drafter, train_target
@@ -176,6 +177,34 @@ def test_configs_param_ratio_and_runlocal():
   assert 10 <= target[1] / drafter[1] <= 30
   with pytest.raises(ValueError, match='Unknown config item'):
     train_target.get_config('runlokal')
+
+
+@pytest.mark.parametrize('frozen', [('token_embedder', 'decoder/logits_dense'), ()])
+def test_frozen_params_stay_where_they_start(frozen):
+  # Weight decay and AdamW's moments move nothing frozen; everything else moves. Negative
+  # control: nothing frozen, the same params move.
+  params = t5.init_params(jax.random.key(0), t5.CONFIGS['tiny-v1.1'])
+  config = trainer.OptimizerConfig(learning_rate=1e-2, warmup_steps=1, frozen=frozen)
+  optimizer = trainer.make_optimizer(config)
+  state, new = optimizer.init(params), params
+  for i in range(3):
+    leaves, tree = jax.tree.flatten(new)
+    keys = jax.random.split(jax.random.key(i), len(leaves))
+    grads = tree.unflatten([jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)])
+    updates, state = optimizer.update(grads, state, new)
+    new = optax.apply_updates(new, updates)
+  same = jax.tree.map(np.array_equal, params, new)
+  assert same['token_embedder']['embedding'] == bool(frozen)
+  assert same['decoder']['logits_dense']['kernel'] == bool(frozen)
+  assert not any(jax.tree.leaves(same['decoder']['layers_0']))
+  assert not any(jax.tree.leaves(same['encoder']))
+
+
+def test_a_frozen_prefix_that_names_no_param_is_an_error():
+  params = t5.init_params(jax.random.key(0), t5.CONFIGS['tiny-v1.1'])
+  config = trainer.OptimizerConfig(frozen=('decoder/logit_dense',))
+  with pytest.raises(ValueError, match="frozen: 'decoder/logit_dense' names no param"):
+    trainer.make_optimizer(config).init(params)
 
 
 @pytest.mark.parametrize('lr_decay', ['cosine', 'rsqrt', 'constant'])

@@ -15,6 +15,8 @@ r"""Distil a drafter from the shipped target (DistillSpec-style; `specdec_jax.tr
       --workdir=workdir/distill_debsumm48m             # for pretrained/debsumm48m's (issue 27)
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:block \
       --workdir=workdir/block_ende48m                  # its block drafter (issue 45)
+  python -m scripts.distill --config=experiments/configs/distill_drafter.py:block_wide \
+      --workdir=workdir/block_wide                     # the same at the target's width (EAGLE)
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:block_debsumm48m \
       --workdir=workdir/block_debsumm48m               # pretrained/debsumm48m's block drafter
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:paper \
@@ -93,6 +95,19 @@ def _block(c):
   c.learning_rate, c.num_train_steps, c.eval_every = 1e-3, 600, 300
   c.checkpoint_every = 100
   c.on_policy_every = 0  # it cannot draft without the target
+
+
+def _block_wide(c):
+  # `block` at the target's width, built as EAGLE builds its drafter (t5_growth.
+  # drafter_from_target): the target's embeddings, first decoder layer, final norm and output
+  # layer, the state input at zero, 7 query slots; the embeddings and output layer frozen (the
+  # target's own). The width ablation of issue 45 (pretrained/ende48m/MODEL_CARD.md).
+  _block(c)
+  c.init_from = ''
+  c.init_from_target_layers = (0,)
+  c.frozen = ('token_embedder', 'decoder/logits_dense')
+  c.student.update(d_model=512, d_kv=64, num_heads=8, d_ff=1024, num_decoder_layers=1)
+  c.student.tie_word_embeddings = False
 
 
 def _debsumm48m(c):
@@ -227,6 +242,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # A checkpoints.save directory of the student's shape, or a drafter over the encoder of a
   # smaller target that this teacher was grown from (t5_growth): it starts where that one was.
   c.init_from = ''
+  # Or (not both) a drafter at the target's width started from the target's own embeddings,
+  # these decoder layers and its output layer (t5_growth.drafter_from_target).
+  c.init_from_target_layers = ()
   c.eval_temperatures = (0.0, 1.0)
   c.eval_gamma = 4
   c.progress = True
@@ -273,6 +291,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       'eagle': _eagle,
       'debsumm48m': _debsumm48m,
       'block': _block,
+      'block_wide': _block_wide,
       'block_debsumm48m': _block_debsumm48m,
       'paper': _paper,
     },

@@ -34,6 +34,7 @@ def base_config(placement: str = 'model_sharding') -> ml_collections.ConfigDict:
   c.adam_b2 = 0.98
   c.weight_decay = 0.01
   c.grad_clip_norm = 1.0
+  c.frozen = ()  # param path prefixes held where they start (trainer.OptimizerConfig.frozen)
   c.label_smoothing = 0.1
   c.dropout_rate = 0.0  # T5's residual dropout (t5.forward); T5 itself used 0.1
 

@@ -30,6 +30,8 @@ decoder states (EAGLE-style or block): the grown target's final states are copie
 `add_feature_input(model, feature_dim, rng)` makes a decoder an EAGLE-style one (it reads the
 target's decoder states, `T5Config.feature_dim`) that starts computing what it computed;
 `add_block_queries(model, block_size, rng)` makes that a block drafter (`T5Config.block_size`).
+`drafter_from_target(target, config, layers, rng)` builds such a drafter at the target's width
+from the target's own embeddings, decoder layers and output layer (EAGLE's construction).
 
 `grown_config(config, 't5_1_1-xxl')` is `config` with a named shape of `CONFIGS` (its vocabulary,
 numerics and lengths kept), and `grow_placed` grows into it where the grown model will run: one
@@ -324,6 +326,58 @@ def add_block_queries(
   decoder.pop('feature_out')
   decoder['block_queries'] = t5.init_params(rng, config)['decoder']['block_queries']
   return t5.T5Model(config=config, params={**model.params, 'decoder': decoder})
+
+
+def drafter_from_target(
+  target: t5.T5Model, config: T5Config, layers: tuple[int, ...], rng: jax.Array
+) -> t5.T5Model:
+  """A drafter of `config` (a decoder over the target's encoder, `num_encoder_layers=0`, reading
+  its states: EAGLE-style or block) made of the target's own parts, as EAGLE builds its drafter:
+  the target's token embeddings, its decoder layers `layers` (config.num_decoder_layers of them,
+  in that order), relative-position table, final norm and output layer; the state input starts
+  at zero, so it starts computing what those layers of the target compute on the tokens alone,
+  in the target's representation space (its query slots or state predictor new).
+  `trainer.OptimizerConfig.frozen` can keep the embeddings and output layer the target's (a
+  pair then stores them once: `pretrained` manifests' `shares_target`).
+
+  Raises:
+    ValueError: a config whose shape is not the target's (d_model, heads, d_kv, d_ff, feed
+      forward, vocabulary, output layer), that is not a decoder over the target's encoder reading
+      its states, or layers that are not the target's.
+  """
+  old = target.config
+  same = ('d_model', 'd_kv', 'num_heads', 'd_ff', 'feed_forward', 'vocab_size',
+          'tie_word_embeddings', 'relative_attention_num_buckets')  # fmt: skip
+  problems = [f'{f} {getattr(config, f)} (the target: {getattr(old, f)})'
+              for f in same if getattr(config, f) != getattr(old, f)]  # fmt: skip
+  if config.num_encoder_layers or config.encoder_dim != old.d_model:
+    problems.append(
+      f'num_encoder_layers {config.num_encoder_layers}, encoder_dim {config.encoder_dim} '
+      f"(a decoder over the target's encoder: 0 and {old.d_model})"
+    )
+  if config.feature_dim != old.d_model:
+    problems.append(
+      f"feature_dim {config.feature_dim} (it reads the target's states: {old.d_model})"
+    )
+  if len(layers) != config.num_decoder_layers or not all(
+    0 <= i < old.num_decoder_layers for i in layers
+  ):
+    problems.append(
+      f"layers {tuple(layers)}: {config.num_decoder_layers} of the target's decoder layers "
+      f'0..{old.num_decoder_layers - 1}'
+    )
+  if problems:
+    raise ValueError('drafter_from_target: ' + '; '.join(problems) + '.')
+  fresh = t5.init_params(rng, config)['decoder']
+  dec = target.params['decoder']
+  decoder = {
+    **{k: dec[k] for k in ('relpos_bias', 'decoder_norm', 'logits_dense') if k in dec},
+    **{f'layers_{j}': dec[f'layers_{i}'] for j, i in enumerate(layers)},
+    **{k: fresh[k] for k in ('feature_out', 'block_queries') if k in fresh},
+    'feature_in': {'kernel': jnp.zeros_like(fresh['feature_in']['kernel'])},
+  }
+  params = {'token_embedder': target.params['token_embedder'], 'decoder': decoder}
+  return t5.T5Model(config=config, params=params)
 
 
 def grown_config(config: T5Config, name: str) -> T5Config:

@@ -250,8 +250,17 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
     data = _data(config, teacher, tok, student_config, workdir, mesh)
   optimizer_config = trainer.OptimizerConfig.from_config(config)
   init_params = None
+  from_target = tuple(config.get('init_from_target_layers', ()))
+  if config.init_from and from_target:
+    raise ValueError('init_from and init_from_target_layers each start the student: give one.')
   if config.init_from:
     init_params = initial_student(config.init_from, student_config, jax.random.key(config.seed + 1))
+  elif from_target:
+    init = t5_growth.drafter_from_target(
+      teacher, student_config, from_target, jax.random.key(config.seed + 1)
+    )
+    init_params = jax.tree.map(lambda x: np.asarray(decode.to_host(x), np.float32), init.params)
+    loop.say(f"student: the target's embeddings, decoder layers {from_target} and output layer")
   state, shardings = trainer.create_state(
     jax.random.key(config.seed),
     student_config,
@@ -293,7 +302,9 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
       workdir=workdir,
       export=trainer.exporter(student_config, config.tokenizer),
       best=loop.Best('valid_alpha', higher_is_better=True),
-      evaluate_at_start=bool(config.init_from),  # where the started-from drafter stands
+      evaluate_at_start=bool(
+        config.init_from or from_target
+      ),  # where the started-from drafter stands
       progress='distillation steps' if config.progress else '',
     )
   write_pair(os.path.join(workdir, 'pair'), config, drafter='../best')

@@ -64,6 +64,9 @@ class OptimizerConfig:
   adam_b2: float = 0.98
   weight_decay: float = 0.01
   grad_clip_norm: float = 1.0
+  # Params held where they start: '/'-joined path prefixes, e.g. 'token_embedder' (a drafter
+  # sharing the target's embeddings and output layer, `t5_growth.drafter_from_target`).
+  frozen: tuple[str, ...] = ()
 
   def __post_init__(self):
     if self.lr_decay not in ('cosine', 'rsqrt', 'constant'):
@@ -72,7 +75,8 @@ class OptimizerConfig:
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> 'OptimizerConfig':
     """The fields of this class read from a training config."""
-    return cls(**{f.name: config[f.name] for f in dataclasses.fields(cls)})
+    fields = {f.name: config[f.name] for f in dataclasses.fields(cls)}
+    return cls(**dict(fields, frozen=tuple(fields['frozen'])))
 
 
 def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
@@ -89,10 +93,28 @@ def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
   return optax.join_schedules([warm, decay], [warmup])
 
 
+def frozen_mask(params, frozen: tuple[str, ...]):
+  """True at each leaf of `params` whose '/'-joined path starts with one of `frozen`.
+
+  Raises:
+    ValueError: a prefix that names no param (a typo would silently train everything).
+  """
+  paths = {
+    leaf: '/'.join(str(getattr(k, 'key', k)) for k in path)
+    for leaf, (path, _) in enumerate(jax.tree_util.tree_flatten_with_path(params)[0])
+  }
+  for prefix in frozen:
+    if not any(p == prefix or p.startswith(prefix + '/') for p in paths.values()):
+      raise ValueError(f'frozen: {prefix!r} names no param (they are {sorted(paths.values())}).')
+  hit = lambda p: any(p == f or p.startswith(f + '/') for f in frozen)
+  return jax.tree.unflatten(jax.tree.structure(params), [hit(p) for p in paths.values()])
+
+
 def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
-  """AdamW (decoupled weight decay, none on norm scales) after global-norm gradient clipping."""
+  """AdamW (decoupled weight decay, none on norm scales) after global-norm gradient clipping; the
+  `frozen` params' updates zeroed (they stay exactly as they started)."""
   decay_mask = lambda params: jax.tree.map(lambda x: x.ndim > 1, params)
-  return optax.chain(
+  adamw = optax.chain(
     optax.clip_by_global_norm(config.grad_clip_norm),
     optax.adamw(
       learning_rate_schedule(config),
@@ -102,6 +124,10 @@ def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
       mask=decay_mask,
     ),
   )
+  if not config.frozen:
+    return adamw
+  mask = functools.partial(frozen_mask, frozen=config.frozen)
+  return optax.chain(adamw, optax.masked(optax.set_to_zero(), mask))
 
 
 def cross_entropy(
