@@ -33,6 +33,7 @@ TABLE = (
   tables.Column('alpha', fmt='.3f', width=6),
   tables.Column('accepted', 'accepted at position 1..gamma (per call)', width=44),
   tables.Column('num_calls', printed=False),
+  tables.Column('pair', printed=False),  # a config.pairs entry (two may share a task)
 )
 COST_TABLE = (
   tables.Column('task', width=10),
@@ -43,6 +44,7 @@ COST_TABLE = (
   tables.Column('c', fmt='.4f', width=7),
   tables.Column('c_fixed', fmt='.4f', width=7),
   tables.Column('pass_cost', 'pass', fmt='.3f', width=6),
+  tables.Column('pair', printed=False),
 )
 
 
@@ -116,11 +118,13 @@ def cost_rows(plan: evaluation.Plan, config):
 
 
 def predicted(acceptance: list[dict], costs: list[dict]) -> list[str]:
-  """The formula's speedup at each measured tokens-per-call, by its row's costs."""
-  by = {(c['task'], c['drafter'], c['gamma']): c for c in costs}
+  """The formula's speedup at each measured tokens-per-call, by the costs of its pair's drafter at
+  its gamma."""
+  key = lambda row: (row['pair'], row['drafter'], row['gamma'])
+  by = {key(c): c for c in costs}
   lines = []
   for row in acceptance:
-    cost = by.get((row['task'], row['drafter'], row['gamma']))
+    cost = by.get(key(row))
     if cost is not None:
       speedup = analysis.iteration_speedup(
         row['tokens_per_call'], row['gamma'], cost['c'], cost['pass_cost'], cost['c_fixed']
@@ -141,10 +145,12 @@ def run(config, workdir: str, *, echo=print) -> dict:
     for pair in config.pairs:
       plan = _plan(config, pair)
       results.say(plan.summary())
-      yield from (('block_drafting', row) for row in acceptance_rows(plan, config))
+      rows = acceptance_rows(plan, config)
+      yield from (('block_drafting', dict(row, pair=str(pair))) for row in rows)
       if config.timing_rounds:
         results.say(tables.format_header(COST_TABLE))
-        yield from (('block_drafting_costs', row) for row in cost_rows(plan, config))
+        rows = cost_rows(plan, config)
+        yield from (('block_drafting_costs', dict(row, pair=str(pair))) for row in rows)
 
   def finish(results):
     for line in predicted(results.rows['block_drafting'], results.rows['block_drafting_costs']):

@@ -74,12 +74,14 @@ def write(
       new,
       end_index,
       tpu=functools.partial(select_write, layer=layer),
-      default=functools.partial(_scatter_write, layer=layer),
+      default=functools.partial(scatter_write, layer=layer),
     )
-  return _scatter_write(kv, new, end_index, layer=layer)
+  return scatter_write(kv, new, end_index, layer=layer)
 
 
-def _scatter_write(kv, new, end_index, *, layer):
+def scatter_write(kv, new, end_index, *, layer: int | None = None):
+  """`write` as a scatter (its path everywhere but a TPU's one row of several positions): the T
+  new positions of each row dropped into their slots (out-of-range ones dropped)."""
   batch, t = new.shape[:2]
   rows = jnp.arange(batch)[:, None]
   positions = end_index[:, None] + jnp.arange(t)

@@ -29,3 +29,19 @@ def test_runlocal_writes_and_prints_its_rows(tmp_path):
   assert not any('draft/iter' in line for line in printed)  # timing_rounds 0: no cost rows
   assert any(line.split()[:1] == ['task'] and 'tok/call' in line for line in printed)
   assert sum(line.split()[:1] == ['EnDe'] for line in printed) == len(rows)
+
+
+def test_the_prediction_takes_each_pair_s_own_costs():
+  # Two pair directories of one task (two variants of a drafter, as the model card's width
+  # ablation ran them): each row's speedup is priced by its own pair's cost row.
+  acceptance = [
+    dict(pair=p, task='EnDe', drafter='block', temp=0.0, proposal='argmax', gamma=4,
+         tokens_per_call=2.0)
+    for p in ('a/pair', 'b/pair')
+  ]  # fmt: skip
+  costs = [
+    dict(pair='a/pair', task='EnDe', drafter='block', gamma=4, c=0.0, c_fixed=0.5, pass_cost=1.0),
+    dict(pair='b/pair', task='EnDe', drafter='block', gamma=4, c=0.0, c_fixed=1.0, pass_cost=1.0),
+  ]
+  lines = block_drafting.predicted(acceptance, costs)
+  assert [line.split(' = ')[-1] for line in lines] == ['1.33x', '1.00x']

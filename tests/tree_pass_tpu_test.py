@@ -32,10 +32,7 @@ def test_negative_control_a_tree_written_by_scatter_has_more_copies(monkeypatch)
   setup = paper_scale_tpu.Setup(device, 'tpu-v4', dtype='float32', source_length=8)
   model = synthetic.abstract_model(synthetic.shape('tiny-v1.1', 'float32'), device)
   chain = paper_scale_tpu.call_cycles(setup, model, positions=8, cache_len=32)
-  scatter = lambda kv, new, end_index, layer=None: cache_lib._scatter_write(
-    kv, new, end_index, layer=layer
-  )
-  monkeypatch.setattr(cache_lib, 'select_write', scatter)
+  monkeypatch.setattr(cache_lib, 'select_write', cache_lib.scatter_write)
   jax.clear_caches()  # the tree pass traced anew, with the scatter
   try:
     tree = tree_pass_tpu.tree_cycles(setup, model, nodes=8, depth=3, cache_len=32)

@@ -337,8 +337,8 @@ def drafter_from_target(
   in that order), relative-position table, final norm and output layer; the state input starts
   at zero, so it starts computing what those layers of the target compute on the tokens alone,
   in the target's representation space (its query slots or state predictor new).
-  `trainer.OptimizerConfig.frozen` can keep the embeddings and output layer the target's (a
-  pair then stores them once: `pretrained` manifests' `shares_target`).
+  `trainer.OptimizerConfig.frozen` can keep the embeddings and output layer the target's (its
+  checkpoint still stores its own copy of them).
 
   Raises:
     ValueError: a config whose shape is not the target's (d_model, heads, d_kv, d_ff, feed
