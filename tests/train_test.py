@@ -181,23 +181,34 @@ def test_configs_param_ratio_and_runlocal():
 
 @pytest.mark.parametrize('frozen', [('token_embedder', 'decoder/logits_dense'), ()])
 def test_frozen_params_stay_where_they_start(frozen):
-  # Weight decay and AdamW's moments move nothing frozen; everything else moves. Negative
-  # control: nothing frozen, the same params move.
+  # Weight decay and AdamW's moments move nothing frozen; everything else moves, as it would
+  # whatever the frozen params' gradients (they count in no clipping norm). Negative control:
+  # nothing frozen, the same params move, and the other gradients change the rest's updates.
   params = t5.init_params(jax.random.key(0), t5.CONFIGS['tiny-v1.1'])
   config = trainer.OptimizerConfig(learning_rate=1e-2, warmup_steps=1, frozen=frozen)
   optimizer = trainer.make_optimizer(config)
-  state, new = optimizer.init(params), params
-  for i in range(3):
-    leaves, tree = jax.tree.flatten(new)
-    keys = jax.random.split(jax.random.key(i), len(leaves))
-    grads = tree.unflatten([jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)])
-    updates, state = optimizer.update(grads, state, new)
-    new = optax.apply_updates(new, updates)
+  is_frozen = trainer.frozen_mask(params, ('token_embedder', 'decoder/logits_dense'))
+
+  def train(scale_of_frozen_grads):
+    state, new = optimizer.init(params), params
+    for i in range(3):
+      leaves, tree = jax.tree.flatten(new)
+      keys = jax.random.split(jax.random.key(i), len(leaves))
+      grads = tree.unflatten([jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)])
+      grads = jax.tree.map(lambda g, f: g * scale_of_frozen_grads if f else g, grads, is_frozen)
+      updates, state = optimizer.update(grads, state, new)
+      new = optax.apply_updates(new, updates)
+    return new
+
+  new = train(1.0)
   same = jax.tree.map(np.array_equal, params, new)
   assert same['token_embedder']['embedding'] == bool(frozen)
   assert same['decoder']['logits_dense']['kernel'] == bool(frozen)
   assert not any(jax.tree.leaves(same['decoder']['layers_0']))
   assert not any(jax.tree.leaves(same['encoder']))
+  other = train(100.0)
+  unchanged = jax.tree.map(np.array_equal, new['encoder'], other['encoder'])
+  assert all(jax.tree.leaves(unchanged)) == bool(frozen)
 
 
 def test_a_frozen_prefix_that_names_no_param_is_an_error():

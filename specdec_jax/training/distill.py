@@ -261,6 +261,7 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
     )
     init_params = jax.tree.map(lambda x: np.asarray(decode.to_host(x), np.float32), init.params)
     loop.say(f"student: the target's embeddings, decoder layers {from_target} and output layer")
+  started = bool(config.init_from or from_target)
   state, shardings = trainer.create_state(
     jax.random.key(config.seed),
     student_config,
@@ -302,9 +303,7 @@ def distill_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dic
       workdir=workdir,
       export=trainer.exporter(student_config, config.tokenizer),
       best=loop.Best('valid_alpha', higher_is_better=True),
-      evaluate_at_start=bool(
-        config.init_from or from_target
-      ),  # where the started-from drafter stands
+      evaluate_at_start=started,  # where the started-from drafter stands
       progress='distillation steps' if config.progress else '',
     )
   write_pair(os.path.join(workdir, 'pair'), config, drafter='../best')

@@ -99,20 +99,19 @@ def frozen_mask(params, frozen: tuple[str, ...]):
   Raises:
     ValueError: a prefix that names no param (a typo would silently train everything).
   """
-  paths = {
-    leaf: '/'.join(str(getattr(k, 'key', k)) for k in path)
-    for leaf, (path, _) in enumerate(jax.tree_util.tree_flatten_with_path(params)[0])
-  }
+  flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+  paths = ['/'.join(str(getattr(k, 'key', k)) for k in path) for path, _ in flat]
+  under = lambda path, prefix: path == prefix or path.startswith(prefix + '/')
   for prefix in frozen:
-    if not any(p == prefix or p.startswith(prefix + '/') for p in paths.values()):
-      raise ValueError(f'frozen: {prefix!r} names no param (they are {sorted(paths.values())}).')
-  hit = lambda p: any(p == f or p.startswith(f + '/') for f in frozen)
-  return jax.tree.unflatten(jax.tree.structure(params), [hit(p) for p in paths.values()])
+    if not any(under(path, prefix) for path in paths):
+      raise ValueError(f'frozen: {prefix!r} names no param (they are {sorted(paths)}).')
+  return jax.tree.unflatten(treedef, [any(under(path, f) for f in frozen) for path in paths])
 
 
 def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
-  """AdamW (decoupled weight decay, none on norm scales) after global-norm gradient clipping; the
-  `frozen` params' updates zeroed (they stay exactly as they started)."""
+  """AdamW (decoupled weight decay, none on norm scales) after global-norm gradient clipping, on
+  every param but the `frozen` ones, whose updates are zero (they stay exactly as they started,
+  and their gradients count in no norm)."""
   decay_mask = lambda params: jax.tree.map(lambda x: x.ndim > 1, params)
   adamw = optax.chain(
     optax.clip_by_global_norm(config.grad_clip_norm),
@@ -126,8 +125,10 @@ def make_optimizer(config: OptimizerConfig) -> optax.GradientTransformation:
   )
   if not config.frozen:
     return adamw
-  mask = functools.partial(frozen_mask, frozen=config.frozen)
-  return optax.chain(adamw, optax.masked(optax.set_to_zero(), mask))
+  labels = lambda params: jax.tree.map(
+    lambda f: 'frozen' if f else 'trained', frozen_mask(params, config.frozen)
+  )
+  return optax.multi_transform({'trained': adamw, 'frozen': optax.set_to_zero()}, labels)
 
 
 def cross_entropy(
