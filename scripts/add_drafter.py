@@ -3,8 +3,9 @@
   python -m scripts.add_drafter --pair=pretrained/ende --name=distilled \
       --source=workdir/distill/best --recommend --gamma=0:4,1:3
 
---source is a `checkpoints.save` directory (a T5 drafter; --storage_dtype=bfloat16 halves it)
-or an n-gram `.npz`. `specdec_jax.pretrained.load` then lists it; --recommend makes it the pair's
+--source is a `checkpoints.save` directory (a T5 drafter; --storage_dtype=bfloat16 halves it;
+--share_with_target leaves out the arrays it holds equal to the pair's target's, e.g. the frozen
+embeddings and output layer of `distill_drafter.py:block_wide`'s) or an n-gram `.npz`. `specdec_jax.pretrained.load` then lists it; --recommend makes it the pair's
 `.drafter`, and --gamma sets the recommended gamma per temperature.
 """
 
@@ -25,6 +26,9 @@ _GAMMA = flags.DEFINE_string('gamma', '', 'Recommended gamma per temperature: T:
 _STORAGE = flags.DEFINE_enum(
   'storage_dtype', None, ['bfloat16'], "A T5 drafter's weights stored as (checkpoints.save)."
 )
+_SHARE = flags.DEFINE_bool(
+  'share_with_target', False, "Store the arrays equal to the target's once (checkpoints.save)."
+)
 
 
 def main(argv):
@@ -40,7 +44,10 @@ def main(argv):
     rel = _NAME.value
     model = checkpoints.restore(source)
     shutil.rmtree(pair_dir / rel, ignore_errors=True)
-    checkpoints.save(jax.device_get(model), pair_dir / rel, storage_dtype=_STORAGE.value)
+    shared = pair_dir / manifest['target'] if _SHARE.value else None
+    checkpoints.save(
+      jax.device_get(model), pair_dir / rel, storage_dtype=_STORAGE.value, shared_with=shared
+    )
   manifest['drafters'][_NAME.value] = rel
   if _RECOMMEND.value:
     manifest['recommended'] = _NAME.value

@@ -3,6 +3,7 @@ format-specific checkpoint tests share (checkpoints_hf_test, checkpoints_t5x_tes
 checkpoints_sharded_test)."""
 
 import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -173,6 +174,58 @@ def test_orbax_int8_delta_errors(tmp_path):
     ),
     'does not match the model at',
   )
+
+
+def test_orbax_shared_with_a_base_stores_each_shared_array_once(tmp_path):
+  """A drafter built from its target (its embeddings and output layer the target's, frozen)
+  saved `shared_with` the target: those two arrays are not written, and it restores bit for bit
+  from the pair; a base that no longer holds them, or a missing one, is refused by name."""
+  from specdec_jax.models import t5_growth
+
+  target = _random_model('tiny-v1.1')
+  checkpoints.save(target, tmp_path / 'target', storage_dtype='bfloat16')
+  target = checkpoints.restore(tmp_path / 'target')
+  config = dataclasses.replace(
+    target.config, num_encoder_layers=0, num_decoder_layers=1, encoder_dim=target.config.d_model,
+    feature_dim=target.config.d_model, block_size=4,
+  )  # fmt: skip
+  drafter = t5_growth.drafter_from_target(target, config, (1,), jax.random.key(1))
+  drafter = drafter.replace(params=jax.tree.map(np.asarray, drafter.params))
+  drafter.params['decoder']['layers_0'] = jax.tree.map(
+    lambda x: x + 0.01, drafter.params['decoder']['layers_0']
+  )  # trained: no longer the target's layer
+  checkpoints.save(
+    drafter, tmp_path / 'block', storage_dtype='bfloat16', shared_with=tmp_path / 'target'
+  )
+  checkpoints.save(drafter, tmp_path / 'alone', storage_dtype='bfloat16')
+  meta = json.loads((tmp_path / 'block' / 'shared.json').read_text())
+  assert meta['base'] == '../target'
+  assert meta['names'] == [  # every array still the target's (its norm and position table too)
+    'decoder/decoder_norm/scale', 'decoder/logits_dense/kernel',
+    'decoder/relpos_bias/rel_embedding', 'token_embedder/embedding',
+  ]  # fmt: skip
+  size = lambda d: sum(f.stat().st_size for f in (d / 'params').rglob('*') if f.is_file())
+  assert size(tmp_path / 'block') < 0.8 * size(tmp_path / 'alone')
+  _assert_params_equal(
+    checkpoints.restore(tmp_path / 'block').params, checkpoints.restore(tmp_path / 'alone').params
+  )
+  # Another checkpoint in the target's place is refused; a missing one is named.
+  (tmp_path / 'target').rename(tmp_path / 'kept')
+  other = _random_model('tiny-v1.1', seed=3)
+  checkpoints.save(other.replace(params=jax.tree.map(lambda x: x + 0.5, other.params)),
+                   tmp_path / 'target')  # fmt: skip
+  _raises_naming(lambda: checkpoints.restore(tmp_path / 'block'), 'no longer holds what they were')
+  (tmp_path / 'target').rename(tmp_path / 'other')
+  with pytest.raises(FileNotFoundError, match='takes 4 params from .*target, which is missing'):
+    checkpoints.restore(tmp_path / 'block')
+  # Nothing in common, or a delta too: one error each.
+  with pytest.raises(ValueError, match='no param of this model equals one of its params'):
+    checkpoints.save(drafter, tmp_path / 'x', shared_with=tmp_path / 'other')
+  with pytest.raises(ValueError, match='shared_with and int8-delta'):
+    checkpoints.save(
+      drafter, tmp_path / 'y', storage_dtype='int8-delta', delta_base=tmp_path / 'kept',
+      shared_with=tmp_path / 'kept',
+    )  # fmt: skip
 
 
 def test_orbax_errors(tmp_path):

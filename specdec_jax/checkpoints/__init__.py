@@ -6,7 +6,9 @@ Every format maps onto the one params layout of `models/t5.py` (T5X names, neste
   Hugging Face  load_hf_t5 / save_hf_t5      `hf_names(config)`: one table     hf
   T5X           load_t5x                     `t5x_names(config)`: the identity t5x
   orbax         restore / save               our tree as is, the T5Config      here
-                                             beside it as JSON
+                                             beside it as JSON (optionally
+                                             bfloat16, an int8 delta from a
+                                             base, or sharing a base's arrays)
 
 The building blocks they share (lazy arrays, renaming, checks, placement) are in `common`.
 
@@ -94,6 +96,7 @@ def save(
   storage_dtype: str | None = None,
   delta_base: PathLike | None = None,
   delta_bits: int = 8,
+  shared_with: PathLike | None = None,
 ) -> None:
   """Writes the model with orbax to a new directory; `restore(path)` reads it back bit for bit.
 
@@ -109,6 +112,12 @@ def save(
   (`delta_error`; the shipped debsumm48m target's errors and size: docs/training.md).
   `delta.json` names the base by its path relative to `path` and its fingerprint; `restore`
   rebuilds the weights from it.
+
+  `shared_with` (a `save` directory, e.g. a pair's target) leaves out every param equal bit for
+  bit (as float32) to the one of the same name there: a drafter's frozen copy of the target's
+  embeddings and output layer (`t5_growth.drafter_from_target`) is stored once, in the target.
+  `shared.json` names that directory (relative to `path`), the params taken from it and their
+  fingerprint; `restore` reads them from there. A single process's params.
 
   Params sharded over the devices of several processes (a multi-host mesh): every process calls
   `save` with the same path, a directory they all see, and writes its own shards (orbax); process
@@ -129,8 +138,12 @@ def save(
     raise ValueError("delta_base is needed by storage_dtype='int8-delta', and only by it.")
   if isinstance(delta_bits, bool) or not isinstance(delta_bits, int) or not 2 <= delta_bits <= 8:
     raise ValueError(f'delta_bits must be an int in [2, 8], got {delta_bits!r}.')
+  if shared_with is not None and storage_dtype == 'int8-delta':
+    raise ValueError('shared_with and int8-delta each store the params against a base: give one.')
   common.check_shapes(common.flatten(model.params), model.config)
-  params, delta = model.params, None
+  params, delta, shared = model.params, None, None
+  if shared_with is not None:
+    shared = _shared_names(model, Path(shared_with).absolute(), directory)
   if storage_dtype == 'bfloat16':
     params = jax.tree.map(lambda x: jnp.asarray(x, storage_dtype), params)
     common.check_finite(params, directory)  # a float32 weight beyond bfloat16's range would be inf
@@ -143,6 +156,9 @@ def save(
       'base': os.path.relpath(base_dir, directory),
       'base_fingerprint': fingerprint(base.params),
     }
+  if shared:
+    kept = common.flatten(params)
+    params = common.unflatten({n: x for n, x in kept.items() if n not in shared['names']})
   main = sharding.is_main_process()
   if main:
     directory.mkdir(parents=True)
@@ -151,12 +167,34 @@ def save(
     checkpointer.save(directory / 'params', params)
   if main and delta:
     (directory / 'delta.json').write_text(json.dumps(delta, indent=2) + '\n')
+  if main and shared:
+    (directory / 'shared.json').write_text(json.dumps(shared, indent=2) + '\n')
   # Written last, so a directory with a config.json holds a complete checkpoint.
   if main:
     (directory / 'config.json').write_text(
       json.dumps(dataclasses.asdict(model.config), indent=2) + '\n'
     )
   sharding.barrier(f'save {directory}: done')
+
+
+def _shared_names(model: t5.T5Model, base_dir: Path, directory: Path) -> dict:
+  """shared.json's content: the base's path relative to `directory`, the names of the model's
+  params equal to the base's, and their fingerprint; raises if there are none."""
+  base = common.flatten(restore(base_dir).params)
+  names = sorted(
+    name
+    for name, leaf in common.flatten(model.params).items()
+    if name in base
+    and np.shape(base[name]) == np.shape(leaf)
+    and np.array_equal(np.asarray(base[name], np.float32), np.asarray(leaf, np.float32))
+  )
+  if not names:
+    raise ValueError(f'shared_with {base_dir}: no param of this model equals one of its params.')
+  return {
+    'base': os.path.relpath(base_dir, directory),
+    'names': names,
+    'fingerprint': fingerprint(common.unflatten({n: base[n] for n in names})),
+  }
 
 
 def fingerprint(params: Params) -> str:
@@ -276,16 +314,40 @@ def restore(
       }
     )
   else:
-    params = _restore_orbax(directory, config, targets or {}, param_dtype)
+    shared = (
+      _restore_shared(directory, allow_nonfinite) if (directory / 'shared.json').exists() else {}
+    )
+    params = _restore_orbax(directory, config, targets or {}, param_dtype, shared)
     if not allow_nonfinite:
       common.check_finite(params, directory)
   return t5.T5Model(config=config, params=params)
 
 
-def _restore_orbax(directory: Path, config: t5.T5Config, targets: dict, param_dtype) -> Params:
-  """The params of an orbax `save` directory, each leaf onto its sharding in `targets` (by name;
-  the default device for any other) as `param_dtype`, or as saved (float32 for a float32 model:
-  bfloat16-stored params are cast back)."""
+def _restore_shared(directory: Path, allow_nonfinite: bool) -> dict:
+  """The params a `save(..., shared_with=)` directory takes from its base (by name, float32
+  host arrays), after checking the base still holds what they were."""
+  meta = common.read_json(directory / 'shared.json')
+  base_dir = (directory / meta['base']).resolve()
+  if not (base_dir / 'config.json').exists():
+    raise FileNotFoundError(
+      f'{directory} takes {len(meta["names"])} params from {base_dir}, which is missing.'
+    )
+  base = common.flatten(restore(base_dir, allow_nonfinite=allow_nonfinite).params)
+  taken = {name: np.asarray(base[name], np.float32) for name in meta['names'] if name in base}
+  if len(taken) < len(meta['names']) or fingerprint(common.unflatten(taken)) != meta['fingerprint']:
+    raise ValueError(
+      f'{directory} takes {", ".join(meta["names"])} from {base_dir}, but that checkpoint no '
+      'longer holds what they were (their fingerprint differs).'
+    )
+  return taken
+
+
+def _restore_orbax(
+  directory: Path, config: t5.T5Config, targets: dict, param_dtype, shared: dict
+) -> Params:
+  """The params of an orbax `save` directory with those it takes from its base (`shared`, by
+  name), each leaf onto its sharding in `targets` (by name; the default device for any other) as
+  `param_dtype`, or as saved (float32 for a float32 model: bfloat16-stored params are cast back)."""
   import orbax.checkpoint as ocp
 
   try:
@@ -293,19 +355,25 @@ def _restore_orbax(directory: Path, config: t5.T5Config, targets: dict, param_dt
       saved = common.flatten(_orbax_tree(checkpointer.metadata(directory / 'params')))
   except Exception as e:  # orbax and tensorstore raise many types on damaged files
     raise _damaged(directory, e) from e
-  common.check_shapes(saved, config)
+  common.check_shapes({**saved, **shared}, config)
   default = SingleDeviceSharding(jax.devices()[0])
-  target = {}
-  for name, leaf in saved.items():
-    leaf_dtype = param_dtype or ('float32' if config.dtype == 'float32' else leaf.dtype)
-    target[name] = jax.ShapeDtypeStruct(
-      leaf.shape, jnp.dtype(leaf_dtype), sharding=targets.get(name, default)
-    )
+  dtype = lambda leaf: jnp.dtype(
+    param_dtype or ('float32' if config.dtype == 'float32' else leaf.dtype)
+  )
+  target = {
+    name: jax.ShapeDtypeStruct(leaf.shape, dtype(leaf), sharding=targets.get(name, default))
+    for name, leaf in saved.items()
+  }
   try:
     with ocp.StandardCheckpointer() as checkpointer:
-      return checkpointer.restore(directory / 'params', common.unflatten(target))
+      own = common.flatten(checkpointer.restore(directory / 'params', common.unflatten(target)))
   except Exception as e:  # orbax and tensorstore raise many types on damaged files
     raise _damaged(directory, e) from e
+  taken = {  # as the model computes (or param_dtype)
+    name: jax.device_put(jnp.asarray(leaf, param_dtype or config.dtype), targets.get(name, default))
+    for name, leaf in shared.items()
+  }
+  return common.unflatten({**own, **taken})
 
 
 def _restore_int8_delta(directory: Path, *, allow_nonfinite: bool) -> Params:
