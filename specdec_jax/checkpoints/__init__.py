@@ -269,7 +269,9 @@ def restore(
   """Reads a model written by `save`; arrays come back with the dtypes they were saved with,
   except that a float32 model's bfloat16-stored params (`save(..., storage_dtype=)`) come back
   as float32, and an int8-delta checkpoint comes back as its base plus the delta (float32, or
-  `param_dtype`), after checking that the base is the checkpoint the delta was made from.
+  `param_dtype`), after checking that the base is the checkpoint the delta was made from; a
+  `save(..., shared_with=)` checkpoint takes the arrays it shares from its base, after checking
+  that the base still holds them.
 
   Args:
     path: the (local) directory `save` wrote.
@@ -282,11 +284,11 @@ def restore(
       or float32 when the compute dtype is float32.
 
   Raises:
-    FileNotFoundError: `path` is not a directory written by `save` (or its delta's base is
-      missing).
+    FileNotFoundError: `path` is not a directory written by `save` (or the base of its delta or
+      of its shared arrays is missing).
     ValueError: orbax cannot read the params (corrupt or truncated files), the params do not fit
-      the config, (unless allowed) a weight is NaN or inf, or a delta's base is not the
-      checkpoint it was made from.
+      the config, (unless allowed) a weight is NaN or inf, a delta's base is not the
+      checkpoint it was made from, or a shared base no longer holds the shared arrays.
   """
   common.check_dtype('dtype', dtype)
   common.check_dtype('param_dtype', param_dtype)
