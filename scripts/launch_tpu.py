@@ -72,7 +72,7 @@ Mesh. The code shards over a ('data', 'model') mesh (`specdec_jax/sharding.py`):
 `jax.devices()`; `sharding.param_shardings(params, mesh)` places a T5's params by
 `sharding.DEFAULT_RULES` (heads, MLP units and vocab over 'model'); `sharding.global_batch`
 splits the batch over 'data', each host building its own rows; and `with jax.set_mesh(mesh):` turns on the activation
-constraints inside models/t5.py. Each TPU v4 chip is one JAX device.
+constraints inside models/t5_layers.py. Each TPU v4 chip is one JAX device.
   v4-8 (4 chips, 1 host): `make_mesh(data=1, model=4)` shards a large target over the 4 chips
     (batch 1, as in Leviathan et al.), `make_mesh(data=4, model=1)` decodes batch-parallel.
   v4-32 (16 chips, 4 hosts): e.g. `make_mesh(data=4, model=4)`. Every host runs the same

@@ -28,6 +28,7 @@ engine (specdec_jax/)
 
 models/
   t5                 T5 v1.0 / v1.1 with multi-token, per-row incremental decoding; `T5Steps`.
+  t5_layers          T5's layers (attention, MLP, norms, relative bias) and its decoder stack.
   t5_config          `T5Config` and `CONFIGS` (public T5, T5 v1.1, FLAN-T5 and test shapes).
   t5_params          `init_params` (T5X's names and initialisers) and `param_count`.
   t5_relpos          T5's relative-position buckets.

@@ -8,7 +8,7 @@ tensor parallelism; the model dimension D stays whole):
   mesh = sharding.make_mesh(data=2, model=4)
   params = jax.device_put(params, sharding.param_shardings(params, mesh))
   input_ids, input_mask = sharding.from_host((input_ids, input_mask), mesh)
-  with jax.set_mesh(mesh):  # turns on the activation constraints inside models/t5.py
+  with jax.set_mesh(mesh):  # turns on the activation constraints inside models/t5_layers.py
     logits = jitted_forward(params, input_ids, input_mask, decoder_input_ids)
 
 A train state (params, and an optimizer's moments of each param) is placed the same way:

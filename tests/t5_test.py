@@ -1,4 +1,4 @@
-"""Tests of models/t5.py: incremental decoding equals teacher forcing, buckets, masking, dtypes."""
+"""Tests of models/t5.py and t5_layers.py: incremental decoding equals teacher forcing, buckets, masking, dtypes."""
 
 import dataclasses
 import functools
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specdec_jax import cache as cache_lib
-from specdec_jax.models import t5, t5_dropout, t5_relpos
+from specdec_jax.models import t5, t5_dropout, t5_layers, t5_relpos
 from tests import helpers
 
 _decode = jax.jit(t5.decode, static_argnames=('config',))
@@ -235,7 +235,7 @@ def test_relpos_bias_looks_up_key_minus_query(bidirectional):
   table = np.arange(heads * buckets, dtype=np.float32).reshape(heads, buckets)
   q_pos = np.array([[0, 3, 17], [5, 6, 40]])
   k_pos = np.arange(45)
-  got = t5._relpos_bias(
+  got = t5_layers.relpos_bias(
     jnp.asarray(table),
     jnp.asarray(q_pos),
     jnp.asarray(k_pos),

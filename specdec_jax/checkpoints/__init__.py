@@ -185,7 +185,6 @@ def _shared_names(model: t5.T5Model, base_dir: Path, directory: Path) -> dict:
     name
     for name, leaf in common.flatten(model.params).items()
     if name in base
-    and np.shape(base[name]) == np.shape(leaf)
     and np.array_equal(np.asarray(base[name], np.float32), np.asarray(leaf, np.float32))
   )
   if not names:

@@ -17,7 +17,7 @@ MLP (tanh-approximate GELU) and an untied `decoder/logits_dense`.
 `decode` writes tokens[b, t] at position end_index[b] + t of row b, so rows of one batch can be at
 different lengths, and one call can score the gamma + 1 positions of a speculative iteration.
 `forward` is the teacher-forced pass (training, and the reference in tests); it runs the same layer
-code with the chunk attending only to itself.
+code (`t5_layers`) with the chunk attending only to itself.
 
 Axis legend: B batch, T query length (decoder positions in a call), S key length (S_enc encoder
 positions, S_max decoder cache slots), V vocab, N heads, H head dim (d_kv), D model dim, F d_ff,
@@ -32,14 +32,10 @@ import jax.numpy as jnp
 
 from specdec_jax import cache as cache_lib
 from specdec_jax import sharding
-from specdec_jax.models import t5_block, t5_relpos, t5_tree
+from specdec_jax.models import t5_block, t5_layers, t5_tree
 from specdec_jax.models.t5_config import CONFIGS, T5Config  # noqa: F401 (part of this API)
 from specdec_jax.models.t5_dropout import Dropout, dropper
 from specdec_jax.models.t5_params import Params, init_params, param_count  # noqa: F401 (API)
-
-# Masked attention logits. Finite, so a row with every key masked (an all-padding source) gives a
-# uniform softmax rather than NaN; scores are float32 whatever the model dtype.
-_MASKED = -1e30
 
 
 @flax.struct.dataclass
@@ -193,256 +189,6 @@ class T5Steps:
 
 
 # ---------------------------------------------------------------------------------------------
-# Relative position bias (the buckets: `t5_relpos`).
-
-
-def _relpos_bias(
-  rel_embedding: jax.Array,
-  q_pos: jax.Array,
-  k_pos: jax.Array,
-  *,
-  bidirectional: bool,
-  config: T5Config,
-) -> jax.Array:
-  """f32[B|1, N, T, S] bias from the table rel_embedding [N, buckets], q_pos [B|1, T], k_pos
-  [S] or [B|1, S]."""
-  buckets = t5_relpos.relative_position_bucket(
-    k_pos[..., None, :] - q_pos[..., None],
-    bidirectional=bidirectional,
-    num_buckets=config.relative_attention_num_buckets,
-    max_distance=config.relative_attention_max_distance,
-  )
-  return jnp.moveaxis(rel_embedding.astype(jnp.float32)[:, buckets], 0, 1)
-
-
-# ---------------------------------------------------------------------------------------------
-# Layers.
-
-
-def _dense(x: jax.Array, p: Params, config: T5Config) -> jax.Array:
-  """x [..., I] @ p['kernel'] [I, O] in the model dtype."""
-  dtype = jnp.dtype(config.dtype)
-  return jnp.einsum('...i,io->...o', x.astype(dtype), p['kernel'].astype(dtype))
-
-
-def _rms_norm(x: jax.Array, p: Params, config: T5Config) -> jax.Array:
-  """T5 layer norm of x [..., D]: no mean subtraction, no bias; float32 inside."""
-  x32 = x.astype(jnp.float32)
-  variance = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
-  y = x32 * jax.lax.rsqrt(variance + config.layer_norm_epsilon)
-  return (y * p['scale'].astype(jnp.float32)).astype(x.dtype)
-
-
-def _heads(
-  p: Params, x: jax.Array, config: T5Config, rules: sharding.Rules = sharding.DEFAULT_RULES
-) -> jax.Array:
-  """Query, key or value projection: x [B, T, D] -> [B, T, N, H]."""
-  y = _dense(x, p, config)
-  y = y.reshape(*y.shape[:-1], config.num_heads, config.d_kv)
-  return sharding.constrain(y, ('batch', 'length', 'heads', 'kv'), rules)
-
-
-def _attention(
-  p: Params,
-  q: jax.Array,
-  k: jax.Array,
-  v: jax.Array,
-  bias: jax.Array | None,
-  mask: jax.Array,
-  config: T5Config,
-) -> jax.Array:
-  """Multi-head attention and output projection.
-
-  Args:
-    p: the attention's params (its 'out' kernel is used here).
-    q: [B, T, N, H] queries.
-    k: [B, S, N, H] keys.
-    v: [B, S, N, H] values.
-    bias: f32[B|1, N, T, S] relative-position bias, or None.
-    mask: bool[B|1, 1, T|1, S] True where a query may attend to a key.
-    config: model config.
-
-  Returns:
-    [B, T, D] in the model dtype.
-  """
-  scores = jnp.einsum('btnh,bsnh->bnts', q, k, preferred_element_type=jnp.float32)
-  if bias is not None:
-    scores = scores + bias
-  weights = jax.nn.softmax(jnp.where(mask, scores, _MASKED), axis=-1).astype(v.dtype)
-  out = jnp.einsum('bnts,bsnh->btnh', weights, v)
-  return _dense(out.reshape(*out.shape[:2], -1), p['out'], config)
-
-
-def _mlp(
-  p: Params, x: jax.Array, config: T5Config, rules: sharding.Rules = sharding.DEFAULT_RULES
-) -> jax.Array:
-  """x [B, T, D] -> [B, T, D]: ReLU (v1.0) or gated tanh-GELU (v1.1)."""
-  if config.feed_forward == 'gated-gelu':
-    h = jax.nn.gelu(_dense(x, p['wi_0'], config), approximate=True) * _dense(x, p['wi_1'], config)
-  else:
-    h = jax.nn.relu(_dense(x, p['wi'], config))
-  h = sharding.constrain(h, ('batch', 'length', 'mlp'), rules)
-  return _dense(h, p['wo'], config)
-
-
-def _embed(
-  params: Params,
-  tokens: jax.Array,
-  config: T5Config,
-  rules: sharding.Rules = sharding.DEFAULT_RULES,
-) -> jax.Array:
-  """tokens int32[B, T] -> [B, T, D] in the model dtype (an id >= V embeds as NaN)."""
-  x = jnp.take(params['token_embedder']['embedding'], tokens, axis=0).astype(config.dtype)
-  return sharding.constrain(x, ('batch', 'length', 'embed'), rules)
-
-
-def _logits(
-  params: Params, y: jax.Array, config: T5Config, rules: sharding.Rules = sharding.DEFAULT_RULES
-) -> jax.Array:
-  """Output layer: normed decoder states y [B, T, D] -> f32[B, T, V]."""
-  dtype = jnp.dtype(config.dtype)
-  if config.tie_word_embeddings:
-    # Mesh TF rescales before the tied output layer (HF: `scale_decoder_outputs`).
-    embedding = params['token_embedder']['embedding'].astype(dtype)
-    logits = jnp.einsum(
-      'btd,vd->btv', y * config.d_model**-0.5, embedding, preferred_element_type=jnp.float32
-    )
-  else:
-    kernel = params['decoder']['logits_dense']['kernel'].astype(dtype)
-    logits = jnp.einsum('btd,dv->btv', y, kernel, preferred_element_type=jnp.float32)
-  return sharding.constrain(logits, ('batch', 'length', 'vocab'), rules)
-
-
-def _cross_kv(
-  params: Params,
-  encoded: jax.Array,
-  config: T5Config,
-  rules: sharding.Rules = sharding.DEFAULT_RULES,
-) -> tuple[jax.Array, jax.Array]:
-  """Encoder-decoder attention keys and values of every decoder layer: 2 x [L, B, S_enc, N, H]."""
-  layers = [
-    params['decoder'][f'layers_{i}']['encoder_decoder_attention']
-    for i in range(config.num_decoder_layers)
-  ]
-  k = jnp.stack([_heads(a['key'], encoded, config, rules) for a in layers])
-  v = jnp.stack([_heads(a['value'], encoded, config, rules) for a in layers])
-  return k, v
-
-
-def _decoder_inputs(params, tokens, features, slots, config: T5Config, rules) -> jax.Array:
-  """The decoder's input vectors [B, T, D]: each token's embedding, plus a projection of its
-  features (`config.feature_dim`), and a block drafter's query slot embedding in place of both
-  where slots > 0 (`_decoder`'s Args)."""
-  dec = params['decoder']
-  x = _embed(params, tokens, config, rules)
-  if features is not None:
-    x = x + _dense(features, dec['feature_in'], config)
-  if slots is not None:
-    queries = dec['block_queries']['embedding'].astype(x.dtype)
-    slot_x = jnp.take(queries, jnp.clip(slots - 1, min=0, max=queries.shape[0] - 1), axis=0)
-    x = jnp.where((slots > 0)[..., None], slot_x, x)
-  return x
-
-
-def _decoder(
-  params: Params,
-  tokens: jax.Array,
-  cross_k: jax.Array,
-  cross_v: jax.Array,
-  encoder_mask: jax.Array,
-  *,
-  config: T5Config,
-  self_cache: tuple[jax.Array, jax.Array, jax.Array] | None = None,
-  dropout: Dropout = None,
-  features: jax.Array | None = None,
-  slots: jax.Array | None = None,
-  layout: tuple[jax.Array, jax.Array] | None = None,
-  cache_layout: tuple[jax.Array, jax.Array, jax.Array] | None = None,
-  rules: sharding.Rules = sharding.DEFAULT_RULES,
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-  """The decoder stack on T new positions, up to its final norm (`_logits` is the output layer).
-
-  Args:
-    params: model params.
-    tokens: int32[B, T] decoder inputs.
-    cross_k: [L, B, S_enc, N, H] encoder-decoder attention keys.
-    cross_v: [L, B, S_enc, N, H] encoder-decoder attention values.
-    encoder_mask: bool[B, S_enc] real encoder positions.
-    config: model config.
-    self_cache: None for teacher forcing (the tokens are positions 0..T-1 and attend only to each
-      other), or (self_k, self_v, end_index): [L, B, S_max, N, H] twice and int32[B]; the tokens
-      are positions end_index[b] + t, their keys/values are written there, and they attend to the
-      cache.
-    dropout: (key, rate) for training (see `forward`), or None.
-    features: [B, T, feature_dim] for a model with `config.feature_dim` (and only then): the
-      target's final decoder state at the position before each token (zeros before position 0).
-    slots: int32[B, T] for a block drafter (`config.block_size`): 0 where the input is the token
-      (and its feature), i >= 1 where it is query slot i (`decoder/block_queries`, row i - 1;
-      token and feature unread); None: every input is a token.
-    layout: (positions int32[B, T], attend bool[B, T, T]) for teacher forcing without a cache:
-      each input's decoder position and which inputs it attends to (a block drafter's training
-      pass packs a sequence and its blocks in one row, `block_forward`); None: positions 0..T-1,
-      causal.
-    cache_layout: with a cache, (positions int32[B, T], key positions int32[B, S_max], attend
-      bool[B, T, S_max]) for inputs that are not a causal chain (a token tree: `t5_tree.layout`);
-      None: positions end_index[b] + t, keys at their slots, causal.
-
-  Returns:
-    the normed final states [B, T, D], and the updated (self_k, self_v) (None without a cache).
-  """
-  if (features is None) != (config.feature_dim is None):
-    raise ValueError(
-      f'features must be given exactly when config.feature_dim is set: feature_dim '
-      f'{config.feature_dim}, features {None if features is None else features.shape}.'
-    )
-  dec = params['decoder']
-  t = tokens.shape[1]
-  if (slots is None) != (config.block_size is None):
-    raise ValueError(
-      f'slots must be given exactly when config.block_size is set: block_size '
-      f'{config.block_size}, slots {None if slots is None else slots.shape}.'
-    )
-  if self_cache is None:
-    q_pos, attend = layout if layout is not None else (jnp.arange(t)[None], None)
-    k_pos = q_pos if layout is not None else jnp.arange(t)
-  else:
-    self_k, self_v, end_index = self_cache
-    if cache_layout is None:
-      q_pos, attend = end_index[:, None] + jnp.arange(t), None
-      k_pos = jnp.arange(self_k.shape[2])
-    else:
-      q_pos, k_pos, attend = cache_layout
-  bias = _relpos_bias(
-    dec['relpos_bias']['rel_embedding'], q_pos, k_pos, bidirectional=False, config=config
-  )
-  # Causal within the chunk; also hides stale cache slots (>= end_index + T) left by rejections.
-  self_mask = (k_pos[..., None, :] <= q_pos[..., None] if attend is None else attend)[:, None]
-  cross_mask = encoder_mask[:, None, None, :]
-
-  drop = dropper(dropout, stream=1)
-  x = drop(_decoder_inputs(params, tokens, features, slots, config, rules), 0)
-  for i in range(config.num_decoder_layers):
-    layer = dec[f'layers_{i}']
-    h = _rms_norm(x, layer['pre_self_attention_layer_norm'], config)
-    a = layer['self_attention']
-    q, k, v = (_heads(a[name], h, config, rules) for name in ('query', 'key', 'value'))
-    if self_cache is not None:
-      self_k = cache_lib.write(self_k, k, end_index, layer=i)
-      self_v = cache_lib.write(self_v, v, end_index, layer=i)
-      k, v = self_k[i], self_v[i]
-    x = x + drop(_attention(a, q, k, v, bias, self_mask, config), 3 * i + 1)
-    h = _rms_norm(x, layer['pre_cross_attention_layer_norm'], config)
-    a = layer['encoder_decoder_attention']
-    q = _heads(a['query'], h, config, rules)
-    x = x + drop(_attention(a, q, cross_k[i], cross_v[i], None, cross_mask, config), 3 * i + 2)
-    mlp = _mlp(layer['mlp'], _rms_norm(x, layer['pre_mlp_layer_norm'], config), config, rules)
-    x = x + drop(mlp, 3 * i + 3)
-    x = sharding.constrain(x, ('batch', 'length', 'embed'), rules)
-  states = drop(_rms_norm(x, dec['decoder_norm'], config), 3 * config.num_decoder_layers + 1)
-  return states, None if self_cache is None else (self_k, self_v)
-
-
-# ---------------------------------------------------------------------------------------------
 # Public functions.
 
 
@@ -481,7 +227,7 @@ def encode(
     )
   enc = params['encoder']
   positions = jnp.arange(input_ids.shape[1])
-  bias = _relpos_bias(
+  bias = t5_layers.relpos_bias(
     enc['relpos_bias']['rel_embedding'],
     positions[None],
     positions,
@@ -490,17 +236,19 @@ def encode(
   )
   mask = input_mask.astype(bool)[:, None, None, :]
   drop = dropper(dropout, stream=0)
-  x = drop(_embed(params, input_ids, config, rules), 0)
+  x = drop(t5_layers.embed(params, input_ids, config, rules), 0)
   for i in range(config.num_encoder_layers):
     layer = enc[f'layers_{i}']
-    h = _rms_norm(x, layer['pre_attention_layer_norm'], config)
+    h = t5_layers.rms_norm(x, layer['pre_attention_layer_norm'], config)
     a = layer['attention']
-    q, k, v = (_heads(a[name], h, config, rules) for name in ('query', 'key', 'value'))
-    x = x + drop(_attention(a, q, k, v, bias, mask, config), 2 * i + 1)
-    mlp = _mlp(layer['mlp'], _rms_norm(x, layer['pre_mlp_layer_norm'], config), config, rules)
+    q, k, v = (t5_layers.heads(a[name], h, config, rules) for name in ('query', 'key', 'value'))
+    x = x + drop(t5_layers.attention(a, q, k, v, bias, mask, config), 2 * i + 1)
+    mlp = t5_layers.mlp(
+      layer['mlp'], t5_layers.rms_norm(x, layer['pre_mlp_layer_norm'], config), config, rules
+    )
     x = x + drop(mlp, 2 * i + 2)
     x = sharding.constrain(x, ('batch', 'length', 'embed'), rules)
-  return drop(_rms_norm(x, enc['encoder_norm'], config), 2 * config.num_encoder_layers + 1)
+  return drop(t5_layers.rms_norm(x, enc['encoder_norm'], config), 2 * config.num_encoder_layers + 1)
 
 
 def init_cache(
@@ -532,7 +280,7 @@ def init_cache(
   if encoded.shape[:2] != input_mask.shape:
     raise ValueError(f'encoded {encoded.shape} does not match input_mask {input_mask.shape}.')
   batch = encoded.shape[0]
-  cross_k, cross_v = _cross_kv(params, encoded, config, rules)
+  cross_k, cross_v = t5_layers.cross_kv(params, encoded, config, rules)
   shape = (config.num_decoder_layers, batch, max_decode_len, config.num_heads, config.d_kv)
   kv_axes = ('layers', 'batch', 'length', 'heads', 'kv')
   zeros = lambda: sharding.constrain(jnp.zeros(shape, config.dtype), kv_axes, rules)
@@ -579,8 +327,8 @@ def decode(
       decode loop's first drafter call feeds two positions and reads one; on a CPU a few-row
       tied output layer can cost many one-row ones: docs/performance.md, "Few-row dots").
       int32[B, R]: R positions per row, [B, R, ...] (a block drafter's call).
-    slots: int32[B, T], for (only) a block drafter: which inputs are query slots (`_decoder`).
-    cache_layout: the positions and mask of inputs that are not a causal chain (`_decoder`; a
+    slots: int32[B, T], for (only) a block drafter: which inputs are query slots (`t5_layers.decoder`).
+    cache_layout: the positions and mask of inputs that are not a causal chain (`t5_layers.decoder`; a
       token tree's, `t5_tree.layout`), or None.
     rules: the logical-axis rules of its activations on a mesh (`T5Model.rules`).
 
@@ -594,7 +342,7 @@ def decode(
     raise ValueError(
       f'decode got T={tokens.shape[1]} tokens for a cache of {cache.max_decode_len} slots.'
     )
-  states, (self_k, self_v) = _decoder(
+  states, (self_k, self_v) = t5_layers.decoder(
     params,
     tokens,
     cache.cross_k,
@@ -611,7 +359,7 @@ def decode(
   if logits_at is not None:
     rows = logits_at[:, None] if logits_at.ndim == 1 else logits_at
     states = jnp.take_along_axis(states, rows[..., None], axis=1)
-  logits = _logits(params, states, config, rules)
+  logits = t5_layers.logits(params, states, config, rules)
   return (logits, states, cache) if return_states else (logits, cache)
 
 
@@ -692,8 +440,8 @@ def decoder_states(
   position before each token (`shift_states` of the target's `decoder_states`). `dropout`: as
   `forward`'s.
   """
-  cross_k, cross_v = _cross_kv(params, encoded, config)
-  states, _ = _decoder(
+  cross_k, cross_v = t5_layers.cross_kv(params, encoded, config)
+  states, _ = t5_layers.decoder(
     params,
     decoder_input_ids,
     cross_k,
@@ -738,8 +486,8 @@ def block_states(
   a, g = anchors.shape[1], config.block_size
   slots, positions, attend = t5_block.training_layout(anchors, t, g, config.block_attention)
   pad = lambda x: jnp.pad(x, [(0, 0), (0, a * (g - 1))] + [(0, 0)] * (x.ndim - 2))
-  cross_k, cross_v = _cross_kv(params, encoded, config)
-  states, _ = _decoder(
+  cross_k, cross_v = t5_layers.cross_kv(params, encoded, config)
+  states, _ = t5_layers.decoder(
     params,
     pad(decoder_input_ids),
     cross_k,
@@ -758,13 +506,13 @@ def block_states(
 
 def output_logits(params: Params, states: jax.Array, *, config: T5Config) -> jax.Array:
   """The output layer: `decoder_states` [B, T, D] -> f32[B, T, V] logits."""
-  return _logits(params, jnp.asarray(states, config.dtype), config)
+  return t5_layers.logits(params, jnp.asarray(states, config.dtype), config)
 
 
 def predicted_features(params: Params, states: jax.Array, *, config: T5Config) -> jax.Array:
   """An EAGLE-style model's prediction of the target's state at each position: its own normed
   states [B, T, D] -> [B, T, feature_dim]. While drafting, it is the next position's features."""
-  return _dense(states, params['decoder']['feature_out'], config).astype(jnp.float32)
+  return t5_layers.dense(states, params['decoder']['feature_out'], config).astype(jnp.float32)
 
 
 def shift_states(states: jax.Array) -> jax.Array:

@@ -36,7 +36,7 @@ def step_layout(num_kept: jax.Array, end_index: jax.Array, width: int, gamma: in
   Returns:
     (slots int32[B, width]: 0 at a token, i at query slot i (inputs past the last slot carry
     i >= G: they are never read); logits_at int32[B, G]: the inputs whose outputs are the drafts;
-    the cache layout for `t5._decoder`, or None where it is the plain causal one).
+    the cache layout for `t5_layers.decoder`, or None where it is the plain causal one).
   """
   slots = jnp.maximum(jnp.arange(width) - num_kept[:, None] + 1, 0)
   logits_at = num_kept[:, None] - 1 + jnp.arange(gamma)

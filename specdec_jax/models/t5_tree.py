@@ -28,7 +28,7 @@ from specdec_jax import trees
 
 
 def layout(tree: trees.Tree, end_index: jax.Array, num_slots: int, max_depth: int):
-  """`t5._decoder`'s cache_layout for a tree written at slots end_index[b] + u.
+  """`t5_layers.decoder`'s cache_layout for a tree written at slots end_index[b] + u.
 
   Args:
     tree: `trees.Tree` of N slots.

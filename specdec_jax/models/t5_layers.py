@@ -1,0 +1,272 @@
+"""T5's layers, the pure functions `models.t5`'s encode / decode / forward are made of: the
+relative-position bias, dense and RMS-norm, attention, the MLP, embedding and output logits, the
+cross-attention keys and values, and the decoder stack (`decoder`: every decoder pass, cached or
+teacher-forced, a chain, a block drafter's slots or a token tree, runs it).
+
+Params are the nested dicts `t5_params.init_params` builds; see `models.t5` for the numerics and
+the axis legend (B batch, T query length, S key length, N heads, H head dim, D model dim).
+"""
+
+import jax
+import jax.numpy as jnp
+
+from specdec_jax import cache as cache_lib
+from specdec_jax import sharding
+from specdec_jax.models import t5_relpos
+from specdec_jax.models.t5_config import T5Config
+from specdec_jax.models.t5_dropout import Dropout, dropper
+from specdec_jax.models.t5_params import Params
+
+# Masked attention logits. Finite, so a row with every key masked (an all-padding source) gives a
+# uniform softmax rather than NaN; scores are float32 whatever the model dtype.
+MASKED = -1e30
+
+
+# ---------------------------------------------------------------------------------------------
+# Relative position bias (the buckets: `t5_relpos`).
+
+
+def relpos_bias(
+  rel_embedding: jax.Array,
+  q_pos: jax.Array,
+  k_pos: jax.Array,
+  *,
+  bidirectional: bool,
+  config: T5Config,
+) -> jax.Array:
+  """f32[B|1, N, T, S] bias from the table rel_embedding [N, buckets], q_pos [B|1, T], k_pos
+  [S] or [B|1, S]."""
+  buckets = t5_relpos.relative_position_bucket(
+    k_pos[..., None, :] - q_pos[..., None],
+    bidirectional=bidirectional,
+    num_buckets=config.relative_attention_num_buckets,
+    max_distance=config.relative_attention_max_distance,
+  )
+  return jnp.moveaxis(rel_embedding.astype(jnp.float32)[:, buckets], 0, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Layers.
+
+
+def dense(x: jax.Array, p: Params, config: T5Config) -> jax.Array:
+  """x [..., I] @ p['kernel'] [I, O] in the model dtype."""
+  dtype = jnp.dtype(config.dtype)
+  return jnp.einsum('...i,io->...o', x.astype(dtype), p['kernel'].astype(dtype))
+
+
+def rms_norm(x: jax.Array, p: Params, config: T5Config) -> jax.Array:
+  """T5 layer norm of x [..., D]: no mean subtraction, no bias; float32 inside."""
+  x32 = x.astype(jnp.float32)
+  variance = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+  y = x32 * jax.lax.rsqrt(variance + config.layer_norm_epsilon)
+  return (y * p['scale'].astype(jnp.float32)).astype(x.dtype)
+
+
+def heads(
+  p: Params, x: jax.Array, config: T5Config, rules: sharding.Rules = sharding.DEFAULT_RULES
+) -> jax.Array:
+  """Query, key or value projection: x [B, T, D] -> [B, T, N, H]."""
+  y = dense(x, p, config)
+  y = y.reshape(*y.shape[:-1], config.num_heads, config.d_kv)
+  return sharding.constrain(y, ('batch', 'length', 'heads', 'kv'), rules)
+
+
+def attention(
+  p: Params,
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  bias: jax.Array | None,
+  mask: jax.Array,
+  config: T5Config,
+) -> jax.Array:
+  """Multi-head attention and output projection.
+
+  Args:
+    p: the attention's params (its 'out' kernel is used here).
+    q: [B, T, N, H] queries.
+    k: [B, S, N, H] keys.
+    v: [B, S, N, H] values.
+    bias: f32[B|1, N, T, S] relative-position bias, or None.
+    mask: bool[B|1, 1, T|1, S] True where a query may attend to a key.
+    config: model config.
+
+  Returns:
+    [B, T, D] in the model dtype.
+  """
+  scores = jnp.einsum('btnh,bsnh->bnts', q, k, preferred_element_type=jnp.float32)
+  if bias is not None:
+    scores = scores + bias
+  weights = jax.nn.softmax(jnp.where(mask, scores, MASKED), axis=-1).astype(v.dtype)
+  out = jnp.einsum('bnts,bsnh->btnh', weights, v)
+  return dense(out.reshape(*out.shape[:2], -1), p['out'], config)
+
+
+def mlp(
+  p: Params, x: jax.Array, config: T5Config, rules: sharding.Rules = sharding.DEFAULT_RULES
+) -> jax.Array:
+  """x [B, T, D] -> [B, T, D]: ReLU (v1.0) or gated tanh-GELU (v1.1)."""
+  if config.feed_forward == 'gated-gelu':
+    h = jax.nn.gelu(dense(x, p['wi_0'], config), approximate=True) * dense(x, p['wi_1'], config)
+  else:
+    h = jax.nn.relu(dense(x, p['wi'], config))
+  h = sharding.constrain(h, ('batch', 'length', 'mlp'), rules)
+  return dense(h, p['wo'], config)
+
+
+def embed(
+  params: Params,
+  tokens: jax.Array,
+  config: T5Config,
+  rules: sharding.Rules = sharding.DEFAULT_RULES,
+) -> jax.Array:
+  """tokens int32[B, T] -> [B, T, D] in the model dtype (an id >= V embeds as NaN)."""
+  x = jnp.take(params['token_embedder']['embedding'], tokens, axis=0).astype(config.dtype)
+  return sharding.constrain(x, ('batch', 'length', 'embed'), rules)
+
+
+def logits(
+  params: Params, y: jax.Array, config: T5Config, rules: sharding.Rules = sharding.DEFAULT_RULES
+) -> jax.Array:
+  """Output layer: normed decoder states y [B, T, D] -> f32[B, T, V]."""
+  dtype = jnp.dtype(config.dtype)
+  if config.tie_word_embeddings:
+    # Mesh TF rescales before the tied output layer (HF: `scale_decoder_outputs`).
+    embedding = params['token_embedder']['embedding'].astype(dtype)
+    out = jnp.einsum(
+      'btd,vd->btv', y * config.d_model**-0.5, embedding, preferred_element_type=jnp.float32
+    )
+  else:
+    kernel = params['decoder']['logits_dense']['kernel'].astype(dtype)
+    out = jnp.einsum('btd,dv->btv', y, kernel, preferred_element_type=jnp.float32)
+  return sharding.constrain(out, ('batch', 'length', 'vocab'), rules)
+
+
+def cross_kv(
+  params: Params,
+  encoded: jax.Array,
+  config: T5Config,
+  rules: sharding.Rules = sharding.DEFAULT_RULES,
+) -> tuple[jax.Array, jax.Array]:
+  """Encoder-decoder attention keys and values of every decoder layer: 2 x [L, B, S_enc, N, H]."""
+  layers = [
+    params['decoder'][f'layers_{i}']['encoder_decoder_attention']
+    for i in range(config.num_decoder_layers)
+  ]
+  k = jnp.stack([heads(a['key'], encoded, config, rules) for a in layers])
+  v = jnp.stack([heads(a['value'], encoded, config, rules) for a in layers])
+  return k, v
+
+
+def _decoder_inputs(params, tokens, features, slots, config: T5Config, rules) -> jax.Array:
+  """The decoder's input vectors [B, T, D]: each token's embedding, plus a projection of its
+  features (`config.feature_dim`), and a block drafter's query slot embedding in place of both
+  where slots > 0 (`decoder`'s Args)."""
+  dec = params['decoder']
+  x = embed(params, tokens, config, rules)
+  if features is not None:
+    x = x + dense(features, dec['feature_in'], config)
+  if slots is not None:
+    queries = dec['block_queries']['embedding'].astype(x.dtype)
+    slot_x = jnp.take(queries, jnp.clip(slots - 1, min=0, max=queries.shape[0] - 1), axis=0)
+    x = jnp.where((slots > 0)[..., None], slot_x, x)
+  return x
+
+
+def decoder(
+  params: Params,
+  tokens: jax.Array,
+  cross_k: jax.Array,
+  cross_v: jax.Array,
+  encoder_mask: jax.Array,
+  *,
+  config: T5Config,
+  self_cache: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+  dropout: Dropout = None,
+  features: jax.Array | None = None,
+  slots: jax.Array | None = None,
+  layout: tuple[jax.Array, jax.Array] | None = None,
+  cache_layout: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+  rules: sharding.Rules = sharding.DEFAULT_RULES,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+  """The decoder stack on T new positions, up to its final norm (`logits` is the output layer).
+
+  Args:
+    params: model params.
+    tokens: int32[B, T] decoder inputs.
+    cross_k: [L, B, S_enc, N, H] encoder-decoder attention keys.
+    cross_v: [L, B, S_enc, N, H] encoder-decoder attention values.
+    encoder_mask: bool[B, S_enc] real encoder positions.
+    config: model config.
+    self_cache: None for teacher forcing (the tokens are positions 0..T-1 and attend only to each
+      other), or (self_k, self_v, end_index): [L, B, S_max, N, H] twice and int32[B]; the tokens
+      are positions end_index[b] + t, their keys/values are written there, and they attend to the
+      cache.
+    dropout: (key, rate) for training (see `forward`), or None.
+    features: [B, T, feature_dim] for a model with `config.feature_dim` (and only then): the
+      target's final decoder state at the position before each token (zeros before position 0).
+    slots: int32[B, T] for a block drafter (`config.block_size`): 0 where the input is the token
+      (and its feature), i >= 1 where it is query slot i (`decoder/block_queries`, row i - 1;
+      token and feature unread); None: every input is a token.
+    layout: (positions int32[B, T], attend bool[B, T, T]) for teacher forcing without a cache:
+      each input's decoder position and which inputs it attends to (a block drafter's training
+      pass packs a sequence and its blocks in one row, `block_forward`); None: positions 0..T-1,
+      causal.
+    cache_layout: with a cache, (positions int32[B, T], key positions int32[B, S_max], attend
+      bool[B, T, S_max]) for inputs that are not a causal chain (a token tree: `t5_tree.layout`);
+      None: positions end_index[b] + t, keys at their slots, causal.
+
+  Returns:
+    the normed final states [B, T, D], and the updated (self_k, self_v) (None without a cache).
+  """
+  if (features is None) != (config.feature_dim is None):
+    raise ValueError(
+      f'features must be given exactly when config.feature_dim is set: feature_dim '
+      f'{config.feature_dim}, features {None if features is None else features.shape}.'
+    )
+  dec = params['decoder']
+  t = tokens.shape[1]
+  if (slots is None) != (config.block_size is None):
+    raise ValueError(
+      f'slots must be given exactly when config.block_size is set: block_size '
+      f'{config.block_size}, slots {None if slots is None else slots.shape}.'
+    )
+  if self_cache is None:
+    q_pos, attend = layout if layout is not None else (jnp.arange(t)[None], None)
+    k_pos = q_pos if layout is not None else jnp.arange(t)
+  else:
+    self_k, self_v, end_index = self_cache
+    if cache_layout is None:
+      q_pos, attend = end_index[:, None] + jnp.arange(t), None
+      k_pos = jnp.arange(self_k.shape[2])
+    else:
+      q_pos, k_pos, attend = cache_layout
+  bias = relpos_bias(
+    dec['relpos_bias']['rel_embedding'], q_pos, k_pos, bidirectional=False, config=config
+  )
+  # Causal within the chunk; also hides stale cache slots (>= end_index + T) left by rejections.
+  self_mask = (k_pos[..., None, :] <= q_pos[..., None] if attend is None else attend)[:, None]
+  cross_mask = encoder_mask[:, None, None, :]
+
+  drop = dropper(dropout, stream=1)
+  x = drop(_decoder_inputs(params, tokens, features, slots, config, rules), 0)
+  for i in range(config.num_decoder_layers):
+    layer = dec[f'layers_{i}']
+    h = rms_norm(x, layer['pre_self_attention_layer_norm'], config)
+    a = layer['self_attention']
+    q, k, v = (heads(a[name], h, config, rules) for name in ('query', 'key', 'value'))
+    if self_cache is not None:
+      self_k = cache_lib.write(self_k, k, end_index, layer=i)
+      self_v = cache_lib.write(self_v, v, end_index, layer=i)
+      k, v = self_k[i], self_v[i]
+    x = x + drop(attention(a, q, k, v, bias, self_mask, config), 3 * i + 1)
+    h = rms_norm(x, layer['pre_cross_attention_layer_norm'], config)
+    a = layer['encoder_decoder_attention']
+    q = heads(a['query'], h, config, rules)
+    x = x + drop(attention(a, q, cross_k[i], cross_v[i], None, cross_mask, config), 3 * i + 2)
+    y = mlp(layer['mlp'], rms_norm(x, layer['pre_mlp_layer_norm'], config), config, rules)
+    x = x + drop(y, 3 * i + 3)
+    x = sharding.constrain(x, ('batch', 'length', 'embed'), rules)
+  states = drop(rms_norm(x, dec['decoder_norm'], config), 3 * config.num_decoder_layers + 1)
+  return states, None if self_cache is None else (self_k, self_v)
