@@ -51,7 +51,7 @@ def _plan(config, pair: str) -> evaluation.Plan:
   from experiments.configs import debsumm, ende
 
   main = (debsumm if 'debsumm' in str(pair) else ende).get_config()
-  main.pretrained, main.drafters = pair, ('block', 'distilled')
+  main.pretrained, main.drafters = pair, ('all',)  # rows of a drafter the pair lacks are skipped
   main.num_examples, main.batch_size = config.num_examples, config.batch_size
   return evaluation.prepare(main)
 
@@ -74,14 +74,22 @@ def methods(budget: int, block_size: int, temperature: float):
   yield 'distilled topk', 'distilled', depth, {'tree': topk}, 1 + 2 * depth
 
 
+def planned(config, drafters: dict, budget: int, temperature: float):
+  """`methods`' rows that `config.methods` names ('': all) and whose drafter the pair has."""
+  block = drafters.get('block')
+  block_size = block.steps.block_size if block is not None else 1
+  wanted = [m for m in config.methods if m]
+  for row in methods(budget, block_size, temperature):
+    if (not wanted or row[0] in wanted) and row[1] in drafters:
+      yield row
+
+
 def acceptance_rows(plan: evaluation.Plan, config):
-  block_size = plan.drafters['block'].steps.block_size
   for temperature in config.temperatures:
     for budget in config.budgets:
-      for name, drafter, gamma, kw, positions in methods(budget, block_size, temperature):
-        wanted = [m for m in config.methods if m]
-        if wanted and name not in wanted:
-          continue
+      for name, drafter, gamma, kw, positions in planned(
+        config, plan.drafters, budget, temperature
+      ):
         run = translation.translate(
           drafter=plan.drafters[drafter], method='token', gamma=gamma,
           **plan.decoding(temperature), **kw,

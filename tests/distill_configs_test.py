@@ -23,6 +23,7 @@ _VARIANTS = (
   'debsumm48m',
   'block',
   'block_wide',
+  'block_wide_longer',
   'block_debsumm48m',
   'paper',
 )
@@ -33,7 +34,9 @@ def test_every_variant_parses(variant):
   config = distill_drafter.get_config(variant)
   assert config.divergence in distill_loss.DIVERGENCES
   trainer.OptimizerConfig.from_config(config)  # raises on a bad schedule
-  if variant != 'paper':  # its teacher is on gs://; every other variant's is in pretrained/
+  if variant == 'block_wide_longer':  # continues a run of this checkout's workdir/
+    assert config.init_from.startswith('workdir/') and not config.init_from_target_layers
+  elif variant != 'paper':  # its teacher is on gs://; every other variant's is in pretrained/
     for path in (config.teacher, config.init_from, config.tokenizer):
       assert not path or (pathlib.Path(path).exists() and '/pretrained/' in path), (variant, path)
 

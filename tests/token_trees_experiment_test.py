@@ -24,3 +24,16 @@ def test_runlocal_writes_and_prints_its_rows(tmp_path):
     (passes,) = list(csv.DictReader(f))
   assert passes['nodes'] == '4' and float(passes['chain']) > 0 and float(passes['tree']) > 0
   assert sum(line.split()[:1] == ['EnDe'] for line in printed) == len(rows) + 1
+
+
+def test_rows_of_a_drafter_the_pair_lacks_are_skipped():
+  # A pair with only a block drafter (a distillation's pair/) runs its block rows; one without a
+  # block drafter runs the distilled drafter's.
+  config = config_lib.get_config()
+  block = type('Drafter', (), {'steps': type('Steps', (), {'block_size': 8})()})()
+  only_block = [r[0] for r in token_trees.planned(config, {'block': block}, 17, 1.0)]
+  only_distilled = [r[0] for r in token_trees.planned(config, {'distilled': None}, 17, 1.0)]
+  assert only_block == ['block chain', 'block tree', 'block sampled']
+  assert only_distilled == ['distilled chain', 'distilled 4 paths', 'distilled topk']
+  config.methods = ('block tree',)
+  assert [r[0] for r in token_trees.planned(config, {'block': block}, 17, 0.0)] == ['block tree']

@@ -17,6 +17,8 @@ r"""Distil a drafter from the shipped target (DistillSpec-style; `specdec_jax.tr
       --workdir=workdir/block_ende48m                  # its block drafter (issue 45)
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:block_wide \
       --workdir=workdir/block_wide                     # the same at the target's width (EAGLE)
+  python -m scripts.distill --config=experiments/configs/distill_drafter.py:block_wide_longer \
+      --workdir=workdir/block_wide_longer              # ... trained longer on 20,000 sources
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:block_debsumm48m \
       --workdir=workdir/block_debsumm48m               # pretrained/debsumm48m's block drafter
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:paper \
@@ -108,6 +110,17 @@ def _block_wide(c):
   c.frozen = ('token_embedder', 'decoder/logits_dense')
   c.student.update(d_model=512, d_kv=64, num_heads=8, d_ff=1024, num_decoder_layers=1)
   c.student.tie_word_embeddings = False
+
+
+def _block_wide_longer(c):
+  # `block_wide` continued: the 20,000-source run's export (`:block_wide,num_train_sources=20000,
+  # num_train_steps=300` in workdir/block_wide20k) trained 600 more steps on the same data under a
+  # fresh warmup and cosine schedule. Link that run's data_t0, valid_t0 and teacher_states into the
+  # new workdir to reuse its target outputs and states (their shards are checked by fingerprint).
+  _block_wide(c)
+  c.init_from_target_layers = ()
+  c.init_from = 'workdir/block_wide20k/best'
+  c.num_train_sources, c.num_train_steps, c.eval_every = 20_000, 600, 200
 
 
 def _debsumm48m(c):
@@ -292,6 +305,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       'debsumm48m': _debsumm48m,
       'block': _block,
       'block_wide': _block_wide,
+      'block_wide_longer': _block_wide_longer,
       'block_debsumm48m': _block_debsumm48m,
       'paper': _paper,
     },
