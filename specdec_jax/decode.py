@@ -149,6 +149,7 @@ def speculative_loop(
   """
   if spec.gamma < 1:
     raise ValueError(f'speculative_loop needs spec.gamma >= 1, got {spec.gamma}.')
+  target_steps = step_models.state_source(draft_steps, target_steps)  # the layers it reads
   if spec.tree is not None:
     spec.tree.check_models(target_steps, draft_steps)
     return decode_tree.tree_loop(

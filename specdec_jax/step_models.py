@@ -35,6 +35,9 @@ class StepModel(Protocol):
       where features[:, t] is the target's state at the position before tokens[:, t]. Its target
       then needs `state_dim` (= feature_dim) and
       `step_states(params, tokens, cache) -> (logits, states [B, T, state_dim], cache)`.
+      A drafter with `feature_layers` (a tuple of the target's decoder layers) reads those
+      layers' states, concatenated: its target then needs `tap_states(layers)`, the target whose
+      `step_states` gives them (`state_source`).
     block_size: int, for a block drafter (it also reads the target's states): the most drafts
       one call of `step_block(params, tokens, features, cache, gamma, num_kept int32[B])
         -> (logits f32[B, gamma, V], cache)` proposes: the laws of the gamma positions after
@@ -103,8 +106,22 @@ def check_encoder_reader(drafter_steps, target_steps) -> None:
 
 def check_state_reader(drafter_steps, target_steps) -> None:
   """Raises ValueError if `drafter_steps` reads target states that `target_steps` cannot give."""
+  state_source(drafter_steps, target_steps)
+
+
+def state_source(drafter_steps, target_steps):
+  """`target_steps` as `drafter_steps` reads its states: with the drafter's `feature_layers`
+  tapped (`tap_states`), else as it is. Raises ValueError if it cannot give them."""
   if not getattr(drafter_steps, 'reads_target_states', False):
-    return
+    return target_steps
+  layers = getattr(drafter_steps, 'feature_layers', None)
+  if layers is not None:
+    if not hasattr(target_steps, 'tap_states'):
+      raise ValueError(
+        f"This drafter reads the target's decoder layers {tuple(layers)} (feature_layers), but "
+        f'the target {type(target_steps).__name__} cannot give them (no tap_states).'
+      )
+    target_steps = target_steps.tap_states(layers)
   width = getattr(target_steps, 'state_dim', None)
   if not hasattr(target_steps, 'step_states') or width is None:
     raise ValueError(
@@ -114,8 +131,9 @@ def check_state_reader(drafter_steps, target_steps) -> None:
   if width != drafter_steps.feature_dim:
     raise ValueError(
       f'The drafter reads target states of width feature_dim={drafter_steps.feature_dim}, but '
-      f"the target's states have width {width} (its d_model): it was trained for another target."
+      f"the target's states have width {width}: it was trained for another target."
     )
+  return target_steps
 
 
 def check_target(target_steps) -> None:

@@ -104,10 +104,10 @@ def test_negative_controls_fail(monkeypatch, bug):
 
 
 def tiny_block_t5(target, seed=6, **kw):
+  kw = dict(feature_dim=target.config.d_model) | kw
   return helpers.tiny_t5(
     'tiny-v1.0', seed, num_encoder_layers=0, encoder_dim=target.config.d_model,
-    feature_dim=target.config.d_model, block_size=4, d_model=16, d_kv=4, d_ff=32,
-    num_decoder_layers=2, **kw,
+    block_size=4, d_model=16, d_kv=4, d_ff=32, num_decoder_layers=2, **kw,
   )  # fmt: skip
 
 
@@ -146,6 +146,31 @@ def test_greedy_equals_generate_t5(
   )
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   np.testing.assert_array_equal(out.lengths, ref.lengths)
+
+
+def test_a_drafter_reading_several_target_layers(tiny_pair):
+  """`T5Config.feature_layers`: the loop feeds the drafter the tapped layers' states (tapping
+  the last layer is reading the final states: the same run, token for token; tapping layer 0
+  instead changes the drafts, so the run), greedy output stays the target's, and a layer the
+  target lacks is one clear error."""
+  target, _ = tiny_pair  # 3 decoder layers of width 32
+  ids, mask = _source(vocab=target.config.vocab_size)
+  base = tiny_block_t5(target)
+  reads = lambda layers: t5.T5Model(
+    dataclasses.replace(base.config, feature_layers=layers), base.params
+  )
+  kw = dict(gamma=3, sampling=SAMPLING, max_new_tokens=12, rng=jax.random.key(4))
+  run = lambda drafter: decode.speculative_generate(target, drafter, ids, mask, **kw).tokens
+  np.testing.assert_array_equal(run(reads((2,))), run(base))
+  assert not np.array_equal(run(reads((0,))), run(base))
+  two = tiny_block_t5(target, feature_dim=64, feature_layers=(0, 2))
+  greedy = dict(sampling=GREEDY, max_new_tokens=16, rng=None)
+  ref = decode.generate(target, ids, mask, **greedy)
+  out = decode.speculative_generate(target, two, ids, mask, gamma=4, **greedy)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  far = tiny_block_t5(target, feature_dim=64, feature_layers=(0, 3))
+  with pytest.raises(ValueError, match=r'decoder layers \(0, 3\) .* the target has 3'):
+    decode.speculative_generate(target, far, ids, mask, gamma=2, **greedy)
 
 
 def test_one_program_per_shape(tiny_pair):

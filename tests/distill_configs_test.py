@@ -24,6 +24,7 @@ _VARIANTS = (
   'block',
   'block_wide',
   'block_wide_longer',
+  'block_wide_taps',
   'block_debsumm48m',
   'paper',
 )
@@ -82,10 +83,11 @@ def test_paper_student_is_one_layer_at_the_teachers_width_over_its_encoder():
   assert student.vocab_size == teacher.config.vocab_size and student.feature_dim is None
 
 
-def test_block_wide_is_built_from_the_shipped_target():
-  # Its student has the ende48m target's shape, the layers it names exist, and what it freezes
-  # names params (shapes only: no weights are read).
-  config = distill_drafter.get_config('block_wide')
+@pytest.mark.parametrize('variant', ['block_wide', 'block_wide_taps'])
+def test_block_wide_is_built_from_the_shipped_target(variant):
+  # Its student has the ende48m target's shape, the layers it names exist (and those it reads),
+  # and what it freezes names params (shapes only: no weights are read).
+  config = distill_drafter.get_config(variant)
   target_config = t5.T5Config(
     **json.loads((pathlib.Path(config.teacher) / 'config.json').read_text())
   )
@@ -97,3 +99,7 @@ def test_block_wide_is_built_from_the_shipped_target():
   )
   frozen = trainer.frozen_mask(drafter.params, tuple(config.frozen))
   assert sum(jax.tree.leaves(frozen)) == 2 and student.block_size == 8
+  taps = student.feature_layers or (None,)
+  assert student.feature_dim == len(taps) * target_config.d_model
+  if student.feature_layers is not None:
+    assert teacher.steps.tap_states(student.feature_layers).state_dim == student.feature_dim

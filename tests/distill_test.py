@@ -226,6 +226,49 @@ def test_cached_teacher_states_give_the_live_targets_step(tmp_path, over_target_
   assert abs(float(m3['fkl']) - float(m1['fkl'])) > 1e-3
 
 
+def test_cached_layer_states_give_the_live_targets_step(tmp_path):
+  """A block student reading two of the target's layers (`feature_layers`): its step on the
+  cached states (the final ones for the target's logits, the tapped ones for it to read) equals
+  the step that runs the whole target; the layers' states cached as another layer's change it."""
+  teacher_config = dataclasses.replace(t5.CONFIGS['tiny-v1.1'], vocab_size=64)  # 3 layers
+  teacher = helpers.tiny_t5(teacher_config, seed=1)
+  student_config = dataclasses.replace(
+    teacher_config, d_model=16, num_decoder_layers=1, num_encoder_layers=0, encoder_dim=32,
+    feature_dim=64, feature_layers=(0, 2), block_size=3,
+  )  # fmt: skip
+  rng = np.random.default_rng(0)
+  n, s_max, t_max = 6, 8, 9
+  in_len, tgt_len = rng.integers(1, s_max + 1, n), rng.integers(2, t_max + 1, n)
+  data = batching.EncodedPairs(
+    rng.integers(2, 64, (n, s_max)) * (np.arange(s_max) < in_len[:, None]),
+    rng.integers(2, 64, (n, t_max)) * (np.arange(t_max) < tgt_len[:, None]),
+    in_len,
+    tgt_len,
+  )
+  kw = dict(with_encoder=True, batch_size=4, buckets=[8, 12], progress=False)
+  cached = {
+    layers: distill_data.TeacherStates.compute(
+      teacher, data, shard_dir=str(tmp_path / str(layers)), feature_layers=layers, **kw
+    )
+    for layers in ((0, 2), (1, 2))
+  }
+  assert cached[(0, 2)].features[3].shape == (tgt_len[3], 64)
+  optimizer_config = trainer.OptimizerConfig(learning_rate=1e-2, warmup_steps=1)
+  index = np.array([0, 3, 5, 1])
+  live = batching.batch_arrays(data, index, 8, 9)
+  step = lambda batch: distill_loss.jit_distill_step(
+    trainer.init_state(jax.random.key(0), student_config, optimizer_config), batch, teacher,
+    student_config=student_config, optimizer_config=optimizer_config, divergence='fkl',
+  )  # fmt: skip
+  (s1, m1), (s2, m2) = step(live), step(dict(live, **cached[(0, 2)].fields(index, 8, 9)))
+  for k in m1:
+    np.testing.assert_allclose(m2[k], m1[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+  _, m3 = step(dict(live, **cached[(1, 2)].fields(index, 8, 9)))  # layer 1's states, not 0's
+  assert abs(float(m3['fkl']) - float(m1['fkl'])) > 1e-4
+
+
 def test_initial_student_from_a_drafter_of_the_target_before_growth(tmp_path):
   config = dataclasses.replace(
     t5.CONFIGS['tiny-v1.1'], vocab_size=64, d_model=16, num_encoder_layers=0,

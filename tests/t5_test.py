@@ -350,6 +350,11 @@ def test_params_layout():
     dict(eos_token_id=32128),
     dict(layer_norm_epsilon=0.0),
     dict(block_attention='full'),
+    dict(feature_layers=(0,)),  # no feature_dim
+    dict(feature_dim=96, feature_layers=(0, 0)),
+    dict(feature_dim=96, feature_layers=(0, -1)),
+    dict(feature_dim=97, feature_layers=(0, 1)),  # not 2 x a width
+    dict(feature_dim=64, feature_layers=()),
   ],
 )
 def test_config_validation(kwargs):
@@ -470,3 +475,30 @@ def test_step_at_scores_one_position_per_row(feature_dim):
     assert got_predicted is None
   for got, want in zip(jax.tree.leaves(got_cache), jax.tree.leaves(full_cache)):
     np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+
+
+def test_tapped_layers_incremental_match_teacher_forcing():
+  """`T5Steps.tap_states`: step_states gives the normed outputs of the tapped decoder layers,
+  concatenated, chunk by chunk as teacher forcing (`decoder_states(state_layers=)`) gives them;
+  tapping the last layer gives the final states; logits are the untapped step's."""
+  config, params = _model('tiny-v1.1')  # 3 decoder layers
+  ids, mask = _source(config)
+  dec = _targets(config)[:, :7]
+  encoded = t5.encode(params, ids, mask, config=config)
+  final, tapped = t5.decoder_states(params, encoded, mask, dec, config=config, state_layers=(2, 0))
+  assert tapped.shape == (3, 7, 2 * config.d_model)
+  np.testing.assert_allclose(tapped[..., : config.d_model], final, atol=1e-6)  # layer 2: the last
+  assert not np.allclose(tapped[..., config.d_model :], final, atol=1e-3)  # layer 0 is not
+  steps = t5.T5Steps(config).tap_states((2, 0))
+  assert steps.state_dim == 2 * config.d_model
+  cache = _prefill(params, ids, mask, config=config)
+  plain_cache = cache
+  got = []
+  for lo, hi in ((0, 3), (3, 4), (4, 7)):
+    logits, states, cache = steps.step_states(params, dec[:, lo:hi], cache)
+    plain, plain_cache = t5.T5Steps(config).step(params, dec[:, lo:hi], plain_cache)
+    np.testing.assert_allclose(logits, plain, atol=1e-5)
+    got.append(states)
+  np.testing.assert_allclose(jnp.concatenate(got, 1), tapped, atol=1e-5)
+  with pytest.raises(ValueError, match=r'decoder layers \(0, 3\) .* the target has 3'):
+    t5.T5Steps(config).tap_states((0, 3))

@@ -19,6 +19,8 @@ r"""Distil a drafter from the shipped target (DistillSpec-style; `specdec_jax.tr
       --workdir=workdir/block_wide                     # the same at the target's width (EAGLE)
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:block_wide_longer \
       --workdir=workdir/block_wide_longer              # ... trained longer on 20,000 sources
+  python -m scripts.distill --config=experiments/configs/distill_drafter.py:block_wide_taps \
+      --workdir=workdir/block_wide_taps                # ... reading 3 of the target's layers
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:block_debsumm48m \
       --workdir=workdir/block_debsumm48m               # pretrained/debsumm48m's block drafter
   python -m scripts.distill --config=experiments/configs/distill_drafter.py:paper \
@@ -121,6 +123,17 @@ def _block_wide_longer(c):
   c.init_from_target_layers = ()
   c.init_from = 'workdir/block_wide20k/best'
   c.num_train_sources, c.num_train_steps, c.eval_every = 20_000, 600, 200
+
+
+def _block_wide_taps(c):
+  # `block_wide` reading three of the target's decoder layers (1, 4 and the last, 7) instead of
+  # its final states alone, as DFlash's drafter reads several (shared/research/block_drafting.md,
+  # section 5): the ablation of issue 45 at block_wide20k's budget (20,000 sources, 300 steps).
+  # Link block_wide20k's data_t0 and valid_t0 into the workdir to reuse its target outputs; the
+  # target's states are computed anew (they now hold three layers).
+  _block_wide(c)
+  c.student.feature_layers = (1, 4, 7)
+  c.num_train_sources, c.num_train_steps, c.eval_every = 20_000, 300, 150
 
 
 def _debsumm48m(c):
@@ -281,6 +294,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # None: an ordinary decoder; 0 (the target's d_model): EAGLE-style, it also reads the
       # target's final decoder states (T5Config.feature_dim).
       feature_dim=None,
+      # None: it reads the target's final states; or a tuple of the target's decoder layers whose
+      # states it reads, concatenated (DFlash's multi-layer features; T5Config.feature_layers).
+      feature_layers=None,
       # None; or a block drafter (needs feature_dim): the most drafts one call proposes
       # (T5Config.block_size), trained on random block starts (block_anchors per sequence, block
       # position j weighted block_decay**j; docs/training.md, "Block drafters").
@@ -306,6 +322,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       'block': _block,
       'block_wide': _block_wide,
       'block_wide_longer': _block_wide_longer,
+      'block_wide_taps': _block_wide_taps,
       'block_debsumm48m': _block_debsumm48m,
       'paper': _paper,
     },

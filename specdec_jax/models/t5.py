@@ -68,6 +68,8 @@ class T5Steps:
 
   config: T5Config
   rules: sharding.Rules = sharding.DEFAULT_RULES  # its activations' (`T5Model.rules`)
+  # The decoder layers `step_states` returns (`tap_states`); None: the final states.
+  state_layers: tuple[int, ...] | None = None
 
   vocab_size = property(lambda self: self.config.vocab_size)
   start_id = property(lambda self: self.config.decoder_start_token_id)
@@ -79,7 +81,10 @@ class T5Steps:
   # An EAGLE-style drafter: reads the target's final decoder states (`step_features`).
   reads_target_states = property(lambda self: self.config.feature_dim is not None)
   feature_dim = property(lambda self: self.config.feature_dim)
-  state_dim = property(lambda self: self.config.d_model)  # width of `step_states`' states
+  # The target's decoder layers such a drafter reads (None: the final states; `tap_states`).
+  feature_layers = property(lambda self: self.config.feature_layers)
+  # Width of `step_states`' states.
+  state_dim = property(lambda self: self.config.d_model * len(self.state_layers or (None,)))
   # A block drafter: the most drafts one `step_block` call proposes (None: token by token).
   block_size = property(lambda self: self.config.block_size)
   # Width of the encoder output its cross-attention reads (a drafter over the target's encoder:
@@ -168,7 +173,7 @@ class T5Steps:
     cache_layout = t5_tree.layout(tree, cache.end_index, cache.max_decode_len, max_depth)
     *out, new_cache = decode(
       params, tree.tokens, cache, config=self.config, return_states=return_states,
-      cache_layout=cache_layout, rules=self.rules,
+      state_layers=self.state_layers, cache_layout=cache_layout, rules=self.rules,
     )  # fmt: skip
     return (*out, new_cache.replace(end_index=cache.end_index))
 
@@ -179,8 +184,22 @@ class T5Steps:
 
   def step_states(self, params, tokens, cache):
     """`step` that also returns the normed final decoder states [B, T, D] (what an EAGLE-style
-    drafter of this target reads)."""
-    return decode(params, tokens, cache, config=self.config, return_states=True, rules=self.rules)
+    drafter of this target reads), or those of `state_layers`, [B, T, state_dim]."""
+    return decode(
+      params, tokens, cache, config=self.config, return_states=True,
+      state_layers=self.state_layers, rules=self.rules,
+    )  # fmt: skip
+
+  def tap_states(self, layers: tuple[int, ...]) -> 'T5Steps':
+    """This target with `step_states` (and `step_tree`'s states) giving the outputs of decoder
+    `layers`, normed and concatenated (what a drafter with `T5Config.feature_layers` reads)."""
+    n = self.config.num_decoder_layers
+    if not all(0 <= i < n for i in layers):
+      raise ValueError(
+        f"The drafter reads the target's decoder layers {tuple(layers)} (feature_layers), but "
+        f'the target has {n} (0..{n - 1}): it was trained for another target.'
+      )
+    return dataclasses.replace(self, state_layers=tuple(layers))
 
   def step_features(self, params, tokens, features, cache):
     """An EAGLE-style drafter's step: features [B, T, feature_dim] hold the target's state at the
@@ -305,6 +324,7 @@ def decode(
   logits_at: jax.Array | None = None,
   slots: jax.Array | None = None,
   cache_layout: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+  state_layers: tuple[int, ...] | None = None,
   rules: sharding.Rules = sharding.DEFAULT_RULES,
 ):
   """Scores T new decoder positions per row and appends them to the cache.
@@ -321,7 +341,8 @@ def decode(
     config: model config.
     features: [B, T, feature_dim], for (only) a model with `config.feature_dim`: the target's
       state at the position before each token.
-    return_states: also return the normed final decoder states [B, T, D].
+    return_states: also return the normed final decoder states [B, T, D], or with
+      `state_layers` those layers' (`t5_layers.decoder`'s taps) [B, T, len(state_layers) x D].
     logits_at: int32[B], or None: the logits (and states) of one position per row only,
       tokens[b, logits_at[b]], shaped [B, 1, ...]: the output layer then runs on one row (the
       decode loop's first drafter call feeds two positions and reads one; on a CPU a few-row
@@ -342,7 +363,7 @@ def decode(
     raise ValueError(
       f'decode got T={tokens.shape[1]} tokens for a cache of {cache.max_decode_len} slots.'
     )
-  states, (self_k, self_v) = t5_layers.decoder(
+  states, (self_k, self_v), *tapped = t5_layers.decoder(
     params,
     tokens,
     cache.cross_k,
@@ -353,14 +374,19 @@ def decode(
     features=features,
     slots=slots,
     cache_layout=cache_layout,
+    taps=state_layers if return_states else None,
     rules=rules,
   )
   cache = cache.replace(self_k=self_k, self_v=self_v, end_index=cache.end_index + tokens.shape[1])
+  pick = lambda x: x
   if logits_at is not None:
     rows = logits_at[:, None] if logits_at.ndim == 1 else logits_at
-    states = jnp.take_along_axis(states, rows[..., None], axis=1)
+    pick = lambda x: jnp.take_along_axis(x, rows[..., None], axis=1)
+  states = pick(states)
   logits = t5_layers.logits(params, states, config, rules)
-  return (logits, states, cache) if return_states else (logits, cache)
+  if not return_states:
+    return logits, cache
+  return logits, pick(tapped[0]) if tapped else states, cache
 
 
 def forward(
@@ -431,8 +457,11 @@ def decoder_states(
   config: T5Config,
   features: jax.Array | None = None,
   dropout: Dropout = None,
-) -> jax.Array:
-  """`decode_forward` up to the output layer: the normed final decoder states [B, T, D].
+  state_layers: tuple[int, ...] | None = None,
+):
+  """`decode_forward` up to the output layer: the normed final decoder states [B, T, D]; with
+  `state_layers`, (those, the layers' states [B, T, len(state_layers) x D] as `T5Steps.tap_states`
+  gives them).
 
   `output_logits(params, states, config=config)` turns them into `decode_forward`'s logits (a
   distillation caches a big target's states once and pays only its output layer per step).
@@ -441,7 +470,7 @@ def decoder_states(
   `forward`'s.
   """
   cross_k, cross_v = t5_layers.cross_kv(params, encoded, config)
-  states, _ = t5_layers.decoder(
+  states, _, *tapped = t5_layers.decoder(
     params,
     decoder_input_ids,
     cross_k,
@@ -450,8 +479,9 @@ def decoder_states(
     config=config,
     features=features,
     dropout=dropout,
+    taps=state_layers,
   )
-  return states
+  return (states, *tapped) if tapped else states
 
 
 def block_states(

@@ -43,6 +43,12 @@ class T5Config:
   # state at position t - 1 to the token embedding, and the decoder predicts the target's state at
   # t, which stands in for it at position t + 1 while drafting (`t5.predicted_features`).
   feature_dim: int | None = None
+  # Which of the target's decoder layers those states come from (DFlash's drafter reads
+  # several): the residual stream after each listed layer, normed by the target's final norm,
+  # concatenated in order, so feature_dim is len(feature_layers) x the target's d_model. None:
+  # the final states only (the same as (last layer,)). The target's step model gives them
+  # (`T5Steps.tap_states`).
+  feature_layers: tuple[int, ...] | None = None
   # A block drafter (None: an ordinary decoder): the most drafts one call proposes. It reads the
   # target's states (feature_dim set) and, after the pending token, fills block_size - 1 query
   # slots, each a learned per-offset embedding (`decoder/block_queries`) that attends causally to
@@ -76,6 +82,22 @@ class T5Config:
       dim = getattr(self, name)
       if dim is not None and (not isinstance(dim, int) or isinstance(dim, bool) or dim < 1):
         raise ValueError(f'T5Config.{name} must be a positive int or None, got {dim!r}.')
+    if self.feature_layers is not None:
+      layers = tuple(self.feature_layers)  # a JSON list on restore
+      object.__setattr__(self, 'feature_layers', layers)
+      if (
+        not layers
+        or len(set(layers)) != len(layers)
+        or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers)
+      ):
+        raise ValueError(
+          f'T5Config.feature_layers must be distinct layer indices >= 0, or None; got {layers!r}.'
+        )
+      if self.feature_dim is None or self.feature_dim % len(layers):
+        raise ValueError(
+          f'T5Config.feature_layers {layers} needs feature_dim, a multiple of their number '
+          f"(their count x the target's d_model); got feature_dim {self.feature_dim}."
+        )
     if self.block_size is not None:
       if self.block_size < 2:
         raise ValueError(f'T5Config.block_size must be >= 2 or None, got {self.block_size}.')

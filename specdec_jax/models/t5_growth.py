@@ -355,10 +355,14 @@ def drafter_from_target(
       f'num_encoder_layers {config.num_encoder_layers}, encoder_dim {config.encoder_dim} '
       f"(a decoder over the target's encoder: 0 and {old.d_model})"
     )
-  if config.feature_dim != old.d_model:
+  taps = config.feature_layers or (old.num_decoder_layers - 1,)
+  if config.feature_dim != old.d_model * len(taps):
     problems.append(
-      f"feature_dim {config.feature_dim} (it reads the target's states: {old.d_model})"
+      f"feature_dim {config.feature_dim} (it reads the target's states: {old.d_model} x "
+      f'{len(taps)} layers)'
     )
+  if not all(i < old.num_decoder_layers for i in taps):
+    problems.append(f'feature_layers {taps} (the target has {old.num_decoder_layers} layers)')
   if len(layers) != config.num_decoder_layers or not all(
     0 <= i < old.num_decoder_layers for i in layers
   ):

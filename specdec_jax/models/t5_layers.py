@@ -188,8 +188,9 @@ def decoder(
   slots: jax.Array | None = None,
   layout: tuple[jax.Array, jax.Array] | None = None,
   cache_layout: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+  taps: tuple[int, ...] | None = None,
   rules: sharding.Rules = sharding.DEFAULT_RULES,
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+):
   """The decoder stack on T new positions, up to its final norm (`logits` is the output layer).
 
   Args:
@@ -216,9 +217,13 @@ def decoder(
     cache_layout: with a cache, (positions int32[B, T], key positions int32[B, S_max], attend
       bool[B, T, S_max]) for inputs that are not a causal chain (a token tree: `t5_tree.layout`);
       None: positions end_index[b] + t, keys at their slots, causal.
+    taps: decoder layers whose outputs to return as well (`T5Config.feature_layers`), or None.
 
   Returns:
-    the normed final states [B, T, D], and the updated (self_k, self_v) (None without a cache).
+    the normed final states [B, T, D], and the updated (self_k, self_v) (None without a cache);
+    with `taps`, a third item [B, T, len(taps) x D]: the residual stream after each tapped layer,
+    normed by the final norm, concatenated in the order given (the last layer's is the final
+    states).
   """
   if (features is None) != (config.feature_dim is None):
     raise ValueError(
@@ -249,8 +254,14 @@ def decoder(
   self_mask = (k_pos[..., None, :] <= q_pos[..., None] if attend is None else attend)[:, None]
   cross_mask = encoder_mask[:, None, None, :]
 
+  if taps is not None and not all(0 <= i < config.num_decoder_layers for i in taps):
+    raise ValueError(
+      f'Decoder layers {tuple(taps)} asked for, but this T5 has {config.num_decoder_layers} '
+      f'(0..{config.num_decoder_layers - 1}).'
+    )
   drop = dropper(dropout, stream=1)
   x = drop(_decoder_inputs(params, tokens, features, slots, config, rules), 0)
+  tapped = {}
   for i in range(config.num_decoder_layers):
     layer = dec[f'layers_{i}']
     h = rms_norm(x, layer['pre_self_attention_layer_norm'], config)
@@ -268,5 +279,10 @@ def decoder(
     y = mlp(layer['mlp'], rms_norm(x, layer['pre_mlp_layer_norm'], config), config, rules)
     x = x + drop(y, 3 * i + 3)
     x = sharding.constrain(x, ('batch', 'length', 'embed'), rules)
+    if taps is not None and i in taps:
+      tapped[i] = rms_norm(x, dec['decoder_norm'], config)
   states = drop(rms_norm(x, dec['decoder_norm'], config), 3 * config.num_decoder_layers + 1)
-  return states, None if self_cache is None else (self_k, self_v)
+  kv = None if self_cache is None else (self_k, self_v)
+  if taps is None:
+    return states, kv
+  return states, kv, jnp.concatenate([tapped[i] for i in taps], axis=-1)

@@ -136,15 +136,22 @@ def student_config_for(config: ml_collections.ConfigDict, teacher: t5.T5Model) -
   student = dict(config.student.to_dict(), vocab_size=teacher.config.vocab_size)
   if student['num_encoder_layers'] == 0 and not student.get('encoder_dim'):
     student['encoder_dim'] = teacher.config.d_model  # 0: whatever the target's d_model is
+  layers = student.get('feature_layers')
+  if layers is not None:
+    student['feature_layers'] = tuple(layers)
+  width = teacher.config.d_model * len(layers or (None,))  # the target states it reads
   if student.get('feature_dim') == 0:
-    student['feature_dim'] = teacher.config.d_model  # 0: an EAGLE-style drafter of this target
+    student['feature_dim'] = width  # 0: an EAGLE-style drafter of this target
   student_config = t5.T5Config(**student)
   if student_config.feature_dim is not None:
-    if student_config.feature_dim != teacher.config.d_model:
+    if student_config.feature_dim != width:
       raise ValueError(
         f"An EAGLE-style drafter reads the target's states: feature_dim must be the target's "
-        f'd_model ({teacher.config.d_model}), got {student_config.feature_dim}.'
+        f'd_model ({teacher.config.d_model}) x its feature_layers {layers}, got '
+        f'{student_config.feature_dim}.'
       )
+    if layers is not None:
+      teacher.steps.tap_states(layers)  # raises unless the target has those layers
     if config.on_policy_every:
       raise ValueError(
         'on_policy_every needs a drafter that can draft alone; an EAGLE-style one (feature_dim) '
@@ -212,6 +219,7 @@ def _data(config, teacher, tok, student_config, workdir: str, mesh) -> dict:
       teacher,
       train,
       with_encoder=student_config.num_encoder_layers == 0,
+      feature_layers=student_config.feature_layers,
       batch_size=config.generate_batch_size,
       buckets=sorted(config.length_buckets),
       shard_dir=os.path.join(workdir, 'teacher_states'),

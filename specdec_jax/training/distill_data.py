@@ -160,26 +160,32 @@ def generate_outputs(
   )
 
 
-@functools.partial(jax.jit, static_argnames=('config', 'with_encoder'))
-def _teacher_states(params, batch, *, config: t5.T5Config, with_encoder: bool):
+@functools.partial(jax.jit, static_argnames=('config', 'with_encoder', 'layers'))
+def _teacher_states(params, batch, *, config: t5.T5Config, with_encoder: bool, layers=None):
   encoded = t5.encode(params, batch['inputs'], batch['input_mask'], config=config)
   decoder_in = t5.shift_right(batch['targets'], config.decoder_start_token_id)
-  states = t5.decoder_states(params, encoded, batch['input_mask'], decoder_in, config=config)
-  return (encoded if with_encoder else None), states
+  out = t5.decoder_states(
+    params, encoded, batch['input_mask'], decoder_in, config=config, state_layers=layers
+  )
+  states, tapped = out if layers is not None else (out, None)
+  return (encoded if with_encoder else None), states, tapped
 
 
 @dataclasses.dataclass
 class TeacherStates:
   """The target's teacher-forced computation on every training pair, done once: its final decoder
-  states (and, for a student over its encoder, its encoder output), one float32 array per pair,
+  states (and, for a student over its encoder, its encoder output; for a student reading several
+  of its layers, `T5Config.feature_layers`, those layers' states), one float32 array per pair,
   cut to the pair's real tokens. A distillation step then pays only the target's output layer
   (`t5.output_logits`), and the loss is exactly that of the live target.
 
-  Memory: 4 bytes x d_model x (target tokens + source tokens if with the encoder).
+  Memory: 4 bytes x d_model x (target tokens x (1 + feature layers) + source tokens if with the
+  encoder).
   """
 
   decoder: list[np.ndarray]  # [T_i, D] per pair
   encoder: list[np.ndarray] | None  # [S_i, D] per pair, or None
+  features: list[np.ndarray] | None = None  # [T_i, len(feature_layers) x D] per pair, or None
 
   @classmethod
   def compute(
@@ -191,6 +197,7 @@ class TeacherStates:
     batch_size: int,
     buckets,
     shard_dir: str,
+    feature_layers: tuple[int, ...] | None = None,
     shard_size: int = 4096,
     progress: bool = True,
     mesh=None,
@@ -203,6 +210,8 @@ class TeacherStates:
     pair_length = np.maximum(data.input_lengths, data.target_lengths)
     order = np.argsort(pair_length, kind='stable')
     decoder, encoder = [None] * len(data), ([None] * len(data) if with_encoder else None)
+    features = None if feature_layers is None else [None] * len(data)
+    layers = () if feature_layers is None else (tuple(feature_layers),)  # old shards stay valid
     bar = progress_bar(len(data), "target's states for the training pairs", progress)
     teacher_digest = model_digest(teacher)
     for shard, start in enumerate(range(0, len(data), shard_size)):
@@ -211,6 +220,7 @@ class TeacherStates:
       digest = _digest(
         teacher_digest,
         with_encoder,
+        *layers,
         *(getattr(data, f.name)[index] for f in dataclasses.fields(data)),
       )
       arrays = _load_shard(path, digest)
@@ -224,27 +234,35 @@ class TeacherStates:
           batch = batching.batch_arrays(data, pad, *cut)
           if mesh is not None:
             batch = sharding.from_host(batch, mesh)
-          enc, dec = decode.to_host(
-            _teacher_states(teacher.params, batch, config=teacher.config, with_encoder=with_encoder)
-          )
+          enc, dec, feat = decode.to_host(
+            _teacher_states(
+              teacher.params, batch, config=teacher.config, with_encoder=with_encoder,
+              layers=feature_layers,
+            )
+          )  # fmt: skip
           for r, i in enumerate(rows):
             arrays[f'd{i}'] = dec[r, : data.target_lengths[i]]
             if enc is not None:
               arrays[f'e{i}'] = enc[r, : data.input_lengths[i]]
+            if feat is not None:
+              arrays[f'f{i}'] = feat[r, : data.target_lengths[i]]
           bar.update(len(rows))
         _save_shard(path, digest, **arrays)
       for i in index:
         decoder[i] = arrays[f'd{i}']
         if with_encoder:
           encoder[i] = arrays[f'e{i}']
+        if features is not None:
+          features[i] = arrays[f'f{i}']
       if bar.n < start + len(index):
         bar.update(start + len(index) - bar.n)
     bar.close()
-    return cls(decoder, encoder)
+    return cls(decoder, encoder, features)
 
   def fields(self, index: np.ndarray, source_length: int, target_length: int) -> dict:
-    """The batch fields `_logits` reads for rows `index`: 'teacher_states' f32[B, T, D] and, with
-    the encoder, 'encoded' f32[B, S, D], zero past each pair's real tokens (masked anyway)."""
+    """The batch fields `_logits` reads for rows `index`: 'teacher_states' f32[B, T, D], with
+    the encoder 'encoded' f32[B, S, D], and with feature layers 'teacher_features'
+    f32[B, T, F], zero past each pair's real tokens (masked anyway)."""
 
     def stack(arrays, length):
       out = np.zeros((len(index), length, arrays[index[0]].shape[-1]), np.float32)
@@ -255,6 +273,8 @@ class TeacherStates:
     fields = {'teacher_states': stack(self.decoder, target_length)}
     if self.encoder is not None:
       fields['encoded'] = stack(self.encoder, source_length)
+    if self.features is not None:
+      fields['teacher_features'] = stack(self.features, target_length)
     return fields
 
 

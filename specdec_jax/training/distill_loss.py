@@ -50,25 +50,32 @@ def _logits(teacher: t5.T5Model, student_config: t5.T5Config, student_params, ba
   With the target's states cached in the batch (`TeacherStates.fields`: 'teacher_states' and, for
   a student over the target's encoder, 'encoded'), only the target's output layer runs.
   """
-  teacher_states, teacher_logits, encoded = _teacher_outputs(teacher, batch)
+  teacher_states, teacher_logits, encoded = _teacher_outputs(
+    teacher, batch, student_config.feature_layers
+  )
   ((student_logits, _),) = _student_passes(
     student_config, student_params, batch, teacher_states, encoded, passes=1, rng=None
   )
   return teacher_logits, student_logits
 
 
-def _teacher_outputs(teacher: t5.T5Model, batch):
-  """The target on the batch's decoder sequences, without gradient: (final decoder states
-  [B, T, D], logits f32[B, T, V], its encoder output or None when cached without it)."""
+def _teacher_outputs(teacher: t5.T5Model, batch, layers=None):
+  """The target on the batch's decoder sequences, without gradient: (the states a student reads
+  [B, T, F]: the final decoder states, or with `layers` (`T5Config.feature_layers`) those layers'
+  states; logits f32[B, T, V]; its encoder output or None when cached without it)."""
   cfg = teacher.config
   if 'teacher_states' in batch:
     states, encoded = batch['teacher_states'], batch.get('encoded')
+    features = batch['teacher_features'] if layers is not None else states
   else:
     encoded = t5.encode(teacher.params, batch['inputs'], batch['input_mask'], config=cfg)
     decoder_in = t5.shift_right(batch['targets'], cfg.decoder_start_token_id)
-    states = t5.decoder_states(teacher.params, encoded, batch['input_mask'], decoder_in, config=cfg)
+    out = t5.decoder_states(
+      teacher.params, encoded, batch['input_mask'], decoder_in, config=cfg, state_layers=layers
+    )
+    states, features = out if layers is not None else (out, out)
   logits = t5.output_logits(teacher.params, states, config=cfg)
-  return jax.tree.map(jax.lax.stop_gradient, (states, logits, encoded))
+  return jax.tree.map(jax.lax.stop_gradient, (features, logits, encoded))
 
 
 def _student_passes(student_config, params, batch, teacher_states, encoded, *, passes, rng):
@@ -206,7 +213,9 @@ def distill_step(
   """
 
   def loss_fn(params):
-    teacher_states, teacher_logits, encoded = _teacher_outputs(teacher, batch)
+    teacher_states, teacher_logits, encoded = _teacher_outputs(
+      teacher, batch, student_config.feature_layers
+    )
     rng = jax.random.fold_in(jax.random.key(0), state.step)
     if student_config.block_size is not None:
       return _block_loss(
@@ -268,7 +277,9 @@ jit_distill_step = jax.jit(
 @functools.partial(jax.jit, static_argnames=('student_config',))
 def _eval_terms(student_params, batch, teacher, *, student_config):
   if student_config.block_size is not None:  # every position a block start
-    teacher_states, teacher_logits, encoded = _teacher_outputs(teacher, batch)
+    teacher_states, teacher_logits, encoded = _teacher_outputs(
+      teacher, batch, student_config.feature_layers
+    )
     t = batch['targets'].shape[1]
     anchors = jnp.broadcast_to(jnp.arange(t), batch['targets'].shape)
     terms, valid = block_terms(
