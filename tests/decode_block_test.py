@@ -168,6 +168,12 @@ def test_a_drafter_reading_several_target_layers(tiny_pair):
   ref = decode.generate(target, ids, mask, **greedy)
   out = decode.speculative_generate(target, two, ids, mask, gamma=4, **greedy)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
+  # The loop's iteration as `timing.step_costs` times it feeds it the tapped states too.
+  iterations = timing._iteration_loop(
+    (target.steps, target.params), (two.steps, two.params), batch_size=1, source_length=5,
+    gamma=4, cache_len=32,
+  )  # fmt: skip
+  assert iterations(2).shape == (1, 5, target.config.vocab_size)
   far = tiny_block_t5(target, feature_dim=64, feature_layers=(0, 3))
   with pytest.raises(ValueError, match=r'decoder layers \(0, 3\) .* the target has 3'):
     decode.speculative_generate(target, far, ids, mask, gamma=2, **greedy)

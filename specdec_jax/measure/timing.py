@@ -234,6 +234,7 @@ def repeated_iterations(
   host on a GPU, every iteration)."""
   batch = position.shape[0]
   reads_states = getattr(drafter_steps, 'reads_target_states', False)
+  target_steps = step_models.state_source(drafter_steps, target_steps)  # the layers it reads
   states = None
   if reads_states:
     states = jnp.zeros((batch, gamma + 1, drafter_steps.feature_dim), jnp.float32)
