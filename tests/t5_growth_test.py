@@ -170,6 +170,10 @@ def test_a_state_reader_follows_its_grown_target_states(follow):
     )
   with pytest.raises(ValueError, match='feature_dim None -> 32'):
     t5_growth.follow_grown_states(helpers.tiny_t5(DRAFTER), GROWN.d_model, jax.random.key(0))
+  taps = dataclasses.replace(drafter.config, feature_dim=2 * drafter.config.feature_dim,
+                             feature_layers=(0, 1))  # fmt: skip
+  with pytest.raises(ValueError, match=r'reads several .*feature_layers \(0, 1\)'):
+    t5_growth.follow_grown_states(helpers.tiny_t5(taps), 2 * GROWN.d_model, jax.random.key(0))
 
 
 def test_follow_grown_encoder_rejects_a_model_with_its_own_encoder():

@@ -268,9 +268,16 @@ def follow_grown_states(
   target's states it computes what it computed (up to float rounding and `noise`).
 
   Raises:
-    ValueError: `model` reads no states, or feature_dim is not a multiple of its feature_dim.
+    ValueError: `model` reads no states or several layers' (`feature_layers`), or feature_dim is
+      not a multiple of its feature_dim.
   """
   old = model.config
+  if old.feature_layers is not None:
+    raise ValueError(
+      f"follow_grown_states: this drafter reads several of the target's layers (feature_layers "
+      f'{old.feature_layers}), whose indices and states growth moves; distil one for the grown '
+      'target instead.'
+    )
   if not old.feature_dim or feature_dim % old.feature_dim:
     raise ValueError(
       "follow_grown_states needs a drafter reading a target's states (feature_dim) and a width "
