@@ -169,7 +169,7 @@ def test_a_drafter_reading_several_target_layers(tiny_pair):
   out = decode.speculative_generate(target, two, ids, mask, gamma=4, **greedy)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   # The loop's iteration as `timing.step_costs` times it feeds it the tapped states too.
-  iterations = timing._iteration_loop(
+  iterations = timing.iteration_loop(
     (target.steps, target.params), (two.steps, two.params), batch_size=1, source_length=5,
     gamma=4, cache_len=32,
   )  # fmt: skip

@@ -167,6 +167,19 @@ def test_step_costs_of_a_drafter_over_the_target_encoder():
     timing.step_seconds(drafter, batch_size=1, source_length=16)
 
 
+def _random_pairs(n, s_max, t_max, min_target=1, vocab=64):
+  """n random (source, target) pairs of ids in 2..vocab-1, padded to s_max / t_max, of random
+  lengths (targets at least min_target long)."""
+  rng = np.random.default_rng(0)
+  in_len, tgt_len = rng.integers(1, s_max + 1, n), rng.integers(min_target, t_max + 1, n)
+  return batching.EncodedPairs(
+    rng.integers(2, vocab, (n, s_max)) * (np.arange(s_max) < in_len[:, None]),
+    rng.integers(2, vocab, (n, t_max)) * (np.arange(t_max) < tgt_len[:, None]),
+    in_len,
+    tgt_len,
+  )
+
+
 @pytest.mark.slow  # ~25 CPU-s each
 @pytest.mark.parametrize('over_target_encoder', [True, False])
 def test_cached_teacher_states_give_the_live_targets_step(tmp_path, over_target_encoder):
@@ -180,15 +193,8 @@ def test_cached_teacher_states_give_the_live_targets_step(tmp_path, over_target_
     num_decoder_layers=1,
     **(dict(num_encoder_layers=0, encoder_dim=32) if over_target_encoder else {}),
   )
-  rng = np.random.default_rng(0)
-  n, s_max, t_max = 10, 12, 9
-  in_len, tgt_len = rng.integers(1, s_max + 1, n), rng.integers(1, t_max + 1, n)
-  data = batching.EncodedPairs(
-    rng.integers(2, 64, (n, s_max)) * (np.arange(s_max) < in_len[:, None]),
-    rng.integers(2, 64, (n, t_max)) * (np.arange(t_max) < tgt_len[:, None]),
-    in_len,
-    tgt_len,
-  )
+  data = _random_pairs(10, 12, 9)
+  tgt_len = data.target_lengths
   kw = dict(with_encoder=over_target_encoder, batch_size=4, buckets=[8, 12], progress=False)
   cached = distill_data.TeacherStates.compute(teacher, data, shard_dir=str(tmp_path), **kw)
   again = distill_data.TeacherStates.compute(teacher, data, shard_dir=str(tmp_path), **kw)  # shards
@@ -236,15 +242,8 @@ def test_cached_layer_states_give_the_live_targets_step(tmp_path):
     teacher_config, d_model=16, num_decoder_layers=1, num_encoder_layers=0, encoder_dim=32,
     feature_dim=64, feature_layers=(0, 2), block_size=3,
   )  # fmt: skip
-  rng = np.random.default_rng(0)
-  n, s_max, t_max = 6, 8, 9
-  in_len, tgt_len = rng.integers(1, s_max + 1, n), rng.integers(2, t_max + 1, n)
-  data = batching.EncodedPairs(
-    rng.integers(2, 64, (n, s_max)) * (np.arange(s_max) < in_len[:, None]),
-    rng.integers(2, 64, (n, t_max)) * (np.arange(t_max) < tgt_len[:, None]),
-    in_len,
-    tgt_len,
-  )
+  data = _random_pairs(6, 8, 9, min_target=2)
+  tgt_len = data.target_lengths
   kw = dict(with_encoder=True, batch_size=4, buckets=[8, 12], progress=False)
   cached = {
     layers: distill_data.TeacherStates.compute(

@@ -301,7 +301,7 @@ def _step_loop(model, *, batch_size, source_length, num_tokens=1, cache_len=64, 
   )
 
 
-def _iteration_loop(
+def iteration_loop(
   target, drafter, *, batch_size, source_length, gamma, cache_len=64, unroll_draft=False
 ):
   """`run(k, draft_length=gamma)`: k iterations of the loop's model calls with a draft of
@@ -359,7 +359,7 @@ def iteration_seconds(
   each other: the target's pass evicts the drafter's weights from the CPU caches. `unroll_draft`:
   the draft's scan unrolled, as `speculative_generate(..., unroll_draft=True)` runs it."""
   target, drafter = step_models.as_step_model(target), step_models.as_step_model(drafter)
-  run = _iteration_loop(
+  run = iteration_loop(
     target, drafter, batch_size=batch_size, source_length=source_length, gamma=gamma,
     cache_len=cache_len, unroll_draft=unroll_draft,
   )  # fmt: skip
@@ -495,7 +495,7 @@ def step_costs(
     target_pass=_step_loop(target, num_tokens=gamma + 1, **rows),
     # A block drafter's step is its one call of the loop: gamma + 1 kept positions, gamma drafts.
     drafter_step=_step_loop(drafter, target=target, num_tokens=gamma + 1 if block else 1, **rows),
-    iteration=_iteration_loop(target, drafter, gamma=gamma, unroll_draft=unroll_draft, **rows),
+    iteration=iteration_loop(target, drafter, gamma=gamma, unroll_draft=unroll_draft, **rows),
   )
   long = loop_lengths[1]
   runs = {

@@ -174,6 +174,38 @@ def _decoder_inputs(params, tokens, features, slots, config: T5Config, rules) ->
   return x
 
 
+def _check_inputs(config: T5Config, features, slots, taps) -> None:
+  """`decoder`'s optional inputs against the config: features exactly with feature_dim, slots
+  exactly with block_size, taps among its layers."""
+  if (features is None) != (config.feature_dim is None):
+    raise ValueError(
+      f'features must be given exactly when config.feature_dim is set: feature_dim '
+      f'{config.feature_dim}, features {None if features is None else features.shape}.'
+    )
+  if (slots is None) != (config.block_size is None):
+    raise ValueError(
+      f'slots must be given exactly when config.block_size is set: block_size '
+      f'{config.block_size}, slots {None if slots is None else slots.shape}.'
+    )
+  if taps is not None and not all(0 <= i < config.num_decoder_layers for i in taps):
+    raise ValueError(
+      f'Decoder layers {tuple(taps)} asked for, but this T5 has {config.num_decoder_layers} '
+      f'(0..{config.num_decoder_layers - 1}).'
+    )
+
+
+def _self_positions(t: int, self_cache, layout, cache_layout):
+  """(query positions, key positions, attend or None: causal) of `decoder`'s self-attention over
+  T new inputs, by its Args."""
+  if self_cache is None:
+    q_pos, attend = layout if layout is not None else (jnp.arange(t)[None], None)
+    return q_pos, (q_pos if layout is not None else jnp.arange(t)), attend
+  if cache_layout is not None:
+    return cache_layout
+  self_k, _, end_index = self_cache
+  return end_index[:, None] + jnp.arange(t), jnp.arange(self_k.shape[2]), None
+
+
 def decoder(
   params: Params,
   tokens: jax.Array,
@@ -225,28 +257,12 @@ def decoder(
     normed by the final norm, concatenated in the order given (the last layer's is the final
     states).
   """
-  if (features is None) != (config.feature_dim is None):
-    raise ValueError(
-      f'features must be given exactly when config.feature_dim is set: feature_dim '
-      f'{config.feature_dim}, features {None if features is None else features.shape}.'
-    )
+  _check_inputs(config, features, slots, taps)
   dec = params['decoder']
   t = tokens.shape[1]
-  if (slots is None) != (config.block_size is None):
-    raise ValueError(
-      f'slots must be given exactly when config.block_size is set: block_size '
-      f'{config.block_size}, slots {None if slots is None else slots.shape}.'
-    )
-  if self_cache is None:
-    q_pos, attend = layout if layout is not None else (jnp.arange(t)[None], None)
-    k_pos = q_pos if layout is not None else jnp.arange(t)
-  else:
+  q_pos, k_pos, attend = _self_positions(t, self_cache, layout, cache_layout)
+  if self_cache is not None:
     self_k, self_v, end_index = self_cache
-    if cache_layout is None:
-      q_pos, attend = end_index[:, None] + jnp.arange(t), None
-      k_pos = jnp.arange(self_k.shape[2])
-    else:
-      q_pos, k_pos, attend = cache_layout
   bias = relpos_bias(
     dec['relpos_bias']['rel_embedding'], q_pos, k_pos, bidirectional=False, config=config
   )
@@ -254,11 +270,6 @@ def decoder(
   self_mask = (k_pos[..., None, :] <= q_pos[..., None] if attend is None else attend)[:, None]
   cross_mask = encoder_mask[:, None, None, :]
 
-  if taps is not None and not all(0 <= i < config.num_decoder_layers for i in taps):
-    raise ValueError(
-      f'Decoder layers {tuple(taps)} asked for, but this T5 has {config.num_decoder_layers} '
-      f'(0..{config.num_decoder_layers - 1}).'
-    )
   drop = dropper(dropout, stream=1)
   x = drop(_decoder_inputs(params, tokens, features, slots, config, rules), 0)
   tapped = {}
