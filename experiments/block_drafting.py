@@ -144,7 +144,11 @@ def run(config, workdir: str, *, echo=print) -> dict:
   def measure(results):
     for pair in config.pairs:
       plan = _plan(config, pair)
-      results.say(plan.summary())
+      results.say(
+        f'{plan.inputs_summary()}; drafters {sorted(plan.drafters)} at temperatures '
+        f'{tuple(config.temperatures)}: gammas {tuple(config.gammas)} (block drafters '
+        f'{tuple(config.block_gammas)}, proposals {tuple(config.proposals)}), token verification'
+      )
       rows = acceptance_rows(plan, config)
       yield from (('block_drafting', dict(row, pair=str(pair))) for row in rows)
       if config.timing_rounds:

@@ -123,7 +123,11 @@ def run(config, workdir: str, *, echo=print) -> dict:
   def measure(results):
     for pair in config.pairs:
       plan = _plan(config, pair)
-      results.say(plan.summary())
+      results.say(
+        f'{plan.inputs_summary()}; budgets {tuple(config.budgets)} at temperatures '
+        f'{tuple(config.temperatures)}, rows {[m for m in config.methods if m] or "all"}, '
+        'token verification'
+      )
       yield from (('token_trees', row) for row in acceptance_rows(plan, config))
       if config.pass_nodes:
         results.say(tables.format_header(PASS_TABLE))

@@ -29,6 +29,9 @@ def test_runlocal_writes_and_prints_its_rows(tmp_path):
   assert not any('draft/iter' in line for line in printed)  # timing_rounds 0: no cost rows
   assert any(line.split()[:1] == ['task'] and 'tok/call' in line for line in printed)
   assert sum(line.split()[:1] == ['EnDe'] for line in printed) == len(rows)
+  # Its header says its own rows, not the main job's it borrows the sentences from.
+  (header,) = [line for line in printed if 'test sentences of' in line]
+  assert 'block drafters (4,), proposals' in header and 'passes over' not in header
 
 
 def test_the_prediction_takes_each_pair_s_own_costs():

@@ -24,6 +24,9 @@ def test_runlocal_writes_and_prints_its_rows(tmp_path):
     (passes,) = list(csv.DictReader(f))
   assert passes['nodes'] == '4' and float(passes['chain']) > 0 and float(passes['tree']) > 0
   assert sum(line.split()[:1] == ['EnDe'] for line in printed) == len(rows) + 1
+  # Its header says its own rows, not the main job's it borrows the sentences from.
+  (header,) = [line for line in printed if 'test sentences of' in line]
+  assert 'budgets (9,) at temperatures (0.0,)' in header and 'passes over' not in header
 
 
 def test_rows_of_a_drafter_the_pair_lacks_are_skipped():

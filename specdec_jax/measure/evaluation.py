@@ -171,7 +171,9 @@ class Plan:
     """Corpus BLEU of `hypotheses` against the references."""
     return sacrebleu.corpus_bleu(list(hypotheses), [self.references]).score
 
-  def summary(self) -> str:
+  def inputs_summary(self) -> str:
+    """What is decoded, and where: the sentences, pair, batch and devices (an experiment that
+    runs rows of its own says them after this)."""
     c = self.config
     where = 'one device' if self.mesh is None else f'mesh {dict(self.mesh.shape)}'
     grown = self.pair.target.config
@@ -182,8 +184,14 @@ class Plan:
       f'{len(self.sources)} test sentences of {self.pair.directory}{target}, batch '
       f'{c.batch_size}, on '
       f'{where} ({jax.process_count()} process(es), {jax.devices()[0].platform}); '
-      f'{self.truncated} source(s) longer than {c.max_source_length} tokens truncated; '
-      f'{self.num_methods} rows: autoregressive and drafters {sorted(self.drafters)} x '
+      f'{self.truncated} source(s) longer than {c.max_source_length} tokens truncated'
+    )
+
+  def summary(self) -> str:
+    """`inputs_summary` and the main job's rows."""
+    c = self.config
+    return (
+      f'{self.inputs_summary()}; {self.num_methods} rows: autoregressive and drafters {sorted(self.drafters)} x '
       f'gammas {tuple(c.gammas)} (block drafters {self.block_gammas}) x verifiers '
       f'{tuple(c.verifiers)} ({num_drafts(c)} draft '
       f'path(s) per iteration, draft stop {c.get("draft_stop")}), at temperatures '
