@@ -6,7 +6,8 @@ against a chain pass of N positions.
   python -m experiments.token_trees --config=experiments/configs/token_trees.py:runlocal
 
 For each pair, temperature and node budget B, one speculative run over the pair's test sentences
-per row (nothing timed there; tokens per call and alpha are exact counts):
+per row (nothing timed there; tokens per call and alpha are exact counts); the block drafter is
+the pair's drafter named `block_drafter` ('block' by default; ende48m also ships 'wide'):
   block chain     the block drafter, gamma = min(B - 1, block_size): gamma + 1 positions;
   block tree      the block drafter's best-first tree of B nodes, depth gamma (one drafter call);
   block sampled   its tree drawn without replacement, (B - 1) // 4 children at the root and one
@@ -31,6 +32,7 @@ TABLE = (
   tables.Column('temp', fmt='g', width=4),
   tables.Column('budget', width=6),
   tables.Column('method', width=16),
+  tables.Column('drafter', width=9),
   tables.Column('gamma', width=5),
   tables.Column('positions', 'pass', width=4),
   tables.Column('tokens_per_call', 'tok/call', fmt='.3f', width=8),
@@ -56,15 +58,16 @@ def _plan(config, pair: str) -> evaluation.Plan:
   return evaluation.prepare(main)
 
 
-def methods(budget: int, block_size: int, temperature: float):
-  """(name, drafter, gamma, keyword arguments, positions per pass) of a budget's rows."""
+def methods(budget: int, block_size: int, temperature: float, block: str = 'block'):
+  """(name, drafter, gamma, keyword arguments, positions per pass) of a budget's rows; `block`
+  names the block drafter."""
   gamma = min(budget - 1, block_size)
-  yield 'block chain', 'block', gamma, {}, gamma + 1
-  yield 'block tree', 'block', gamma, {'tree': decode.TreeSpec(budget)}, budget
+  yield 'block chain', block, gamma, {}, gamma + 1
+  yield 'block tree', block, gamma, {'tree': decode.TreeSpec(budget)}, budget
   if temperature > 0 and budget >= 9:
     branching = ((budget - 1) // 4, 1, 1, 1)
     sampled = decode.TreeSpec(trees.full_tree_size(branching), 'sampled', branching=branching)
-    yield 'block sampled', 'block', 4, {'tree': sampled}, sampled.num_nodes
+    yield 'block sampled', block, 4, {'tree': sampled}, sampled.num_nodes
   yield 'distilled chain', 'distilled', budget - 1, {}, budget
   if temperature > 0 and budget >= 8:
     k = budget // 4
@@ -76,10 +79,11 @@ def methods(budget: int, block_size: int, temperature: float):
 
 def planned(config, drafters: dict, budget: int, temperature: float):
   """`methods`' rows that `config.methods` names ('': all) and whose drafter the pair has."""
-  block = drafters.get('block')
+  name = config.block_drafter
+  block = drafters.get(name)
   block_size = block.steps.block_size if block is not None else 1
   wanted = [m for m in config.methods if m]
-  for row in methods(budget, block_size, temperature):
+  for row in methods(budget, block_size, temperature, name):
     if (not wanted or row[0] in wanted) and row[1] in drafters:
       yield row
 
@@ -99,6 +103,7 @@ def acceptance_rows(plan: evaluation.Plan, config):
           temp=temperature,
           budget=budget,
           method=name,
+          drafter=drafter,
           gamma=gamma,
           positions=positions,
           tokens_per_call=float(run.stats.block_efficiency),

@@ -40,3 +40,6 @@ def test_rows_of_a_drafter_the_pair_lacks_are_skipped():
   assert only_distilled == ['distilled chain', 'distilled 4 paths', 'distilled topk']
   config.methods = ('block tree',)
   assert [r[0] for r in token_trees.planned(config, {'block': block}, 17, 0.0)] == ['block tree']
+  config.block_drafter = 'wide'  # another block drafter of the pair runs the block rows
+  rows = token_trees.planned(config, {'block': None, 'wide': block}, 17, 0.0)
+  assert [(r[0], r[1]) for r in rows] == [('block tree', 'wide')]

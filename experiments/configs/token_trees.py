@@ -37,6 +37,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.temperatures = (0.0, 1.0)
   c.budgets = (9, 17)  # positions one target pass scores
   c.methods = ('',)  # names of experiments/token_trees.py's rows to run ('': all)
+  c.block_drafter = 'block'  # the pair's block drafter the block rows run ('wide' on ende48m)
   c.num_examples = 40
   c.batch_size = 8  # acceptance runs only: nothing is timed there
   c.pass_nodes = (4, 8, 16, 32, 64)  # tree pass costs at batch 1; () skips them
