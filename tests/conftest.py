@@ -13,6 +13,12 @@ from specdec_jax import pretrained
 from tests import helpers
 
 _CACHE_ENV = 'JAX_COMPILATION_CACHE_DIR'
+# A test compiles far more than it runs (tiny shapes, a program run once or a few times), and on
+# the CPU most of a compile is LLVM optimizing the code: level 0 leaves XLA's own passes (fusion,
+# layout) as they are and cut the README suite's CPU time by about a quarter (docs/performance.md,
+# "The test suite's time"). Results are the same programs' (no fast math either way); a level the
+# user sets in XLA_FLAGS wins.
+_OPT_FLAG = '--xla_backend_optimization_level=0'
 
 
 def pytest_configure(config):
@@ -22,6 +28,9 @@ def pytest_configure(config):
   `jax.clear_caches()` throws away. Programs are keyed by their HLO, flags and JAX version, so a
   hit is the same program. (Its gain was within this machine's noise when measured; see the
   issue 26 note.) A cache the user set is kept."""
+  flags = os.environ.get('XLA_FLAGS', '')
+  if 'xla_backend_optimization_level' not in flags:  # before the backend starts, below
+    os.environ['XLA_FLAGS'] = f'{flags} {_OPT_FLAG}'.strip()
   if not hasattr(config, 'workerinput') and _CACHE_ENV not in os.environ:
     config.jit_cache_dir = os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix='specdec_jax_jit_')
     os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0.2'

@@ -102,6 +102,12 @@ def needs_libtpu(test):
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
+def _with_devices(devices: int) -> str:
+  """This run's XLA_FLAGS (tests/conftest.py's among them) with `devices` host devices."""
+  flags = os.environ.get('XLA_FLAGS', '')
+  return f'{flags} --xla_force_host_platform_device_count={devices}'.strip()
+
+
 def run_on_cpu_devices(script: str, done: str, *, devices: int = 8, timeout: int = 600) -> str:
   """Runs `script` in a fresh interpreter that sees `devices` CPU devices (the device count is
   fixed when JAX starts, so it cannot change in this process) and asserts it exited 0 having
@@ -109,7 +115,7 @@ def run_on_cpu_devices(script: str, done: str, *, devices: int = 8, timeout: int
   env = dict(
     os.environ,
     JAX_PLATFORMS='cpu',
-    XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
+    XLA_FLAGS=_with_devices(devices),
   )
   result = subprocess.run(
     [sys.executable, '-c', script],
@@ -143,7 +149,7 @@ def run_as_two_hosts_and_one(
       subprocess.Popen(
         [sys.executable, str(out / 'script.py'), str(pid), port, str(out / name), *args],
         cwd=_REPO,
-        env=dict(env, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}'),
+        env=dict(env, XLA_FLAGS=_with_devices(devices)),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
