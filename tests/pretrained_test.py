@@ -77,6 +77,23 @@ def test_shipped_block_drafters_are_lossless_on_the_test_set(name):
       _greedy_parity(pair, [drafter], num_sentences=100, gamma=gamma)
 
 
+@pytest.mark.slow  # ~3 min: 40 sentences decoded plainly, then through 33-node trees
+@helpers.needs_pair('ende48m')
+def test_wide_drafters_tree_is_lossless_on_the_main_jobs_sentences():
+  # The rows of docs/results.md section 17 that keep 2.5 tokens per call: one `wide` call and a
+  # best-first tree of 33 nodes an iteration, greedy output the target's token for token.
+  pair = pretrained.load('ende48m')
+  sources = [s for s, _ in pair.test_pairs()[:40]]
+  ids, mask = pair.tokenizer.encode_batch(sources, 64, truncate=True)
+  kw = dict(sampling=sampling.SamplingConfig(temperature=0.0), max_new_tokens=64, rng=None)
+  ref = np.asarray(decode.generate(pair.target, ids, mask, **kw).tokens)
+  out = decode.speculative_generate(
+    pair.target, pair.drafters['wide'], ids, mask, gamma=8, tree=decode.TreeSpec(33), **kw
+  )
+  np.testing.assert_array_equal(np.asarray(out.tokens), ref)
+  assert float(out.stats.block_efficiency.mean()) > 2
+
+
 def test_read_manifest_gives_a_dict_of_its_own(tmp_path):
   # A directory without pair.json reads the default manifest: a copy, so that a caller adding a
   # drafter to it (scripts/add_drafter.py) leaves the default as it was.
