@@ -244,9 +244,8 @@ def test_cached_layer_states_give_the_live_targets_step(tmp_path):
   )  # fmt: skip
   data = _random_pairs(6, 8, 9, min_target=2)
   tgt_len = data.target_lengths
-  kw = dict(
-    with_encoder=True, batch_size=4, buckets=[12], progress=False
-  )  # one bucket: one program a layer set (test 198 has two)
+  # One bucket: one teacher program a layer set (the test above has two).
+  kw = dict(with_encoder=True, batch_size=4, buckets=[12], progress=False)
   cached = {
     layers: distill_data.TeacherStates.compute(
       teacher, data, shard_dir=str(tmp_path / str(layers)), feature_layers=layers, **kw

@@ -191,7 +191,8 @@ class Plan:
     """`inputs_summary` and the main job's rows."""
     c = self.config
     return (
-      f'{self.inputs_summary()}; {self.num_methods} rows: autoregressive and drafters {sorted(self.drafters)} x '
+      f'{self.inputs_summary()}; {self.num_methods} rows: autoregressive and drafters '
+      f'{sorted(self.drafters)} x '
       f'gammas {tuple(c.gammas)} (block drafters {self.block_gammas}) x verifiers '
       f'{tuple(c.verifiers)} ({num_drafts(c)} draft '
       f'path(s) per iteration, draft stop {c.get("draft_stop")}), at temperatures '
