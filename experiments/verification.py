@@ -135,8 +135,8 @@ def check(config) -> None:
   _ints(config, 'num_drafts', 1)
   for stop in config.draft_stops:
     try:
-      stop = float(stop)  # a command-line list of an empty default arrives as text
-    except ValueError:
+      stop = float(stop)  # not a number: 'none', or text
+    except (TypeError, ValueError):
       raise ValueError(f'config.draft_stops must hold numbers, got {config.draft_stops}.') from None
     decode.LoopSpec(  # raises on a draft stop outside (0, 1)
       sampling=sampling_lib.SamplingConfig(temperature=1.0),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import debsumm, ende
-from specdec_jax import analysis, decode_stats
+from specdec_jax import analysis, decode, decode_stats
 from specdec_jax.measure import evaluation, results_io, tables, timing, translation
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
@@ -57,9 +57,10 @@ def _assert_greedy_outputs_identical(decoded, num_sources: int) -> None:
   'items, costs',
   [
     # Default: two drafters (a T5 and an n-gram, so the pass cost is pooled over two), greedy,
-    # the model costs faked (timing_test and distill_test time them). Temperature 1 and the
-    # bigram are decoded by the timed-in-turn test below.
-    ('runlocal,num_examples=3,drafters=distilled,trigram,temperatures=0', 'fake'),
+    # each with a chain and a top-2 token tree of 5 nodes, the model costs faked (timing_test
+    # and distill_test time them). Temperature 1 and the bigram are decoded by the timed-in-turn
+    # test below.
+    ('runlocal,num_examples=3,drafters=distilled,trigram,temperatures=0,tree_nodes=5', 'fake'),
     pytest.param('runlocal,num_examples=3', 'measured', marks=pytest.mark.slow),  # the whole job
   ],
 )
@@ -79,12 +80,17 @@ def test_runlocal_end_to_end(tmp_path, monkeypatch, items, costs):
   rows = writer.rows
   methods = {(r['drafter'], r['method'], r['temp']) for r in rows}
   want = [('-', 'autoregressive')] + [(d, v) for d in config.drafters for v in config.verifiers]
+  want += [(d, 'tree') for d in config.drafters if config.tree_nodes]
   assert methods == {(d, m, t) for d, m in want for t in config.temperatures}
   assert len(rows) == plan.num_methods
   for row in rows:
     assert row['seconds'] > 0 and row['tokens_per_s'] > 0
-    if row['method'] != 'autoregressive':
+    if row['method'] == 'tree':  # a top-2 tree of 5 nodes: depth 2, at most 3 tokens a call
+      assert (row['tree_nodes'], row['gamma']) == (5, 2) and row['alpha'] is None
+      assert 1 <= row['block_efficiency'] <= 3
+    elif row['method'] != 'autoregressive':
       assert 0 <= row['alpha'] <= 1 and 1 <= row['block_efficiency'] <= config.gammas[0] + 1
+      assert row['tree_nodes'] is None
     else:
       assert row['alpha'] is None
   # Greedy speculative decoding is lossless: the same tokens as greedy autoregressive, row for
@@ -92,10 +98,14 @@ def test_runlocal_end_to_end(tmp_path, monkeypatch, items, costs):
   _assert_greedy_outputs_identical(decoded, config.num_examples)
   assert len({r['bleu'] for r in rows if r['temp'] == 0.0}) == 1
   spec = [r for r in rows if r['method'] != 'autoregressive']
-  # The pass cost is the target's, pooled over the drafters: one value per gamma.
-  assert len({r['pass_cost'] for r in spec}) == len(config.gammas)
+  # The pass cost is the target's, pooled over the drafters: one value per gamma (per tree size).
+  assert len({r['pass_cost'] for r in spec}) == len(config.gammas) + len(config.tree_nodes)
   if costs == 'fake':  # gamma 4: the median of the T5's 1.9 and the n-gram's 1.4 (unpooled: each)
-    assert [r['pass_cost'] for r in spec] == pytest.approx([1.65] * len(spec))
+    chains = [r['pass_cost'] for r in spec if r['method'] != 'tree']
+    assert chains == pytest.approx([1.65] * len(chains))
+    # The trees' (depth 2): 1.2 + 0.5 for the T5, pooled with the n-gram's 1.2
+    trees = [r['pass_cost'] for r in spec if r['method'] == 'tree']
+    assert trees == pytest.approx([1.45] * len(trees))
   for r in spec:  # fitted over 3 sentences (None where their iteration counts coincide)
     if r['iteration_cost'] is not None:
       assert r['predicted_loop'] == pytest.approx(r['block_efficiency'] / r['iteration_cost'])
@@ -275,6 +285,7 @@ def test_config_items_apply_in_order_and_lists_hold_any_number():
   assert ende.get_config('num_examples=150,runlocal').num_examples == 8  # runlocal came later
   assert ende.get_config('runlocal,num_examples=150').num_examples == 150
   assert ende.get_config('temperatures=0,1e-3,0.5').temperatures == (0.0, 0.001, 0.5)
+  assert ende.get_config('tree_nodes=5,9').tree_nodes == (5, 9)  # an empty default's numbers
   with pytest.raises(ValueError, match='Unknown config item'):
     ende.get_config('gama=3')
   with pytest.raises(ValueError, match="Bad value for config field 'batch_size'"):
@@ -298,12 +309,28 @@ def test_config_items_apply_in_order_and_lists_hold_any_number():
     ('verifiers=token,token', 'verifiers must be distinct'),
     ('temperatures=-1', 'temperature must be >= 0'),
     ('num_examples=100000', 'has only'),
+    ('tree_nodes=1', 'tree_nodes must hold ints >= 2'),
+    ('tree_nodes=6', r"Drafter 'distilled': .*top-2 tree has 1 \+ 2 \* depth nodes"),
+    ('tree_nodes=5,proposal=argmax', "tree= does not support proposal='argmax'"),
+    ('tree_nodes=5,num_drafts=2', 'needs num_drafts=1'),
   ],
 )
 @helpers.needs_pair('ende')
 def test_bad_settings_fail_before_decoding(item, match):
   with pytest.raises(ValueError, match=match):
     evaluation.prepare(ende.get_config(item))
+
+
+def test_tree_rows_build_each_drafters_tree():
+  # A block drafter's best-first tree on its one call (depth capped at its block_size); an
+  # autoregressive drafter's top-2 tree, whose nodes are odd.
+  block, autoregressive = types.SimpleNamespace(block_size=8), types.SimpleNamespace()
+  assert evaluation.tree_spec(block, 5) == (4, decode.TreeSpec(5))
+  assert evaluation.tree_spec(block, 17) == (8, decode.TreeSpec(17))
+  tree = decode.TreeSpec(9, builder='topk', top_k=2)
+  assert evaluation.tree_spec(autoregressive, 9) == (4, tree)
+  with pytest.raises(ValueError, match='an odd number; got 8'):
+    evaluation.tree_spec(autoregressive, 8)
 
 
 def test_missing_pair_and_drafter_fail_early(tmp_path):

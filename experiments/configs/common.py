@@ -83,7 +83,8 @@ def _set(config, key: str, value) -> None:
 def _convert(key: str, default, values: list[str]):
   try:
     if isinstance(default, tuple):
-      kind = type(default[0]) if default else str
+      # An empty default says nothing of its kind: numbers as numbers, anything else as text.
+      kind = type(default[0]) if default else type(None)
       return tuple(_scalar(kind, v) for v in values)
     if len(values) != 1:
       raise ValueError(f'{key} takes one value, got {values}')

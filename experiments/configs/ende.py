@@ -10,6 +10,7 @@ r"""The main job: EN->DE on the shipped 48M pair (pretrained/ende48m), Table 2 o
   python -m experiments.translate --config=experiments/configs/ende.py:large   # grown, CPU
   python -m experiments.translate --config=experiments/configs/ende.py:xxl     # grown, 1 GPU / v4-8
   python -m experiments.translate --config=experiments/configs/ende.py:grow_to=t5_1_1-xl
+  python -m experiments.translate --config=experiments/configs/ende.py:tree_nodes=5,9  # + trees
 
 Every method at batch 1 as in the paper: autoregressive, and the distilled, trigram and bigram
 drafters with token and block verification at gammas 3 and 5 (the block drafter, where the pair
@@ -122,6 +123,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # A block drafter's gammas (one call drafts them all, so they may be larger; <= its block_size).
   c.block_gammas = (4, 8)
   c.verifiers = ('token', 'block')
+  # Token-tree rows (none by default): node budgets N, each drafter's tree of N nodes scored in
+  # one target pass (a block drafter's best-first tree from its one call, depth min(N - 1,
+  # block_size); an autoregressive drafter's top-2 tree, N odd, depth (N - 1) / 2), token-tree
+  # verification (docs/method.md section 13), timed in turn with its own autoregressive baseline.
+  c.tree_nodes = ()
   # How drafts are proposed at temperature > 0 (speculative_generate's proposal): 'sample' (each
   # draft drawn from the drafter's law) or 'argmax' (its most likely token, q one-hot).
   c.proposal = 'sample'

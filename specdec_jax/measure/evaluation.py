@@ -58,7 +58,10 @@ class Row:
   gamma: int  # drafts per iteration; 0 for autoregressive decoding
   num_drafts: int | None = None  # K draft paths per iteration (config.num_drafts); None for AR
   draft_stop: float | None = None  # adaptive draft length threshold (config.draft_stop), or None
-  alpha: float | None = None  # mean beta = sum_x min(p, q) over the verified positions
+  # A token-tree row's N node slots, one target pass over them (config.tree_nodes; method 'tree',
+  # gamma its depth); None: a chain (or K paths).
+  tree_nodes: int | None = None
+  alpha: float | None = None  # mean beta = sum_x min(p, q) over verified positions (None: a tree)
   block_efficiency: float  # tokens emitted per target call; 1.0 for autoregressive decoding
   c: float | None = None  # a drafter call / a target step, in the loop (`timing.step_costs`)
   # What the drafter costs per iteration beyond its gamma calls, in target steps (on a CPU: its
@@ -90,6 +93,7 @@ TABLE = (
   tables.Column('temp', fmt='g', width=4),
   tables.Column('gamma', fmt='d', width=5),
   tables.Column('num_drafts', 'K', 'd', width=2),
+  tables.Column('tree_nodes', 'N', 'd', width=3),
   tables.Column('alpha', fmt='.3f', width=6),
   tables.Column('block_efficiency', 'block_eff', '.2f'),
   tables.Column('c', fmt='.3f', width=6),
@@ -130,22 +134,35 @@ class Plan:
 
   @property
   def groups(self) -> list[tuple[str, int]]:
-    """Every (drafter name, gamma) of the rows, in order."""
+    """Every (drafter name, gamma) of the chain rows, in order."""
     return [(name, gamma) for name in self.drafters for gamma in self.gammas(name)]
 
   @property
+  def tree_groups(self) -> list[tuple[str, int, decode.TreeSpec]]:
+    """Every (drafter name, depth, tree) of the token-tree rows (`config.tree_nodes`), in order:
+    each drafter's tree of N nodes for each N (`tree_spec`)."""
+    return [
+      (name, *tree_spec(step_models.as_step_model(drafter)[0], nodes))
+      for name, drafter in self.drafters.items()
+      for nodes in self.config.get('tree_nodes') or ()
+    ]
+
+  @property
   def num_methods(self) -> int:
-    """Rows: autoregressive at each temperature, and every drafter x gamma x verifier."""
+    """Rows: autoregressive at each temperature, every drafter x gamma x verifier, and every
+    drafter x tree."""
     c = self.config
-    return len(c.temperatures) * (1 + len(self.groups) * len(c.verifiers))
+    return len(c.temperatures) * (1 + len(self.groups) * len(c.verifiers) + len(self.tree_groups))
 
   @property
   def num_passes(self) -> int:
     """Decodings of the whole test set: per temperature and (drafter, gamma), one
-    autoregressive (the verifiers' paired baseline) and one per verifier."""
+    autoregressive (the verifiers' paired baseline) and one per verifier; per tree, one
+    autoregressive and the tree's."""
     c = self.config
-    groups = max(1, len(self.groups))  # no drafters: autoregressive alone
-    return len(c.temperatures) * (groups + len(self.groups) * len(c.verifiers))
+    trees = len(self.tree_groups)
+    groups = max(1, len(self.groups) + trees)  # no drafters: autoregressive alone
+    return len(c.temperatures) * (groups + len(self.groups) * len(c.verifiers) + trees)
 
   def decoding(self, temperature: float) -> dict:
     """The arguments of `translation.translate` / `translate_in_turn` every row of the plan shares: the
@@ -187,6 +204,10 @@ class Plan:
       f'{self.truncated} source(s) longer than {c.max_source_length} tokens truncated'
     )
 
+  def _trees_summary(self) -> str:
+    nodes = tuple(self.config.get('tree_nodes') or ())
+    return f", and each drafter's token tree of {nodes} nodes" if nodes else ''
+
   def summary(self) -> str:
     """`inputs_summary` and the main job's rows."""
     c = self.config
@@ -195,7 +216,8 @@ class Plan:
       f'{sorted(self.drafters)} x '
       f'gammas {tuple(c.gammas)} (block drafters {self.block_gammas}) x verifiers '
       f'{tuple(c.verifiers)} ({num_drafts(c)} draft '
-      f'path(s) per iteration, draft stop {c.get("draft_stop")}), at temperatures '
+      f'path(s) per iteration, draft stop {c.get("draft_stop")})'
+      f'{self._trees_summary()}, at temperatures '
       f'{tuple(c.temperatures)}; {self.num_passes} passes over the test set (each drafter and '
       'gamma: every batch autoregressively, then with each verifier, timed in turn)'
     )
@@ -262,11 +284,27 @@ def is_block(steps) -> bool:
   return bool(getattr(steps, 'block_size', None))
 
 
+def tree_spec(steps, nodes: int) -> tuple[int, decode.TreeSpec]:
+  """(depth, tree) of a token-tree row of `nodes` node slots for a drafter's step model: a block
+  drafter's best-first tree on its one call's laws, depth min(nodes - 1, block_size); an
+  autoregressive drafter's top-2 tree, depth (nodes - 1) / 2 (nodes odd). docs/method.md
+  section 13 has both; docs/results.md section 17 what they keep per call."""
+  if is_block(steps):
+    return min(nodes - 1, steps.block_size), decode.TreeSpec(nodes)
+  if nodes % 2 == 0:
+    raise ValueError(
+      f"config.tree_nodes: an autoregressive drafter's top-2 tree has 1 + 2 * depth nodes, an "
+      f'odd number; got {nodes}.'
+    )
+  return (nodes - 1) // 2, decode.TreeSpec(nodes, builder='topk', top_k=2)
+
+
 def check_drafters(config, target, drafters: dict) -> None:
   """Raises ValueError naming the first (drafter, verifier, gamma) of the rows the loop would
   refuse, before any row runs: a verifier's constraints on drafters (`Verifier.check_drafter`),
   a drafter for another target (`step_models.check_state_reader`) and a block drafter's
-  block_size (`step_models.check_block_drafter`)."""
+  block_size (`step_models.check_block_drafter`), and each token tree of `config.tree_nodes`
+  (`tree_spec`; the loop's own checks of a tree, at each temperature)."""
   target_steps, _ = step_models.as_step_model(target)
   for name, drafter in drafters.items():
     steps, _ = step_models.as_step_model(drafter)
@@ -277,6 +315,19 @@ def check_drafters(config, target, drafters: dict) -> None:
       gammas = (config.get('block_gammas') or config.gammas) if is_block(steps) else config.gammas
       for gamma in gammas:
         step_models.check_block_drafter(steps, gamma)
+      for nodes in config.get('tree_nodes') or ():
+        depth, tree = tree_spec(steps, nodes)
+        tree.check_models(target_steps, steps)
+        for temperature in config.temperatures:
+          decode.LoopSpec(
+            sampling=sampling_lib.SamplingConfig(temperature=temperature),
+            max_new_tokens=config.max_new_tokens,
+            gamma=depth,
+            num_drafts=num_drafts(config),
+            draft_stop=config.get('draft_stop'),
+            proposal=config.get('proposal') or 'sample',
+            tree=tree,
+          )
     except ValueError as e:
       raise ValueError(f'Drafter {name!r}: {e}') from e
 
@@ -292,10 +343,10 @@ def check_config(config) -> None:
     if not config[name]:
       raise ValueError(f'config.{name} is empty.')
   all_gammas = (*config.gammas, *(config.get('block_gammas') or ()))
-  for name in ('gammas', 'block_gammas'):
+  for name, least in (('gammas', 1), ('block_gammas', 1), ('tree_nodes', 2)):
     for g in config.get(name) or ():
-      if isinstance(g, bool) or not isinstance(g, numbers.Integral) or g < 1:
-        raise ValueError(f'config.{name} must hold ints >= 1, got {tuple(config[name])}.')
+      if isinstance(g, bool) or not isinstance(g, numbers.Integral) or g < least:
+        raise ValueError(f'config.{name} must hold ints >= {least}, got {tuple(config[name])}.')
   translation.check_methods(config.verifiers, 'config.verifiers')
   for temperature, gamma, verifier in itertools.product(
     config.temperatures, sorted(set(all_gammas)), config.verifiers
@@ -371,15 +422,16 @@ _TIMING_REPEATS = 15
 
 
 def model_costs(plan: Plan, *, progress: bool = False) -> dict[tuple[str, int], dict[str, float]]:
-  """c, c_fixed, c_alone and pass_cost of every (drafter name, gamma) of the plan, measured in the
-  loop (`timing.step_costs`, `config.timing_rounds` rounds). The pass cost is the target's, not the
-  drafter's: each gamma's is the median over every drafter's measurement (less noise than one
+  """c, c_fixed, c_alone and pass_cost of every (drafter name, gamma) of the plan, and every
+  (drafter name, depth, nodes) of its trees, measured in the loop (`timing.step_costs`,
+  `config.timing_rounds` rounds). The pass cost is the target's, not the drafter's: each gamma's
+  (each tree size's) is the median over every drafter's measurement (less noise than one
   drafter's rounds). `progress`: a bar of its own, what it measures and k of n, since on a CPU
   this phase takes minutes before the first sentence is decoded."""
   from tqdm.auto import tqdm  # imported here: only the main job's progress needs it
 
   c = plan.config
-  todo = plan.groups
+  todo = plan.groups + [(name, gamma, tree.num_nodes) for name, gamma, tree in plan.tree_groups]
   bar = tqdm(
     total=len(todo),
     desc='model costs (c, c_fixed, pass cost; timed in the loop)',
@@ -390,29 +442,33 @@ def model_costs(plan: Plan, *, progress: bool = False) -> dict[tuple[str, int], 
   )
   costs = {}
   with translation.on_mesh(plan.mesh), bar:
-    for name, gamma in todo:
-      bar.set_postfix_str(f'{name}, gamma {gamma}')
-      costs[name, gamma] = timing.step_costs(
+    for key in todo:
+      name, gamma, *tree = key
+      bar.set_postfix_str(f'{name}, gamma {gamma}' + (f', tree of {tree[0]}' if tree else ''))
+      costs[key] = timing.step_costs(
         plan.pair.target,
         plan.drafters[name],
         batch_size=c.batch_size,
         source_length=c.max_source_length,
         gamma=gamma,
-        cache_len=decode.buffer_length(c.max_new_tokens, gamma),
+        cache_len=decode.buffer_length(c.max_new_tokens, max(gamma, *tree, 1)),
         rounds=c.timing_rounds,
         num_drafts=num_drafts(c),
         repeats=c.get('timing_repeats', _TIMING_REPEATS),
+        tree_nodes=tree[0] if tree else None,
       )
       bar.update()
+  # A chain's pass is pooled over the drafters of its gamma, a tree's over those of its nodes.
+  pass_of = lambda key: key[1] if len(key) == 2 else ('tree', key[2])
   pass_cost = {
-    g: float(np.median([v['pass_cost'] for (_, gamma), v in costs.items() if gamma == g]))
-    for g in {gamma for _, gamma in plan.groups}
+    p: float(np.median([v['pass_cost'] for key, v in costs.items() if pass_of(key) == p]))
+    for p in {pass_of(key) for key in costs}
   }
   return {
-    (name, gamma): dict(
-      c=v['c'], c_fixed=v['c_fixed'], c_alone=v['c_alone'], pass_cost=pass_cost[gamma]
+    key: dict(
+      c=v['c'], c_fixed=v['c_fixed'], c_alone=v['c_alone'], pass_cost=pass_cost[pass_of(key)]
     )
-    for (name, gamma), v in costs.items()
+    for key, v in costs.items()
   }
 
 
@@ -434,14 +490,15 @@ def autoregressive_row(plan: Plan, temperature: float, run: translation.Run) -> 
 
 def speculative_row(
   plan: Plan, drafter: str, verifier: str, gamma: int, temperature: float, run: translation.Run,
-  baseline: translation.Run, cost: dict[str, float],
+  baseline: translation.Run, cost: dict[str, float], tree_nodes: int | None = None,
 ) -> Row:  # fmt: skip
-  """The row of `run` (`verifier` with `drafter`), timed in turn with the autoregressive
-  `baseline` over the same batches; `cost` is its entry of `model_costs`."""
+  """The row of `run` (`verifier` with `drafter`; a token tree of `tree_nodes` nodes, depth
+  gamma, where given: method 'tree'), timed in turn with the autoregressive `baseline` over the
+  same batches; `cost` is its entry of `model_costs`."""
   alpha = float(run.stats.alpha)
   efficiency = float(run.stats.block_efficiency)
   paths, stop = num_drafts(plan.config), plan.config.get('draft_stop')
-  if paths == 1 and stop is None:
+  if paths == 1 and stop is None and tree_nodes is None:
     tokens = analysis.expected_tokens(alpha, gamma)
   else:
     tokens = efficiency
@@ -465,12 +522,13 @@ def speculative_row(
   return Row(
     task=plan.task,
     drafter=drafter,
-    method=verifier,
+    method=verifier if tree_nodes is None else 'tree',
     temp=temperature,
     gamma=gamma,
     num_drafts=paths,
     draft_stop=stop,
-    alpha=alpha,
+    tree_nodes=tree_nodes,
+    alpha=alpha if tree_nodes is None else None,  # a tree has no one q per depth
     block_efficiency=efficiency,
     c=cost['c'],
     c_fixed=cost['c_fixed'],
@@ -506,7 +564,7 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[Row]:
     mininterval=2.0,
   )
 
-  def decode_in_turn(drafter, gamma, temperature, methods):
+  def decode_in_turn(drafter, gamma, temperature, methods, tree=None):
     return translation.translate_in_turn(
       drafter=drafter,
       methods=methods,
@@ -517,22 +575,25 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[Row]:
       num_drafts=num_drafts(c),
       draft_stop=c.get('draft_stop'),
       proposal=c.get('proposal') or 'sample',
+      tree=tree,
     )
 
-  groups = plan.groups
+  auto = translation.AUTOREGRESSIVE
+  groups = [(name, gamma, None) for name, gamma in plan.groups] + plan.tree_groups
   for temperature in c.temperatures:
     if not groups:
-      (baseline,) = decode_in_turn(None, 1, temperature, (translation.AUTOREGRESSIVE,)).values()
+      (baseline,) = decode_in_turn(None, 1, temperature, (auto,)).values()
       yield autoregressive_row(plan, temperature, baseline)
-    for i, (name, gamma) in enumerate(groups):
-      runs = decode_in_turn(
-        plan.drafters[name], gamma, temperature, (translation.AUTOREGRESSIVE, *c.verifiers)
-      )
-      baseline = runs[translation.AUTOREGRESSIVE]
+    for i, (name, gamma, tree) in enumerate(groups):
+      verifiers_ = c.verifiers if tree is None else ('token',)  # a tree verifies its own way
+      runs = decode_in_turn(plan.drafters[name], gamma, temperature, (auto, *verifiers_), tree)
+      baseline = runs[auto]
       if i == 0:
         yield autoregressive_row(plan, temperature, baseline)
-      for verifier in c.verifiers:
+      nodes = None if tree is None else tree.num_nodes
+      key = (name, gamma) if tree is None else (name, gamma, nodes)
+      for verifier in verifiers_:
         yield speculative_row(
-          plan, name, verifier, gamma, temperature, runs[verifier], baseline, costs[name, gamma]
+          plan, name, verifier, gamma, temperature, runs[verifier], baseline, costs[key], nodes
         )
   bar.close()

@@ -400,6 +400,21 @@ def step_seconds(
   return _per_iteration(run, loop_lengths, repeats)
 
 
+def _tree_pass_loop(model, cache, position, *, nodes: int, depth: int):
+  """`run(loop_length=k)`: k target passes over a best-first tree of `nodes` nodes and depth <=
+  `depth` per row (`repeated_tree_passes`), made from made-up peaked marginals: its shape, not its
+  tokens, is what a pass pays for."""
+  if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 2:
+    raise ValueError(f'A token tree has nodes >= 2 (a root and a draft), got nodes={nodes!r}.')
+  steps, params = model
+  batch = position.shape[0]
+  probs = jax.random.dirichlet(jax.random.key(0), jnp.full((64,), 0.1), (batch, depth))
+  tree = trees.best_first_tree(jnp.full((batch,), 5, jnp.int32), probs, nodes)
+  return functools.partial(
+    repeated_tree_passes, steps, params, cache, position, tree, max_depth=depth
+  )
+
+
 def tree_pass_costs(
   target,
   *,
@@ -412,20 +427,16 @@ def tree_pass_costs(
   """{'chain': a pass of `nodes` positions, 'tree': a pass over a token tree of `nodes` nodes and
   depth <= `depth`}, each in target steps: in-loop seconds at batch 1 (`repeated_steps`,
   `repeated_tree_passes`, timed in turn as `step_seconds`), over the 1-position step's. The tree
-  is `trees.best_first_tree` over made-up peaked marginals (its shape, not its tokens, is what a
-  pass pays for); the cache has 2 * nodes + 32 slots, every pass from slot 16."""
+  is `trees.best_first_tree` over made-up peaked marginals (`_tree_pass_loop`); the cache has
+  2 * nodes + 32 slots, every pass from slot 16. Raises ValueError for nodes < 2."""
   steps, params = model = step_models.as_step_model(target)
   cache_len = 2 * nodes + 32
   cache = _cache(model, None, jnp.full((1, source_length), 5, jnp.int32), cache_len)
   position = jnp.array([16], jnp.int32)
-  probs = jax.random.dirichlet(jax.random.key(0), jnp.full((64,), 0.1), (1, depth))
-  tree = trees.best_first_tree(jnp.array([5]), probs, nodes)
   runs = dict(
     chain=functools.partial(repeated_steps, steps, params, cache, position, num_tokens=nodes),
     step=functools.partial(repeated_steps, steps, params, cache, position, num_tokens=1),
-    tree=functools.partial(
-      repeated_tree_passes, steps, params, cache, position, tree, max_depth=depth
-    ),
+    tree=_tree_pass_loop(model, cache, position, nodes=nodes, depth=depth),
   )
   passes = {
     (name, k): functools.partial(run, loop_length=jnp.int32(k))
@@ -456,6 +467,7 @@ def step_costs(
   repeats: int = 7,
   extra_calls: int = EXTRA_CALLS,
   unroll_draft: bool = False,
+  tree_nodes: int | None = None,
 ) -> dict[str, float]:
   """What the walltime formula needs, in seconds and in target steps, all timed in turn.
 
@@ -485,14 +497,33 @@ def step_costs(
   rounds. With `num_drafts` K > 1 (`speculative_generate(..., num_drafts=K)`, which runs each row
   as K rows of both models) the pass, the drafter and the iteration are measured at K x
   batch_size rows and the target step at batch_size rows.
+
+  `tree_nodes` N (a token tree of depth gamma, `speculative_generate(..., tree=)`): `target_pass`
+  and `pass_cost` are a pass over a tree of N nodes (`repeated_tree_passes`, a best-first tree)
+  instead of gamma + 1 positions; c and c_fixed stay the chain's drafter at gamma (a block
+  drafter's one call is the tree's; a top-k tree's expansions over top_k rows per depth and the
+  tree's build are not in them).
   """
   target, drafter = step_models.as_step_model(target), step_models.as_step_model(drafter)
   kw = dict(source_length=source_length, cache_len=cache_len)
   rows = dict(kw, batch_size=batch_size * num_drafts)
   block = getattr(drafter[0], 'block_size', None)
+  if tree_nodes is None:
+    target_pass = _step_loop(target, num_tokens=gamma + 1, **rows)
+  else:
+    if num_drafts != 1:
+      raise ValueError(f'A token tree is one per row: num_drafts must be 1, got {num_drafts}.')
+    ids = jnp.full((batch_size, source_length), 3, jnp.int32)
+    position = jnp.full((batch_size,), cache_len // 4, jnp.int32)
+    if cache_len // 4 + tree_nodes > cache_len:
+      raise ValueError(f'cache_len={cache_len} has no room for a pass of {tree_nodes} nodes.')
+    tree = _tree_pass_loop(
+      target, _cache(target, None, ids, cache_len), position, nodes=tree_nodes, depth=gamma
+    )
+    target_pass = lambda k: tree(loop_length=jnp.int32(k))
   loops = dict(
     target_step=_step_loop(target, batch_size=batch_size, **kw),
-    target_pass=_step_loop(target, num_tokens=gamma + 1, **rows),
+    target_pass=target_pass,
     # A block drafter's step is its one call of the loop: gamma + 1 kept positions, gamma drafts.
     drafter_step=_step_loop(drafter, target=target, num_tokens=gamma + 1 if block else 1, **rows),
     iteration=iteration_loop(target, drafter, gamma=gamma, unroll_draft=unroll_draft, **rows),
