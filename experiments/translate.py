@@ -5,11 +5,11 @@ translation by default; debsumm summarization with experiments/configs/debsumm.p
   python -m experiments.translate --config=experiments/configs/ende.py:runlocal --workdir=/tmp/x
 
 Checks the config, the workdir and every model before decoding; prints each row of the table
-(`evaluation.TABLE`: task, drafter, method, temp, gamma, K, alpha, block efficiency, c, pass cost,
-speedup, predicted, predicted per call, the loop's iteration cost and its prediction, BLEU) as it
-finishes and appends it to results.csv / results.json in --workdir (default: config.workdir), so
-Ctrl-C keeps every finished row; speedup.png at the end. Third-party INFO logs only with
---verbosity=0.
+(`evaluation.TABLE`: task, drafter, method, temp, gamma, K, N (a token tree's nodes: the rows of
+`config.tree_nodes`), alpha, block efficiency, c, pass cost, speedup, predicted, predicted per
+call, the loop's iteration cost and its prediction, BLEU) as it finishes and appends it to
+results.csv / results.json in --workdir (default: config.workdir), so Ctrl-C keeps every finished
+row; speedup.png at the end. Third-party INFO logs only with --verbosity=0.
 """
 
 import os

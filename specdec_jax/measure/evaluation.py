@@ -5,7 +5,9 @@ Leviathan et al.'s Table 2.
 For each temperature, drafter and gamma: decode the test set batch by batch, each batch
 autoregressively and then with each verifier in turn (token, block), every call timed with
 compilation excluded, so that one autoregressive baseline serves both verifiers and every speedup
-compares methods under the same machine load. Each row (`Row`) reports alpha (measured, mean beta
+compares methods under the same machine load (and with `config.tree_nodes`, each drafter's token
+tree of N nodes, one target pass over them, decoded in turn with its own autoregressive baseline:
+method 'tree', gamma its depth, `tree_spec`). Each row (`Row`) reports alpha (measured, mean beta
 over verified positions), block efficiency, c and c_fixed (what the drafter adds to an iteration of
 the loop's model calls, `gamma * c + c_fixed` target steps, `timing.step_costs`; `c_alone`: a
 call alone), the walltime speedup, the speedup the paper's formula predicts from the measured
@@ -421,7 +423,7 @@ def load_pair(config, mesh) -> pretrained.Pair:
 _TIMING_REPEATS = 15
 
 
-def model_costs(plan: Plan, *, progress: bool = False) -> dict[tuple[str, int], dict[str, float]]:
+def model_costs(plan: Plan, *, progress: bool = False) -> dict[tuple, dict[str, float]]:
   """c, c_fixed, c_alone and pass_cost of every (drafter name, gamma) of the plan, and every
   (drafter name, depth, nodes) of its trees, measured in the loop (`timing.step_costs`,
   `config.timing_rounds` rounds). The pass cost is the target's, not the drafter's: each gamma's
@@ -451,7 +453,7 @@ def model_costs(plan: Plan, *, progress: bool = False) -> dict[tuple[str, int], 
         batch_size=c.batch_size,
         source_length=c.max_source_length,
         gamma=gamma,
-        cache_len=decode.buffer_length(c.max_new_tokens, max(gamma, *tree, 1)),
+        cache_len=decode.buffer_length(c.max_new_tokens, max([gamma] + [n - 1 for n in tree])),
         rounds=c.timing_rounds,
         num_drafts=num_drafts(c),
         repeats=c.get('timing_repeats', _TIMING_REPEATS),

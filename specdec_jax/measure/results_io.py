@@ -68,8 +68,9 @@ class ResultsWriter:
 def plot_speedup(table: Sequence[Mapping], path: str) -> None:
   """speedup.png: speedup over autoregressive decoding against gamma, one panel per temperature.
 
-  One colour per drafter and one marker per verifier; measured solid with filled markers, the
-  prediction dashed with open ones at the same x, so each measurement sits above or below its own
+  One colour per drafter and one marker per verifier (or 'tree': a token tree, at its depth);
+  measured solid with filled markers, the prediction dashed with open ones at the same x, so each
+  measurement sits above or below its own
   prediction. The prediction drawn is the one that explains a run of whole calls:
   `predicted_call` (the formula over the loop, plus each method's fixed work per call: the encoder,
   the caches' set-up; the table's "pred_call"), where every row has it, else `predicted_speedup`
@@ -125,7 +126,14 @@ def plot_speedup(table: Sequence[Mapping], path: str) -> None:
   axes[0][0].set_ylabel('speedup over autoregressive')
   handles = [Line2D([], [], color=colors[d], lw=2, label=f'drafter: {d}') for d in drafters]
   handles += [
-    Line2D([], [], color='black', marker=markers[v], ls='none', label=f'verifier: {v}')
+    Line2D(
+      [],
+      [],
+      color='black',
+      marker=markers[v],
+      ls='none',
+      label=f'{"method" if v == "tree" else "verifier"}: {v}',
+    )
     for v in verifiers
   ]
   handles += [

@@ -134,8 +134,18 @@ def logits(
   if config.tie_word_embeddings:
     # Mesh TF rescales before the tied output layer (HF: `scale_decoder_outputs`).
     embedding = params['token_embedder']['embedding'].astype(dtype)
-    out = jnp.einsum(
-      'btd,vd->btv', y * config.d_model**-0.5, embedding, preferred_element_type=jnp.float32
+    tied = lambda y, kernel: jnp.einsum(
+      'btd,dv->btv', y, kernel, preferred_element_type=jnp.float32
+    )
+    # XLA:CPU runs the embedding read transposed ([V, D] contracted on D) many times slower than
+    # the same dot on a [D, V] kernel from two rows on (docs/performance.md, "Few-row dots"): on a
+    # CPU the kernel is a transposed copy that XLA cannot fold back into the dot (the decode
+    # loops hoist it, the embedding being loop-invariant); elsewhere the layout is free.
+    out = jax.lax.platform_dependent(
+      y * config.d_model**-0.5,
+      embedding,
+      cpu=lambda y, e: tied(y, jax.lax.optimization_barrier(e.T * 1.0)),
+      default=lambda y, e: tied(y, e.T),
     )
   else:
     kernel = params['decoder']['logits_dense']['kernel'].astype(dtype)
