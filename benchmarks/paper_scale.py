@@ -42,9 +42,7 @@ inside a jitted loop, dispatch cancelled):
 
 Results on an accelerator: docs/results.md section 11 ("Paper scale, and transformers beside
 us"). A CPU has no HBM bound (--hbm_bandwidth makes one up) and XLA:CPU computes bfloat16 in
-float32: use --dtype=float32 there, and --noeigen_dots: with the main job's few-row dots
-(`benchmarks.start`, `xla_cpu`) a tied target's pass is many times slower (docs/performance.md,
-"Measurements moved from docstrings").
+float32: use --dtype=float32 there.
 `--unroll_draft` runs the draft's `lax.scan` unrolled everywhere a draft is timed (tables 2-4:
 `timing.step_costs`, `timing.iteration_seconds`, `speculative_generate(..., unroll_draft=True)`),
 fewer kernel launches per iteration on a GPU (`benchmarks.drafter_kernels`); the header says which.
@@ -62,7 +60,7 @@ from absl import app, flags
 import benchmarks
 from benchmarks import machines, memory_model, paper_scale_tpu, synthetic, tree_pass_tpu
 from specdec_jax import analysis, decode
-from specdec_jax.measure import tables, timing, translation, xla_cpu
+from specdec_jax.measure import tables, timing, translation
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
 
@@ -258,7 +256,6 @@ def timed_tables(
   bandwidth, hbm = _bandwidth(kind, hbm_bandwidth)
   models = dict(dtype=run.dtype, weights=weights)
   target = synthetic.model(target_config, seed=0, **models)
-  xla_cpu.check_tied_target(target_config)  # T5 v1.0 on a CPU with Eigen dots: a slow pass
   found = {
     name: synthetic.model(config, seed=i + 1, **models)
     for i, (name, config) in enumerate(drafter_configs.items())

@@ -48,30 +48,3 @@ def test_prefer_eigen_dots_after_the_backend_started_changes_nothing():
   before = os.environ.get('XLA_FLAGS')
   assert not xla_cpu.prefer_eigen_dots()
   assert os.environ.get('XLA_FLAGS') == before
-
-
-@pytest.mark.parametrize(
-  'xla_flags, tied, eigen, warns',
-  [
-    ('--xla_cpu_experimental_ynn_fusion_type=', True, True, True),  # prefer_eigen_dots' setting
-    (  # the last value counts
-      '--xla_cpu_experimental_ynn_fusion_type= --xla_cpu_experimental_ynn_fusion_type=dot',
-      True, False, False,
-    ),
-    ('--xla_cpu_experimental_ynn_fusion_type=individual_dot', True, False, False),
-    ('', True, False, False),  # XLA:CPU's default
-    ('--xla_cpu_experimental_ynn_fusion_type=', False, True, False),  # untied (T5 v1.1)
-  ],
-)  # fmt: skip
-def test_a_tied_target_on_eigen_dots_is_warned_of(
-  monkeypatch, caplog, xla_flags, tied, eigen, warns
-):
-  import types
-
-  from specdec_jax.measure import xla_cpu
-
-  monkeypatch.setenv('XLA_FLAGS', xla_flags)
-  assert xla_cpu.eigen_dots() == eigen
-  with caplog.at_level('WARNING'):
-    xla_cpu.check_tied_target(types.SimpleNamespace(tie_word_embeddings=tied))
-  assert ('ties its output layer' in caplog.text) == warns

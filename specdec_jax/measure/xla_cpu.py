@@ -10,11 +10,9 @@ dots") has the measurements. The main job and the decode benchmarks call
 `prefer_eigen_dots()` before JAX starts; library code never does (it only reads what the process
 was started with). Setting the flag yourself (any value of it in XLA_FLAGS) wins.
 
-The exception is a tied output layer (T5 v1.0: the embedding read transposed), which Eigen runs
-many times slower from two rows on than one (docs/performance.md, "Few-row dots"): the decode
-loops' drafter reads one row of its first call (`t5.decode(logits_at=)`), and a tied *target*'s
-pass reads them all, so `check_tied_target` warns (the main job and `benchmarks.paper_scale` call
-it) and names the value that keeps YNNPACK's dots.
+A tied output layer (T5 v1.0: the embedding read transposed) ran many times slower on Eigen
+from two rows on than on one; `t5_layers.logits` reads it through a transposed copy on a CPU
+since, and it costs what an untied layer does (docs/performance.md, "Few-row dots").
 
 `prefer_eigen_dots` imports JAX's private `xla_bridge`, the package's one private JAX import: JAX
 has no public way to ask whether a backend has started without starting one, and XLA_FLAGS set
@@ -23,7 +21,6 @@ after that are read too late.
 
 import logging
 import os
-import re
 
 FLAG = '--xla_cpu_experimental_ynn_fusion_type='
 
@@ -45,30 +42,3 @@ def prefer_eigen_dots() -> bool:
     return False
   os.environ['XLA_FLAGS'] = f'{flags} {FLAG}'.strip()
   return True
-
-
-def eigen_dots() -> bool:
-  """Whether this process's XLA:CPU programs run few-row dots on Eigen (the flag set empty, as
-  `prefer_eigen_dots` sets it; the last value in XLA_FLAGS counts)."""
-  values = re.findall(
-    r'--xla_cpu_experimental_ynn_fusion_type=(\S*)', os.environ.get('XLA_FLAGS', '')
-  )
-  return bool(values) and values[-1] == ''
-
-
-def check_tied_target(config) -> None:
-  """Warns when a target with a tied output layer (`config.tie_word_embeddings`: T5 v1.0) runs on
-  a CPU with few-row dots on Eigen: its (gamma+1)-row pass then reads the embedding transposed on a
-  kernel that costs many times its one row from two rows on (docs/performance.md, "Few-row dots"),
-  and speculative decoding loses to autoregressive decoding for that alone."""
-  import jax
-
-  if not getattr(config, 'tie_word_embeddings', False) or not eigen_dots():
-    return
-  if jax.default_backend() != 'cpu':
-    return
-  logging.warning(
-    'The target ties its output layer to its embedding, and few-row dots run on Eigen '
-    '(prefer_eigen_dots): its (gamma+1)-position pass will be slow. Keep YNNPACK for dots with '
-    'XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=individual_dot (set before starting).'
-  )

@@ -345,8 +345,7 @@ def decode(
       `state_layers` those layers' (`t5_layers.decoder`'s taps) [B, T, len(state_layers) x D].
     logits_at: int32[B], or None: the logits (and states) of one position per row only,
       tokens[b, logits_at[b]], shaped [B, 1, ...]: the output layer then runs on one row (the
-      decode loop's first drafter call feeds two positions and reads one; on a CPU a few-row
-      tied output layer can cost many one-row ones: docs/performance.md, "Few-row dots").
+      decode loop's first drafter call feeds two positions and reads one).
       int32[B, R]: R positions per row, [B, R, ...] (a block drafter's call).
     slots: int32[B, T], for (only) a block drafter: which inputs are query slots (`t5_layers.decoder`).
     cache_layout: the positions and mask of inputs that are not a causal chain (`t5_layers.decoder`; a
