@@ -3,6 +3,7 @@
 import dataclasses
 import functools
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -502,3 +503,28 @@ def test_tapped_layers_incremental_match_teacher_forcing():
   np.testing.assert_allclose(jnp.concatenate(got, 1), tapped, atol=1e-5)
   with pytest.raises(ValueError, match=r'decoder layers \(0, 3\) .* the target has 3'):
     t5.T5Steps(config).tap_states((0, 3))
+
+
+def test_a_tied_output_layer_reads_a_transposed_copy_on_a_cpu():
+  # XLA:CPU's dot on the embedding read transposed ([V, D] contracted on D) is many times slower
+  # from two rows on than the same dot on a [D, V] kernel (docs/performance.md, "Few-row dots"):
+  # on a CPU the compiled dot contracts the kernel's first dimension; a TPU's program keeps the
+  # free transposed read (no barrier); the logits are the plain einsum's.
+  config = t5.T5Config(
+    vocab_size=256, d_model=32, d_kv=8, d_ff=64, num_heads=4, num_encoder_layers=1,
+    num_decoder_layers=1, tie_word_embeddings=True,
+  )  # fmt: skip
+  embedding = jax.random.normal(jax.random.key(0), (256, 32))
+  params = {'token_embedder': {'embedding': embedding}}
+  y = jax.random.normal(jax.random.key(1), (1, 4, 32))
+  plain = jax.jit(lambda y, e: jnp.einsum('btd,vd->btv', y * 32**-0.5, e))
+  ours = jax.jit(lambda p, y: t5_layers.logits(p, y, config))
+
+  def contracted(compiled: str) -> list[str]:  # the rhs dimension each dot contracts
+    return re.findall(r' dot\(.*?rhs_contracting_dims=\{(\d)\}', compiled)
+
+  assert contracted(plain.lower(y, embedding).compile().as_text()) == ['1']  # the slow read
+  assert contracted(ours.lower(params, y).compile().as_text()) == ['0']
+  tpu = ours.trace(params, y).lower(lowering_platforms=('tpu',)).as_text()
+  assert 'optimization_barrier' not in tpu
+  np.testing.assert_allclose(ours(params, y), plain(y, embedding), rtol=1e-6, atol=1e-6)
