@@ -586,14 +586,14 @@ def rows(plan: Plan, *, progress: bool = True) -> Iterator[Row]:
       (baseline,) = decode_in_turn(None, 1, temperature, (auto,)).values()
       yield autoregressive_row(plan, temperature, baseline)
     for i, (name, gamma, tree) in enumerate(groups):
-      verifiers_ = c.verifiers if tree is None else ('token',)  # a tree verifies its own way
-      runs = decode_in_turn(plan.drafters[name], gamma, temperature, (auto, *verifiers_), tree)
+      methods = c.verifiers if tree is None else ('token',)  # a tree verifies its own way
+      runs = decode_in_turn(plan.drafters[name], gamma, temperature, (auto, *methods), tree)
       baseline = runs[auto]
       if i == 0:
         yield autoregressive_row(plan, temperature, baseline)
       nodes = None if tree is None else tree.num_nodes
       key = (name, gamma) if tree is None else (name, gamma, nodes)
-      for verifier in verifiers_:
+      for verifier in methods:
         yield speculative_row(
           plan, name, verifier, gamma, temperature, runs[verifier], baseline, costs[key], nodes
         )

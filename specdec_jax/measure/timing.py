@@ -411,8 +411,23 @@ def _tree_pass_loop(model, cache, position, *, nodes: int, depth: int):
   probs = jax.random.dirichlet(jax.random.key(0), jnp.full((64,), 0.1), (batch, depth))
   tree = trees.best_first_tree(jnp.full((batch,), 5, jnp.int32), probs, nodes)
   return functools.partial(
-    repeated_tree_passes, steps, params, cache, position, tree, max_depth=depth
+    repeated_tree_passes, steps, params, cache, position, tree=tree, max_depth=depth
   )
+
+
+def _tree_loop(model, *, batch_size, source_length, nodes, depth, cache_len):
+  """`run(k)`: k in-loop target passes over a tree of `nodes` nodes and depth <= `depth` per row
+  (`_tree_pass_loop`), each from slot cache_len // 4 of an all-real source's cache, as
+  `_step_loop`'s calls."""
+  start = cache_len // 4
+  if start + nodes > cache_len:
+    raise ValueError(f'cache_len={cache_len} has no room for a pass of {nodes} nodes.')
+  ids = jnp.full((batch_size, source_length), 3, jnp.int32)
+  position = jnp.full((batch_size,), start, jnp.int32)
+  tree = _tree_pass_loop(
+    model, _cache(model, None, ids, cache_len), position, nodes=nodes, depth=depth
+  )
+  return lambda k: tree(loop_length=jnp.int32(k))
 
 
 def tree_pass_costs(
@@ -451,6 +466,32 @@ def tree_pass_costs(
       'is too cheap to time here; pass longer `loop_lengths`.'
     )
   return {name: _slope(seconds, name, loop_lengths) / step for name in ('chain', 'tree')}
+
+
+def _round_costs(loops, seconds, *, loop_lengths, block, gamma, extra_calls) -> dict[str, float]:
+  """One round of `step_costs` from its fastest runs, `seconds[name, loop length]`: each loop's
+  seconds per call (slopes) and the ratios in target steps."""
+  long = loop_lengths[1]
+  m = {name: _slope(seconds, name, loop_lengths) for name in loops}
+  if m['target_step'] <= 0:
+    raise RuntimeError(
+      f'A target step timed at 0 s ({long - loop_lengths[0]} extra calls did not take measurably '
+      'longer): the target is too cheap to time here; pass longer `loop_lengths`.'
+    )
+  step_run = seconds['target_step', long]
+  if block:  # no call per draft: the one call is the iteration's fixed cost
+    m['c'] = 0.0
+    m['c_fixed'] = (seconds['iteration', long] - seconds['without_drafter', long]) / step_run
+  else:
+    m['c'], m['c_fixed'] = _drafter_cost(
+      *(seconds[name, long] for name in ('without_drafter', 'iteration', 'extra_calls')),
+      gamma=gamma,
+      extra_calls=extra_calls,
+      per=step_run,
+    )
+  m['pass_cost'] = seconds['target_pass', long] / step_run
+  m['c_alone'] = m['drafter_step'] / m['target_step']
+  return m
 
 
 def step_costs(
@@ -510,17 +551,10 @@ def step_costs(
   block = getattr(drafter[0], 'block_size', None)
   if tree_nodes is None:
     target_pass = _step_loop(target, num_tokens=gamma + 1, **rows)
+  elif num_drafts != 1:
+    raise ValueError(f'A token tree is one per row: num_drafts must be 1, got {num_drafts}.')
   else:
-    if num_drafts != 1:
-      raise ValueError(f'A token tree is one per row: num_drafts must be 1, got {num_drafts}.')
-    ids = jnp.full((batch_size, source_length), 3, jnp.int32)
-    position = jnp.full((batch_size,), cache_len // 4, jnp.int32)
-    if cache_len // 4 + tree_nodes > cache_len:
-      raise ValueError(f'cache_len={cache_len} has no room for a pass of {tree_nodes} nodes.')
-    tree = _tree_pass_loop(
-      target, _cache(target, None, ids, cache_len), position, nodes=tree_nodes, depth=gamma
-    )
-    target_pass = lambda k: tree(loop_length=jnp.int32(k))
+    target_pass = _tree_loop(target, nodes=tree_nodes, depth=gamma, **rows)
   loops = dict(
     target_step=_step_loop(target, batch_size=batch_size, **kw),
     target_pass=target_pass,
@@ -535,28 +569,14 @@ def step_costs(
   runs['without_drafter', long] = functools.partial(loops['iteration'], long, 0)
   if not block:
     runs['extra_calls', long] = functools.partial(loops['iteration'], long, gamma + extra_calls)
-  measured = []
-  for _ in range(rounds):
-    seconds = _fastest(runs, repeats)
-    m = {name: _slope(seconds, name, loop_lengths) for name in loops}
-    if m['target_step'] <= 0:
-      raise RuntimeError(
-        f'A target step timed at 0 s ({long - loop_lengths[0]} extra calls did not take measurably '
-        'longer): the target is too cheap to time here; pass longer `loop_lengths`.'
-      )
-    step_run = seconds['target_step', long]
-    if block:  # no call per draft: the one call is the iteration's fixed cost
-      m['c'], m['c_fixed'] = 0.0, (seconds['iteration', long] - seconds['without_drafter', long])
-      m['c_fixed'] /= step_run
-    else:
-      m['c'], m['c_fixed'] = _drafter_cost(
-        *(seconds[name, long] for name in ('without_drafter', 'iteration', 'extra_calls')),
-        gamma=gamma,
-        extra_calls=extra_calls,
-        per=step_run,
-      )
-    m['pass_cost'] = seconds['target_pass', long] / step_run
-    m['c_alone'] = m['drafter_step'] / m['target_step']
-    measured.append(m)
+  round_costs = functools.partial(
+    _round_costs,
+    loops,
+    loop_lengths=loop_lengths,
+    block=block,
+    gamma=gamma,
+    extra_calls=extra_calls,
+  )
+  measured = [round_costs(_fastest(runs, repeats)) for _ in range(rounds)]
   names = (*loops, 'c_alone', 'c', 'c_fixed', 'pass_cost')
   return {name: float(np.median([m[name] for m in measured])) for name in names}

@@ -144,7 +144,7 @@ def logits(
     out = jax.lax.platform_dependent(
       y * config.d_model**-0.5,
       embedding,
-      cpu=lambda y, e: tied(y, jax.lax.optimization_barrier(e.T * 1.0)),
+      cpu=lambda y, e: tied(y, jax.lax.optimization_barrier(e.T)),
       default=lambda y, e: tied(y, e.T),
     )
   else:
