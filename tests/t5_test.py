@@ -528,3 +528,60 @@ def test_a_tied_output_layer_reads_a_transposed_copy_on_a_cpu():
   tpu = ours.trace(params, y).lower(lowering_platforms=('tpu',)).as_text()
   assert 'optimization_barrier' not in tpu
   np.testing.assert_allclose(ours(params, y), plain(y, embedding), rtol=1e-6, atol=1e-6)
+
+
+def _dots(compiled: str) -> int:
+  return len(re.findall(r' dot\(', compiled))
+
+
+@pytest.mark.parametrize('name', ['tiny-v1.1', 'tiny-v1.0'])
+def test_fused_projections_give_the_same_logits_from_fewer_dots(name):
+  # One [D, 3 N H] dot for q/k/v and one [D, 2 F] for a gated MLP's wi_0/wi_1, per decoder layer:
+  # the same logits (to float rounding) from fewer dots. Control: the kernels fused in the wrong
+  # order (key first) give other logits, so the comparison can fail.
+  model = helpers.tiny_t5(name)
+  fused = t5.fuse_projections(model)
+  config = model.config
+  ids, mask = _source(config)
+  dec = _targets(config)
+  fwd = jax.jit(t5.forward, static_argnames=('config',))
+  want = fwd(model.params, ids, mask, dec, config=config)
+  np.testing.assert_allclose(fwd(fused.params, ids, mask, dec, config=config), want, atol=2e-5)
+
+  layers = config.num_decoder_layers
+  gated = config.feed_forward == 'gated-gelu'
+  fewer = _dots(fwd.lower(model.params, ids, mask, dec, config=config).compile().as_text())
+  fewer -= _dots(fwd.lower(fused.params, ids, mask, dec, config=config).compile().as_text())
+  assert fewer == layers * (2 + gated)
+  if gated:
+    assert 'wi_fused' in fused.params['decoder']['layers_0']['mlp']
+  assert 'query' in model.params['decoder']['layers_0']['self_attention']  # the input kept
+
+  swapped = jax.tree.map(lambda x: x, fused.params)
+  for i in range(layers):
+    a = model.params['decoder'][f'layers_{i}']['self_attention']
+    kernels = [a[n]['kernel'] for n in ('key', 'query', 'value')]
+    swapped['decoder'][f'layers_{i}']['self_attention']['qkv'] = {
+      'kernel': jnp.concatenate(kernels, axis=1)
+    }
+  wrong = fwd(swapped, ids, mask, dec, config=config)
+  assert np.abs(np.asarray(wrong) - np.asarray(want)).max() > 1e-2
+
+
+def test_a_fused_target_decodes_greedy_as_the_t5x_layout():
+  # Speculative decoding with a fused target (and a fused drafter) keeps generate's tokens.
+  from specdec_jax import decode
+  from specdec_jax.sampling import SamplingConfig
+
+  target = helpers.tiny_t5('tiny-v1.1')
+  drafter = helpers.tiny_t5('tiny-v1.1', seed=1)
+  ids, mask = _source(target.config)
+  kw = dict(sampling=SamplingConfig(temperature=0.0), max_new_tokens=12, rng=None)
+  want = decode.generate(target, ids, mask, **kw).tokens
+  out = decode.speculative_generate(
+    t5.fuse_projections(target), t5.fuse_projections(drafter), ids, mask, gamma=3, **kw
+  )
+  np.testing.assert_array_equal(out.tokens, want)
+  np.testing.assert_array_equal(
+    decode.generate(t5.fuse_projections(target), ids, mask, **kw).tokens, want
+  )

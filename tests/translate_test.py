@@ -333,6 +333,23 @@ def test_tree_rows_build_each_drafters_tree():
     evaluation.tree_spec(autoregressive, 8)
 
 
+def test_fused_projections_fuse_every_t5_of_the_pair():
+  # The config item fuses the target's and every T5 drafter's decoder projections (n-gram
+  # drafters unchanged), and the rows' header says so; off, the T5X layout as loaded.
+  items = 'runlocal,num_examples=1,drafters=distilled,bigram'
+  plan = evaluation.prepare(ende.get_config(f'{items},fused_projections=True'))
+  attention = lambda m: m.params['decoder']['layers_0']['self_attention']
+  assert 'qkv' in attention(plan.pair.target) and 'query' not in attention(plan.pair.target)
+  assert 'qkv' in attention(plan.drafters['distilled'])
+  assert (
+    plan.drafters['bigram'] is plan.pair.drafters['bigram']
+    and 'log_base' in plan.drafters['bigram'].params
+  )
+  assert 'decoder projections fused' in plan.inputs_summary()
+  plain = evaluation.prepare(ende.get_config(items))
+  assert 'query' in attention(plain.pair.target) and 'fused' not in plain.inputs_summary()
+
+
 def test_missing_pair_and_drafter_fail_early(tmp_path):
   with pytest.raises(FileNotFoundError, match='No pretrained pair'):
     evaluation.prepare(ende.get_config(f'pretrained={tmp_path / "nope"}'))

@@ -199,6 +199,8 @@ class Plan:
     target = f' (target grown to {c.grow_to}: {grown.d_model} wide, ' if c.get('grow_to') else ''
     if target:
       target += f'{grown.num_encoder_layers}+{grown.num_decoder_layers} layers)'
+    if c.get('fused_projections'):
+      target += ' (decoder projections fused)'
     return (
       f'{len(self.sources)} test sentences of {self.pair.directory}{target}, batch '
       f'{c.batch_size}, on '
@@ -402,17 +404,26 @@ def load_pair(config, mesh) -> pretrained.Pair:
       pair = pretrained.grow_pair(
         pair, config.grow_to, mesh=mesh, param_dtype=config.get('param_dtype') or None
       )
-    return pair
-  return pretrained.from_checkpoints(
-    config.target,
-    {'drafter': config.drafter},
-    tokenizer=config.tokenizer,
-    test_file=config.test_file,
-    source_prefix=prefix,
-    mesh=mesh,
-    drafter_sharding=how,
-    param_dtype=config.get('param_dtype') or None,
-  )
+  else:
+    pair = pretrained.from_checkpoints(
+      config.target,
+      {'drafter': config.drafter},
+      tokenizer=config.tokenizer,
+      test_file=config.test_file,
+      source_prefix=prefix,
+      mesh=mesh,
+      drafter_sharding=how,
+      param_dtype=config.get('param_dtype') or None,
+    )
+  return fused(pair) if config.get('fused_projections') else pair
+
+
+def fused(pair: pretrained.Pair) -> pretrained.Pair:
+  """The pair with every T5 model's decoder projections fused (`t5.fuse_projections`: one
+  device; on XLA:CPU a faster one-row step, docs/performance.md "Fused decoder projections")."""
+  fuse = lambda m: t5.fuse_projections(m) if isinstance(m, t5.T5Model) else m
+  drafters = {name: fuse(d) for name, d in pair.drafters.items()}
+  return dataclasses.replace(pair, target=fuse(pair.target), drafters=drafters)
 
 
 # Timed runs of each cost loop per round (`timing.step_costs`; its default is 7), unless

@@ -72,6 +72,18 @@ def heads(
   return sharding.constrain(y, ('batch', 'length', 'heads', 'kv'), rules)
 
 
+def self_qkv(
+  p: Params, x: jax.Array, config: T5Config, rules: sharding.Rules = sharding.DEFAULT_RULES
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """A decoder self-attention's queries, keys and values, each [B, T, N, H]: one dot on the
+  fused kernel [D, 3 N H] where the params hold one (`t5.fuse_projections`), else three."""
+  if 'qkv' not in p:
+    return tuple(heads(p[name], x, config, rules) for name in ('query', 'key', 'value'))
+  y = dense(x, p['qkv'], config).reshape(*x.shape[:-1], 3, config.num_heads, config.d_kv)
+  axes = ('batch', 'length', 'heads', 'kv')
+  return tuple(sharding.constrain(y[..., i, :, :], axes, rules) for i in range(3))
+
+
 def attention(
   p: Params,
   q: jax.Array,
@@ -107,7 +119,10 @@ def mlp(
   p: Params, x: jax.Array, config: T5Config, rules: sharding.Rules = sharding.DEFAULT_RULES
 ) -> jax.Array:
   """x [B, T, D] -> [B, T, D]: ReLU (v1.0) or gated tanh-GELU (v1.1)."""
-  if config.feed_forward == 'gated-gelu':
+  if 'wi_fused' in p:  # gated, wi_0 and wi_1 side by side (`t5.fuse_projections`)
+    gate, up = jnp.split(dense(x, p['wi_fused'], config), 2, axis=-1)
+    h = jax.nn.gelu(gate, approximate=True) * up
+  elif config.feed_forward == 'gated-gelu':
     h = jax.nn.gelu(dense(x, p['wi_0'], config), approximate=True) * dense(x, p['wi_1'], config)
   else:
     h = jax.nn.relu(dense(x, p['wi'], config))
@@ -287,7 +302,7 @@ def decoder(
     layer = dec[f'layers_{i}']
     h = rms_norm(x, layer['pre_self_attention_layer_norm'], config)
     a = layer['self_attention']
-    q, k, v = (heads(a[name], h, config, rules) for name in ('query', 'key', 'value'))
+    q, k, v = self_qkv(a, h, config, rules)
     if self_cache is not None:
       self_k = cache_lib.write(self_k, k, end_index, layer=i)
       self_v = cache_lib.write(self_v, v, end_index, layer=i)
