@@ -3,6 +3,7 @@ autoregressive step and speculative iteration cost, and the speedups they give, 
 
   python -m benchmarks.fused_projections                 # pretrained/ende48m, distilled g3, greedy
   python -m benchmarks.fused_projections --drafter=block --gamma=4 --sentences=16
+  python -m benchmarks.fused_projections --pretrained=debsumm48m --source_length=256 --max_new_tokens=40
 
 Every test sentence (batch 1, greedy) is decoded by each (layout, method) in turn, --rounds times,
 so that a slow spell of a shared machine falls on all of them alike; the target is the pair's in
@@ -34,6 +35,9 @@ _GAMMA = flags.DEFINE_integer('gamma', 3, 'Draft tokens per iteration.', flag_va
 _SENTENCES = flags.DEFINE_integer('sentences', 16, 'Shipped test sentences.', flag_values=FLAGS)
 _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Timed passes over the sentences.', flag_values=FLAGS)
 _MAX_NEW = flags.DEFINE_integer('max_new_tokens', 64, 'Most tokens per row.', flag_values=FLAGS)
+_SOURCE_LENGTH = flags.DEFINE_integer(
+  'source_length', 64, 'Sources padded (and cut) to this many tokens.', flag_values=FLAGS
+)
 
 
 def main(argv):
@@ -42,7 +46,7 @@ def main(argv):
   pair = pretrained.load(_DIR.value)
   drafter = pair.drafters[_DRAFTER.value]
   sources = [s for s, _ in pair.test_pairs()[: _SENTENCES.value]]
-  batches = [pair.tokenizer.encode_batch([s], 64, truncate=True) for s in sources]
+  batches = [pair.tokenizer.encode_batch([s], _SOURCE_LENGTH.value, truncate=True) for s in sources]
   kw = dict(sampling=SamplingConfig(temperature=0.0), rng=None, max_new_tokens=_MAX_NEW.value)
   targets = {'t5x': pair.target, 'fused': t5.fuse_projections(pair.target)}
   methods = {}
@@ -54,13 +58,14 @@ def main(argv):
       t, drafter, ids, mask, gamma=_GAMMA.value, **kw
     )
   seconds = dict.fromkeys(methods, 0.0)
-  calls, tokens, num_tokens = {}, {}, 0
+  calls, tokens, lengths = {}, {}, {}
   for key, run in methods.items():  # compile, count
     outs = [run(*b) for b in batches]
     calls[key] = sum(int(o.stats.target_calls.sum()) for o in outs)
     tokens[key] = [np.asarray(o.tokens) for o in outs]
-    num_tokens = sum(int(o.lengths.sum()) for o in outs)
-  for round_ in range(_ROUNDS.value):
+    lengths[key] = sum(int(o.lengths.sum()) for o in outs)
+  num_tokens = lengths['t5x', 'autoregressive']  # greedy: every method's
+  for _ in range(_ROUNDS.value):
     for ids, mask in batches:
       for key, run in methods.items():
         start = time.perf_counter()

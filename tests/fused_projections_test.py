@@ -1,0 +1,30 @@
+"""benchmarks/fused_projections.py on the 13.5M pair at tiny settings: both layouts' rows, the same
+tokens, finite ratios (slow: it compiles four decode programs and times them)."""
+
+import contextlib
+import io
+
+import pytest
+from absl import flags
+from absl.testing import flagsaver
+
+from benchmarks import fused_projections
+from tests import helpers
+
+
+@pytest.mark.slow
+@helpers.needs_pair('ende')
+def test_times_both_layouts_in_turn():
+  out = io.StringIO()
+  with flagsaver.flagsaver(), contextlib.redirect_stdout(out):
+    flags.FLAGS(['fused_projections', '--noeigen_dots'])  # this worker's XLA flags stay as they are
+    fused_projections.FLAGS.unparse_flags()
+    fused_projections.FLAGS(['fused_projections', '--pretrained=ende', '--sentences=2',
+                             '--rounds=1', '--max_new_tokens=8', '--drafter=bigram'])  # fmt: skip
+    fused_projections.main(['fused_projections'])
+  lines = out.getvalue().splitlines()
+  assert lines[0].endswith('the same tokens in both layouts: True')
+  rows = [line.split()[:2] for line in lines[1:5]]
+  assert rows == [['t5x', 'autoregressive'], ['t5x', 'bigram'], ['fused', 'autoregressive'],
+                  ['fused', 'bigram']]  # fmt: skip
+  assert lines[5].startswith('seconds, fused / t5x:') and 'nan' not in lines[5]
