@@ -299,3 +299,11 @@ def grow_pair(
     drafters[name] = drafter
   check_pair(target, drafters)
   return dataclasses.replace(pair, target=target, drafters=drafters)
+
+
+def fuse_pair(pair: Pair) -> Pair:
+  """`pair` with every T5 model's decoder projections fused (`t5.fuse_projections`: one device;
+  on XLA:CPU a faster one-row step, docs/performance.md "Fused decoder projections")."""
+  fuse = lambda m: t5.fuse_projections(m) if isinstance(m, t5.T5Model) else m
+  drafters = {name: fuse(d) for name, d in pair.drafters.items()}
+  return dataclasses.replace(pair, target=fuse(pair.target), drafters=drafters)

@@ -341,10 +341,7 @@ def test_fused_projections_fuse_every_t5_of_the_pair():
   attention = lambda m: m.params['decoder']['layers_0']['self_attention']
   assert 'qkv' in attention(plan.pair.target) and 'query' not in attention(plan.pair.target)
   assert 'qkv' in attention(plan.drafters['distilled'])
-  assert (
-    plan.drafters['bigram'] is plan.pair.drafters['bigram']
-    and 'log_base' in plan.drafters['bigram'].params
-  )
+  assert 'log_base' in plan.drafters['bigram'].params  # an n-gram drafter as loaded
   assert 'decoder projections fused' in plan.inputs_summary()
   plain = evaluation.prepare(ende.get_config(items))
   assert 'query' in attention(plain.pair.target) and 'fused' not in plain.inputs_summary()

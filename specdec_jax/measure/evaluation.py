@@ -199,8 +199,7 @@ class Plan:
     target = f' (target grown to {c.grow_to}: {grown.d_model} wide, ' if c.get('grow_to') else ''
     if target:
       target += f'{grown.num_encoder_layers}+{grown.num_decoder_layers} layers)'
-    if c.get('fused_projections'):
-      target += ' (decoder projections fused)'
+    target += ' (decoder projections fused)' if c.get('fused_projections') else ''
     return (
       f'{len(self.sources)} test sentences of {self.pair.directory}{target}, batch '
       f'{c.batch_size}, on '
@@ -395,7 +394,7 @@ def load_pair(config, mesh) -> pretrained.Pair:
   per `config.drafter_sharding`): checkpoints of any format (`config.target`, `drafter`,
   `tokenizer`, `test_file`: `pretrained.from_checkpoints`), else the pair directory
   `config.pretrained` (`pretrained.load`), its target grown to the T5 shape `config.grow_to`
-  where set (`pretrained.grow_pair`, params in `config.param_dtype`)."""
+  where set (`pretrained.grow_pair`, params in `config.param_dtype`); `fused_projections`: fused."""
   how, prefix = config.get('drafter_sharding', 'auto'), config.get('source_prefix', '')
   if not config.get('target'):
     pair = pretrained.load(config.pretrained, mesh=mesh, drafter_sharding=how)
@@ -415,21 +414,11 @@ def load_pair(config, mesh) -> pretrained.Pair:
       drafter_sharding=how,
       param_dtype=config.get('param_dtype') or None,
     )
-  return fused(pair) if config.get('fused_projections') else pair
+  return pretrained.fuse_pair(pair) if config.get('fused_projections') else pair
 
 
-def fused(pair: pretrained.Pair) -> pretrained.Pair:
-  """The pair with every T5 model's decoder projections fused (`t5.fuse_projections`: one
-  device; on XLA:CPU a faster one-row step, docs/performance.md "Fused decoder projections")."""
-  fuse = lambda m: t5.fuse_projections(m) if isinstance(m, t5.T5Model) else m
-  drafters = {name: fuse(d) for name, d in pair.drafters.items()}
-  return dataclasses.replace(pair, target=fuse(pair.target), drafters=drafters)
-
-
-# Timed runs of each cost loop per round (`timing.step_costs`; its default is 7), unless
-# `config.timing_repeats` says otherwise. c is a small difference of two iteration times, and the
-# fastest of more runs moves less with a shared machine's load: at 7, c spread 4.5x as much over
-# trials (`benchmarks.cost_repeats`, docs/performance.md), for half the timed part of the phase.
+# Timed runs of each cost loop per round unless `config.timing_repeats` says otherwise: at
+# `timing.step_costs`'s 7, c spread 4.5x as much over trials (`benchmarks.cost_repeats`).
 _TIMING_REPEATS = 15
 
 
