@@ -360,3 +360,63 @@ def node_laws(probs: jax.Array, branching) -> jax.Array:
     width *= k
   depth_of_slot += [len(branching) - 1] * width
   return probs[:, jnp.array(depth_of_slot)]
+
+
+def graft(tree: Tree, branches: jax.Array, lengths: jax.Array, max_depth: int) -> Tree:
+  """The tree with each branch's first `lengths[b, m]` tokens grafted as a path under its root.
+
+  Branch m's token i (depth i + 1) follows the current node's child carrying that token when
+  there is one, else goes in a new node: so siblings stay distinct, a branch that repeats an
+  existing path (or an earlier branch) adds nothing, and one sharing a prefix adds only its new
+  suffix. The tree's own nodes keep their slots (data indexed by them stays valid); a new node
+  takes the LOWEST padding slot greater than its parent's slot, so slots stay a topological order
+  wherever the tree's padding lies. A node with no such slot is dropped with the rest of its
+  branch, so every branch keeps a prefix; branches are grafted in order, branch 0 first, each
+  whole before the next. Tokens past `max_depth` are dropped too. Trees whose padding is at the
+  end (`best_first_tree`, `chain`, a bare root) use every free slot this way.
+
+  A bare root (node 0 valid, N - 1 padding slots) and M branches give the lookup drafter's tree
+  (`draft_lookup.proposals`); a drafter's `best_first_tree` and the branches give a hybrid tree.
+  Both are fixed before the target's coins: verify them with rule 1b or greedily.
+
+  Args:
+    tree: Tree of N slots whose nodes are at most `max_depth` deep.
+    branches: i32[B, M, D], the branches' tokens.
+    lengths: i32[B, M], tokens of each branch to graft (clipped to 0..min(D, max_depth)).
+    max_depth: the result's depth bound, static.
+
+  Returns:
+    Tree of N slots (the same node slots as `tree`, plus the grafted nodes).
+  """
+  batch, num_branches, max_len = branches.shape
+  max_len = min(max_len, max_depth)
+  if max_len < 1:
+    return tree
+  slot = jnp.arange(tree.tokens.shape[1], dtype=jnp.int32)
+  flat = branches[:, :, :max_len].reshape(batch, num_branches * max_len).astype(jnp.int32)
+  lengths = lengths.astype(jnp.int32)
+
+  def step(t, state):
+    tokens, parents, depth, valid, node, alive = state
+    m, i = t // max_len, t % max_len
+    node = jnp.where(i == 0, 0, node)  # node: the slot the branch has reached, i32[B]
+    token = jax.lax.dynamic_index_in_dim(flat, t, axis=1, keepdims=False)
+    length = jax.lax.dynamic_index_in_dim(lengths, m, axis=1, keepdims=False)
+    active = ((i == 0) | alive) & (i < length)
+    child = valid & (parents == node[:, None]) & (tokens == token[:, None])
+    free = ~valid & (slot > node[:, None])
+    found, has_free = child.any(axis=1), free.any(axis=1)
+    new = jnp.argmax(free, axis=1)  # the lowest free slot after the node
+    place = (active & ~found & has_free)[:, None] & (slot == new[:, None])
+    tokens = jnp.where(place, token[:, None], tokens)
+    parents = jnp.where(place, node[:, None], parents)
+    depth = jnp.where(place, i + 1, depth)
+    valid = valid | place
+    node = jnp.where(found, jnp.argmax(child, axis=1), new).astype(jnp.int32)
+    return tokens, parents, depth, valid, node, active & (found | has_free)
+
+  fields = (tree.tokens, tree.parents, tree.depth)
+  state = (*(x.astype(jnp.int32) for x in fields), tree.valid.astype(bool))
+  state = (*state, jnp.zeros(batch, jnp.int32), jnp.zeros(batch, bool))
+  tokens, parents, depth, valid, _, _ = jax.lax.fori_loop(0, num_branches * max_len, step, state)
+  return Tree(tokens, parents, depth, valid)
