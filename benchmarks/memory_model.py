@@ -22,8 +22,8 @@ PLAN_CHIPS = (TPU_V4, TPU_V5E, H100)
 # (label, alpha at temperature 0, alpha at temperature 1).
 ALPHAS = (
   ('paper T5-small (EnDe)', 0.75, 0.62),  # Leviathan et al. 2023, Table 3.
-  ('ours debsumm distilled', 0.66, 0.54),  # docs/results.md section 2.
-  ('ours ende48m distilled', 0.49, 0.48),  # docs/results.md section 2.
+  ('ours debsumm distilled', 0.66, 0.54),  # docs/results.md section 3.
+  ('ours ende48m distilled', 0.49, 0.48),  # docs/results.md section 3.
 )
 
 _KV_AXES = ('layers', 'batch', 'length', 'heads', 'kv')

@@ -48,7 +48,7 @@ modelled. From the target step (1 position), the (gamma+1)-position pass and the
 gives c, the pass cost, and the speedup `analysis.walltime_improvement` predicts (the paper's
 assumption: the pass costs one step) and `analysis.walltime_improvement_measured` (the roofline
 pass cost), with the paper's alpha (Leviathan et al. 2023, T5-XXL / T5-small on EnDe: 0.75
-greedy, 0.62 at temperature 1) and ours (docs/results.md section 2: debsumm distilled 0.66 /
+greedy, 0.62 at temperature 1) and ours (docs/results.md section 3: debsumm distilled 0.66 /
 0.54, ende48m distilled 0.49 / 0.48). The FLOPs are cross-checked against XLA's
 `cost_analysis()` of one lowered target call (whose FLOPs also count the elementwise work).
 

@@ -34,14 +34,14 @@ inside a jitted loop, dispatch cancelled):
    cost) at each gamma, the best of them, and the paper's formula's best gamma over 1..64 (pass
    cost 1, `analysis.optimal_gamma`; 1..block_size for a block drafter), at the paper's alpha
    (T5-small under T5-XXL on EnDe, 0.75 greedy / 0.62 at T=1) and at our drafters'
-   (`memory_model.ALPHAS`, docs/results.md section 2).
+   (`memory_model.ALPHAS`, docs/results.md section 3).
 5. token trees (--tree_nodes=16,32,64): a target pass over a token tree of N nodes (depth
    --tree_depth, the tree loop's `step_tree`) against a chain pass of N positions, both in target
    steps (`timing.tree_pass_costs`); with --compile_for, XLA:TPU's estimate of each and the layout
    copies a pass runs (`benchmarks.tree_pass_tpu`, which also counts an H100's kernel launches).
 
-Results on an accelerator: docs/results.md section 11 ("Paper scale, and transformers beside
-us"). A CPU has no HBM bound (--hbm_bandwidth makes one up) and XLA:CPU computes bfloat16 in
+Results on an accelerator: docs/results.md section 13 ("T5 11B on a GPU, and transformers
+beside us"). A CPU has no HBM bound (--hbm_bandwidth makes one up) and XLA:CPU computes bfloat16 in
 float32: use --dtype=float32 there.
 `--unroll_draft` runs the draft's `lax.scan` unrolled everywhere a draft is timed (tables 2-4:
 `timing.step_costs`, `timing.iteration_seconds`, `speculative_generate(..., unroll_draft=True)`),

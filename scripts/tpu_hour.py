@@ -1,4 +1,4 @@
-r"""The first hour on a TPU VM: the grown pair's costs measured where docs/results.md section 13
+r"""The first hour on a TPU VM: the grown pair's costs measured where docs/results.md section 14
 only has XLA:TPU's estimates, then its main job, then the table that replaces the estimates.
 
   python -m scripts.tpu_hour                                # on a v4-8: every stage, ~1 hour

@@ -461,7 +461,7 @@ def speculative_generate(
       held NaN or inf; False returns the output with `stats.nonfinite` counts instead.
     proposal: at temperature > 0, 'sample' draws each draft from the drafter's law q_i,
       'argmax' proposes q_i's most likely token with a one-hot q_i (both exact; 'sample' accepted
-      more on the shipped pairs, block drafters included: docs/results.md section 16).
+      more on the shipped pairs, block drafters included: docs/results.md section 10).
     tree: a `TreeSpec`, e.g. `TreeSpec(num_nodes=16)`: each iteration drafts a token tree of
       depth gamma (a block drafter's best-first or sampled tree, an autoregressive drafter's top-k),
       scores its nodes in one target pass and keeps one root path (`decode_tree`; docs/method.md

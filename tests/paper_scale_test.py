@@ -226,7 +226,7 @@ def test_speedups_are_the_formula_at_the_printed_costs(printed):
 
 
 # Table 4's alphas: the paper's (Leviathan et al., Table 3) and our drafters' (docs/results.md
-# section 2), by temperature.
+# section 3), by temperature.
 _ALPHA_ROWS = [
   ('paper-T5-small-(EnDe)', 0, 0.75),
   ('paper-T5-small-(EnDe)', 1, 0.62),

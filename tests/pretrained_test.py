@@ -81,7 +81,7 @@ def test_shipped_block_drafters_are_lossless_on_the_test_set(name):
 @pytest.mark.slow  # ~3 min: 40 sentences decoded plainly, then through 33-node trees
 @helpers.needs_pair('ende48m')
 def test_wide_drafters_tree_is_lossless_on_the_main_jobs_sentences():
-  # The rows of docs/results.md section 17 that keep 2.5 tokens per call: one `wide` call and a
+  # The rows of docs/results.md section 11 that keep 2.5 tokens per call: one `wide` call and a
   # best-first tree of 33 nodes an iteration, greedy output the target's token for token.
   pair = pretrained.load('ende48m')
   sources = [s for s, _ in pair.test_pairs()[:40]]

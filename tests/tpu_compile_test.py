@@ -40,7 +40,7 @@ from specdec_jax.training import trainer  # noqa: E402
 
 # Every program compiles on the 2x2 mesh (both axes split: the batch over 'data', the target over
 # 'model') by default; on one chip and 1x4 the cheapest by default and the rest with -m slow
-# (all 31 tests took 226 CPU-seconds, the default 15 about 77: docs/results.md section 14).
+# (all 31 tests took 226 CPU-seconds, the default 15 about 77: docs/results.md section 15).
 MESHES = [('v4-8', 2, 2), ('v4-8', 1, 4), ('tpu-v4', 1, 1)]
 _ALWAYS = ('generate-T0',)
 

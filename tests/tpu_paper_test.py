@@ -89,7 +89,7 @@ def _shipped_config(name: str):
   return t5.T5Config(**json.loads((pretrained.ROOT / name / 'config.json').read_text()))
 
 
-@pytest.mark.slow  # ~4-20 min of XLA:TPU compiling (1,305 s at load 5-10); docs/results.md section 15
+@pytest.mark.slow  # ~4-20 min of XLA:TPU compiling (1,305 s at load 5-10); docs/results.md section 12
 def test_the_grown_xxl_pair_builds_and_decodes_on_a_v4_8_within_its_hbm_and_its_drafter_sums_nothing():
   """ende.py:xxl on a v4-8 as 1x4: ende48m's target grown to t5_1_1-xxl shapes (11B params,
   bfloat16) and its distilled drafter following it, replicated. Compiled by XLA:TPU from abstract

@@ -47,7 +47,7 @@ _PIECES = {name: getattr(verify_greedy, name) for name in ('advance_levels', 'pa
 
 def _state_dropped(draft_probs, target_probs, levels, *unused):
   """Bug: the residual state dropped after a rejection (each iteration verifies against the
-  target again): the lossy drop-in rule of docs/results.md section 7's earlier note."""
+  target again): a lossy drop-in rule, one of docs/method.md section 11's negative controls."""
   return jnp.full_like(levels, jnp.inf)
 
 

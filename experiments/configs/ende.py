@@ -87,7 +87,7 @@ def grown_large(c):
   `pretrained.grow_pair`), computing what the shipped target computes: the same table at a
   780M-class target's cost, shrunk to what a shared 2-core CPU decodes in under 30 minutes (12
   sentences, the distilled and bigram drafters at gamma 3 and the block drafter at gamma 8, the
-  costs' fastest of 3 runs, not 15). Its rows: docs/results.md section 15."""
+  costs' fastest of 3 runs, not 15). Its rows: docs/results.md section 12."""
   c.grow_to = 't5_1_1-large'
   c.num_examples, c.drafters, c.gammas, c.timing_repeats = 12, ('distilled', 'bigram'), (3,), 3
   c.block_gammas = (8,)

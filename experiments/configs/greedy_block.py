@@ -13,7 +13,7 @@ batch 1 as the main job times it, on the first 40 test sources of each pair; the
 from 16 samples per source (640 rows); then whole sequences again, untimed, at seeds 0, 1, 2
 (`paired_seeds`, one batch of 40), the verifiers of a seed sharing its keys, for the paired
 differences over seeds (`:paired` runs that section alone). How long it took, on which machine: docs/results.md
-section 7. Items apply in the order written (experiments/configs/common.py).
+section 8. Items apply in the order written (experiments/configs/common.py).
 """
 
 import ml_collections

@@ -290,7 +290,7 @@ def tree_spec(steps, nodes: int) -> tuple[int, decode.TreeSpec]:
   """(depth, tree) of a token-tree row of `nodes` node slots for a drafter's step model: a block
   drafter's best-first tree on its one call's laws, depth min(nodes - 1, block_size); an
   autoregressive drafter's top-2 tree, depth (nodes - 1) / 2 (nodes odd). docs/method.md
-  section 13 has both; docs/results.md section 17 what they keep per call."""
+  section 13 has both; docs/results.md section 11 what they keep per call."""
   if is_block(steps):
     return min(nodes - 1, steps.block_size), decode.TreeSpec(nodes)
   if nodes % 2 == 0:
