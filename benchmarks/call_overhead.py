@@ -8,7 +8,7 @@ max_new_tokens=1 is the per-call cost (encoder, cache set-up, dispatch, transfer
 call pays once whatever the method; the main job's speedups (whole sentences) include it, the
 formula's per-iteration prediction does not. Median of --repeats calls after a compile call.
 
-Past runs: docs/performance.md, "Measurements moved from docstrings" (`call_overhead`).
+Past runs: docs/performance.md, "A call's fixed cost".
 """
 
 import jax

@@ -8,7 +8,7 @@ trials and the seconds each measurement takes.
 The main job's shapes (batch 1, the config's source and output lengths: --source_length,
 --max_new_tokens) and its one round (`evaluation.model_costs`). The first measurement of a run
 also compiles the programs (its seconds include that). Past runs: docs/performance.md,
-"Measurements moved from docstrings" (`cost_repeats`).
+"How many repeats".
 """
 
 import time

@@ -19,7 +19,7 @@ Everything is measured in one run on real test sources (the shipped test.tsv; ra
 Goals (issue 8): a bigram-drafted iteration <= 1.15x the bare (gamma+1)-position pass; `generate`
 <= 1.15x the bare step per token; batch-8 autoregressive throughput >= 4x batch 1.
 
-Past runs: docs/performance.md, "Measurements moved from docstrings" (`decode_speed`).
+Past runs: docs/performance.md, "The loop against its model calls".
 """
 
 from specdec_jax.measure import profiling

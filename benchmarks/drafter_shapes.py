@@ -12,7 +12,7 @@ and each candidate drafter (the shipped trigram; decoders over the target's enco
 shape would give if distillation reaches that alpha.
 Alpha itself needs a trained drafter (scripts/distill.py); this picks which shape to train.
 
-Past runs: docs/performance.md, "Measurements moved from docstrings" (`drafter_shapes`).
+Past runs: docs/performance.md, "Drafter shapes".
 """
 
 from absl import flags

@@ -18,7 +18,7 @@ same value, E = (1 - alpha^(gamma+1)) / (1 - alpha). Drafters:
   idf-weighted tokens with this source, plus the source itself (copying names and numbers).
 - source copy: over the source alone.
 
-Past runs: docs/performance.md, "Measurements moved from docstrings" (`lookup_drafters`).
+Past runs: docs/results.md section 3, "Lookup drafters, simulated".
 """
 
 import collections

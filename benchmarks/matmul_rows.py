@@ -10,7 +10,7 @@ kernel by the row count, so the cost is a step function of it: prints, for each 
 [I, O], the time of `x[M, I] @ W[I, O]` inside a jitted loop (`timing.time_call` of a
 `lax.fori_loop`, two loop lengths differenced) for each M, and its ratio to M = 1.
 
-Past runs: docs/performance.md, "Measurements moved from docstrings" (`matmul_rows`).
+Past runs: docs/performance.md, "Few-row dots".
 
 `--tied` also times each shape as a tied output layer reads it: the embedding [O, I], contracted
 on its last axis (T5 v1.0, our distilled drafters). With few-row dots on XLA's Eigen kernels (the

@@ -13,7 +13,7 @@ mask (batch 1, 1 + K*gamma positions: a lower bound of the tree's cost, which al
 per-node mask and positions for the relative attention bias). All costs are measured inside a
 jitted loop (`timing.step_seconds`), one after another in one run.
 
-Past runs: docs/performance.md, "Measurements moved from docstrings" (`multidraft_pass`).
+Past runs: docs/performance.md, "K rows or a tree".
 """
 
 from absl import flags

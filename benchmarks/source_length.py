@@ -8,7 +8,7 @@ Every decoder position cross-attends over all S source positions, so S adds the 
 step and to each position of a pass; the pass cost (pass / step) is what the walltime formula
 needs. Each line is the median of --rounds interleaved rounds.
 
-Past runs: docs/performance.md, "Measurements moved from docstrings" (`source_length`).
+Past runs: docs/performance.md, "Few-row dots".
 """
 
 from absl import flags

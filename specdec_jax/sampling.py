@@ -81,7 +81,7 @@ def argmax(x: jax.Array) -> jax.Array:
   `jnp.argmax` on CPU; on XLA:GPU `jnp.argmax` skips NaNs), computed as a max and a min over
   indices where x hits it. XLA:CPU runs `jnp.argmax` as a two-operand (value, index) reduction
   that does not vectorize, and the greedy loops take an argmax every iteration (a measurement:
-  docs/performance.md, "Measurements moved from docstrings")."""
+  docs/performance.md, "Small ops on XLA:CPU")."""
   top = jnp.max(x, axis=-1, keepdims=True)
   index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
   hit = (x == top) | jnp.isnan(x)  # NaN anywhere makes `top` NaN: then the first NaN wins
@@ -186,7 +186,7 @@ def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
   """Draws one token per probability vector by inverting its CDF with one uniform per row.
 
   One uniform per row rather than V Gumbel draws: on a CPU, V random draws per row can cost more
-  than a step of a small model (docs/performance.md, "Measurements moved from docstrings"), and
+  than a step of a small model (docs/performance.md, "Small ops on XLA:CPU"), and
   the speculative loop samples gamma + 1 times per iteration. The CDF is inverted in two levels, over blocks of ~sqrt(V) tokens and then within the
   chosen block, so no cumulative sum runs over all V entries (a cumsum over V is a slow
   reduce-window on XLA:CPU). A token of probability 0 is never drawn: its CDF interval is empty at

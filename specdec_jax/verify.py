@@ -341,7 +341,7 @@ def _finite_positions(draft_probs, target_probs) -> jax.Array:
   and inf propagate through the sum (inf - inf is NaN), and only finite entries summing beyond
   3.4e38, which no probability vector has, would also count. A float sum is a vectorized
   reduction on XLA:CPU, faster than `all(isfinite(x))` over V (docs/performance.md,
-  "Measurements moved from docstrings").
+  "Small ops on XLA:CPU").
 
   Args:
     draft_probs: f32[B, G, V].
