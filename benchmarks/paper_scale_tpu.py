@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks import machines, memory_model, synthetic, tpu_costs
-from specdec_jax import analysis, decode
+from specdec_jax import analysis, decode, step_models
 from specdec_jax.measure import tables, timing
 from specdec_jax.models import t5
 
@@ -226,7 +226,7 @@ def tables_from_compiler(
     for name, drafter in drafters.items():
       # A block drafter's call (`block_size`): gamma + 1 kept positions and gamma drafts, once an
       # iteration, so c is 0 and c_fixed the call (as `timing.step_costs` measures it).
-      block = getattr(drafter.steps, 'block_size', None)
+      block = step_models.capabilities(drafter.steps).block_size
       alone = call_cycles(setup, drafter, positions=g + 1 if block else 1, cache_len=cache_len(g))
       extra = 0 if block else timing.EXTRA_CALLS
       iteration = iteration_program(

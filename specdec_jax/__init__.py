@@ -11,15 +11,19 @@ engine (specdec_jax/)
   verify_multipath   verification of K drafted paths (multi-path block, recursive rejection).
   trees              token trees of N static slots: the representation, ancestor mask, builders.
   verify_tree        lossless verification of a token tree (greedy, sample along, recursive rej.).
-  verifiers          the registry of verifiers the loops run: kernels, carried state, constraints.
+  verifiers          the registry of named verifiers: kernels, carried state, constraints.
   analysis           the formulas of Leviathan et al. (2023), section 3, as vectorized numpy.
   cache              the decoder KV cache with a write position per row (`end_index`).
-  step_models        the `StepModel` protocol the decode loops are written against.
-  decode             `generate` and `speculative_generate`, each one jit.
-  loop_spec          `LoopSpec`: what a decode loop is asked to do, checked once; its buffer.
-  decode_steps       the steps of one iteration: draft (token by token, or one block call),
-                     target pass, verify, emit.
-  decode_tree        the token-tree loop (`speculative_generate(..., tree=TreeSpec(...))`).
+  step_models        the `StepModel` protocol the loops are written against; `Capabilities`.
+  decode             the API: `generate`, `speculative_generate` and their lowerings.
+  decode_loop        the loops: ONE while-loop body for chains, K paths and trees; `LoopState`.
+  loop_spec          `LoopSpec`, `TreeSpec`: what a loop is asked to do, checked once; its buffer.
+  draft              what the steps hand each other: `DraftView`, `Draft` (data), `Outcome`.
+  drafting           the drafting registry: token, block call, the tree builders, source lookup.
+  draft_lookup       source-lookup drafting: the latest source matches of the emitted suffix.
+  scoring            each draft shape's target pass and commit (chain, K paths, tree).
+  rules              the verification rules by (rule, shape); greedy decoding is entries.
+  decode_steps       the chain steps: drafter calls, target pass, chain verification, emit.
   decode_stats       `DecodeOutput`, `DecodeStats`, `SpeculativeTrace`, `to_host`.
   validation         checks at the decode loops' boundary; `NonFiniteError`.
   drafters           n-gram drafters (`NGramDrafter`).

@@ -7,9 +7,7 @@ tokens (`emit`, `emit_accepted`). Pure functions of arrays and step models; `spe
 Axis legend: B batch, G gamma, K draft paths, V vocab, L buffer length.
 """
 
-import dataclasses
 import functools
-from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -17,7 +15,7 @@ import jax.numpy as jnp
 
 from specdec_jax import cache as cache_lib
 from specdec_jax import sampling as sampling_lib
-from specdec_jax import verifiers, verify, verify_multipath
+from specdec_jax import step_models, verifiers, verify, verify_multipath
 
 
 class TargetStates(NamedTuple):
@@ -89,7 +87,7 @@ def drafter_call(steps, params, tokens, features, cache, logits_at=None):
   """
   with jax.named_scope('drafter'):
     if logits_at is not None:
-      if hasattr(steps, 'step_at'):
+      if step_models.capabilities(steps).step_at:
         return steps.step_at(params, tokens, features, cache, logits_at)
       logits, predicted, cache = drafter_call(steps, params, tokens, features, cache)
       rows = logits_at[:, None, None]
@@ -231,43 +229,6 @@ def block_logits(steps, params, cache, seq, n, target_states, *, gamma: int):
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class Drafting:
-  """A way of drafting: step 1 of an iteration, chosen by the drafter (`drafting_of`).
-
-  Attributes:
-    name: 'token' (one drafter call per draft, `draft`) or 'block' (one call, `draft_block`).
-    draft: (steps, params, cache, seq, n, rng, *, gamma, sampling, greedy, target_states, stop,
-      unroll_draft, proposal) -> (drafts int32[B, G], q f32[B, G, V] or None when greedy, cache,
-      lengths int32[B] or None): how it fills (tokens, q), as `draft` documents.
-    applies: whether it is the way `steps` drafts.
-    extra_slots: (gamma) -> the drafter cache's slots beyond the loop's `buffer_length`: a block
-      call writes its gamma - 1 query slots past the kept positions (`T5Steps.step_block`).
-  """
-
-  name: str
-  draft: Callable
-  applies: Callable
-  extra_slots: Callable = lambda gamma: 0
-
-
-# The first that applies is the drafter's way (`drafting_of`).
-DRAFTINGS = (
-  Drafting(
-    'block',
-    lambda *a, **k: draft_block(*a, **k),
-    lambda s: bool(getattr(s, 'block_size', None)),
-    extra_slots=lambda gamma: gamma - 1,
-  ),
-  Drafting('token', lambda *a, **k: draft(*a, **k), lambda s: True),
-)  # fmt: skip
-
-
-def drafting_of(steps) -> Drafting:
-  """How `steps` drafts: one block call for a block drafter (`block_size`), else token by token."""
-  return next(d for d in DRAFTINGS if d.applies(steps))
-
-
 def _first_draft_call(steps, params, cache, seq, n, target_states):
   """The draft's first drafter call: (logits f32[B, V] after seq[n], predicted states [B, F] or
   None, cache with end_index n + 1). It catches the drafter up on what the last iteration kept
@@ -398,38 +359,49 @@ def init_caches(
   )
   if draft_steps is None:
     return target_cache, None
-  if not getattr(draft_steps, 'shares_target_encoder', False):
+  if not step_models.capabilities(draft_steps).shares_target_encoder:
     encoded = draft_steps.encode(draft_params, input_ids, input_mask)
   return target_cache, draft_steps.init_cache(
     draft_params, repeat_paths(encoded, num_drafts), mask, draft_cache_len or cache_len
   )
 
 
-def verify_drafts(rng, drafts, q, logits, spec, lengths=None, state=None):
-  """Step 3 of an iteration: how many drafts the target keeps, and the token after them.
+def verify_greedy_drafts(drafts, logits, lengths=None):
+  """Step 3 at temperature 0: the longest prefix of drafts equal to the target's argmax.
 
   Args:
-    drafts: int32[B, G]; q: float32[B, G, V] their probabilities (None when greedy).
+    drafts: int32[B, G]; logits: float32[B, G + 1, V] the target pass's.
+    lengths: int32[B] drafts to verify per row (a draft cut short), or None for all G.
+
+  Returns:
+    (tau int32[B], y int32[B] the target's argmax after the kept drafts, beta float32[B, G] 1
+    where the draft is the argmax, nonfinite bool[B]). Only the target's values matter: drafts
+    are compared as ids, with no probability vector formed.
+  """
+  with jax.named_scope('sampling'):
+    target_ids = sampling_lib.argmax(logits)
+  with jax.named_scope('verify'):
+    tau, y = verify.greedy_verify(drafts, target_ids)
+    if lengths is not None:  # fewer drafts: the target's argmax after the row's last one
+      tau = jnp.minimum(tau, lengths)
+      y = jnp.take_along_axis(target_ids, tau[:, None], axis=1)[:, 0]
+    beta = (drafts == target_ids[:, : drafts.shape[1]]).astype(jnp.float32)
+    return tau, y, beta, ~jnp.isfinite(jnp.sum(logits, axis=(1, 2)))
+
+
+def verify_drafts(rng, drafts, q, logits, spec, lengths=None, state=None):
+  """Step 3 at temperature > 0: how many drafts the target keeps, and the token after them.
+
+  Args:
+    drafts: int32[B, G]; q: float32[B, G, V] their probabilities.
     logits: float32[B, G + 1, V] the target pass's.
     lengths: int32[B] drafts to verify per row (`spec.draft_stop`), or None for all G.
     state: the verifier's carried state (`verifiers.Verifier.init_state`), or None.
 
   Returns:
     (tau int32[B] drafts accepted, y int32[B] the corrected or bonus token, beta float32[B, G]
-    sum_x min(p, q) per position, nonfinite bool[B], the verifier's state after the iteration:
-    unchanged at temperature 0, where every verifier keeps the argmax prefix).
+    sum_x min(p, q) per position, nonfinite bool[B], the verifier's state after the iteration).
   """
-  if spec.greedy:
-    with jax.named_scope('sampling'):
-      target_ids = sampling_lib.argmax(logits)
-    with jax.named_scope('verify'):
-      tau, y = verify.greedy_verify(drafts, target_ids)
-      if lengths is not None:  # fewer drafts: the target's argmax after the row's last one
-        tau = jnp.minimum(tau, lengths)
-        y = jnp.take_along_axis(target_ids, tau[:, None], axis=1)[:, 0]
-      beta = (drafts == target_ids[:, : spec.gamma]).astype(jnp.float32)
-      # Only the target's values matter at temperature 0: drafts are compared as ids.
-      return tau, y, beta, ~jnp.isfinite(jnp.sum(logits, axis=(1, 2))), state
   with jax.named_scope('sampling'):
     p = sampling_lib.logits_to_probs(logits, spec.sampling)
   with jax.named_scope('verify'):
@@ -438,11 +410,29 @@ def verify_drafts(rng, drafts, q, logits, spec, lengths=None, state=None):
     return tau, y, beta, verify.nonfinite_rows(q, p), state
 
 
+def _per_row(x, k):
+  return None if x is None else x.reshape((-1, k) + x.shape[1:])
+
+
+def verify_greedy_paths(drafts, logits, num_drafts: int):
+  """Step 3 at temperature 0 with K = `num_drafts` paths per row, their rows consecutive:
+  drafts int32[B*K, G], logits float32[B*K, G + 1, V] -> (path int32[B], tau, y, beta,
+  nonfinite) as `verify_paths`'."""
+  k, g = num_drafts, drafts.shape[1]
+  drafts, logits = _per_row(drafts, k), _per_row(logits, k)
+  with jax.named_scope('sampling'):
+    target_ids = sampling_lib.argmax(logits)
+  with jax.named_scope('verify'):
+    path, tau, y = verify_multipath.multipath_greedy_verify(drafts, target_ids)
+    beta = (drafts[:, 0] == target_ids[:, 0, :g]).astype(jnp.float32)
+    return path, tau, y, beta, ~jnp.isfinite(jnp.sum(logits, axis=(1, 2, 3)))
+
+
 def verify_paths(rng, drafts, q, logits, spec):
-  """Step 3 with K = `spec.num_drafts` > 1 paths per row, their rows consecutive.
+  """Step 3 at temperature > 0 with K = `spec.num_drafts` > 1 paths per row, rows consecutive.
 
   Args:
-    drafts: int32[B*K, G]; q: float32[B*K, G, V] (None when greedy).
+    drafts: int32[B*K, G]; q: float32[B*K, G, V].
     logits: float32[B*K, G + 1, V].
 
   Returns:
@@ -450,15 +440,7 @@ def verify_paths(rng, drafts, q, logits, spec):
     measured on path 0 (each path alone is one drafted path, so alpha keeps its meaning).
   """
   k, g = spec.num_drafts, spec.gamma
-  per_row = lambda x: None if x is None else x.reshape((-1, k) + x.shape[1:])
-  drafts, q, logits = per_row(drafts), per_row(q), per_row(logits)
-  if spec.greedy:
-    with jax.named_scope('sampling'):
-      target_ids = sampling_lib.argmax(logits)
-    with jax.named_scope('verify'):
-      path, tau, y = verify_multipath.multipath_greedy_verify(drafts, target_ids)
-      beta = (drafts[:, 0] == target_ids[:, 0, :g]).astype(jnp.float32)
-      return path, tau, y, beta, ~jnp.isfinite(jnp.sum(logits, axis=(1, 2, 3)))
+  drafts, q, logits = _per_row(drafts, k), _per_row(q, k), _per_row(logits, k)
   with jax.named_scope('sampling'):
     p = sampling_lib.logits_to_probs(logits, spec.sampling)
   with jax.named_scope('verify'):

@@ -6,8 +6,8 @@ import dataclasses
 
 import numpy as np
 
-from specdec_jax import decode_tree, validation, verifiers
 from specdec_jax import sampling as sampling_lib
+from specdec_jax import trees, validation, verifiers
 
 
 def buffer_length(max_new_tokens: int, gamma: int) -> int:
@@ -18,6 +18,101 @@ def buffer_length(max_new_tokens: int, gamma: int) -> int:
   past their end where nothing is read, so the last slot touched is M + G + 1.
   """
   return max_new_tokens + gamma + 2
+
+
+BUILDERS = ('block', 'topk', 'sampled')
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeSpec:
+  """A token tree per iteration (hashable: part of `decode.LoopSpec`).
+
+  Attributes:
+    num_nodes: N >= gamma + 1 node slots per row, the root (the pending token) included: one
+      target pass scores N positions. N = gamma + 1 can hold only a chain.
+    builder: how the tree is drafted (`drafting.TREE_BUILDERS`'s entries): 'block', the best-first tree on a block
+      drafter's per-position laws (`trees.best_first_tree`); 'topk', an autoregressive drafter's
+      top_k children per node, depth by depth (`trees.topk_tree`; N = 1 + top_k * gamma).
+    top_k: children per expanded node and frontier width of 'topk' (unread by the others).
+    branching: 'sampled': children per node at depths 0..gamma-1 (gamma = its length; N the full
+      tree's size, `trees.full_tree_size`); unread by the others.
+  """
+
+  num_nodes: int
+  builder: str = 'block'
+  top_k: int = 2
+  branching: tuple[int, ...] = ()
+
+  def __post_init__(self):
+    n = self.num_nodes
+    if not isinstance(n, int) or isinstance(n, bool) or n < 2:
+      raise ValueError(f'TreeSpec.num_nodes must be an int >= 2, got {n!r}.')
+    if self.builder not in BUILDERS:
+      raise ValueError(f'TreeSpec.builder must be one of {BUILDERS}, got {self.builder!r}.')
+    k = self.top_k
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+      raise ValueError(f'TreeSpec.top_k must be an int >= 1, got {k!r}.')
+    branching = tuple(self.branching)
+    if any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in branching):
+      raise ValueError(f'TreeSpec.branching must hold ints >= 1, got {self.branching!r}.')
+    if (self.builder == 'sampled') != bool(branching):
+      raise ValueError(
+        f"TreeSpec.branching is for builder='sampled' (and it needs one), got builder="
+        f'{self.builder!r}, branching={self.branching!r}.'
+      )
+    object.__setattr__(self, 'branching', branching)
+
+  def check(self, *, gamma, verifier, num_drafts, draft_stop, proposal, unroll_draft):
+    """Raises one ValueError naming the first loop setting a tree cannot run with: a tree is
+    drafted by its builder (no draft stop, proposal or scan to unroll), one per row, and
+    verified by the builder's exact rule. The trace records a tree's kept path."""
+    why = 'a tree loop verifies its own way (docs/method.md section 13)'
+    if self.num_nodes < gamma + 1:
+      raise ValueError(
+        f'tree.num_nodes={self.num_nodes} cannot hold a path of gamma={gamma} drafts: it needs '
+        f'num_nodes >= gamma + 1 = {gamma + 1}.'
+      )
+    if self.builder == 'sampled' and (
+      len(self.branching) != gamma or self.num_nodes != trees.full_tree_size(self.branching)
+    ):
+      raise ValueError(
+        f"tree=TreeSpec(builder='sampled', branching={self.branching}) draws a full tree of "
+        f'depth {len(self.branching)} and {trees.full_tree_size(self.branching)} nodes: pass '
+        f'gamma={len(self.branching)} and num_nodes={trees.full_tree_size(self.branching)}, got '
+        f'gamma={gamma}, num_nodes={self.num_nodes}.'
+      )
+    if self.builder == 'topk' and self.num_nodes != 1 + self.top_k * gamma:
+      raise ValueError(
+        f"tree=TreeSpec(builder='topk', top_k={self.top_k}) at gamma={gamma} has "
+        f'1 + top_k * gamma = {1 + self.top_k * gamma} nodes: pass that num_nodes, got '
+        f'{self.num_nodes}.'
+      )
+    if num_drafts != 1:
+      raise ValueError(
+        f'tree= shares prefixes in one tree per row: it needs num_drafts=1, got {num_drafts}.'
+      )
+    if verifier != 'token':
+      raise ValueError(
+        f"tree= needs verifier='token' (the default), got {verifier!r}: {why}: greedy at "
+        "temperature 0, above it the builder's exact rule (`rules`)."
+      )
+    for name, value, default in [
+      ('draft_stop', draft_stop, None),
+      ('proposal', proposal, 'sample'),
+      ('unroll_draft', unroll_draft, False),
+    ]:
+      if value != default:
+        raise ValueError(f'tree= does not support {name}={value!r} (leave it at {default!r}).')
+
+
+def check_tree(spec) -> None:
+  """Raises one ValueError if a `decode.LoopSpec`'s tree cannot run with its other settings."""
+  if not isinstance(spec.tree, TreeSpec):
+    raise ValueError(f'tree must be a decode.TreeSpec or None, got {spec.tree!r}.')
+  spec.tree.check(
+    gamma=spec.gamma, verifier=spec.verifier, num_drafts=spec.num_drafts,
+    draft_stop=spec.draft_stop, proposal=spec.proposal, unroll_draft=spec.unroll_draft,
+  )  # fmt: skip
 
 
 # How a drafter proposes at temperature > 0: 'sample' draws X_i ~ q_i; 'argmax' proposes q_i's
@@ -51,12 +146,13 @@ class LoopSpec:
       calls, so an accelerator launches fewer kernels per draft; compiling takes longer.
     trace: record a `SpeculativeTrace` of every iteration.
     proposal: how a drafter proposes at temperature > 0 (`PROPOSALS`).
-    tree: a `decode_tree.TreeSpec`: one token tree of depth gamma per row and iteration, one
-      target pass over its nodes (`decode_tree`'s loop); None: a chain (or K paths).
+    tree: a `TreeSpec`: one token tree of depth gamma per row and iteration, one target pass
+      over its nodes; None: a chain (or K paths).
 
-  The loop's two extension points are registries it reads: a verifier is a
-  `verifiers.Verifier`, a way of drafting a `decode_steps.Drafting` (chosen by the drafter:
-  `decode_steps.drafting_of`).
+  The loop's extension points are registries it reads: a way of drafting is a
+  `drafting.Drafting` (chosen by the tree builder, else by the drafter's
+  `step_models.Capabilities.drafting`), a verifier a `verifiers.Verifier`, and a rule for a
+  draft's shape an entry of `rules.RULES`.
   """
 
   sampling: sampling_lib.SamplingConfig
@@ -68,7 +164,7 @@ class LoopSpec:
   unroll_draft: bool = False
   trace: bool = False
   proposal: str = 'sample'
-  tree: decode_tree.TreeSpec | None = None
+  tree: TreeSpec | None = None
 
   def __post_init__(self):
     validation.check_sampling(self.sampling)
@@ -89,7 +185,7 @@ class LoopSpec:
     object.__setattr__(self, 'unroll_draft', bool(self.unroll_draft))
     verifiers.get(self.verifier).check(num_drafts=self.num_drafts, draft_stop=self.draft_stop)
     if self.tree is not None:
-      decode_tree.check_loop(self)
+      check_tree(self)
     if self.greedy:  # one program for both verifiers: they keep the same tokens
       object.__setattr__(self, 'verifier', 'token')
 

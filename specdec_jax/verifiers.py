@@ -22,7 +22,8 @@ At temperature 0 every verifier keeps the longest prefix of drafts equal to the 
 import dataclasses
 from collections.abc import Callable
 
-from specdec_jax import verify, verify_greedy, verify_multipath
+from specdec_jax import step_models, verify, verify_greedy, verify_multipath
+from specdec_jax.step_models import Capabilities
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,13 +63,15 @@ class Verifier:
         f'{draft_stop}. {self.why}'
       )
 
-  def check_drafter(self, drafter_steps) -> None:
-    """Raises one ValueError if this verifier cannot verify what `drafter_steps` drafts."""
+  def check_drafter(self, drafter) -> None:
+    """Raises one ValueError if this verifier cannot verify what the drafter drafts (its
+    `step_models.Capabilities`, or its step model)."""
     if not self.context_free_drafter:
       return
-    if getattr(drafter_steps, 'block_size', None):
+    caps = step_models.capabilities(drafter) if not isinstance(drafter, Capabilities) else drafter
+    if caps.block_size:
       how = 'a block drafter: its law at a node depends on where its block started'
-    elif getattr(drafter_steps, 'reads_target_states', False):
+    elif caps.reads_target_states:
       how = "a drafter reading the target's states: its row at a node depends on how the loop reached it"
     else:
       return

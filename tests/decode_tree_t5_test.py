@@ -3,10 +3,11 @@ equal to `generate` token for token on a tiny random T5 pair and on the shipped 
 its block and distilled drafters, and one clear error for each unsupported combination. The
 loop's distribution tests (fake models) are tests/decode_tree_test.py."""
 
+import jax
 import numpy as np
 import pytest
 
-from specdec_jax import decode, pretrained
+from specdec_jax import decode, drafting, pretrained, step_models
 from tests import helpers
 from tests.decode_block_test import BLOCK, tiny_block_t5
 from tests.decode_test import GREEDY, _source
@@ -69,7 +70,6 @@ def test_errors(tiny_pair):
     (dict(tree=tree, verifier='block'), "needs verifier='token'"),
     (dict(tree=tree, verifier='greedy_block'), "needs verifier='token'"),
     (dict(tree=tree, draft_stop=0.3), 'does not support draft_stop=0.3'),
-    (dict(tree=tree, trace=True), 'does not support trace=True'),
     (dict(tree=tree, proposal='argmax'), "does not support proposal='argmax'"),
     (dict(tree='block'), 'tree must be a decode.TreeSpec'),
   ]  # fmt: skip
@@ -86,7 +86,8 @@ def test_errors(tiny_pair):
   ):
     run(target, plain_drafter, tree=decode.TreeSpec(num_nodes=8, builder='topk', top_k=2))
   with pytest.raises(ValueError, match='target with step_tree'):
-    tree.check_models(object(), BLOCK.steps)
+    spec = decode.LoopSpec(sampling=GREEDY, max_new_tokens=4, gamma=3, tree=tree)
+    drafting.of(spec, step_models.capabilities(BLOCK.steps), step_models.Capabilities())
   with pytest.raises(ValueError, match=r'pass gamma=2 and num_nodes=7, got gamma=3, num_nodes=7'):
     run(target, drafter, tree=decode.TreeSpec(7, 'sampled', branching=(2, 2)))
   for bad, message in [
@@ -99,3 +100,25 @@ def test_errors(tiny_pair):
   ]:
     with pytest.raises(ValueError, match=message):
       decode.TreeSpec(**bad)
+
+
+def test_a_tree_loop_records_its_kept_paths_in_the_trace(tiny_pair):
+  """trace=True with a tree: each iteration's kept path (tau drafts, then Y) is what it emitted,
+  and the emitted pieces, in order, are the output; the same tokens as without the trace."""
+  target, _ = tiny_pair
+  drafter = tiny_block_t5(target)
+  ids, mask = _source(vocab=target.config.vocab_size)
+  kw = dict(sampling=GREEDY, max_new_tokens=12, rng=None, gamma=3, tree=decode.TreeSpec(8))
+  out = decode.speculative_generate(target, drafter, ids, mask, trace=True, **kw)
+  plain = decode.speculative_generate(target, drafter, ids, mask, **kw)
+  np.testing.assert_array_equal(out.tokens, plain.tokens)
+  trace = jax.tree.map(np.asarray, out.trace)
+  for row in range(ids.shape[0]):
+    pieces = []
+    for it in range(trace.emitted.shape[1]):
+      tau, emitted = trace.num_accepted[row, it], trace.emitted[row, it]
+      kept = [*trace.drafts[row, it, :tau], trace.next_token[row, it]]
+      pieces += kept[:emitted]
+    length = int(out.lengths[row])
+    assert pieces[:length] == np.asarray(out.tokens)[row, :length].tolist()
+  assert trace.num_accepted.max() > 0  # some iteration kept a draft

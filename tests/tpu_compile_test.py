@@ -168,7 +168,7 @@ def test_decode_loop_compiles_for_tpu(mesh_name, program):
 def test_block_drafting_compiles_for_tpu(mesh_name, sampling, tree):
   """The loop with a block drafter (one call drafts gamma tokens, `decode_steps.draft_block`):
   the drafter over the target's encoder, reading its states, replicated; as a chain, and as the
-  token-tree loop's best-first tree of 8 nodes (`decode_tree`)."""
+  token-tree loop's best-first tree of 8 nodes (`drafting`)."""
   mesh = _mesh(*mesh_name)
   target = _tiny('tiny-v1.1', mesh, shard=True)
   width = target.config.d_model

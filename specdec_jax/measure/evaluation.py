@@ -41,7 +41,7 @@ import jax
 import numpy as np
 import sacrebleu
 
-from specdec_jax import analysis, decode, pretrained, sharding, step_models, verifiers
+from specdec_jax import analysis, decode, drafting, pretrained, sharding, step_models, verifiers
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import tables, timing, translation
 from specdec_jax.models import t5
@@ -283,7 +283,7 @@ def prepare(config) -> Plan:
 
 def is_block(steps) -> bool:
   """Whether a drafter's step model drafts a block in one call (`block_size`)."""
-  return bool(getattr(steps, 'block_size', None))
+  return step_models.capabilities(steps).drafting == 'block'
 
 
 def tree_spec(steps, nodes: int) -> tuple[int, decode.TreeSpec]:
@@ -292,7 +292,7 @@ def tree_spec(steps, nodes: int) -> tuple[int, decode.TreeSpec]:
   autoregressive drafter's top-2 tree, depth (nodes - 1) / 2 (nodes odd). docs/method.md
   section 13 has both; docs/results.md section 11 what they keep per call."""
   if is_block(steps):
-    return min(nodes - 1, steps.block_size), decode.TreeSpec(nodes)
+    return min(nodes - 1, step_models.capabilities(steps).block_size), decode.TreeSpec(nodes)
   if nodes % 2 == 0:
     raise ValueError(
       f"config.tree_nodes: an autoregressive drafter's top-2 tree has 1 + 2 * depth nodes, an "
@@ -319,9 +319,8 @@ def check_drafters(config, target, drafters: dict) -> None:
         step_models.check_block_drafter(steps, gamma)
       for nodes in config.get('tree_nodes') or ():
         depth, tree = tree_spec(steps, nodes)
-        tree.check_models(target_steps, steps)
         for temperature in config.temperatures:
-          decode.LoopSpec(
+          spec = decode.LoopSpec(
             sampling=sampling_lib.SamplingConfig(temperature=temperature),
             max_new_tokens=config.max_new_tokens,
             gamma=depth,
@@ -330,6 +329,7 @@ def check_drafters(config, target, drafters: dict) -> None:
             proposal=config.get('proposal') or 'sample',
             tree=tree,
           )
+          drafting.of(spec, step_models.capabilities(steps), step_models.capabilities(target_steps))
     except ValueError as e:
       raise ValueError(f'Drafter {name!r}: {e}') from e
 

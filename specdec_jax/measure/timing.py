@@ -121,13 +121,14 @@ def repeated_steps(steps, params, cache, position, *, num_tokens, loop_length):
   batch = position.shape[0]
 
   # A drafter that reads the target's states gets zeros of their width.
+  caps = step_models.capabilities(steps)
   features = None
-  if getattr(steps, 'reads_target_states', False):
-    features = jnp.zeros((batch, num_tokens, steps.feature_dim), jnp.float32)
+  if caps.reads_target_states:
+    features = jnp.zeros((batch, num_tokens, caps.feature_dim), jnp.float32)
 
   # A block drafter's call as the loop makes it: num_tokens kept positions, then as many drafts
   # less one (`decode_steps.draft_block`).
-  block = getattr(steps, 'block_size', None)
+  block = caps.block_size
   width = num_tokens - 1 if block else num_tokens
 
   def body(i, carry):
@@ -149,7 +150,7 @@ def repeated_steps(steps, params, cache, position, *, num_tokens, loop_length):
 @functools.partial(jax.jit, static_argnames=('steps', 'max_depth'))
 def repeated_tree_passes(steps, params, cache, position, tree, *, max_depth, loop_length):
   """`loop_length` (traced) target passes over a token tree (`step_tree`, the tree loop's pass:
-  `decode_tree`), every one from `position` [B] of `cache`: `repeated_steps` for a tree of N
+  the tree loop's), every one from `position` [B] of `cache`: `repeated_steps` for a tree of N
   nodes (tree: `trees.Tree` [B, N], depth <= max_depth)."""
 
   def body(i, carry):
@@ -181,7 +182,7 @@ def _draft(
     drafts = (pending[:, None] + jnp.arange(gamma, dtype=jnp.int32)) % 7 + 2
     return jax.lax.optimization_barrier(drafts), drafter_cache
   seq = jnp.broadcast_to(pending[:, None], (batch, cache_len))
-  if getattr(steps, 'block_size', None):  # one call, whatever the draft length
+  if step_models.capabilities(steps).block_size:  # one call, whatever the draft length
     drafts, _, drafter_cache, _ = decode_steps.draft_block(
       steps, params, drafter_cache, seq, position, None, gamma=gamma, sampling=None, greedy=True,
       target_states=(states, position - 1),
@@ -233,11 +234,12 @@ def repeated_iterations(
   no branch or loop the decode loop lacks (a traced `lax.cond` or trip count would wait for the
   host on a GPU, every iteration)."""
   batch = position.shape[0]
-  reads_states = getattr(drafter_steps, 'reads_target_states', False)
+  caps = step_models.capabilities(drafter_steps)
+  reads_states = caps.reads_target_states
   target_steps = step_models.state_source(drafter_steps, target_steps)  # the layers it reads
   states = None
   if reads_states:
-    states = jnp.zeros((batch, gamma + 1, drafter_steps.feature_dim), jnp.float32)
+    states = jnp.zeros((batch, gamma + 1, caps.feature_dim), jnp.float32)
   shape = dict(
     gamma=gamma, draft_length=draft_length, cache_len=cache_len, unroll_draft=unroll_draft
   )
@@ -548,7 +550,7 @@ def step_costs(
   target, drafter = step_models.as_step_model(target), step_models.as_step_model(drafter)
   kw = dict(source_length=source_length, cache_len=cache_len)
   rows = dict(kw, batch_size=batch_size * num_drafts)
-  block = getattr(drafter[0], 'block_size', None)
+  block = step_models.capabilities(drafter[0]).block_size
   if tree_nodes is None:
     target_pass = _step_loop(target, num_tokens=gamma + 1, **rows)
   elif num_drafts != 1:
