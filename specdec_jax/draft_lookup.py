@@ -19,8 +19,13 @@ Axes: B batch, L decoder buffer, S source length, M branches (matches), G gamma 
 per branch).
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
+
+from specdec_jax import decode_steps, sampling, trees
+from specdec_jax.draft import Draft
 
 
 def match(
@@ -122,3 +127,136 @@ def proposals(source: jax.Array, start: jax.Array, available: jax.Array, gamma: 
   index = jnp.clip(start[:, :, None] + offset, 0, size - 1)
   tokens = source[jnp.arange(batch)[:, None, None], index]
   return jnp.where(offset < available[:, :, None], tokens, 0).astype(jnp.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+# The drafter: a step model with no parameters and no cache, and its drafting entries.
+
+
+@dataclasses.dataclass(frozen=True)
+class LookupSteps:
+  """The source-lookup drafter as a step model: it calls no model (`drafting = 'lookup'`: the
+  loop drafts with `draft_chain`), encodes nothing and keeps no cache.
+
+  Attributes:
+    vocab_size, start_id, eos_id: the target's (one vocabulary for source and output).
+    ngram, min_ngram: the longest and shortest emitted suffix matched (`match`).
+  """
+
+  vocab_size: int
+  start_id: int = 0
+  eos_id: int = 1
+  ngram: int = 3
+  min_ngram: int = 1
+  drafting = 'lookup'
+
+  def encode(self, params, input_ids, input_mask):
+    del params, input_ids, input_mask
+    return None
+
+  def init_cache(self, params, encoded, input_mask, max_decode_len):
+    del params, encoded, input_mask, max_decode_len
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceLookup:
+  """A source-lookup drafter: `speculative_generate(target, source_lookup(target), ...)`."""
+
+  steps: LookupSteps
+  params: dict = dataclasses.field(default_factory=dict)
+
+
+def source_lookup(target, *, ngram: int = 3, min_ngram: int = 1) -> SourceLookup:
+  """The source-lookup drafter for `target` (a T5Model or step model): it proposes, after each
+  row's last `ngram` .. `min_ngram` emitted tokens, what followed their latest occurrence in the
+  row's own source, with a one-hot law."""
+  if not 1 <= min_ngram <= ngram:
+    raise ValueError(f'source_lookup needs 1 <= min_ngram <= ngram, got {min_ngram}, {ngram}.')
+  steps = target.steps if hasattr(target, 'steps') else target
+  return SourceLookup(LookupSteps(steps.vocab_size, steps.start_id, steps.eos_id, ngram, min_ngram))
+
+
+def _branches(view, spec, *, ngram, min_ngram, branches):
+  """(tokens i32[B, M, G], available i32[B, M]) of the M latest matches."""
+  with jax.named_scope('lookup'):
+    start, available = match(
+      view.seq, view.n, view.source_ids, view.source_mask,
+      ngram=ngram, min_ngram=min_ngram, branches=branches, gamma=spec.gamma,
+    )  # fmt: skip
+    return proposals(view.source_ids, start, available, spec.gamma), available
+
+
+def draft_chain(drafter, view, key, spec):
+  """'lookup': the latest match's continuation as a chain of `available` drafts (0: none), each
+  with a one-hot q (None at temperature 0). Token and block verification stay exact: the draft
+  is drawn from that q."""
+  del key
+  steps = drafter.steps
+  tokens, available = _branches(
+    view, spec, ngram=steps.ngram, min_ngram=steps.min_ngram, branches=1
+  )
+  drafts = tokens[:, 0]
+  q = None if spec.greedy else jax.nn.one_hot(drafts, steps.vocab_size, dtype=jnp.float32)
+  pending = decode_steps.row_slice(view.seq, view.n, 1)[:, 0]
+  return Draft.chain(pending, drafts, q, available[:, 0]), view.cache, view.state
+
+
+def _root(pending, num_nodes):
+  """A bare root of `num_nodes` slots: node 0 the pending token, the rest padding."""
+  batch = pending.shape[0]
+  zeros = jnp.zeros((batch, num_nodes), jnp.int32)
+  return trees.Tree(
+    tokens=zeros.at[:, 0].set(pending),
+    parents=jnp.full((batch, num_nodes), -1, jnp.int32),
+    depth=zeros,
+    valid=jnp.zeros((batch, num_nodes), bool).at[:, 0].set(True),
+  )
+
+
+def _padded(tree: trees.Tree, num_nodes: int) -> trees.Tree:
+  """`tree` with padding slots appended up to `num_nodes`."""
+  extra = num_nodes - tree.tokens.shape[1]
+  pad = lambda x, value: jnp.pad(x, ((0, 0), (0, extra)), constant_values=value)
+  return trees.Tree(
+    pad(tree.tokens, 0), pad(tree.parents, -1), pad(tree.depth, 0), pad(tree.valid, False)
+  )
+
+
+def draft_tree(drafter, view, key, spec):
+  """'lookup_tree': the M latest matches grafted under the root (`trees.graft`: equal
+  continuations merged), N slots. Fixed before the target's coins: rule 1b ('along')."""
+  del key
+  tree_spec = spec.tree
+  tokens, available = _branches(
+    view, spec, ngram=tree_spec.ngram, min_ngram=1, branches=tree_spec.branches
+  )
+  pending = decode_steps.row_slice(view.seq, view.n, 1)[:, 0]
+  with jax.named_scope('tree'):
+    tree = trees.graft(_root(pending, tree_spec.num_nodes), tokens, available, spec.gamma)
+  return Draft.of_tree(tree), view.cache, view.state
+
+
+def draft_hybrid(drafter, view, key, spec):
+  """'hybrid_tree': a block drafter's best-first tree of N - M * gamma nodes on its one call's
+  laws, then the M lookup branches grafted under the same root: one target pass scores both.
+  The tree is fixed before the target's coins (rule 1b, docs/method.md section 13)."""
+  del key
+  tree_spec = spec.tree
+  logits, cache = decode_steps.block_logits(
+    drafter.steps, drafter.params, view.cache, view.seq, view.n, view.target_states,
+    gamma=spec.gamma,
+  )  # fmt: skip
+  tokens, available = _branches(
+    view, spec, ngram=tree_spec.ngram, min_ngram=1, branches=tree_spec.branches
+  )
+  with jax.named_scope('tree'):
+    pending = decode_steps.row_slice(view.seq, view.n, 1)[:, 0]
+    if spec.greedy:
+      q = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    else:
+      q = sampling.logits_to_probs(logits, spec.sampling)
+    model_nodes = tree_spec.num_nodes - tree_spec.branches * spec.gamma
+    tree = _padded(trees.best_first_tree(pending, q, model_nodes), tree_spec.num_nodes)
+    tree = trees.graft(tree, tokens, available, spec.gamma)
+  return Draft.of_tree(tree), cache, view.state

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax import cache as cache_lib
-from specdec_jax import decode_steps, trees
+from specdec_jax import decode_steps, draft_lookup, trees
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.draft import Draft, DraftView
 from specdec_jax.step_models import Capabilities
@@ -72,7 +72,13 @@ class Drafting:
 
 REGISTRY: dict[str, Drafting] = {}
 # TreeSpec.builder -> its drafting entry.
-TREE_BUILDERS = {'block': 'best_first_tree', 'topk': 'topk_tree', 'sampled': 'sampled_tree'}
+TREE_BUILDERS = {
+  'block': 'best_first_tree',
+  'topk': 'topk_tree',
+  'sampled': 'sampled_tree',
+  'lookup': 'lookup_tree',
+  'hybrid': 'hybrid_tree',
+}
 
 
 def register(entry: Drafting) -> Drafting:
@@ -100,6 +106,17 @@ def of(spec, drafter_caps: Capabilities, target_caps: Capabilities) -> Drafting:
   why = entry.needs(drafter_caps, target_caps)
   if why:
     raise ValueError(why)
+  if entry.shape == 'chain':
+    for option, value, default in [
+      ('draft_stop', spec.draft_stop, None),
+      ('proposal', spec.proposal, 'sample'),
+      ('unroll_draft', spec.unroll_draft, False),
+      ('num_drafts', spec.num_drafts, 1),
+    ]:
+      if value != default and option not in entry.options:
+        raise ValueError(
+          f'Drafting {entry.name!r} does not support {option}={value!r} (leave it at {default!r}).'
+        )
   return entry
 
 
@@ -294,5 +311,35 @@ register(
   Drafting(
     name='topk_tree', shape='tree', draft=_draft_topk, needs=_needs_topk,
     init_state=lambda batch: jnp.full((batch,), -1, jnp.int32), tree_rule='along',
+  )
+)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Source lookup (`draft_lookup`): a chain, a tree of its M latest matches, and a hybrid tree.
+
+
+def _needs_lookup_tree(drafter: Capabilities, target: Capabilities) -> str | None:
+  if drafter.drafting != 'lookup':
+    return (
+      "tree=TreeSpec(builder='lookup') grafts source matches under the root: pass the drafter "
+      "draft_lookup.source_lookup(target) (for a block drafter's tree beside them: builder='hybrid')."
+    )
+  return _needs_tree_pass(target)
+
+
+register(
+  Drafting(name='lookup', shape='chain', draft=draft_lookup.draft_chain, needs=lambda d, t: None)
+)
+register(
+  Drafting(
+    name='lookup_tree', shape='tree', draft=draft_lookup.draft_tree, needs=_needs_lookup_tree,
+    tree_rule='along',
+  )
+)  # fmt: skip
+register(
+  Drafting(
+    name='hybrid_tree', shape='tree', draft=draft_lookup.draft_hybrid,
+    needs=_needs_block_tree('hybrid'), extra_slots=lambda gamma: gamma - 1, tree_rule='along',
   )
 )  # fmt: skip

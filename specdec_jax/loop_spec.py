@@ -20,7 +20,7 @@ def buffer_length(max_new_tokens: int, gamma: int) -> int:
   return max_new_tokens + gamma + 2
 
 
-BUILDERS = ('block', 'topk', 'sampled')
+BUILDERS = ('block', 'topk', 'sampled', 'lookup', 'hybrid')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,12 +36,19 @@ class TreeSpec:
     top_k: children per expanded node and frontier width of 'topk' (unread by the others).
     branching: 'sampled': children per node at depths 0..gamma-1 (gamma = its length; N the full
       tree's size, `trees.full_tree_size`); unread by the others.
+    branches: 'lookup' / 'hybrid': M >= 1 source-lookup branches grafted under the root
+      (`draft_lookup`): 'lookup' with a `draft_lookup.source_lookup` drafter, the M latest source
+      matches; 'hybrid' with a block drafter, its best-first tree of N - M * gamma nodes and the
+      M branches under one root. Unread by the others.
+    ngram: the longest emitted suffix the lookup branches match (backing off to 1).
   """
 
   num_nodes: int
   builder: str = 'block'
   top_k: int = 2
   branching: tuple[int, ...] = ()
+  branches: int = 0
+  ngram: int = 3
 
   def __post_init__(self):
     n = self.num_nodes
@@ -61,6 +68,14 @@ class TreeSpec:
         f'{self.builder!r}, branching={self.branching!r}.'
       )
     object.__setattr__(self, 'branching', branching)
+    lookup = self.builder in ('lookup', 'hybrid')
+    m = self.branches
+    if not isinstance(m, int) or isinstance(m, bool) or m < 0 or lookup != (m > 0):
+      raise ValueError(
+        f"TreeSpec.branches is for builder='lookup' or 'hybrid' (an int >= 1 there, 0 otherwise), "
+        f'got builder={self.builder!r}, branches={m!r}.'
+      )
+    validation.as_int('TreeSpec.ngram', self.ngram, 1)
 
   def check(self, *, gamma, verifier, num_drafts, draft_stop, proposal, unroll_draft):
     """Raises one ValueError naming the first loop setting a tree cannot run with: a tree is
@@ -86,6 +101,12 @@ class TreeSpec:
         f"tree=TreeSpec(builder='topk', top_k={self.top_k}) at gamma={gamma} has "
         f'1 + top_k * gamma = {1 + self.top_k * gamma} nodes: pass that num_nodes, got '
         f'{self.num_nodes}.'
+      )
+    if self.builder == 'hybrid' and self.num_nodes - self.branches * gamma < 2:
+      raise ValueError(
+        f"tree=TreeSpec(builder='hybrid', branches={self.branches}) keeps branches * gamma = "
+        f'{self.branches * gamma} slots for the lookup branches and at least 2 for the drafter: '
+        f'it needs num_nodes >= {self.branches * gamma + 2}, got {self.num_nodes}.'
       )
     if num_drafts != 1:
       raise ValueError(

@@ -71,6 +71,8 @@ class Verifier:
     caps = step_models.capabilities(drafter) if not isinstance(drafter, Capabilities) else drafter
     if caps.block_size:
       how = 'a block drafter: its law at a node depends on where its block started'
+    elif caps.drafting == 'lookup':
+      how = 'a source lookup: its drafts follow one source match and may stop short'
     elif caps.reads_target_states:
       how = "a drafter reading the target's states: its row at a node depends on how the loop reached it"
     else:

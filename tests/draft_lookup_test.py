@@ -9,12 +9,17 @@ sharing prefixes with the tree and with each other, too many to fit; the results
 `trees.check_tree` and hold exactly the tree's paths plus prefixes of the branches.
 """
 
+import collections
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import draft_lookup, trees
+from specdec_jax import decode, draft_lookup, drafting, trees
+from specdec_jax import sampling as sampling_lib
+from tests import chisquare, fakes
 
 NGRAM, MIN_NGRAM, BRANCHES, GAMMA = 3, 1, 3, 4
 LENGTH, SIZE = 10, 14  # decoder buffer L, source length S
@@ -399,3 +404,130 @@ def test_lookup_tree_from_matches():
   assert paths[1] == [(), (5,)]
   assert paths[2] == [(), (6,), (6, 6), (6, 6, 3), (6, 6, 3, 6)]
   assert paths[3] == [()]
+
+
+# ---------------------------------------------------------------------------------------------
+# The drafter in the loop: a chain, a tree of its matches, a hybrid tree (`drafting` entries
+# 'lookup', 'lookup_tree', 'hybrid_tree').
+
+_ROWS, _LENGTH = 20_000, 4  # whole-sequence chi-square over the first 4 tokens
+_SIGNIFICANCE = 1e-3
+_TARGET = fakes.random_markov(seed=1)
+_STATE_TARGET = fakes.with_states(_TARGET)
+_BLOCK = fakes.random_block_drafter(seed=5)
+_T1 = sampling_lib.SamplingConfig(temperature=1.0)
+_TOPP = sampling_lib.SamplingConfig(temperature=0.7, top_p=0.9)
+
+
+def _lookup_sources(rows, vocab=4, length=9, seed=0):
+  """Sources of random ids over the fake's vocabulary, ragged (every row has >= 3 real tokens),
+  so that emitted suffixes often match."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(0, vocab, size=(rows, length)).astype(np.int32)
+  mask = np.arange(length)[None] < rng.integers(3, length + 1, size=rows)[:, None]
+  return jnp.asarray(np.where(mask, ids, 0)), jnp.asarray(mask)
+
+
+def _decode(how, sampling, *, rows=_ROWS, length=_LENGTH, seed=3, **kw):
+  ids, mask = _lookup_sources(rows)
+  target = _STATE_TARGET if how == 'hybrid' else _TARGET
+  drafter = _BLOCK if how == 'hybrid' else draft_lookup.source_lookup(_TARGET, ngram=2)
+  if how != 'chain':
+    kw['tree'] = decode.TreeSpec(
+      num_nodes=9 if how == 'hybrid' else 5, builder=how, branches=2, ngram=2
+    )
+  return decode.speculative_generate(
+    target, drafter, ids, mask, gamma=2, sampling=sampling, max_new_tokens=length,
+    rng=jax.random.key(seed), **kw,
+  )  # fmt: skip
+
+
+def _pvalue(tokens, sampling):
+  exact = fakes.exact_prefix_distribution(_TARGET, _LENGTH, sampling)
+  observed = collections.Counter(map(tuple, np.asarray(tokens).tolist()))
+  return chisquare.pvalue(observed, exact)
+
+
+@pytest.mark.parametrize(
+  'how, sampling',
+  [
+    ('chain', _T1),
+    pytest.param('chain', _TOPP, marks=pytest.mark.slow),  # the tree below covers top-p
+    ('lookup', _TOPP),
+    ('hybrid', _T1),
+  ],
+  ids=str,
+)
+def test_lookup_decoding_is_lossless(how, sampling):
+  """Whole sequences of 4 tokens over 20k rows against the target's exact law (chi-square,
+  significance 1e-3); drafts were kept and rejected."""
+  out = _decode(how, sampling)
+  assert _pvalue(out.tokens, sampling) > _SIGNIFICANCE
+  stats = out.stats.summed()
+  assert 0 < int(stats.accepted) < int(stats.drafted)
+
+
+def test_negative_control_a_soft_lookup_law_fails(monkeypatch):
+  """Bug: the chain verified against a smoothed law (half one-hot, half uniform) instead of the
+  one-hot law its drafts came from: the same chi-square rejects it."""
+  real = draft_lookup.draft_chain
+
+  def soft(drafter, view, key, spec):
+    draft, cache, state = real(drafter, view, key, spec)
+    return draft.replace(q=0.5 * draft.q + 0.5 / draft.q.shape[-1]), cache, state
+
+  entry = drafting.REGISTRY['lookup']
+  monkeypatch.setitem(drafting.REGISTRY, 'lookup', dataclasses.replace(entry, draft=soft))
+  jax.clear_caches()
+  out = _decode('chain', _T1)
+  monkeypatch.undo()
+  jax.clear_caches()
+  assert _pvalue(out.tokens, _T1) < _SIGNIFICANCE
+
+
+@pytest.mark.parametrize('how', ['chain', 'lookup', 'hybrid'])
+def test_greedy_lookup_decoding_is_generate(how):
+  """Temperature 0: the target's greedy output token for token, with drafts kept (the sources
+  hold the greedy output, so the lookup matches)."""
+  target = fakes.random_markov(seed=10)  # its greedy output runs past 12 tokens
+  target = fakes.with_states(target) if how == 'hybrid' else target
+  ids = jnp.zeros((6, 1), jnp.int32)
+  greedy = sampling_lib.SamplingConfig(temperature=0.0)
+  ref = decode.generate(
+    target, ids, jnp.ones_like(ids), sampling=greedy, max_new_tokens=12, rng=None
+  )
+  out_tokens = np.asarray(ref.tokens)
+  source = jnp.asarray(np.concatenate([np.full((6, 2), 3), out_tokens], 1), jnp.int32)
+  mask = jnp.arange(source.shape[1])[None] < jnp.arange(8, 14)[:, None]  # ragged
+  drafter = _BLOCK if how == 'hybrid' else draft_lookup.source_lookup(target)
+  kw = {}
+  if how != 'chain':
+    kw['tree'] = decode.TreeSpec(num_nodes=10, builder=how, branches=2)
+  ref = decode.generate(target, source, mask, sampling=greedy, max_new_tokens=12, rng=None)
+  out = decode.speculative_generate(
+    target, drafter, source, mask, gamma=3, sampling=greedy, max_new_tokens=12, rng=None, **kw
+  )
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  assert int(out.stats.summed().accepted) > 0
+
+
+def test_lookup_errors():
+  ids, mask = _lookup_sources(2)
+  lookup = draft_lookup.source_lookup(_TARGET)
+  kw = dict(gamma=2, sampling=_T1, max_new_tokens=4, rng=jax.random.key(0))
+  run = lambda drafter, **extra: decode.speculative_generate(
+    _TARGET, drafter, ids, mask, **kw, **extra
+  )
+  with pytest.raises(ValueError, match="'lookup' does not support num_drafts=2"):
+    run(lookup, num_drafts=2)
+  with pytest.raises(ValueError, match='does not support draft_stop'):
+    run(lookup, draft_stop=0.5)
+  with pytest.raises(ValueError, match="verifier='greedy_block' .* a source lookup"):
+    run(lookup, verifier='greedy_block')
+  with pytest.raises(ValueError, match='pass the drafter draft_lookup.source_lookup'):
+    run(fakes.random_markov(seed=2), tree=decode.TreeSpec(5, 'lookup', branches=2))
+  with pytest.raises(ValueError, match="branches is for builder='lookup' or 'hybrid'"):
+    decode.TreeSpec(5, 'lookup')
+  with pytest.raises(ValueError, match='needs num_nodes >= 6'):
+    tree = decode.TreeSpec(5, 'hybrid', branches=2)
+    decode.speculative_generate(_STATE_TARGET, _BLOCK, ids, mask, tree=tree, **kw)
