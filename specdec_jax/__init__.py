@@ -32,7 +32,10 @@ engine (specdec_jax/)
 
 models/
   t5                 T5 v1.0 / v1.1 with multi-token, per-row incremental decoding; `T5Steps`.
-  t5_layers          T5's layers (attention, MLP, norms, relative bias) and its decoder stack.
+  t5_layers          T5's layers (attention, MLP, norms, relative bias) and its decoder stack,
+                     which takes embedded inputs and a `Layout` and knows no role.
+  t5_layout          `Layout`: where a decoder pass's inputs sit and what they see (chain, packed).
+  t5_eagle           an EAGLE-style drafter's input adapter (the target's states projected in).
   t5_config          `T5Config` and `CONFIGS` (public T5, T5 v1.1, FLAN-T5 and test shapes).
   t5_params          `init_params` (T5X's names and initialisers) and `param_count`.
   t5_relpos          T5's relative-position buckets.

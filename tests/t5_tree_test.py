@@ -91,20 +91,18 @@ def _tree_logits(params, tree, cache, *, config, control=''):
     logits, _ = t5.T5Steps(config).step_tree(params, tree, cache, DEPTH)
     return logits
   slot = jnp.broadcast_to(jnp.arange(tree.tokens.shape[1]), tree.tokens.shape)
-  positions, key_positions, attend = t5_tree.layout(
+  layout = t5_tree.layout(
     tree._replace(depth=slot) if control == 'slot_positions' else tree,
     cache.end_index,
     cache.max_decode_len,
     DEPTH,
   )
   if control == 'causal_mask':
-    attend = key_positions[:, None, :] <= positions[:, :, None]
     attend = jnp.arange(cache.max_decode_len)[None, None] < (
       cache.end_index[:, None, None] + 1 + slot[:, :, None]
     )
-  logits, _ = t5.decode(
-    params, tree.tokens, cache, config=config, cache_layout=(positions, key_positions, attend)
-  )
+    layout = layout.replace(mask=attend)
+  logits, _ = t5.decode(params, tree.tokens, cache, config=config, layout=layout)
   return logits
 
 

@@ -32,9 +32,10 @@ import jax.numpy as jnp
 
 from specdec_jax import cache as cache_lib
 from specdec_jax import sharding
-from specdec_jax.models import t5_block, t5_layers, t5_tree
+from specdec_jax.models import t5_block, t5_eagle, t5_layers, t5_layout, t5_tree
 from specdec_jax.models.t5_config import CONFIGS, T5Config  # noqa: F401 (part of this API)
 from specdec_jax.models.t5_dropout import Dropout, dropper
+from specdec_jax.models.t5_layout import Layout
 from specdec_jax.models.t5_params import Params, init_params, param_count  # noqa: F401 (API)
 
 
@@ -157,7 +158,7 @@ class T5Steps:
     )
     logits, cache = decode(
       params, pad(tokens), cache, config=self.config, features=pad(features), slots=slots,
-      logits_at=logits_at, cache_layout=layout, rules=self.rules,
+      logits_at=logits_at, layout=layout, rules=self.rules,
     )  # fmt: skip
     return logits, cache.replace(end_index=start + num_kept)
 
@@ -170,10 +171,10 @@ class T5Steps:
       raise ValueError(
         'step_tree is a target pass: this T5 is a drafter (block_size or feature_dim).'
       )
-    cache_layout = t5_tree.layout(tree, cache.end_index, cache.max_decode_len, max_depth)
+    layout = t5_tree.layout(tree, cache.end_index, cache.max_decode_len, max_depth)
     *out, new_cache = decode(
       params, tree.tokens, cache, config=self.config, return_states=return_states,
-      state_layers=self.state_layers, cache_layout=cache_layout, rules=self.rules,
+      state_layers=self.state_layers, layout=layout, rules=self.rules,
     )  # fmt: skip
     return (*out, new_cache.replace(end_index=cache.end_index))
 
@@ -313,6 +314,45 @@ def init_cache(
   )
 
 
+def inputs(
+  params: Params,
+  tokens: jax.Array,
+  *,
+  config: T5Config,
+  features: jax.Array | None = None,
+  slots: jax.Array | None = None,
+  rules: sharding.Rules = sharding.DEFAULT_RULES,
+) -> jax.Array:
+  """The decoder stack's inputs [B, T, D] for this T5's role, composed by its config: the tokens'
+  embeddings; plus the projected features of an EAGLE-style drafter (`config.feature_dim`:
+  `t5_eagle.feature_inputs`); a block drafter's query slots in place of both where slots > 0
+  (`config.block_size`: `t5_block.slot_inputs`).
+
+  Args:
+    tokens: int32[B, T].
+    features: [B, T, feature_dim], exactly when `config.feature_dim` is set: the target's state
+      at the position before each token (zeros before position 0).
+    slots: int32[B, T], exactly when `config.block_size` is set: 0 where the input is the token,
+      i >= 1 where it is query slot i.
+  """
+  if (features is None) != (config.feature_dim is None):
+    raise ValueError(
+      f'features must be given exactly when config.feature_dim is set: feature_dim '
+      f'{config.feature_dim}, features {None if features is None else features.shape}.'
+    )
+  if (slots is None) != (config.block_size is None):
+    raise ValueError(
+      f'slots must be given exactly when config.block_size is set: block_size '
+      f'{config.block_size}, slots {None if slots is None else slots.shape}.'
+    )
+  x = t5_layers.embed(params, tokens, config, rules)
+  if features is not None:
+    x = t5_eagle.feature_inputs(params, x, features, config)
+  if slots is not None:
+    x = t5_block.slot_inputs(params, x, slots)
+  return x
+
+
 def decode(
   params: Params,
   tokens: jax.Array,
@@ -323,7 +363,7 @@ def decode(
   return_states: bool = False,
   logits_at: jax.Array | None = None,
   slots: jax.Array | None = None,
-  cache_layout: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+  layout: Layout | None = None,
   state_layers: tuple[int, ...] | None = None,
   rules: sharding.Rules = sharding.DEFAULT_RULES,
 ):
@@ -347,9 +387,9 @@ def decode(
       tokens[b, logits_at[b]], shaped [B, 1, ...]: the output layer then runs on one row (the
       decode loop's first drafter call feeds two positions and reads one).
       int32[B, R]: R positions per row, [B, R, ...] (a block drafter's call).
-    slots: int32[B, T], for (only) a block drafter: which inputs are query slots (`t5_layers.decoder`).
-    cache_layout: the positions and mask of inputs that are not a causal chain (`t5_layers.decoder`; a
-      token tree's, `t5_tree.layout`), or None.
+    slots: int32[B, T], for (only) a block drafter: which inputs are query slots (`inputs`).
+    layout: the `t5_layout.Layout` of inputs that are not a causal chain (a block call's,
+      `t5_block.step_layout`; a token tree's, `t5_tree.layout`); None: the chain at end_index.
     rules: the logical-axis rules of its activations on a mesh (`T5Model.rules`).
 
   Returns:
@@ -362,17 +402,17 @@ def decode(
     raise ValueError(
       f'decode got T={tokens.shape[1]} tokens for a cache of {cache.max_decode_len} slots.'
     )
+  if layout is None:
+    layout = t5_layout.chain(cache.end_index, tokens.shape[1], cache.max_decode_len)
   states, (self_k, self_v), *tapped = t5_layers.decoder(
     params,
-    tokens,
+    inputs(params, tokens, config=config, features=features, slots=slots, rules=rules),
     cache.cross_k,
     cache.cross_v,
     cache.encoder_mask,
+    layout=layout,
     config=config,
     self_cache=(cache.self_k, cache.self_v, cache.end_index),
-    features=features,
-    slots=slots,
-    cache_layout=cache_layout,
     taps=state_layers if return_states else None,
     rules=rules,
   )
@@ -471,12 +511,12 @@ def decoder_states(
   cross_k, cross_v = t5_layers.cross_kv(params, encoded, config)
   states, _, *tapped = t5_layers.decoder(
     params,
-    decoder_input_ids,
+    inputs(params, decoder_input_ids, config=config, features=features),
     cross_k,
     cross_v,
     input_mask.astype(bool),
+    layout=t5_layout.teacher(decoder_input_ids.shape[1]),
     config=config,
-    features=features,
     dropout=dropout,
     taps=state_layers,
   )
@@ -513,21 +553,17 @@ def block_states(
   """
   batch, t = decoder_input_ids.shape
   a, g = anchors.shape[1], config.block_size
-  slots, positions, attend = t5_block.training_layout(anchors, t, g, config.block_attention)
+  slots, layout = t5_block.training_layout(anchors, t, g, config.block_attention)
   pad = lambda x: jnp.pad(x, [(0, 0), (0, a * (g - 1))] + [(0, 0)] * (x.ndim - 2))
   cross_k, cross_v = t5_layers.cross_kv(params, encoded, config)
-  states, _ = t5_layers.decoder(
-    params,
-    pad(decoder_input_ids),
-    cross_k,
-    cross_v,
-    input_mask.astype(bool),
-    config=config,
-    features=pad(jnp.asarray(features)),
-    dropout=dropout,
+  x = inputs(
+    params, pad(decoder_input_ids), config=config, features=pad(jnp.asarray(features)),
     slots=slots,
-    layout=(positions, attend),
-  )
+  )  # fmt: skip
+  states, _ = t5_layers.decoder(
+    params, x, cross_k, cross_v, input_mask.astype(bool), layout=layout, config=config,
+    dropout=dropout,
+  )  # fmt: skip
   own = jnp.take_along_axis(states, anchors[..., None], axis=1)[:, :, None]  # [B, A, 1, D]
   rest = states[:, t:].reshape(batch, a, g - 1, -1)
   return jnp.concatenate([own, rest], axis=2)

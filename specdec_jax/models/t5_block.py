@@ -20,6 +20,9 @@ Axes: B batch, T inputs, G gamma (drafts a call), A anchors a row, S_max cache s
 import jax
 import jax.numpy as jnp
 
+from specdec_jax.models import t5_layout
+from specdec_jax.models.t5_layout import Layout
+
 
 def step_layout(num_kept: jax.Array, end_index: jax.Array, width: int, gamma: int, num_slots: int,
                 attention: str):  # fmt: skip
@@ -36,17 +39,17 @@ def step_layout(num_kept: jax.Array, end_index: jax.Array, width: int, gamma: in
   Returns:
     (slots int32[B, width]: 0 at a token, i at query slot i (inputs past the last slot carry
     i >= G: they are never read); logits_at int32[B, G]: the inputs whose outputs are the drafts;
-    the cache layout for `t5_layers.decoder`, or None where it is the plain causal one).
+    the `t5_layout.Layout` of the call, the plain causal chain for 'causal').
   """
   slots = jnp.maximum(jnp.arange(width) - num_kept[:, None] + 1, 0)
   logits_at = num_kept[:, None] - 1 + jnp.arange(gamma)
   if attention == 'causal':
-    return slots, logits_at, None
+    return slots, logits_at, t5_layout.chain(end_index, width, num_slots)
   positions = end_index[:, None] + jnp.arange(width)
   keys = jnp.arange(num_slots)
   last = (end_index + num_kept + gamma - 2)[:, None, None]  # the block's last slot
   attend = (keys <= positions[..., None]) | ((slots > 0)[..., None] & (keys <= last))
-  return slots, logits_at, (positions, keys[None], attend)
+  return slots, logits_at, Layout(q_pos=positions, k_pos=keys[None], mask=attend)
 
 
 def training_layout(anchors: jax.Array, length: int, block_size: int, attention: str):
@@ -60,10 +63,10 @@ def training_layout(anchors: jax.Array, length: int, block_size: int, attention:
     attention: `T5Config.block_attention`.
 
   Returns:
-    (slots int32[B, T + A(G-1)]; positions int32[B, T + A(G-1)]; attend bool[B, T + A(G-1),
-    T + A(G-1)]): a sequence input sees the sequence causally; a slot sees the sequence up to its
-    anchor and its own block's slots up to itself ('causal') or all of them ('bidirectional'),
-    as `step_layout` lets it while drafting.
+    (slots int32[B, T + A(G-1)]; the packed `t5_layout.Layout`: positions int32[B, T + A(G-1)],
+    mask bool[B, T + A(G-1), T + A(G-1)]): a sequence input sees the sequence causally; a slot
+    sees the sequence up to its anchor and its own block's slots up to itself ('causal') or all
+    of them ('bidirectional'), as `step_layout` lets it while drafting.
   """
   batch, a, g = anchors.shape[0], anchors.shape[1], block_size
   offsets = jnp.arange(1, g)
@@ -82,4 +85,13 @@ def training_layout(anchors: jax.Array, length: int, block_size: int, attention:
   sees_own = ((block[:, None] == block[None, :]) & ~is_seq[None, :])[None]
   if attention == 'causal':
     sees_own = sees_own & (positions[:, None, :] <= positions[:, :, None])
-  return slots, positions, sees_seq | sees_own
+  return slots, t5_layout.packed(positions, sees_seq | sees_own)
+
+
+def slot_inputs(params, x: jax.Array, slots: jax.Array) -> jax.Array:
+  """A block drafter's inputs [B, T, D]: query slot i's learned embedding
+  (`decoder/block_queries`, row i - 1) in place of `x` where slots > 0 (the token and its feature
+  are then unread)."""
+  queries = params['decoder']['block_queries']['embedding'].astype(x.dtype)
+  slot_x = jnp.take(queries, jnp.clip(slots - 1, min=0, max=queries.shape[0] - 1), axis=0)
+  return jnp.where((slots > 0)[..., None], slot_x, x)

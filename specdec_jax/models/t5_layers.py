@@ -15,6 +15,7 @@ from specdec_jax import sharding
 from specdec_jax.models import t5_relpos
 from specdec_jax.models.t5_config import T5Config
 from specdec_jax.models.t5_dropout import Dropout, dropper
+from specdec_jax.models.t5_layout import Layout
 from specdec_jax.models.t5_params import Params
 
 # Masked attention logits. Finite, so a row with every key masked (an all-padding source) gives a
@@ -184,96 +185,39 @@ def cross_kv(
   return k, v
 
 
-def _decoder_inputs(params, tokens, features, slots, config: T5Config, rules) -> jax.Array:
-  """The decoder's input vectors [B, T, D]: each token's embedding, plus a projection of its
-  features (`config.feature_dim`), and a block drafter's query slot embedding in place of both
-  where slots > 0 (`decoder`'s Args)."""
-  dec = params['decoder']
-  x = embed(params, tokens, config, rules)
-  if features is not None:
-    x = x + dense(features, dec['feature_in'], config)
-  if slots is not None:
-    queries = dec['block_queries']['embedding'].astype(x.dtype)
-    slot_x = jnp.take(queries, jnp.clip(slots - 1, min=0, max=queries.shape[0] - 1), axis=0)
-    x = jnp.where((slots > 0)[..., None], slot_x, x)
-  return x
-
-
-def _check_inputs(config: T5Config, features, slots, taps) -> None:
-  """`decoder`'s optional inputs against the config: features exactly with feature_dim, slots
-  exactly with block_size, taps among its layers."""
-  if (features is None) != (config.feature_dim is None):
-    raise ValueError(
-      f'features must be given exactly when config.feature_dim is set: feature_dim '
-      f'{config.feature_dim}, features {None if features is None else features.shape}.'
-    )
-  if (slots is None) != (config.block_size is None):
-    raise ValueError(
-      f'slots must be given exactly when config.block_size is set: block_size '
-      f'{config.block_size}, slots {None if slots is None else slots.shape}.'
-    )
-  if taps is not None and not all(0 <= i < config.num_decoder_layers for i in taps):
-    raise ValueError(
-      f'Decoder layers {tuple(taps)} asked for, but this T5 has {config.num_decoder_layers} '
-      f'(0..{config.num_decoder_layers - 1}).'
-    )
-
-
-def _self_positions(t: int, self_cache, layout, cache_layout):
-  """(query positions, key positions, attend or None: causal) of `decoder`'s self-attention over
-  T new inputs, by its Args."""
-  if self_cache is None:
-    q_pos, attend = layout if layout is not None else (jnp.arange(t)[None], None)
-    return q_pos, (q_pos if layout is not None else jnp.arange(t)), attend
-  if cache_layout is not None:
-    return cache_layout
-  self_k, _, end_index = self_cache
-  return end_index[:, None] + jnp.arange(t), jnp.arange(self_k.shape[2]), None
-
-
 def decoder(
   params: Params,
-  tokens: jax.Array,
+  x: jax.Array,
   cross_k: jax.Array,
   cross_v: jax.Array,
   encoder_mask: jax.Array,
   *,
+  layout: Layout,
   config: T5Config,
   self_cache: tuple[jax.Array, jax.Array, jax.Array] | None = None,
   dropout: Dropout = None,
-  features: jax.Array | None = None,
-  slots: jax.Array | None = None,
-  layout: tuple[jax.Array, jax.Array] | None = None,
-  cache_layout: tuple[jax.Array, jax.Array, jax.Array] | None = None,
   taps: tuple[int, ...] | None = None,
   rules: sharding.Rules = sharding.DEFAULT_RULES,
 ):
-  """The decoder stack on T new positions, up to its final norm (`logits` is the output layer).
+  """The decoder stack on T embedded inputs, up to its final norm (`logits` is the output layer).
+
+  It knows no role: the callers build its inputs (`embed`; an EAGLE-style drafter's features,
+  `t5_eagle.feature_inputs`; a block drafter's query slots, `t5_block.slot_inputs`) and their
+  `t5_layout.Layout` (a chain, a block call's slots, a token tree, a packed training row).
 
   Args:
     params: model params.
-    tokens: int32[B, T] decoder inputs.
+    x: [B, T, D] the inputs' vectors.
     cross_k: [L, B, S_enc, N, H] encoder-decoder attention keys.
     cross_v: [L, B, S_enc, N, H] encoder-decoder attention values.
     encoder_mask: bool[B, S_enc] real encoder positions.
+    layout: the inputs' positions, the keys' positions and the mask (`t5_layout`).
     config: model config.
-    self_cache: None for teacher forcing (the tokens are positions 0..T-1 and attend only to each
-      other), or (self_k, self_v, end_index): [L, B, S_max, N, H] twice and int32[B]; the tokens
-      are positions end_index[b] + t, their keys/values are written there, and they attend to the
-      cache.
-    dropout: (key, rate) for training (see `forward`), or None.
-    features: [B, T, feature_dim] for a model with `config.feature_dim` (and only then): the
-      target's final decoder state at the position before each token (zeros before position 0).
-    slots: int32[B, T] for a block drafter (`config.block_size`): 0 where the input is the token
-      (and its feature), i >= 1 where it is query slot i (`decoder/block_queries`, row i - 1;
-      token and feature unread); None: every input is a token.
-    layout: (positions int32[B, T], attend bool[B, T, T]) for teacher forcing without a cache:
-      each input's decoder position and which inputs it attends to (a block drafter's training
-      pass packs a sequence and its blocks in one row, `block_forward`); None: positions 0..T-1,
-      causal.
-    cache_layout: with a cache, (positions int32[B, T], key positions int32[B, S_max], attend
-      bool[B, T, S_max]) for inputs that are not a causal chain (a token tree: `t5_tree.layout`);
-      None: positions end_index[b] + t, keys at their slots, causal.
+    self_cache: None without a cache (the inputs attend only to each other, keys at
+      `layout.k_pos` = the inputs' positions), or (self_k, self_v, end_index): [L, B, S_max, N, H]
+      twice and int32[B]; the inputs' keys/values are written at slots end_index[b] + t, and they
+      attend to the cache.
+    dropout: (key, rate) for training (see `t5.forward`), or None.
     taps: decoder layers whose outputs to return as well (`T5Config.feature_layers`), or None.
 
   Returns:
@@ -282,10 +226,13 @@ def decoder(
     normed by the final norm, concatenated in the order given (the last layer's is the final
     states).
   """
-  _check_inputs(config, features, slots, taps)
+  if taps is not None and not all(0 <= i < config.num_decoder_layers for i in taps):
+    raise ValueError(
+      f'Decoder layers {tuple(taps)} asked for, but this T5 has {config.num_decoder_layers} '
+      f'(0..{config.num_decoder_layers - 1}).'
+    )
   dec = params['decoder']
-  t = tokens.shape[1]
-  q_pos, k_pos, attend = _self_positions(t, self_cache, layout, cache_layout)
+  q_pos, k_pos, attend = layout.q_pos, layout.k_pos, layout.mask
   if self_cache is not None:
     self_k, self_v, end_index = self_cache
   bias = relpos_bias(
@@ -296,7 +243,7 @@ def decoder(
   cross_mask = encoder_mask[:, None, None, :]
 
   drop = dropper(dropout, stream=1)
-  x = drop(_decoder_inputs(params, tokens, features, slots, config, rules), 0)
+  x = drop(x, 0)
   tapped = {}
   for i in range(config.num_decoder_layers):
     layer = dec[f'layers_{i}']

@@ -25,10 +25,11 @@ import jax.numpy as jnp
 
 from specdec_jax import cache as cache_lib
 from specdec_jax import trees
+from specdec_jax.models.t5_layout import Layout
 
 
-def layout(tree: trees.Tree, end_index: jax.Array, num_slots: int, max_depth: int):
-  """`t5_layers.decoder`'s cache_layout for a tree written at slots end_index[b] + u.
+def layout(tree: trees.Tree, end_index: jax.Array, num_slots: int, max_depth: int) -> Layout:
+  """The `t5_layout.Layout` of a tree written at slots end_index[b] + u.
 
   Args:
     tree: `trees.Tree` of N slots.
@@ -37,9 +38,9 @@ def layout(tree: trees.Tree, end_index: jax.Array, num_slots: int, max_depth: in
     max_depth: D, the tree's depth bound.
 
   Returns:
-    (positions i32[B, N] = end_index + depth, key positions i32[B, S_max]: a committed slot's own
-    index, a node slot's node position; attend bool[B, N, S_max]: committed slots, and the node's
-    ancestors and itself).
+    Layout: q_pos i32[B, N] = end_index + depth; k_pos i32[B, S_max], a committed slot's own
+    index, a node slot's node position; mask bool[B, N, S_max]: committed slots, and the node's
+    ancestors and itself.
   """
   num_nodes = tree.tokens.shape[1]
   positions = end_index[:, None] + tree.depth
@@ -52,7 +53,7 @@ def layout(tree: trees.Tree, end_index: jax.Array, num_slots: int, max_depth: in
   index = jnp.broadcast_to(node[:, None, :], (node.shape[0], num_nodes, num_slots))
   among_nodes = jnp.take_along_axis(ancestors, index, axis=2)  # [B, N, S_max]
   attend = (offset < 0)[:, None] | (in_tree[:, None] & among_nodes)
-  return positions, key_positions, attend
+  return Layout(q_pos=positions, k_pos=key_positions, mask=attend)
 
 
 def keep_path(cache, path: jax.Array, num_accepted: jax.Array):
