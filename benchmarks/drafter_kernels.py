@@ -119,46 +119,7 @@ _PROFILE = flags.DEFINE_string(
   'profile', None, 'With --time: write a jax.profiler trace of the timing here.', flag_values=FLAGS
 )
 
-# Instructions that launch nothing.
-_FREE = frozenset(
-  ['parameter', 'constant', 'tuple', 'get-tuple-element', 'bitcast', 'after-all', 'opt-barrier']
-)
 _SYMBOL = r'"[^"]+"|[\w.$\-]+'  # a StableHLO function's name, quoted or not
-
-
-def _category(opcode: str, rest: str) -> str:
-  # What it runs (the called computation, a custom call's target), not its operands' names: an
-  # operand named gemm_fusion_dot.3 does not make a reduction a GEMM.
-  runs = ' '.join(re.findall(r'(?:calls=%?|custom_call_target="|"kind":")([\w.$\-]+)', rest))
-  if opcode in ('dot', 'convolution'):
-    return 'gemm'
-  if opcode in ('fusion', 'custom-call') and re.search(r'gemm|cublas|matmul|ynn', runs, re.I):
-    return 'gemm'
-  if opcode in ('copy', 'transpose') or opcode == 'fusion' and re.search(r'transpose|copy', runs):
-    return 'copy'
-  return opcode if opcode in ('fusion', 'while', 'custom-call') else 'other'
-
-
-def launches(hlo: str, computation: str | None = None) -> collections.Counter:
-  """What `computation` (default: the entry) of an optimized HLO module launches: a Counter of
-  'fusion', 'gemm', 'copy', 'while', 'custom-call', 'other' and their 'total', the computations
-  it runs counted in (a while loop's body and condition once each, every branch, calls)."""
-  comps, entry = hlo_text.computations(hlo)
-  counts = collections.Counter()
-
-  def visit(name):
-    for line in comps[name]:
-      match = hlo_text.instruction(line)
-      if not match or match.group(3) in _FREE:
-        continue
-      _, _, opcode, rest = match.groups()
-      counts[_category(opcode, rest)] += 1
-      counts['total'] += 1
-      for sub in hlo_text.called(opcode, rest):
-        visit(sub)
-
-  visit(computation or entry)
-  return counts
 
 
 def stablehlo_ops(text: str, op: str | None = None) -> int:
@@ -255,13 +216,13 @@ def count(config, *, source_length, cache_len, gamma, unrolled=True, device=None
       os.makedirs(hlo_dir, exist_ok=True)
       with open(os.path.join(hlo_dir, re.sub(r'\W+', '_', name).strip('_') + '.hlo'), 'w') as f:
         f.write(hlo)
-    static = launches(hlo)
+    static = hlo_text.launches(hlo)
     per_call, in_loop = static['total'], None
     loops = hlo_text.while_loops(hlo)
     if unroll is False:  # the scan: gamma - 1 iterations (gamma tests of its condition)
       if len(loops) != 1:
         raise ValueError(f'Expected the draft loop to compile to one while loop, got {len(loops)}.')
-      body, condition = (launches(hlo, c)['total'] for c in loops[0])
+      body, condition = (hlo_text.launches(hlo, c)['total'] for c in loops[0])
       per_call += (gamma - 2) * body + (gamma - 1) * condition
       in_loop = body
     elif loops:
@@ -345,12 +306,12 @@ def gemms(hlo: str, computation: str | None = None) -> list[dict]:
   def visit(name):
     for line in comps[name]:
       match = hlo_text.instruction(line)
-      if not match or match.group(3) in _FREE:
+      if not match or match.group(3) in hlo_text.FREE:
         continue
       _, _, opcode, rest = match.groups()
       for sub in hlo_text.called(opcode, rest):
         visit(sub)
-      if _category(opcode, rest) != 'gemm':
+      if hlo_text.category(opcode, rest) != 'gemm':
         continue
       called = re.search(r'calls=%?([\w.\-]+)', rest.split('metadata=')[0])
       called = called and called.group(1)
@@ -430,12 +391,12 @@ def iteration(
       f'the while loops (body: loops in it) are {held}.'
     )
   body, condition = outer[0]
-  per_iteration = launches(hlo, body)['total'] + launches(hlo, condition)['total']
+  per_iteration = hlo_text.launches(hlo, body)['total'] + hlo_text.launches(hlo, condition)['total']
   bodies = [body]
   if not no_scan:
     ((inner_body, inner_condition),) = loops[outer[0]]
-    per_iteration += (gamma - 2) * launches(hlo, inner_body)['total']
-    per_iteration += (gamma - 1) * launches(hlo, inner_condition)['total']
+    per_iteration += (gamma - 2) * hlo_text.launches(hlo, inner_body)['total']
+    per_iteration += (gamma - 1) * hlo_text.launches(hlo, inner_condition)['total']
     bodies.append(inner_body)
   copies = 0
   for name in bodies:
@@ -453,14 +414,13 @@ def iteration(
 
 def drafter_shape(name: str, target: str | None, dtype: str) -> t5.T5Config:
   """--model's shape: a `t5.CONFIGS` name, or paper_scale's one-layer[:NAME] / block[:NAME]
-  over `target` (a block drafter needs one: it reads the target's encoder and states)."""
-  from benchmarks import paper_scale  # its drafter shapes
-
+  over `target` (`synthetic.drafter_config`; a block drafter needs a target: it reads the
+  target's encoder and states)."""
   if name.partition(':')[0] not in ('one-layer', 'block'):
     return synthetic.shape(name, dtype)
   if not target:
     raise app.UsageError(f'--model={name} drafts over a target: pass --target (e.g. t5-11b).')
-  config = paper_scale.drafter_config(name, synthetic.shape(target, dtype))
+  config = synthetic.drafter_config(name, synthetic.shape(target, dtype))
   return dataclasses.replace(config, dtype=dtype)
 
 

@@ -3,12 +3,14 @@
   comps, entry = hlo_text.computations(text)        # {computation: its instruction lines}, the entry
   name, shape, opcode, rest = hlo_text.instruction(line).groups()
   hlo_text.called(opcode, rest)                     # the computations an instruction runs
+  hlo_text.launches(text)                           # what a device launches: a Counter by kind
 
 What XLA:TPU estimates an op costs (`tpu_costs`) and what XLA:GPU launches a call
-(`drafter_kernels`) are both read from these lines. Instruction names carry a '%' in some
+(`launches`, `drafter_kernels`, `tree_pass_tpu`) are both read from these lines. Instruction names carry a '%' in some
 printers and not in others; both are read.
 """
 
+import collections
 import re
 
 # `%name = type opcode(operands), attributes`; the type may be a tuple with /*index=N*/ comments.
@@ -68,3 +70,46 @@ def while_loops(text: str, computation: str | None = None) -> list[tuple[str, st
       body, condition = called('while', match.group(4))[:2]
       loops.append((body, condition))
   return loops
+
+
+# Instructions that launch nothing.
+FREE = frozenset(
+  ['parameter', 'constant', 'tuple', 'get-tuple-element', 'bitcast', 'after-all', 'opt-barrier']
+)
+
+
+def category(opcode: str, rest: str) -> str:
+  """What an instruction launches: 'gemm', 'copy', 'fusion', 'while', 'custom-call' or 'other'.
+  `rest`: the instruction's text after its opcode's '('."""
+  # What it runs (the called computation, a custom call's target), not its operands' names: an
+  # operand named gemm_fusion_dot.3 does not make a reduction a GEMM.
+  runs = ' '.join(re.findall(r'(?:calls=%?|custom_call_target="|"kind":")([\w.$\-]+)', rest))
+  if opcode in ('dot', 'convolution'):
+    return 'gemm'
+  if opcode in ('fusion', 'custom-call') and re.search(r'gemm|cublas|matmul|ynn', runs, re.I):
+    return 'gemm'
+  if opcode in ('copy', 'transpose') or opcode == 'fusion' and re.search(r'transpose|copy', runs):
+    return 'copy'
+  return opcode if opcode in ('fusion', 'while', 'custom-call') else 'other'
+
+
+def launches(text: str, computation: str | None = None) -> collections.Counter:
+  """What `computation` (default: the entry) of an optimized HLO module launches: a Counter of
+  'fusion', 'gemm', 'copy', 'while', 'custom-call', 'other' and their 'total', the computations
+  it runs counted in (a while loop's body and condition once each, every branch, calls)."""
+  comps, entry = computations(text)
+  counts = collections.Counter()
+
+  def visit(name):
+    for line in comps[name]:
+      match = instruction(line)
+      if not match or match.group(3) in FREE:
+        continue
+      _, _, opcode, rest = match.groups()
+      counts[category(opcode, rest)] += 1
+      counts['total'] += 1
+      for sub in called(opcode, rest):
+        visit(sub)
+
+  visit(computation or entry)
+  return counts

@@ -13,7 +13,7 @@ values; `--weights=random` checks it: `synthetic.model`), batch 1, one device. A
 `t5.CONFIGS` name (a T5 with its own encoder, e.g. `t5-small`, the paper's), `one-layer[:NAME]`:
 one decoder layer of NAME's width (default t5-small) over the target's encoder, the shape of our
 shipped `distilled` drafters, or `block[:NAME]`: a block drafter of NAME's width (one call drafts
-gamma tokens: its `c` is 0 and `c fixed` the call, `drafter_config`). Four tables (five with
+gamma tokens: its `c` is 0 and `c fixed` the call, `synthetic.drafter_config`). Four tables (five with
 --tree_nodes), every time from the project's timers (`specdec_jax.measure.timing`: model calls
 inside a jitted loop, dispatch cancelled):
 
@@ -155,43 +155,6 @@ def settings_from_flags() -> Settings:
     dtype=_DTYPE.value, rounds=_ROUNDS.value, repeats=_REPEATS.value,
     unroll_draft=_UNROLL_DRAFT.value,
   )  # fmt: skip
-
-
-# A block drafter's shape here (`block[:NAME]`): the shipped ones' depth, and the most drafts a call.
-BLOCK_LAYERS, BLOCK_SIZE = 2, 16
-
-
-def drafter_config(name: str, target: t5.T5Config) -> t5.T5Config:
-  """A drafter's shape: a `t5.CONFIGS` name, `one-layer[:NAME]` (one decoder layer of NAME's
-  width, default t5-small, over the target's encoder, in the target's vocabulary), or
-  `block[:NAME]` (a block drafter: `BLOCK_LAYERS` decoder layers of NAME's width over the
-  target's encoder, reading its states, `BLOCK_SIZE` drafts a call, as the shipped `block`
-  drafters are built)."""
-  kind, _, width = name.partition(':')
-  if kind in ('one-layer', 'block'):
-    base = synthetic.shape(width or 't5-small')
-    config = dataclasses.replace(
-      base,
-      vocab_size=target.vocab_size,
-      num_encoder_layers=0,
-      num_decoder_layers=1,
-      encoder_dim=target.d_model,
-    )
-    if kind == 'block':
-      config = dataclasses.replace(
-        config,
-        num_decoder_layers=BLOCK_LAYERS,
-        feature_dim=target.d_model,
-        block_size=BLOCK_SIZE,
-      )
-    return config
-  config = synthetic.shape(name)
-  if config.vocab_size != target.vocab_size:
-    raise ValueError(
-      f'Drafter {name!r} has vocabulary {config.vocab_size}, the target {target.vocab_size}: '
-      'a drafter must share the target vocabulary.'
-    )
-  return config
 
 
 def call_bytes(model: t5.T5Model, run: Settings, *, positions: int, cache_len: int) -> float:
@@ -340,7 +303,9 @@ def main(argv):
       f'--tree_nodes must be >= 2 and --tree_depth >= 1, got {tree_nodes}, {_TREE_DEPTH.value}.'
     )
   target_config = synthetic.shape(_TARGET.value)
-  drafter_configs = {name: drafter_config(name, target_config) for name in _DRAFTERS.value}
+  drafter_configs = {
+    name: synthetic.drafter_config(name, target_config) for name in _DRAFTERS.value
+  }
   run = settings_from_flags()
   compile_for = benchmarks.compile_for(_COMPILE_FOR, one_chip=True)
   if compile_for and machines.get(compile_for).platform != 'tpu':

@@ -2,6 +2,7 @@
 
   config = synthetic.shape('t5-11b')                       # a t5.CONFIGS name, checked
   config = synthetic.shape('t5-11b', dtype='bfloat16')     # the same in bfloat16 activations
+  one_layer = synthetic.drafter_config('one-layer', config)  # a drafter's shape over a target
   target = synthetic.model(config, dtype='bfloat16', weights='constant')
   drafter = synthetic.model(synthetic.shape('t5-small'), dtype='bfloat16', weights='random', seed=1)
 
@@ -38,6 +39,44 @@ def shape(name: str, dtype: str | None = None) -> t5.T5Config:
     raise ValueError(f'Unknown T5 shape {name!r}; one of: {", ".join(t5.CONFIGS)}.')
   config = t5.CONFIGS[name]
   return config if dtype is None else dataclasses.replace(config, dtype=dtype)
+
+
+# A block drafter's shape (`drafter_config`'s `block[:NAME]`): the shipped ones' depth, and the
+# most drafts a call.
+BLOCK_LAYERS, BLOCK_SIZE = 2, 16
+
+
+def drafter_config(name: str, target: t5.T5Config) -> t5.T5Config:
+  """A drafter's shape: a `t5.CONFIGS` name, `one-layer[:NAME]` (one decoder layer of NAME's
+  width, default t5-small, over the target's encoder, in the target's vocabulary), or
+  `block[:NAME]` (a block drafter: `BLOCK_LAYERS` decoder layers of NAME's width over the
+  target's encoder, reading its states, `BLOCK_SIZE` drafts a call, as the shipped `block`
+  drafters are built)."""
+  kind, _, width = name.partition(':')
+  if kind in ('one-layer', 'block'):
+    base = shape(width or 't5-small')
+    config = dataclasses.replace(
+      base,
+      vocab_size=target.vocab_size,
+      num_encoder_layers=0,
+      num_decoder_layers=1,
+      encoder_dim=target.d_model,
+    )
+    if kind == 'block':
+      config = dataclasses.replace(
+        config,
+        num_decoder_layers=BLOCK_LAYERS,
+        feature_dim=target.d_model,
+        block_size=BLOCK_SIZE,
+      )
+    return config
+  config = shape(name)
+  if config.vocab_size != target.vocab_size:
+    raise ValueError(
+      f'Drafter {name!r} has vocabulary {config.vocab_size}, the target {target.vocab_size}: '
+      'a drafter must share the target vocabulary.'
+    )
+  return config
 
 
 def model(config: t5.T5Config, *, dtype: str, weights: str = 'random', seed: int = 0):

@@ -16,7 +16,7 @@ runs (the tree's must be no more than the chain's: a cache written in a layout i
 copied at every layer, as `cache.select_write` fixed for chains; tests/tree_pass_tpu_test.py). Every number is a compiler's estimate
 (`tpu_costs`), not a timing. Compiled for an H100 (`--compile_for=h100`, the CUDA plugin as
 `benchmarks.drafter_kernels` says), where XLA has no cost model, each row counts instead the
-kernels one pass launches (`drafter_kernels.launches` of the loop's body and condition) and the
+kernels one pass launches (`hlo_text.launches` of the loop's body and condition) and the
 programs' temporaries.
 """
 
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from absl import flags
 
 import benchmarks
-from benchmarks import machines, paper_scale_tpu, synthetic
+from benchmarks import hlo_text, machines, paper_scale_tpu, synthetic
 from specdec_jax import trees
 from specdec_jax.measure import tables, timing
 
@@ -87,11 +87,9 @@ LAUNCH_TABLE = (
 def _pass_launches(compiled) -> tuple[int, float]:
   """(kernels one pass launches: the loop's body and condition, temporaries MiB) of a compiled
   `timing.repeated_*` program (one loop at its top level)."""
-  from benchmarks import drafter_kernels, hlo_text
-
   hlo = compiled.as_text()
   ((body, condition),) = hlo_text.while_loops(hlo)
-  count = sum(drafter_kernels.launches(hlo, c)['total'] for c in (body, condition))
+  count = sum(hlo_text.launches(hlo, c)['total'] for c in (body, condition))
   return count, compiled.memory_analysis().temp_size_in_bytes / 2**20
 
 

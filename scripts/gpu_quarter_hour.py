@@ -714,13 +714,13 @@ def _sampling():
 
 def _abstract(s: Settings, name: str, mesh, target=None):
   """An abstract model of the shape `name` (or paper_scale's one-layer / block shapes over
-  `target`'s config), bfloat16, replicated on `mesh`."""
-  from benchmarks import paper_scale, synthetic
+  `target`'s config: `synthetic.drafter_config`), bfloat16, replicated on `mesh`."""
+  from benchmarks import synthetic
 
   if target is None:
     config = synthetic.shape(name, s.dtype)
   else:
-    config = dataclasses.replace(paper_scale.drafter_config(name, target), dtype=s.dtype)
+    config = dataclasses.replace(synthetic.drafter_config(name, target), dtype=s.dtype)
   return synthetic.abstract_model(config, mesh, param_dtype=s.dtype)
 
 

@@ -6,7 +6,8 @@ A file's layer is 1 + the highest layer among the package files it imports (a fi
 of them is layer 1); an import is any `import` / `from ... import` of a specdec_jax module,
 counted once per pair of files, including those inside functions. The folder table counts the
 imports between folders (the top-level files are the folder 'engine'). docs/architecture.md
-prints its output before and after the subpackages were made.
+prints its output before and after the subpackages were made. A last line gives the same count
+for benchmarks/ (its modules' imports of each other); a cycle, in either, is named.
 """
 
 import ast
@@ -24,7 +25,7 @@ def _module_files(package: pathlib.Path) -> dict[str, pathlib.Path]:
   return files
 
 
-def _imports(path: pathlib.Path, modules: dict[str, pathlib.Path]) -> set[str]:
+def _imports(path: pathlib.Path, modules: dict[str, pathlib.Path], package: str) -> set[str]:
   """The package's modules that `path` imports."""
   found = set()
   for node in ast.walk(ast.parse(path.read_text())):
@@ -34,13 +35,14 @@ def _imports(path: pathlib.Path, modules: dict[str, pathlib.Path]) -> set[str]:
       for alias in node.names:
         child = f'{node.module}.{alias.name}'
         found.add(child if child in modules else node.module)
-  return {m for m in found if m in modules and m != 'specdec_jax'}
+  return {m for m in found if m in modules and m != package}
 
 
-def graph(root: pathlib.Path) -> dict[str, set[str]]:
-  """Module -> the modules it imports (the package's own `__init__` left out)."""
-  modules = _module_files(root / 'specdec_jax')
-  return {m: _imports(p, modules) - {m} for m, p in modules.items() if m != 'specdec_jax'}
+def graph(root: pathlib.Path, package: str = 'specdec_jax') -> dict[str, set[str]]:
+  """Module -> the modules of `package` (a folder of `root`: specdec_jax, benchmarks) it imports
+  (the package's own `__init__` left out)."""
+  modules = _module_files(root / package)
+  return {m: _imports(p, modules, package) - {m} for m, p in modules.items() if m != package}
 
 
 def layers(edges: dict[str, set[str]]) -> dict[str, int] | None:
@@ -64,6 +66,40 @@ def layers(edges: dict[str, set[str]]) -> dict[str, int] | None:
   return layer
 
 
+def cycle(edges: dict[str, set[str]]) -> list[str] | None:
+  """A cycle of imports, [a, b, ..., a] (each imports the next), or None where there is none."""
+  path, done = [], set()
+
+  def visit(m):
+    if m in path:
+      return path[path.index(m) :] + [m]
+    if m in done:
+      return None
+    path.append(m)
+    for d in sorted(edges[m]):
+      found = visit(d)
+      if found:
+        return found
+    path.pop()
+    done.add(m)
+    return None
+
+  for m in sorted(edges):
+    found = visit(m)
+    if found:
+      return found
+  return None
+
+
+def summary(edges: dict[str, set[str]]) -> str:
+  """'N files, M imports, L layers, no cycle', or the cycle named."""
+  layer = layers(edges)
+  head = f'{len(edges)} files, {sum(map(len, edges.values()))} imports, '
+  if layer is None:
+    return head + 'a cycle: ' + ' -> '.join(cycle(edges))
+  return head + f'{max(layer.values(), default=0)} layers, no cycle'
+
+
 def folder(module: str, root: pathlib.Path) -> str:
   """The folder a module lives in: 'engine' for specdec_jax's top-level files."""
   parts = module.split('.')
@@ -74,11 +110,7 @@ def folder(module: str, root: pathlib.Path) -> str:
 def main(argv):
   root = pathlib.Path(argv[1] if len(argv) > 1 else '.')
   edges = graph(root)
-  layer = layers(edges)
-  print(
-    f'{len(edges)} files, {sum(map(len, edges.values()))} imports, '
-    + (f'{max(layer.values())} layers, no cycle' if layer else 'a cycle')
-  )
+  print(summary(edges))
   between = collections.Counter(
     (folder(m, root), folder(d, root)) for m, ds in edges.items() for d in ds
   )
@@ -87,6 +119,8 @@ def main(argv):
   print(f'{"":>12}' + ''.join(f'{n:>12}' for n in names))
   for a in names:
     print(f'{a:>12}' + ''.join(f'{between[a, b] or ".":>12}' for b in names))
+  if (root / 'benchmarks').is_dir():
+    print(f'benchmarks: {summary(graph(root, "benchmarks"))}')
 
 
 if __name__ == '__main__':

@@ -21,24 +21,24 @@ def test_launches_count_a_loops_body_condition_and_the_ops_around_it():
   x, w = jnp.ones((4, 8)), jnp.ones((8, 8))
   hlo = jax.jit(_loop).lower(x, w).compile().as_text()
   ((body, condition),) = hlo_text.while_loops(hlo)
-  total = drafter_kernels.launches(hlo)
-  in_body, in_condition = (drafter_kernels.launches(hlo, c) for c in (body, condition))
+  total = hlo_text.launches(hlo)
+  in_body, in_condition = (hlo_text.launches(hlo, c) for c in (body, condition))
   assert total['while'] == 1 and in_body['while'] == 0
   assert in_body['gemm'] == total['gemm'] == 1  # the dot is in the body, counted once
   assert in_condition['total'] >= 1
   # The loop itself, the ops before and after it (x * 2, the sum), its body and condition.
   assert total['total'] >= 1 + 2 + in_body['total'] + in_condition['total']
   unrolled = jax.jit(lambda x, w: _loop(x, w, unroll=True)).lower(x, w).compile().as_text()
-  counts = drafter_kernels.launches(unrolled)
+  counts = hlo_text.launches(unrolled)
   assert counts['while'] == 0 and counts['gemm'] == 3
   assert hlo_text.while_loops(unrolled) == []
 
 
 def test_launches_skip_what_launches_nothing():
   reshape = jax.jit(lambda x: x.reshape(2, 8), donate_argnums=0)  # a parameter and a bitcast
-  assert drafter_kernels.launches(reshape.lower(jnp.ones(16)).compile().as_text())['total'] == 0
+  assert hlo_text.launches(reshape.lower(jnp.ones(16)).compile().as_text())['total'] == 0
   fused = jax.jit(lambda x: (jnp.sin(x) + 1.0).reshape(2, 8), donate_argnums=0)
-  counts = drafter_kernels.launches(fused.lower(jnp.ones(16)).compile().as_text())
+  counts = hlo_text.launches(fused.lower(jnp.ones(16)).compile().as_text())
   assert counts['fusion'] == 1 and counts['total'] == 1 + counts['copy']  # XLA:CPU copies out
 
 
@@ -56,7 +56,7 @@ def test_gemms_name_what_each_reads_and_its_bytes():
   table = drafter_kernels.gemm_table(found)
   assert [(r['inputs'], r['launches']) for r in table] == [('x + w1', 1), ('w2', 1)]
   # A launch's kind is what it runs, not its operands' names (a reduction of a GEMM's output).
-  category = drafter_kernels._category
+  category = hlo_text.category
   assert category('fusion', '%gemm_fusion_dot.3), kind=kInput, calls=%fused_reduce.1') == 'fusion'
   assert category('fusion', '%a, %w), kind=kCustom, calls=%gemm_fusion_dot.3_computation') == 'gemm'
 

@@ -1,6 +1,9 @@
 """The package's layout (docs/architecture.md): the import graph has no cycle, the engine imports
-neither training/ nor measure/ (and models/, checkpoints/, data/ only through pretrained), and specdec_jax/__init__.py lists every module."""
+neither training/ nor measure/ (and models/, checkpoints/, data/ only through pretrained), and
+specdec_jax/__init__.py lists every module. benchmarks/ has no import cycle either, and its
+modules import the project's at their top."""
 
+import ast
 import pathlib
 
 import specdec_jax
@@ -22,10 +25,40 @@ def test_the_import_graph_has_no_cycle():
   assert import_graph.layers(import_graph.graph(_ROOT)) is not None
 
 
+def test_the_benchmarks_import_graph_has_no_cycle():
+  edges = import_graph.graph(_ROOT, 'benchmarks')
+  assert 'benchmarks.synthetic' in edges['benchmarks.paper_scale'], 'benchmarks/ not read'
+  assert import_graph.cycle(edges) is None, import_graph.summary(edges)
+
+
 def test_a_cycle_is_found():
-  # Negative control for the test above.
-  assert import_graph.layers({'a': {'b'}, 'b': {'c'}, 'c': {'a'}}) is None
+  # Negative control for the tests above.
+  cyclic = {'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': {'a'}}
+  assert import_graph.layers(cyclic) is None
+  assert import_graph.cycle(cyclic) == ['a', 'b', 'c', 'a']
+  assert import_graph.summary(cyclic).endswith('a cycle: a -> b -> c -> a')
   assert import_graph.layers({'a': {'b'}, 'b': set()}) == {'a': 2, 'b': 1}
+  assert import_graph.cycle({'a': {'b'}, 'b': set()}) is None
+
+
+def test_benchmarks_import_the_project_at_module_top():
+  # An import inside a function is how a cycle hides from a reader (not from the graph above).
+  inside = []
+  for path in sorted((_ROOT / 'benchmarks').glob('*.py')):
+    tree = ast.parse(path.read_text())
+    top = {id(node) for node in tree.body}
+    for node in ast.walk(tree):
+      names = (
+        [a.name for a in node.names]
+        if isinstance(node, ast.Import)
+        else [node.module or '']
+        if isinstance(node, ast.ImportFrom)
+        else []
+      )
+      own = any(n.split('.')[0] in ('benchmarks', 'specdec_jax') for n in names)
+      if own and id(node) not in top:
+        inside.append(f'{path.name}:{node.lineno}')
+  assert not inside, inside
 
 
 def test_training_and_measure_are_imported_only_from_inside():

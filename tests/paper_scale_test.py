@@ -176,7 +176,7 @@ def test_target_calls_against_the_bytes_they_read(printed):
 def test_drafter_costs(printed):
   (row,) = _table(printed, 2, paper_scale.DRAFTER_COLUMNS)
   assert row['drafter'] == _DRAFTER and row['gamma'] == _GAMMA
-  drafter = paper_scale.drafter_config(_DRAFTER, _SMOKE)
+  drafter = synthetic.drafter_config(_DRAFTER, _SMOKE)
   assert row['params'] == pytest.approx(
     t5.param_count(jax.eval_shape(lambda k: t5.init_params(k, drafter), jax.random.key(0))) / 1e6,
     abs=0.051,
@@ -250,18 +250,18 @@ def test_the_papers_best_gamma_stops_at_a_block_drafters_block_size():
   """At c = 0 the formula's best gamma runs far (52-64: every draft is worth its alpha^gamma); a
   block drafter proposes at most block_size drafts a call, so its best gamma stops there."""
   target = synthetic.shape('tiny-v1.1')
-  found = {n: synthetic.abstract_model(paper_scale.drafter_config(n, target)) for n in
+  found = {n: synthetic.abstract_model(synthetic.drafter_config(n, target)) for n in
            ('one-layer:tiny-v1.1', 'block:tiny-v1.1')}  # fmt: skip
   costs = {(n, 4): dict(c=0.0, c_fixed=0.01) for n in found}
   rows = paper_scale._speedup_rows(costs, {4: 1.0}, found, [4])
   for r in rows:
     block = r['drafter'].startswith('block')
-    assert (r['paper_gamma'] <= paper_scale.BLOCK_SIZE) == block, r
+    assert (r['paper_gamma'] <= synthetic.BLOCK_SIZE) == block, r
     assert r['paper'] == pytest.approx(
       analysis.walltime_improvement(r['alpha'], r['paper_gamma'], 0)
     )
   assert {r['paper_gamma'] for r in rows if r['drafter'].startswith('block')} == {
-    paper_scale.BLOCK_SIZE
+    synthetic.BLOCK_SIZE
   }
 
 
@@ -336,7 +336,7 @@ def test_tables_print_the_measured_costs(monkeypatch):
 
 def test_drafter_shapes():
   target = t5.CONFIGS['t5-11b']
-  one_layer = paper_scale.drafter_config('one-layer', target)
+  one_layer = synthetic.drafter_config('one-layer', target)
   small = t5.CONFIGS['t5-small']
   assert (one_layer.num_encoder_layers, one_layer.num_decoder_layers) == (0, 1)
   assert one_layer.encoder_dim == target.d_model and one_layer.vocab_size == target.vocab_size
@@ -345,12 +345,12 @@ def test_drafter_shapes():
     small.d_ff,
     small.num_heads,
   )
-  assert paper_scale.drafter_config('t5-small', target) == small
-  assert paper_scale.drafter_config('one-layer:tiny-v1.0', target).d_model == 32
+  assert synthetic.drafter_config('t5-small', target) == small
+  assert synthetic.drafter_config('one-layer:tiny-v1.0', target).d_model == 32
   with pytest.raises(ValueError, match='share the target vocabulary'):
-    paper_scale.drafter_config('tiny-v1.0', target)
+    synthetic.drafter_config('tiny-v1.0', target)
   with pytest.raises(ValueError, match="Unknown T5 shape 't5-huge'"):
-    paper_scale.drafter_config('t5-huge', target)
+    synthetic.drafter_config('t5-huge', target)
 
 
 def test_compile_for_a_tpu_prints_the_compilers_tables(monkeypatch, tmp_path):
