@@ -1,6 +1,7 @@
 """Timing loops: one compiled program per model shape, whatever the loop lengths; the per-call
 seconds and cost ratios they report, on a fake clock."""
 
+import collections
 import dataclasses
 import functools
 import re
@@ -64,28 +65,27 @@ def fake_clock(monkeypatch):
   return steps, iterations  # the real jitted loops
 
 
-def test_step_and_iteration_timers_compile_once_per_shape(fake_clock, tiny_pair):
+@pytest.mark.usefixtures('fake_clock')  # the loops still compile and run, on the fake clock
+def test_step_and_iteration_timers_compile_once_per_shape(tiny_pair):
   target, drafter = tiny_pair
-  repeated_steps, repeated_iterations = fake_clock
   kw = dict(batch_size=1, source_length=8, cache_len=32, repeats=1)
-  steps_before = repeated_steps._cache_size()
-  iterations_before = repeated_iterations._cache_size()
-  for loop_lengths in [(2, 6), (3, 9)]:
-    # Per call: the slope between the two loop lengths (setup cancels). Fails if a loop ignores
-    # its length (0), if the difference is not divided by the extra calls (4-6x), or if the
-    # lengths are swapped (clamped to 0).
-    assert timing.step_seconds(target, loop_lengths=loop_lengths, **kw) == pytest.approx(_STEP)
-    assert timing.iteration_seconds(
-      target, drafter, gamma=2, loop_lengths=loop_lengths, **kw
-    ) == pytest.approx(_ITERATION_2)
-    # The drafter's calls in the loop: the iteration without its draft, with it, and with a
-    # draft 16 calls longer (`test_step_costs_c_is_the_drafters_calls_in_the_loop` checks c).
-    timing.step_costs(target, drafter, gamma=2, loop_lengths=loop_lengths, rounds=1, **kw)
+  with timing.compiles() as compiled:
+    for loop_lengths in [(2, 6), (3, 9)]:
+      # Per call: the slope between the two loop lengths (setup cancels). Fails if a loop ignores
+      # its length (0), if the difference is not divided by the extra calls (4-6x), or if the
+      # lengths are swapped (clamped to 0).
+      assert timing.step_seconds(target, loop_lengths=loop_lengths, **kw) == pytest.approx(_STEP)
+      assert timing.iteration_seconds(
+        target, drafter, gamma=2, loop_lengths=loop_lengths, **kw
+      ) == pytest.approx(_ITERATION_2)
+      # The drafter's calls in the loop: the iteration without its draft, with it, and with a
+      # draft 16 calls longer (`test_step_costs_c_is_the_drafters_calls_in_the_loop` checks c).
+      timing.step_costs(target, drafter, gamma=2, loop_lengths=loop_lengths, rounds=1, **kw)
   # Two loop lengths, one program: a step loop each for the target's step (as `step_seconds`'),
   # its 3-position pass and the drafter's step; iterations without the draft, with it, and with a
   # longer one (static draft lengths, no traced branch): three programs.
-  assert repeated_steps._cache_size() == steps_before + 3
-  assert repeated_iterations._cache_size() == iterations_before + 3
+  loops = collections.Counter(n for n in compiled if n.startswith('jit(repeated_'))
+  assert loops == {'jit(repeated_steps)': 3, 'jit(repeated_iterations)': 3}, compiled
 
 
 def test_step_costs_c_is_the_drafters_calls_in_the_loop(fake_clock, tiny_pair):
