@@ -149,6 +149,7 @@ class LookupSteps:
   ngram: int = 3
   min_ngram: int = 1
   drafting = 'lookup'
+  draft_calls = False
 
   def encode(self, params, input_ids, input_mask):
     del params, input_ids, input_mask

@@ -86,7 +86,8 @@ class Capabilities:
   Attributes:
     drafting: the name of the `drafting` registry entry that drafts with this model in a chain:
       'token' (one call per draft), 'block' (a block drafter's one call) or what the model
-      declares as `drafting` (e.g. 'lookup': no model calls at all).
+      declares as `drafting` (e.g. 'lookup').
+    draft_calls: whether drafting calls a model (False: the source lookup, no model, c = 0).
     block_size: the most drafts of one block call, or None (not a block drafter).
     reads_target_states: an EAGLE-style or block drafter reading the target's states.
     feature_dim / feature_layers: the width of the states it reads / the target layers they come
@@ -99,6 +100,7 @@ class Capabilities:
   """
 
   drafting: str = 'token'
+  draft_calls: bool = True
   block_size: int | None = None
   reads_target_states: bool = False
   feature_dim: int | None = None
@@ -134,6 +136,7 @@ def _capabilities(steps) -> Capabilities:
   reads = bool(get('reads_target_states', False))
   return Capabilities(
     drafting=get('drafting') or ('block' if block else 'token'),
+    draft_calls=bool(get('draft_calls', True)),
     block_size=block,
     reads_target_states=reads,
     feature_dim=get('feature_dim') if reads else None,

@@ -19,7 +19,7 @@ import pytest
 
 from specdec_jax import decode, draft_lookup, drafting, trees
 from specdec_jax import sampling as sampling_lib
-from tests import chisquare, fakes
+from tests import chisquare, fakes, helpers
 
 NGRAM, MIN_NGRAM, BRANCHES, GAMMA = 3, 1, 3, 4
 LENGTH, SIZE = 10, 14  # decoder buffer L, source length S
@@ -531,3 +531,29 @@ def test_lookup_errors():
   with pytest.raises(ValueError, match='needs num_nodes >= 6'):
     tree = decode.TreeSpec(5, 'hybrid', branches=2)
     decode.speculative_generate(_STATE_TARGET, _BLOCK, ids, mask, tree=tree, **kw)
+
+
+def test_the_main_job_item_adds_lookup_rows_and_costs_no_drafter_call():
+  """`config.lookup`: the 'lookup' drafter's chain rows join the plan (no tree rows: its trees
+  are benchmarks.lookup_loop's); greedy block verification is refused before any row runs; its
+  costs are the target's alone (c = c_fixed = c_alone = 0)."""
+  from experiments.configs import ende
+  from specdec_jax.measure import evaluation, timing
+
+  if not helpers.shipped('ende'):
+    pytest.skip('pretrained/ende not shipped')
+  config = ende.get_config('runlocal')
+  config.drafters, config.lookup, config.tree_nodes = ('trigram',), True, (5,)
+  plan = evaluation.prepare(config)
+  assert ('lookup', 4) in plan.groups
+  assert all(name != 'lookup' for name, *_ in plan.tree_groups)
+  config.verifiers = ('greedy_block',)
+  with pytest.raises(ValueError, match="Drafter 'lookup'.*a source lookup"):
+    evaluation.prepare(config)
+  target = helpers.tiny_t5('tiny-v1.1')
+  costs = timing.step_costs(
+    target, draft_lookup.source_lookup(target), batch_size=1, source_length=8, gamma=2,
+    cache_len=16, rounds=1, repeats=1, loop_lengths=(2, 4),
+  )  # fmt: skip
+  assert costs['c'] == costs['c_fixed'] == costs['c_alone'] == 0.0
+  assert costs['pass_cost'] > 0

@@ -128,6 +128,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # block_size); an autoregressive drafter's top-2 tree, N odd, depth (N - 1) / 2), token-tree
   # verification (docs/method.md section 13), timed in turn with its own autoregressive baseline.
   c.tree_nodes = ()
+  # The source-lookup drafter's chain rows (`draft_lookup.source_lookup`: the latest match of the
+  # last 3..1 emitted tokens in the row's own source, a one-hot law, no model; c = 0), at
+  # config.gammas with each verifier but greedy_block. Its trees and the hybrid tree:
+  # `python -m benchmarks.lookup_loop`.
+  c.lookup = False
   # How drafts are proposed at temperature > 0 (speculative_generate's proposal): 'sample' (each
   # draft drawn from the drafter's law) or 'argmax' (its most likely token, q one-hot).
   c.proposal = 'sample'

@@ -41,7 +41,16 @@ import jax
 import numpy as np
 import sacrebleu
 
-from specdec_jax import analysis, decode, drafting, pretrained, sharding, step_models, verifiers
+from specdec_jax import (
+  analysis,
+  decode,
+  draft_lookup,
+  drafting,
+  pretrained,
+  sharding,
+  step_models,
+  verifiers,
+)
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import tables, timing, translation
 from specdec_jax.models import t5
@@ -146,6 +155,7 @@ class Plan:
     return [
       (name, *tree_spec(step_models.as_step_model(drafter)[0], nodes))
       for name, drafter in self.drafters.items()
+      if step_models.capabilities(step_models.as_step_model(drafter)[0]).draft_calls
       for nodes in self.config.get('tree_nodes') or ()
     ]
 
@@ -255,7 +265,10 @@ def prepare(config) -> Plan:
     raise ValueError(
       f'Drafter(s) {missing} are not in {pair.directory}; it has {sorted(pair.drafters)}.'
     )
-  check_drafters(config, pair.target, {n: pair.drafters[n] for n in names})
+  drafters = {n: pair.drafters[n] for n in names}
+  if config.get('lookup'):  # the source-lookup drafter's rows (no model: built on the target)
+    drafters['lookup'] = draft_lookup.source_lookup(pair.target)
+  check_drafters(config, pair.target, drafters)
   if config.max_new_tokens > pair.target.config.max_target_length:
     raise ValueError(
       f"config.max_new_tokens={config.max_new_tokens} exceeds the target's "
@@ -273,7 +286,7 @@ def prepare(config) -> Plan:
   return Plan(
     config,
     pair,
-    {n: pair.drafters[n] for n in names},
+    drafters,
     sources,
     [t for _, t in test],
     truncated,

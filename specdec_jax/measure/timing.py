@@ -496,6 +496,33 @@ def _round_costs(loops, seconds, *, loop_lengths, block, gamma, extra_calls) -> 
   return m
 
 
+def _pass_costs(target, tree_nodes, gamma, rows, kw, loop_lengths, rounds, repeats) -> dict:
+  """`step_costs` of a drafter that calls no model: the target's step and pass (a chain's of
+  gamma + 1 positions or a tree's of `tree_nodes`), the drafter's costs 0 (its on-device work, a
+  source match, is not timed)."""
+  if tree_nodes is None:
+    target_pass = _step_loop(target, num_tokens=gamma + 1, **rows)
+  else:
+    target_pass = _tree_loop(target, nodes=tree_nodes, depth=gamma, **rows)
+  loops = dict(
+    target_step=_step_loop(target, batch_size=rows['batch_size'], **kw), target_pass=target_pass
+  )
+  runs = {
+    (name, k): functools.partial(loop, k) for name, loop in loops.items() for k in loop_lengths
+  }
+  measured = []
+  for _ in range(rounds):
+    seconds = _fastest(runs, repeats)
+    m = {name: _slope(seconds, name, loop_lengths) for name in loops}
+    long = loop_lengths[1]
+    m['pass_cost'] = seconds['target_pass', long] / seconds['target_step', long]
+    measured.append(m)
+  costs = {name: float(np.median([m[name] for m in measured])) for name in (*loops, 'pass_cost')}
+  return dict(
+    costs, drafter_step=0.0, iteration=costs['target_pass'], c_alone=0.0, c=0.0, c_fixed=0.0
+  )
+
+
 def step_costs(
   target,
   drafter,
@@ -550,7 +577,10 @@ def step_costs(
   target, drafter = step_models.as_step_model(target), step_models.as_step_model(drafter)
   kw = dict(source_length=source_length, cache_len=cache_len)
   rows = dict(kw, batch_size=batch_size * num_drafts)
-  block = step_models.capabilities(drafter[0]).block_size
+  caps = step_models.capabilities(drafter[0])
+  block = caps.block_size
+  if not caps.draft_calls:  # no model to time (a source lookup): c, c_fixed, c_alone are 0
+    return _pass_costs(target, tree_nodes, gamma, rows, kw, loop_lengths, rounds, repeats)
   if tree_nodes is None:
     target_pass = _step_loop(target, num_tokens=gamma + 1, **rows)
   elif num_drafts != 1:
