@@ -16,14 +16,7 @@ import transformers
 
 from specdec_jax import checkpoints
 from specdec_jax.models import t5
-from tests.checkpoints_test import (
-  TOL,
-  _assert_params_equal,
-  _raises_naming,
-  _random_model,
-  _source,
-  _with_value,
-)
+from tests import helpers
 
 _encode = jax.jit(t5.encode, static_argnames='config')
 _init_cache = jax.jit(t5.init_cache, static_argnames=('config', 'max_decode_len'))
@@ -152,13 +145,13 @@ def test_hf_config_is_read(hf_pair):
 
 def test_hf_parity_encoder(hf_pair):
   hf_model, _, model = hf_pair
-  ids, mask = _source(model.config.vocab_size)
+  ids, mask = helpers.checkpoint_source(model.config.vocab_size)
   with torch.no_grad():
     want = hf_model.encoder(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
   got = _encode(model.params, jnp.asarray(ids), jnp.asarray(mask), config=model.config)
   real = mask.astype(bool)  # padding rows are unspecified
   np.testing.assert_allclose(
-    np.asarray(got)[real], want.last_hidden_state.numpy()[real], atol=TOL, rtol=0
+    np.asarray(got)[real], want.last_hidden_state.numpy()[real], atol=helpers.HF_TOL, rtol=0
   )
 
 
@@ -166,7 +159,7 @@ def test_hf_parity_logits(hf_pair):
   """Teacher-forced logits of 8 decoder positions, scored by `decode` in two chunks of 4."""
   hf_model, _, model = hf_pair
   config = model.config
-  ids, mask = _source(config.vocab_size)
+  ids, mask = helpers.checkpoint_source(config.vocab_size)
   targets = np.random.default_rng(1).integers(2, config.vocab_size, size=(2, 8))
   targets[:, 0] = config.decoder_start_token_id
   with torch.no_grad():
@@ -181,7 +174,9 @@ def test_hf_parity_logits(hf_pair):
   first, cache = _decode(model.params, targets[:, :4], cache, config=config)
   rest, _ = _decode(model.params, targets[:, 4:], cache, config=config)
   assert np.abs(want).max() > 1e-2  # not a vacuous comparison
-  np.testing.assert_allclose(np.concatenate([first, rest], axis=1), want, atol=TOL, rtol=0)
+  np.testing.assert_allclose(
+    np.concatenate([first, rest], axis=1), want, atol=helpers.HF_TOL, rtol=0
+  )
 
 
 def _greedy(model: t5.T5Model, ids, mask, steps: int, banned: list[int]) -> np.ndarray:
@@ -209,7 +204,7 @@ def _greedy(model: t5.T5Model, ids, mask, steps: int, banned: list[int]) -> np.n
 def test_hf_parity_greedy_decoding(hf_pair):
   hf_model, _, model = hf_pair
   config = model.config
-  ids, mask = _source(config.vocab_size, seed=2)
+  ids, mask = helpers.checkpoint_source(config.vocab_size, seed=2)
   # Random weights would emit EOS at once and then repeat one token (the residual stream
   # carries the input token to the output layer). Suppress pad / EOS and repeats, here and in HF,
   # so every step is an argmax over fresh candidates.
@@ -255,16 +250,16 @@ def test_hf_other_weight_layouts_load_the_same(tmp_path, layout):
   want = checkpoints.load_hf_t5(tmp_path / 'reference')
   got = checkpoints.load_hf_t5(other)
   assert got.config == want.config
-  _assert_params_equal(got.params, want.params)
+  helpers.assert_params_equal(got.params, want.params)
 
 
 @pytest.mark.parametrize('name', ['tiny-v1.0', 'tiny-v1.1'])
 def test_hf_export_reimports_equal_and_loads_in_hf(tmp_path, name):
-  model = _random_model(name)
+  model = helpers.random_t5(name)
   checkpoints.save_hf_t5(model, tmp_path)
   again = checkpoints.load_hf_t5(tmp_path)
   assert again.config == model.config
-  _assert_params_equal(again.params, model.params)
+  helpers.assert_params_equal(again.params, model.params)
 
   hf_model, info = transformers.T5ForConditionalGeneration.from_pretrained(
     tmp_path, output_loading_info=True
@@ -345,7 +340,7 @@ HF_ERRORS = {  # tiny-v1.1: D 32, N * H 32, F 48, 2 encoder and 3 decoder layers
 @pytest.mark.parametrize('case', list(HF_ERRORS))
 def test_hf_mismatched_checkpoint_names_the_problem(tmp_path, case):
   edit, message = HF_ERRORS[case]
-  checkpoints.save_hf_t5(_random_model('tiny-v1.1'), tmp_path)
+  checkpoints.save_hf_t5(helpers.random_t5('tiny-v1.1'), tmp_path)
   edit(tmp_path)
   with pytest.raises(ValueError, match=message):
     checkpoints.load_hf_t5(tmp_path)
@@ -354,7 +349,7 @@ def test_hf_mismatched_checkpoint_names_the_problem(tmp_path, case):
 def test_hf_missing_files(tmp_path):
   with pytest.raises(FileNotFoundError, match='No Hugging Face checkpoint directory'):
     checkpoints.load_hf_t5(tmp_path / 'absent')
-  checkpoints.save_hf_t5(_random_model('tiny-v1.0'), tmp_path)
+  checkpoints.save_hf_t5(helpers.random_t5('tiny-v1.0'), tmp_path)
   (tmp_path / 'model.safetensors').rename(tmp_path / 'weights.bak')
   with pytest.raises(FileNotFoundError, match='expected one of model.safetensors'):
     checkpoints.load_hf_t5(tmp_path)
@@ -367,9 +362,9 @@ def test_hf_missing_files(tmp_path):
 
 @pytest.mark.parametrize('value', [np.nan, np.inf, -np.inf])
 def test_hf_nonfinite_weight_names_the_parameter(tmp_path, value):
-  checkpoints.save_hf_t5(_random_model('tiny-v1.1'), tmp_path)
-  _edit_weights(tmp_path, lambda w: w.update({WO: _with_value(w[WO], value)}))
-  _raises_naming(
+  checkpoints.save_hf_t5(helpers.random_t5('tiny-v1.1'), tmp_path)
+  _edit_weights(tmp_path, lambda w: w.update({WO: helpers.with_value(w[WO], value)}))
+  helpers.raises_naming(
     lambda: checkpoints.load_hf_t5(tmp_path),
     f"Parameter 'decoder/layers_2/mlp/wo/kernel' (stored as '{WO}') of {tmp_path} has 1 "
     'non-finite value(s)',
@@ -381,10 +376,10 @@ def test_hf_nonfinite_weight_names_the_parameter(tmp_path, value):
 
 def test_hf_weight_beyond_the_config_dtype_is_nonfinite(tmp_path):
   """3.4e38 is a float32 but rounds to inf in bfloat16 (max 3.39e38): checked after the cast."""
-  checkpoints.save_hf_t5(_random_model('tiny-v1.1'), tmp_path)
-  _edit_weights(tmp_path, lambda w: w.update({QUERY: _with_value(w[QUERY], 3.4e38)}))
+  checkpoints.save_hf_t5(helpers.random_t5('tiny-v1.1'), tmp_path)
+  _edit_weights(tmp_path, lambda w: w.update({QUERY: helpers.with_value(w[QUERY], 3.4e38)}))
   config = checkpoints.load_hf_t5(tmp_path).config  # finite as float32
-  _raises_naming(
+  helpers.raises_naming(
     lambda: checkpoints.load_hf_t5(tmp_path, config=dataclasses.replace(config, dtype='bfloat16')),
     "Parameter 'encoder/layers_0/attention/query/kernel'",
     'as bfloat16',
@@ -403,19 +398,19 @@ def test_hf_weight_beyond_the_config_dtype_is_nonfinite(tmp_path):
   ids=['no weight_map', 'empty weight_map', 'file not a string', 'not an object', 'truncated'],
 )
 def test_hf_sharded_index_without_weight_map(tmp_path, index, needle):
-  checkpoints.save_hf_t5(_random_model('tiny-v1.0'), tmp_path)
+  checkpoints.save_hf_t5(helpers.random_t5('tiny-v1.0'), tmp_path)
   (tmp_path / 'model.safetensors').rename(tmp_path / 'model-00001-of-00001.safetensors')
   file = tmp_path / 'model.safetensors.index.json'
   file.write_text(index if isinstance(index, str) else json.dumps(index))
-  _raises_naming(lambda: checkpoints.load_hf_t5(tmp_path), f'{file} ', needle)
+  helpers.raises_naming(lambda: checkpoints.load_hf_t5(tmp_path), f'{file} ', needle)
 
 
 def test_hf_storage_dtype_and_urls(tmp_path):
-  model = _random_model('tiny-v1.0')
+  model = helpers.random_t5('tiny-v1.0')
   checkpoints.save_hf_t5(model, tmp_path)
   stored = checkpoints.load_hf_t5(tmp_path, param_dtype='bfloat16')
   assert stored.config == model.config  # float32 compute
-  _assert_params_equal(
+  helpers.assert_params_equal(
     stored.params, jax.tree.map(lambda x: np.asarray(x.astype(jnp.bfloat16)), model.params)
   )
   with pytest.raises(ValueError, match='load_hf_t5 reads local directories'):

@@ -14,13 +14,12 @@ from jax.sharding import PartitionSpec as P
 from specdec_jax import checkpoints, sharding
 from specdec_jax.checkpoints import common as checkpoint_utils, hf as checkpoints_hf, t5x as checkpoints_t5x
 from specdec_jax.models import t5
-from tests.checkpoints_test import T5X_TINY
-from tests.checkpoints_t5x_test import _t5x_state, _write_t5x_tensorstore_checkpoint
+from tests.helpers import T5X_TINY, t5x_state, write_t5x_tensorstore_checkpoint
 
 assert jax.device_count() == 8, jax.devices()
 tmp = pathlib.Path(tempfile.mkdtemp())
 raw = flax.serialization.msgpack_restore(T5X_TINY.read_bytes())['optimizer']['target']
-_write_t5x_tensorstore_checkpoint(_t5x_state(raw), tmp / 't5x')
+write_t5x_tensorstore_checkpoint(t5x_state(raw), tmp / 't5x')
 single = checkpoints.load_t5x(tmp / 't5x')
 config = single.config
 mesh = sharding.make_mesh(data=2, model=4)
@@ -108,7 +107,7 @@ assert {x.dtype for x in jax.tree.leaves(mixed.params)} == {np.dtype('float32')}
 broken = dict(raw)
 broken['decoder'] = jax.tree.map(np.array, raw['decoder'])
 broken['decoder']['layers_1']['mlp']['wo']['kernel'][13, 2] = np.nan
-_write_t5x_tensorstore_checkpoint(_t5x_state(broken), tmp / 'broken')
+write_t5x_tensorstore_checkpoint(t5x_state(broken), tmp / 'broken')
 try:
   checkpoints.load_t5x(tmp / 'broken', mesh=mesh)
 except ValueError as e:

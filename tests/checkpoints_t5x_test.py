@@ -3,7 +3,6 @@ msgpack, tensorstore/zarr and orbax OCDBT layouts, tensorstore URLs, and the err
 checkpoint gives."""
 
 import dataclasses
-import math
 import shutil
 from pathlib import Path
 
@@ -19,16 +18,7 @@ import transformers
 
 from specdec_jax import checkpoints
 from specdec_jax.models import t5
-from tests.checkpoints_test import (
-  T5X_TINY,
-  TOL,
-  _assert_params_equal,
-  _flat,
-  _raises_naming,
-  _random_model,
-  _source,
-  _with_value,
-)
+from tests import helpers
 
 _forward = jax.jit(t5.forward, static_argnames='config')
 
@@ -37,7 +27,7 @@ _forward = jax.jit(t5.forward, static_argnames='config')
 
 
 def test_t5x_tiny_checkpoint_loads():
-  model = checkpoints.load_t5x(T5X_TINY)
+  model = checkpoints.load_t5x(helpers.T5X_TINY)
   config = model.config
   # The shapes stated in the test checkpoint's README.
   assert (config.vocab_size, config.d_model, config.num_heads, config.d_kv, config.d_ff) == (
@@ -49,15 +39,15 @@ def test_t5x_tiny_checkpoint_loads():
   )
   assert (config.num_encoder_layers, config.num_decoder_layers) == (2, 2)
   assert config.feed_forward == 'gated-gelu' and not config.tie_word_embeddings
-  raw = flax.serialization.msgpack_restore(T5X_TINY.read_bytes())['optimizer']['target']
-  _assert_params_equal(model.params, raw)
+  raw = flax.serialization.msgpack_restore(helpers.T5X_TINY.read_bytes())['optimizer']['target']
+  helpers.assert_params_equal(model.params, raw)
 
 
 def test_t5x_tiny_checkpoint_in_hf_gives_the_same_logits(tmp_path):
-  model = checkpoints.load_t5x(T5X_TINY)
+  model = checkpoints.load_t5x(helpers.T5X_TINY)
   checkpoints.save_hf_t5(model, tmp_path)
   hf_model = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path).eval()
-  ids, mask = _source(model.config.vocab_size, seed=3)
+  ids, mask = helpers.checkpoint_source(model.config.vocab_size, seed=3)
   targets = np.random.default_rng(4).integers(2, model.config.vocab_size, size=(2, 6))
   with torch.no_grad():
     want = hf_model(
@@ -69,72 +59,15 @@ def test_t5x_tiny_checkpoint_in_hf_gives_the_same_logits(tmp_path):
     model.params, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(targets), config=model.config
   )
   assert np.abs(want).max() > 1e-3  # not a vacuous comparison
-  np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
-
-
-def _chunk_shape(shape: tuple[int, ...], target_elements: int) -> list[int]:
-  """T5X's `_choose_chunk_shape`: divisors of each dimension, largest dimension shrunk first."""
-  factors = [[i for i in range(1, n + 1) if n % i == 0] for n in shape]
-  while math.prod(f[-1] for f in factors) > target_elements:
-    max(factors, key=lambda f: f[-1]).pop()
-  return [f[-1] for f in factors]
-
-
-def _write_t5x_tensorstore_checkpoint(
-  state: dict, directory: Path, inline: tuple[str, ...] = (), storage: dict | None = None
-):
-  """Writes `state` ({'target': params, 'state': ...}) as T5X's Checkpointer does.
-
-  Each array goes to a gzip-compressed zarr directory named by its dotted path
-  ('target.encoder.layers_0.attention.key.kernel'), written by tensorstore; the msgpack
-  `checkpoint` file holds {'version': 3, 'optimizer': state} with each such array replaced by its
-  tensorstore spec, whose path is relative to the checkpoint directory. Scalars and the arrays
-  named in `inline` stay in the msgpack, as T5X keeps unpartitioned arrays. `storage` overrides
-  zarr metadata fields (dtype, compressor, order, ...) that T5X itself leaves at their defaults.
-  """
-  directory.mkdir(parents=True)
-
-  def write(path: tuple[str, ...], array: np.ndarray):
-    if array.ndim == 0 or '/'.join(path) in inline:
-      return array
-    spec = {
-      'driver': 'zarr',
-      'dtype': array.dtype.name,
-      'kvstore': {'driver': 'file', 'path': '.'.join(path)},
-      # T5X aims at 64 MiB chunks; 1024 elements make the larger arrays span several files.
-      'metadata': {
-        'compressor': {'id': 'gzip'},
-        'shape': list(array.shape),
-        'chunks': _chunk_shape(array.shape, target_elements=1024),
-        **(storage or {}),
-      },
-    }
-    if storage and 'dtype' in storage:
-      del spec['dtype']  # the metadata's dtype (e.g. big-endian '>f4') is the stored one
-    if array.ndim < 2:
-      spec['metadata'].pop('order', None)  # tensorstore refuses 'F' for 1-D arrays (same as 'C')
-    absolute = {**spec, 'kvstore': {'driver': 'file', 'path': str(directory / '.'.join(path))}}
-    ts.open(absolute, create=True, open=True).result().write(array).result()
-    return ts.Spec(spec).to_json()
-
-  flat = flax.traverse_util.flatten_dict(state)
-  written = flax.traverse_util.unflatten_dict({p: write(p, a) for p, a in flat.items()})
-  contents = flax.serialization.msgpack_serialize({'version': 3, 'optimizer': written})
-  (directory / 'checkpoint').write_bytes(contents)
-
-
-def _t5x_state(params) -> dict:
-  """A T5X optimizer state dict: the params as `target`, plus Adafactor-like state to skip."""
-  params = jax.tree.map(np.asarray, params)
-  slots = jax.tree.map(lambda x: {'v_row': np.zeros((1,), x.dtype)}, params)
-  return {'target': params, 'state': {'step': np.int32(7), 'param_states': slots}}
+  np.testing.assert_allclose(got, want, atol=helpers.HF_TOL, rtol=0)
 
 
 def _t5x_source(name: str) -> tuple[dict, t5.T5Config | None]:
   """(params, the config they were made with, or None for the README-described T5X file)."""
   if name == 't5x_tiny':
-    return flax.serialization.msgpack_restore(T5X_TINY.read_bytes())['optimizer']['target'], None
-  model = _random_model(name, seed=5)
+    raw = flax.serialization.msgpack_restore(helpers.T5X_TINY.read_bytes())
+    return raw['optimizer']['target'], None
+  model = helpers.random_t5(name, seed=5)
   return jax.tree.map(np.asarray, model.params), model.config
 
 
@@ -145,22 +78,22 @@ def test_t5x_checkpoint_formats_load(tmp_path, name, layout):
   written = tmp_path / 'checkpoint_7'
   if layout == 'msgpack':
     written.mkdir()
-    contents = {'version': 3, 'optimizer': _t5x_state(params)}
+    contents = {'version': 3, 'optimizer': helpers.t5x_state(params)}
     (written / 'checkpoint').write_bytes(flax.serialization.msgpack_serialize(contents))
   else:
-    _write_t5x_tensorstore_checkpoint(
-      _t5x_state(params), written, inline=('target/encoder/encoder_norm/scale',)
+    helpers.write_t5x_tensorstore_checkpoint(
+      helpers.t5x_state(params), written, inline=('target/encoder/encoder_norm/scale',)
     )
     assert (written / 'target.encoder.layers_0.attention.query.kernel' / '.zarray').is_file()
   moved = shutil.move(written, tmp_path / 'elsewhere')  # zarr paths are relative: still loads
   for path in (moved, Path(moved) / 'checkpoint'):
     model = checkpoints.load_t5x(path)
-    _assert_params_equal(model.params, params)
+    helpers.assert_params_equal(model.params, params)
   if config is not None:
     # max_distance is not in the weights: inference gives T5's 128.
     inferred = dataclasses.replace(model.config, relative_attention_max_distance=128)
     assert inferred == dataclasses.replace(config, relative_attention_max_distance=128)
-    _assert_params_equal(checkpoints.load_t5x(moved, config=config).params, params)
+    helpers.assert_params_equal(checkpoints.load_t5x(moved, config=config).params, params)
 
 
 @pytest.mark.parametrize(
@@ -179,17 +112,17 @@ def test_t5x_zarr_storage_variants_load_exactly(tmp_path, storage):
   fill_value 1 leaves the all-ones layer norm scales without chunk files: they read as the fill.
   """
   config = t5.CONFIGS['tiny-v1.0']
-  params = jax.tree.map(np.asarray, _random_model('tiny-v1.0', seed=5).params)
+  params = jax.tree.map(np.asarray, helpers.random_t5('tiny-v1.0', seed=5).params)
   dtype = ts.bfloat16.numpy_dtype if storage.get('dtype') == 'bfloat16' else np.float32
   stored = jax.tree.map(lambda x: x.astype(dtype), params)
   written = tmp_path / 'checkpoint_7'
-  _write_t5x_tensorstore_checkpoint(
-    _t5x_state(stored), written, storage={'dtype': '<f4', **storage, 'fill_value': 1.0}
+  helpers.write_t5x_tensorstore_checkpoint(
+    helpers.t5x_state(stored), written, storage={'dtype': '<f4', **storage, 'fill_value': 1.0}
   )
   scale = written / 'target.encoder.encoder_norm.scale'
   assert [f.name for f in scale.iterdir()] == ['.zarray']
   model = checkpoints.load_t5x(written, config=config)
-  _assert_params_equal(model.params, jax.tree.map(lambda x: x.astype(np.float32), stored))
+  helpers.assert_params_equal(model.params, jax.tree.map(lambda x: x.astype(np.float32), stored))
 
 
 def test_t5x_errors(tmp_path):
@@ -204,16 +137,16 @@ def test_t5x_errors(tmp_path):
   with pytest.raises(ValueError, match=r'no optimizer/target params'):
     checkpoints.load_t5x(tmp_path / 'no_target')
 
-  model = _random_model('tiny-v1.1')
+  model = helpers.random_t5('tiny-v1.1')
   written = tmp_path / 'checkpoint_7'
-  _write_t5x_tensorstore_checkpoint(_t5x_state(model.params), written)
+  helpers.write_t5x_tensorstore_checkpoint(helpers.t5x_state(model.params), written)
   wrong = dataclasses.replace(model.config, d_ff=40)
   with pytest.raises(
     ValueError, match=r"'(en|de)coder/layers_0/mlp/wi_0/kernel'.*\(32, 40\).*\(32, 48\)"
   ):
     checkpoints.load_t5x(written, config=wrong)
   with pytest.raises(ValueError, match=r"missing parameter 'decoder/logits_dense/kernel'"):
-    flat = _flat(model.params)
+    flat = helpers.flat_params(model.params)
     del flat['decoder/logits_dense/kernel']
     (tmp_path / 'untied').write_bytes(
       flax.serialization.msgpack_serialize(
@@ -228,11 +161,13 @@ def test_t5x_errors(tmp_path):
 
 def test_t5x_damaged_zarr_array_names_the_parameter(tmp_path):
   written = tmp_path / 'checkpoint_7'
-  _write_t5x_tensorstore_checkpoint(_t5x_state(_random_model('tiny-v1.0').params), written)
+  helpers.write_t5x_tensorstore_checkpoint(
+    helpers.t5x_state(helpers.random_t5('tiny-v1.0').params), written
+  )
   array = written / 'target.decoder.layers_1.mlp.wo.kernel'
   metadata = (array / '.zarray').read_text()
   (array / '.zarray').write_text(metadata[:20])
-  _raises_naming(
+  helpers.raises_naming(
     lambda: checkpoints.load_t5x(written),
     "T5X parameter 'decoder/layers_1/mlp/wo/kernel': cannot read the array at",
     str(array),
@@ -241,23 +176,23 @@ def test_t5x_damaged_zarr_array_names_the_parameter(tmp_path):
   for chunk in array.iterdir():
     if chunk.name != '.zarray':
       chunk.write_bytes(b'not gzip')
-  _raises_naming(
+  helpers.raises_naming(
     lambda: checkpoints.load_t5x(written), "T5X parameter 'decoder/layers_1/mlp/wo/kernel'"
   )
 
 
 def test_t5x_nonfinite_weight_names_the_parameter(tmp_path):
-  params = jax.tree.map(np.asarray, _random_model('tiny-v1.0', seed=5).params)
+  params = jax.tree.map(np.asarray, helpers.random_t5('tiny-v1.0', seed=5).params)
   query = params['encoder']['layers_1']['attention']['query']
-  query['kernel'] = _with_value(query['kernel'], np.nan)
+  query['kernel'] = helpers.with_value(query['kernel'], np.nan)
   (tmp_path / 'checkpoint').write_bytes(
-    flax.serialization.msgpack_serialize({'optimizer': _t5x_state(params)})
+    flax.serialization.msgpack_serialize({'optimizer': helpers.t5x_state(params)})
   )
-  _raises_naming(
+  helpers.raises_naming(
     lambda: checkpoints.load_t5x(tmp_path),
     f"Parameter 'encoder/layers_1/attention/query/kernel' of {tmp_path / 'checkpoint'} has 1",
   )
-  _assert_params_equal(checkpoints.load_t5x(tmp_path, allow_nonfinite=True).params, params)
+  helpers.assert_params_equal(checkpoints.load_t5x(tmp_path, allow_nonfinite=True).params, params)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -283,14 +218,16 @@ def _write_t5x_ocdbt_checkpoint(state: dict, directory: Path, use_zarr3: bool = 
   'name, dtype, use_zarr3', [('tiny-v1.0', 'float32', False), ('tiny-v1.1', 'bfloat16', True)]
 )
 def test_t5x_ocdbt_checkpoint_loads(tmp_path, name, dtype, use_zarr3):
-  model = _random_model(name, seed=5, dtype=dtype)
+  model = helpers.random_t5(name, seed=5, dtype=dtype)
   # T5X saves jax arrays for the params and numpy / scalars for some optimizer state.
-  state = {'target': model.params, 'state': _t5x_state(model.params)['state']}
+  state = {'target': model.params, 'state': helpers.t5x_state(model.params)['state']}
   written = _write_t5x_ocdbt_checkpoint(state, tmp_path / 'checkpoint_7', use_zarr3)
   assert (written / 'manifest.ocdbt').is_file() and not (written.parent / 'checkpoint').exists()
   moved = Path(shutil.move(written.parent, tmp_path / 'elsewhere'))  # OCDBT paths are relative
   for path in (moved, moved / 'state'):
-    _assert_params_equal(checkpoints.load_t5x(path, config=model.config).params, model.params)
+    helpers.assert_params_equal(
+      checkpoints.load_t5x(path, config=model.config).params, model.params
+    )
   inferred = checkpoints.load_t5x(moved).config
   assert inferred == dataclasses.replace(
     model.config, relative_attention_max_distance=128, dtype='float32'
@@ -298,15 +235,17 @@ def test_t5x_ocdbt_checkpoint_loads(tmp_path, name, dtype, use_zarr3):
 
 
 def test_t5x_ocdbt_errors(tmp_path):
-  params = _random_model('tiny-v1.0').params
+  params = helpers.random_t5('tiny-v1.0').params
   written = _write_t5x_ocdbt_checkpoint({'params': params}, tmp_path / 'not_t5x')
-  _raises_naming(lambda: checkpoints.load_t5x(written.parent), f'{written}: no `target` params')
+  helpers.raises_naming(
+    lambda: checkpoints.load_t5x(written.parent), f'{written}: no `target` params'
+  )
 
-  written = _write_t5x_ocdbt_checkpoint(_t5x_state(params), tmp_path / 'checkpoint_7')
+  written = _write_t5x_ocdbt_checkpoint(helpers.t5x_state(params), tmp_path / 'checkpoint_7')
   for file in written.rglob('*'):
     if file.is_file() and file.parent.name == 'd':
       file.write_bytes(bytes(range(256)) * (file.stat().st_size // 256 + 1))
-  _raises_naming(
+  helpers.raises_naming(
     lambda: checkpoints.load_t5x(written.parent), f'{written} is not a readable OCDBT checkpoint'
   )
 
@@ -314,18 +253,18 @@ def test_t5x_ocdbt_errors(tmp_path):
 def test_t5x_tensorstore_urls_load(tmp_path):
   """kvstore URLs reach tensorstore untouched (a Path would turn 'file:///x' into 'file:/x')."""
   params, _ = _t5x_source('tiny-v1.1')
-  _write_t5x_tensorstore_checkpoint(
-    _t5x_state(params), tmp_path / 'zarr', inline=('target/encoder/encoder_norm/scale',)
+  helpers.write_t5x_tensorstore_checkpoint(
+    helpers.t5x_state(params), tmp_path / 'zarr', inline=('target/encoder/encoder_norm/scale',)
   )
   (tmp_path / 'msgpack').mkdir()
   (tmp_path / 'msgpack' / 'checkpoint').write_bytes(
-    flax.serialization.msgpack_serialize({'optimizer': _t5x_state(params)})
+    flax.serialization.msgpack_serialize({'optimizer': helpers.t5x_state(params)})
   )
-  ocdbt = _write_t5x_ocdbt_checkpoint(_t5x_state(params), tmp_path / 'ocdbt')
+  ocdbt = _write_t5x_ocdbt_checkpoint(helpers.t5x_state(params), tmp_path / 'ocdbt')
   paths = [tmp_path / 'zarr', tmp_path / 'zarr' / 'checkpoint', tmp_path / 'msgpack', ocdbt]
   for path in [*paths, ocdbt.parent]:
     model = checkpoints.load_t5x(path.absolute().as_uri() + '/' * (path == ocdbt))
-    _assert_params_equal(model.params, params)
+    helpers.assert_params_equal(model.params, params)
   missing = (tmp_path / 'absent').as_uri()
   with pytest.raises(FileNotFoundError, match=f'No T5X checkpoint at {missing}: no `checkpoint`'):
     checkpoints.load_t5x(missing)
@@ -334,18 +273,20 @@ def test_t5x_tensorstore_urls_load(tmp_path):
 
 
 def test_t5x_compute_and_storage_dtypes():
-  raw = flax.serialization.msgpack_restore(T5X_TINY.read_bytes())['optimizer']['target']
+  raw = flax.serialization.msgpack_restore(helpers.T5X_TINY.read_bytes())['optimizer']['target']
   half = jax.tree.map(lambda x: np.asarray(x).astype(jnp.bfloat16), raw)
-  stored = checkpoints.load_t5x(T5X_TINY, param_dtype='bfloat16')  # a float32 model
+  stored = checkpoints.load_t5x(helpers.T5X_TINY, param_dtype='bfloat16')  # a float32 model
   assert stored.config.dtype == 'float32'
-  _assert_params_equal(stored.params, half)
-  computed = checkpoints.load_t5x(T5X_TINY, dtype='bfloat16')  # params follow the compute dtype
+  helpers.assert_params_equal(stored.params, half)
+  computed = checkpoints.load_t5x(
+    helpers.T5X_TINY, dtype='bfloat16'
+  )  # params follow the compute dtype
   assert computed.config.dtype == 'bfloat16'
-  _assert_params_equal(computed.params, half)
-  mixed = checkpoints.load_t5x(T5X_TINY, dtype='bfloat16', param_dtype='float32')
+  helpers.assert_params_equal(computed.params, half)
+  mixed = checkpoints.load_t5x(helpers.T5X_TINY, dtype='bfloat16', param_dtype='float32')
   assert mixed.config.dtype == 'bfloat16'
-  _assert_params_equal(mixed.params, raw)
+  helpers.assert_params_equal(mixed.params, raw)
   with pytest.raises(ValueError, match=r"param_dtype must be one of \('float32', 'bfloat16'\)"):
-    checkpoints.load_t5x(T5X_TINY, param_dtype='float16')
+    checkpoints.load_t5x(helpers.T5X_TINY, param_dtype='float16')
   with pytest.raises(ValueError, match='dtype must be one of'):
-    checkpoints.load_t5x(T5X_TINY, dtype='int8')
+    checkpoints.load_t5x(helpers.T5X_TINY, dtype='int8')

@@ -1,6 +1,5 @@
-"""Tests of checkpoints.py's own format (orbax `save` / `restore`), and the helpers that the
-format-specific checkpoint tests share (checkpoints_hf_test, checkpoints_t5x_test,
-checkpoints_sharded_test)."""
+"""Tests of checkpoints.py's own format (orbax `save` / `restore`); the helpers the checkpoint
+tests share are in tests/helpers.py."""
 
 import dataclasses
 import json
@@ -19,87 +18,6 @@ from specdec_jax import checkpoints
 from specdec_jax.models import t5
 from tests import helpers
 
-# Written by T5X itself and shipped in the repo (origin and license: tests/testdata/README.md).
-T5X_TINY = Path(__file__).resolve().parent / 'testdata' / 't5x_tiny' / 'checkpoint_0'
-TOL = 1e-4  # float32, ours (XLA) vs HF (PyTorch)
-
-
-def _flat(params) -> dict:
-  return flax.traverse_util.flatten_dict(params, sep='/')
-
-
-def _assert_params_equal(got, want):
-  """Same names, dtypes and bits."""
-  got, want = _flat(got), _flat(want)
-  assert sorted(got) == sorted(want)
-  for name in want:
-    assert np.asarray(got[name]).dtype == np.asarray(want[name]).dtype, name
-    np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
-
-
-def _random_model(name: str, seed: int = 0, dtype: str = 'float32') -> t5.T5Model:
-  config = dataclasses.replace(t5.CONFIGS[name], dtype=dtype)
-  params = t5.init_params(jax.random.key(seed), config)
-  return t5.T5Model(config=config, params=jax.tree.map(lambda x: x.astype(dtype), params))
-
-
-def _source(vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-  """int64[2, 11] ids and mask; row 1 is padded after 7 tokens."""
-  ids = np.random.default_rng(seed).integers(2, vocab, size=(2, 11))
-  mask = np.ones_like(ids)
-  mask[1, 7:] = 0
-  return ids * mask, mask
-
-
-def _with_value(array, value, index: int = 3) -> np.ndarray:
-  """A copy of `array` with one entry set to `value`."""
-  array = np.array(array)
-  array.flat[index] = value
-  return array
-
-
-def _raises_naming(call, *needles: str) -> str:
-  """Runs `call`, which must raise one ValueError whose one-line message holds every needle."""
-  with pytest.raises(ValueError) as info:
-    call()
-  message = str(info.value)
-  assert '\n' not in message
-  for needle in needles:
-    assert needle in message, (needle, message)
-  return message
-
-
-# -------------------------------------------------------------------------------------------------
-# orbax.
-
-
-@pytest.mark.parametrize('name, dtype', [('tiny-v1.0', 'float32'), ('tiny-v1.1', 'bfloat16')])
-def test_orbax_round_trip_is_bit_exact(tmp_path, name, dtype):
-  model = _random_model(name, dtype=dtype)
-  checkpoints.save(model, tmp_path / 'model')
-  restored = checkpoints.restore(tmp_path / 'model')
-  assert restored.config == model.config
-  _assert_params_equal(restored.params, model.params)
-
-
-def test_orbax_bfloat16_storage_restores_float32_rounded_weights(tmp_path):
-  model = _random_model('tiny-v1.1', dtype='float32')
-  checkpoints.save(model, tmp_path / 'full')
-  checkpoints.save(model, tmp_path / 'half', storage_dtype='bfloat16')
-  size = lambda d: sum(f.stat().st_size for f in (d / 'params').rglob('*') if f.is_file())
-  assert size(tmp_path / 'half') < 0.75 * size(tmp_path / 'full')
-  restored = checkpoints.restore(tmp_path / 'half')
-  assert restored.config == model.config
-  rounded = jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), model.params)
-  _assert_params_equal(restored.params, rounded)  # float32 arrays, bfloat16 values
-  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(restored.params))
-  with pytest.raises(ValueError, match='storage_dtype is for float32 models'):
-    checkpoints.save(
-      _random_model('tiny-v1.1', dtype='bfloat16'), tmp_path / 'x', storage_dtype='bfloat16'
-    )
-  with pytest.raises(ValueError, match='storage_dtype must be one of'):
-    checkpoints.save(model, tmp_path / 'y', storage_dtype='int8')
-
 
 def _fine_tuned(base: t5.T5Model, scale: float = 0.02, seed: int = 5) -> t5.T5Model:
   """`base` with every weight moved by a small random delta, as a fine-tune moves them."""
@@ -114,7 +32,7 @@ def test_orbax_int8_delta_storage(tmp_path, bits):
   """A fine-tune stored as an int8 delta from its (bfloat16-stored) base: each weight within
   max|row delta| / (2 (2^(bits-1) - 1)) of the float32 one, and weights and logits nearer the
   float32 model's than a bfloat16 copy's; it follows its base's directory and refuses a different base."""
-  model = _random_model('tiny-v1.1')
+  model = helpers.random_t5('tiny-v1.1')
   checkpoints.save(model, tmp_path / 'base', storage_dtype='bfloat16')
   tuned = _fine_tuned(checkpoints.restore(tmp_path / 'base'))
   checkpoints.save(
@@ -123,9 +41,9 @@ def test_orbax_int8_delta_storage(tmp_path, bits):
   )  # fmt: skip
   restored = checkpoints.restore(tmp_path / 'tuned')
   assert restored.config == tuned.config
-  base = _flat(checkpoints.restore(tmp_path / 'base').params)
-  for name, want in _flat(tuned.params).items():
-    got = np.asarray(_flat(restored.params)[name])
+  base = helpers.flat_params(checkpoints.restore(tmp_path / 'base').params)
+  for name, want in helpers.flat_params(tuned.params).items():
+    got = np.asarray(helpers.flat_params(restored.params)[name])
     assert got.dtype == np.float32
     delta = np.asarray(want) - np.asarray(base[name])
     levels = 2 ** (bits - 1) - 1
@@ -134,7 +52,7 @@ def test_orbax_int8_delta_storage(tmp_path, bits):
   errors = checkpoints.delta_error(tuned, tmp_path / 'tuned')
   assert errors['max_stored'] < errors['max_bfloat16'], errors
   assert errors['mean_stored'] < errors['mean_bfloat16'], errors
-  ids, mask = _source(tuned.config.vocab_size)
+  ids, mask = helpers.checkpoint_source(tuned.config.vocab_size)
   decoder = np.full((2, 5), 3)
   logits = lambda m: np.asarray(helpers.forward(m.params, ids, mask, decoder, config=m.config))
   rounded = t5.T5Model(tuned.config, jax.tree.map(lambda x: x.astype(jnp.bfloat16), tuned.params))
@@ -144,18 +62,24 @@ def test_orbax_int8_delta_storage(tmp_path, bits):
   (tmp_path / 'moved').mkdir()
   for name in ('base', 'tuned'):
     (tmp_path / name).rename(tmp_path / 'moved' / name)
-  _assert_params_equal(checkpoints.restore(tmp_path / 'moved' / 'tuned').params, restored.params)
+  helpers.assert_params_equal(
+    checkpoints.restore(tmp_path / 'moved' / 'tuned').params, restored.params
+  )
   # A different checkpoint in the base's place is refused; a missing one is named.
-  checkpoints.save(_random_model('tiny-v1.1', seed=3), tmp_path / 'base', storage_dtype='bfloat16')
+  checkpoints.save(
+    helpers.random_t5('tiny-v1.1', seed=3), tmp_path / 'base', storage_dtype='bfloat16'
+  )
   (tmp_path / 'moved' / 'tuned').rename(tmp_path / 'tuned')
-  _raises_naming(lambda: checkpoints.restore(tmp_path / 'tuned'), 'not the one the delta was made')
+  helpers.raises_naming(
+    lambda: checkpoints.restore(tmp_path / 'tuned'), 'not the one the delta was made'
+  )
   (tmp_path / 'base').rename(tmp_path / 'gone')
   with pytest.raises(FileNotFoundError, match='int8 delta from .*base, which is missing'):
     checkpoints.restore(tmp_path / 'tuned')
 
 
 def test_orbax_int8_delta_errors(tmp_path):
-  model = _random_model('tiny-v1.1')
+  model = helpers.random_t5('tiny-v1.1')
   checkpoints.save(model, tmp_path / 'base')
   with pytest.raises(ValueError, match='delta_base is needed'):
     checkpoints.save(model, tmp_path / 'a', storage_dtype='int8-delta')
@@ -167,8 +91,8 @@ def test_orbax_int8_delta_errors(tmp_path):
         model, tmp_path / 'd', storage_dtype='int8-delta', delta_base=tmp_path / 'base',
         delta_bits=bits,
       )  # fmt: skip
-  other = _random_model('tiny-v1.0')
-  _raises_naming(
+  other = helpers.random_t5('tiny-v1.0')
+  helpers.raises_naming(
     lambda: checkpoints.save(
       other, tmp_path / 'c', storage_dtype='int8-delta', delta_base=tmp_path / 'base'
     ),
@@ -182,7 +106,7 @@ def test_orbax_shared_with_a_base_stores_each_shared_array_once(tmp_path):
   from the pair; a base that no longer holds them, or a missing one, is refused by name."""
   from specdec_jax.models import t5_growth
 
-  target = _random_model('tiny-v1.1')
+  target = helpers.random_t5('tiny-v1.1')
   checkpoints.save(target, tmp_path / 'target', storage_dtype='bfloat16')
   target = checkpoints.restore(tmp_path / 'target')
   config = dataclasses.replace(
@@ -206,15 +130,17 @@ def test_orbax_shared_with_a_base_stores_each_shared_array_once(tmp_path):
   ]  # fmt: skip
   size = lambda d: sum(f.stat().st_size for f in (d / 'params').rglob('*') if f.is_file())
   assert size(tmp_path / 'block') < 0.8 * size(tmp_path / 'alone')
-  _assert_params_equal(
+  helpers.assert_params_equal(
     checkpoints.restore(tmp_path / 'block').params, checkpoints.restore(tmp_path / 'alone').params
   )
   # Another checkpoint in the target's place is refused; a missing one is named.
   (tmp_path / 'target').rename(tmp_path / 'kept')
-  other = _random_model('tiny-v1.1', seed=3)
+  other = helpers.random_t5('tiny-v1.1', seed=3)
   checkpoints.save(other.replace(params=jax.tree.map(lambda x: x + 0.5, other.params)),
                    tmp_path / 'target')  # fmt: skip
-  _raises_naming(lambda: checkpoints.restore(tmp_path / 'block'), 'no longer holds what they were')
+  helpers.raises_naming(
+    lambda: checkpoints.restore(tmp_path / 'block'), 'no longer holds what they were'
+  )
   (tmp_path / 'target').rename(tmp_path / 'other')
   with pytest.raises(FileNotFoundError, match='takes 4 params from .*target, which is missing'):
     checkpoints.restore(tmp_path / 'block')
@@ -229,7 +155,7 @@ def test_orbax_shared_with_a_base_stores_each_shared_array_once(tmp_path):
 
 
 def test_orbax_errors(tmp_path):
-  model = _random_model('tiny-v1.0')
+  model = helpers.random_t5('tiny-v1.0')
   with pytest.raises(FileNotFoundError, match='config.json is missing'):
     checkpoints.restore(tmp_path)
   with pytest.raises(FileExistsError):
@@ -241,16 +167,16 @@ def test_orbax_errors(tmp_path):
 
 
 def test_orbax_nonfinite_weight_names_the_parameter(tmp_path):
-  model = _random_model('tiny-v1.0')
-  flat = _flat(model.params)
+  model = helpers.random_t5('tiny-v1.0')
+  flat = helpers.flat_params(model.params)
   flat['token_embedder/embedding'] = flat['token_embedder/embedding'].at[5, 1].set(jnp.inf)
   broken = t5.T5Model(config=model.config, params=flax.traverse_util.unflatten_dict(flat, sep='/'))
   checkpoints.save(broken, tmp_path / 'model')
-  _raises_naming(
+  helpers.raises_naming(
     lambda: checkpoints.restore(tmp_path / 'model'),
     f"Parameter 'token_embedder/embedding' of {tmp_path / 'model'} has 1 non-finite value(s)",
   )
-  _assert_params_equal(
+  helpers.assert_params_equal(
     checkpoints.restore(tmp_path / 'model', allow_nonfinite=True).params, broken.params
   )
 
@@ -261,7 +187,7 @@ def test_orbax_nonfinite_weight_names_the_parameter(tmp_path):
 @pytest.mark.parametrize('damage', ['array data', 'array metadata', 'config.json'])
 def test_orbax_damaged_checkpoint_names_the_directory(tmp_path, damage):
   directory = tmp_path / 'model'
-  checkpoints.save(_random_model('tiny-v1.0'), directory)
+  checkpoints.save(helpers.random_t5('tiny-v1.0'), directory)
   if damage == 'array data':
     # The ocdbt data files (`.../d/<hash>`) hold the arrays' bytes.
     damaged = [f for f in (directory / 'params').rglob('*') if f.is_file() and f.parent.name == 'd']
@@ -275,19 +201,19 @@ def test_orbax_damaged_checkpoint_names_the_directory(tmp_path, damage):
   else:
     (directory / 'config.json').write_text('{"vocab_size": 32,')
     needle = f'{directory / "config.json"} is not valid JSON'
-  _raises_naming(lambda: checkpoints.restore(directory), needle)
+  helpers.raises_naming(lambda: checkpoints.restore(directory), needle)
 
 
 def test_orbax_restore_storage_and_compute_dtypes(tmp_path):
-  model = _random_model('tiny-v1.1')
+  model = helpers.random_t5('tiny-v1.1')
   checkpoints.save(model, tmp_path / 'model')
   half = jax.tree.map(lambda x: x.astype(jnp.bfloat16), model.params)
   stored = checkpoints.restore(tmp_path / 'model', param_dtype='bfloat16')
   assert stored.config == model.config
-  _assert_params_equal(stored.params, half)
+  helpers.assert_params_equal(stored.params, half)
   computed = checkpoints.restore(tmp_path / 'model', dtype='bfloat16')  # as saved: float32
   assert computed.config.dtype == 'bfloat16'
-  _assert_params_equal(computed.params, model.params)
+  helpers.assert_params_equal(computed.params, model.params)
   with pytest.raises(ValueError, match='param_dtype must be one of'):
     checkpoints.restore(tmp_path / 'model', param_dtype='int4')
 

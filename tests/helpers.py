@@ -1,4 +1,6 @@
-"""Plain helpers the tests share: tiny random T5 models and the shipped-pair checks.
+"""Plain helpers the tests share: tiny random T5 models, the shipped-pair checks, and what two or
+more test files need (a test file imports helper modules, never another test file): checkpoint
+fixtures and checks.
 
   from tests import helpers
 
@@ -12,6 +14,7 @@ Fixtures built on them (a loaded shipped pair, the tiny target/drafter pair) are
 """
 
 import dataclasses
+import math
 import os
 import pathlib
 import random
@@ -19,8 +22,12 @@ import socket
 import subprocess
 import sys
 
+import flax.serialization
+import flax.traverse_util
 import jax
+import numpy as np
 import pytest
+import tensorstore as ts
 
 from benchmarks import machines
 from specdec_jax import pretrained
@@ -162,3 +169,117 @@ def run_as_two_hosts_and_one(
       p.kill()
   for p, output in zip(procs, outputs):
     assert p.returncode == 0 and output.rstrip().endswith('DONE'), output[-6000:]
+
+
+# -------------------------------------------------------------------------------------------------
+# Checkpoints: what the checkpoint tests share (checkpoints_test, checkpoints_hf_test,
+# checkpoints_t5x_test, checkpoints_sharded_test).
+
+# Written by T5X itself and shipped in the repo (origin and license: tests/testdata/README.md).
+T5X_TINY = _REPO / 'tests' / 'testdata' / 't5x_tiny' / 'checkpoint_0'
+HF_TOL = 1e-4  # float32, ours (XLA) vs HF (PyTorch)
+
+
+def flat_params(params) -> dict:
+  """{'a/b/c': leaf} of a params tree."""
+  return flax.traverse_util.flatten_dict(params, sep='/')
+
+
+def assert_params_equal(got, want):
+  """Same names, dtypes and bits."""
+  got, want = flat_params(got), flat_params(want)
+  assert sorted(got) == sorted(want)
+  for name in want:
+    assert np.asarray(got[name]).dtype == np.asarray(want[name]).dtype, name
+    np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
+
+
+def random_t5(name: str, seed: int = 0, dtype: str = 'float32') -> t5.T5Model:
+  """`t5.CONFIGS[name]` in `dtype` (config and params), params from `t5.init_params(key(seed))`."""
+  config = dataclasses.replace(t5.CONFIGS[name], dtype=dtype)
+  params = t5.init_params(jax.random.key(seed), config)
+  return t5.T5Model(config=config, params=jax.tree.map(lambda x: x.astype(dtype), params))
+
+
+def checkpoint_source(vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """int64[2, 11] ids and mask; row 1 is padded after 7 tokens."""
+  ids = np.random.default_rng(seed).integers(2, vocab, size=(2, 11))
+  mask = np.ones_like(ids)
+  mask[1, 7:] = 0
+  return ids * mask, mask
+
+
+def with_value(array, value, index: int = 3) -> np.ndarray:
+  """A copy of `array` with one entry set to `value`."""
+  array = np.array(array)
+  array.flat[index] = value
+  return array
+
+
+def raises_naming(call, *needles: str) -> str:
+  """Runs `call`, which must raise one ValueError whose one-line message holds every needle."""
+  with pytest.raises(ValueError) as info:
+    call()
+  message = str(info.value)
+  assert '\n' not in message
+  for needle in needles:
+    assert needle in message, (needle, message)
+  return message
+
+
+def _chunk_shape(shape: tuple[int, ...], target_elements: int) -> list[int]:
+  """T5X's `_choose_chunk_shape`: divisors of each dimension, largest dimension shrunk first."""
+  factors = [[i for i in range(1, n + 1) if n % i == 0] for n in shape]
+  while math.prod(f[-1] for f in factors) > target_elements:
+    max(factors, key=lambda f: f[-1]).pop()
+  return [f[-1] for f in factors]
+
+
+def write_t5x_tensorstore_checkpoint(
+  state: dict, directory: pathlib.Path, inline: tuple[str, ...] = (), storage: dict | None = None
+):
+  """Writes `state` ({'target': params, 'state': ...}) as T5X's Checkpointer does.
+
+  Each array goes to a gzip-compressed zarr directory named by its dotted path
+  ('target.encoder.layers_0.attention.key.kernel'), written by tensorstore; the msgpack
+  `checkpoint` file holds {'version': 3, 'optimizer': state} with each such array replaced by its
+  tensorstore spec, whose path is relative to the checkpoint directory. Scalars and the arrays
+  named in `inline` stay in the msgpack, as T5X keeps unpartitioned arrays. `storage` overrides
+  zarr metadata fields (dtype, compressor, order, ...) that T5X itself leaves at their defaults.
+  """
+  directory.mkdir(parents=True)
+
+  def write(path: tuple[str, ...], array: np.ndarray):
+    if array.ndim == 0 or '/'.join(path) in inline:
+      return array
+    spec = {
+      'driver': 'zarr',
+      'dtype': array.dtype.name,
+      'kvstore': {'driver': 'file', 'path': '.'.join(path)},
+      # T5X aims at 64 MiB chunks; 1024 elements make the larger arrays span several files.
+      'metadata': {
+        'compressor': {'id': 'gzip'},
+        'shape': list(array.shape),
+        'chunks': _chunk_shape(array.shape, target_elements=1024),
+        **(storage or {}),
+      },
+    }
+    if storage and 'dtype' in storage:
+      del spec['dtype']  # the metadata's dtype (e.g. big-endian '>f4') is the stored one
+    if array.ndim < 2:
+      spec['metadata'].pop('order', None)  # tensorstore refuses 'F' for 1-D arrays (same as 'C')
+    absolute = {**spec, 'kvstore': {'driver': 'file', 'path': str(directory / '.'.join(path))}}
+    ts.open(absolute, create=True, open=True).result().write(array).result()
+    return ts.Spec(spec).to_json()
+
+  flat = flax.traverse_util.flatten_dict(state)
+  written = flax.traverse_util.unflatten_dict({p: write(p, a) for p, a in flat.items()})
+  contents = flax.serialization.msgpack_serialize({'version': 3, 'optimizer': written})
+  (directory / 'checkpoint').write_bytes(contents)
+
+
+def t5x_state(params) -> dict:
+  """A T5X optimizer state dict: the params as `target`, plus Adafactor-like state to skip."""
+  params = jax.tree.map(np.asarray, params)
+  slots = jax.tree.map(lambda x: {'v_row': np.zeros((1,), x.dtype)}, params)
+  return {'target': params, 'state': {'step': np.int32(7), 'param_states': slots}}
