@@ -557,3 +557,30 @@ def test_the_main_job_item_adds_lookup_rows_and_costs_no_drafter_call():
   )  # fmt: skip
   assert costs['c'] == costs['c_fixed'] == costs['c_alone'] == 0.0
   assert costs['pass_cost'] > 0
+
+
+@pytest.mark.slow  # ~2 CPU-min a pair: 100 test sentences, plain, then three lookup shapes
+@pytest.mark.parametrize('name', ['ende48m', 'debsumm48m'])
+def test_lookup_drafting_is_greedy_decoding_on_the_shipped_test_sets(name):
+  """The source-lookup chain, its 4-branch tree and the hybrid tree (the block drafter's 9-node
+  best-first tree and 2 lookup branches) decode each shipped 48M pair's first 100 test sentences
+  as the target's greedy decoding, token for token (batch 20)."""
+  from specdec_jax import pretrained
+
+  if not helpers.shipped(name):
+    pytest.skip(f'pretrained/{name} not shipped')
+  pair = pretrained.load(name)
+  lookup = draft_lookup.source_lookup(pair.target)
+  kw = dict(sampling=sampling_lib.SamplingConfig(temperature=0.0), max_new_tokens=64, rng=None)
+  rows = [
+    (lookup, dict(gamma=3)),
+    (lookup, dict(gamma=3, tree=decode.TreeSpec(13, 'lookup', branches=4))),
+    (pair.drafters['block'], dict(gamma=3, tree=decode.TreeSpec(15, 'hybrid', branches=2))),
+  ]
+  sources = [s for s, _ in pair.test_pairs()[:100]]
+  for start in range(0, len(sources), 20):
+    ids, mask = pair.tokenizer.encode_batch(sources[start : start + 20], 128, truncate=True)
+    ref = np.asarray(decode.generate(pair.target, ids, mask, **kw).tokens)
+    for drafter, extra in rows:
+      out = decode.speculative_generate(pair.target, drafter, ids, mask, **kw, **extra)
+      np.testing.assert_array_equal(np.asarray(out.tokens), ref, err_msg=str(extra))
