@@ -1,11 +1,15 @@
 """The one chi-square test of the distribution tests: observed counts against exact probabilities.
 
-Significance is the callers' (1e-3 throughout): a p-value below it rejects "these samples come
-from that distribution".
+Significance is the callers' (SIGNIFICANCE, 1e-3, throughout): a p-value below it rejects "these
+samples come from that distribution".
 """
+
+import collections
 
 import numpy as np
 import scipy.stats
+
+SIGNIFICANCE = 1e-3  # chi-square tests reject losslessness below this p-value
 
 
 def pvalue(observed, probs, *, min_expected: float = 5.0) -> float:
@@ -35,3 +39,11 @@ def pvalue(observed, probs, *, min_expected: float = 5.0) -> float:
   if exp[-1] == 0:
     obs, exp = obs[:-1], exp[:-1]
   return scipy.stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+
+
+def rows_pvalue(samples: np.ndarray, exact: dict) -> float:
+  """`pvalue` of the observed rows (tuples) of `samples` against an exact {row: prob}
+  distribution; an impossible row fails the calling test at once."""
+  observed = collections.Counter(map(tuple, samples.tolist()))
+  assert set(observed) <= set(exact), f'impossible outputs: {set(observed) - set(exact)}'
+  return pvalue(observed, exact)

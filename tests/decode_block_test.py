@@ -16,28 +16,23 @@ from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import timing
 from specdec_jax.models import t5
 from tests import fakes, helpers
-from tests.decode_test import GREEDY, SIGNIFICANCE, TARGET, _chi_square_pvalue, _source
+from tests.chisquare import SIGNIFICANCE
+from tests.fakes import BLOCK, SEQUENCE_LENGTH, SEQUENCE_ROWS, STATE_TARGET, sequence_pvalue
+from tests.helpers import GREEDY, ragged_source, tiny_block_t5
 
-STATE_TARGET = fakes.with_states(TARGET)  # TARGET's law, with states for the drafter to read
-BLOCK = fakes.random_block_drafter(seed=5)
 SAMPLING = sampling_lib.SamplingConfig(temperature=1.0)
-ROWS, LENGTH = 100_000, 4  # the first 4 tokens: one to four iterations a row at gamma 2
+# For tests/decode_tree_test.py, until it imports tests/fakes.py (another session edits it).
+ROWS, LENGTH = SEQUENCE_ROWS, SEQUENCE_LENGTH
 
 
 def _samples(verifier='token', *, proposal, sampling=SAMPLING, gamma=2, seed=3, **kw):
-  ids = jnp.zeros((ROWS, 1), jnp.int32)
+  ids = jnp.zeros((SEQUENCE_ROWS, 1), jnp.int32)
   out = decode.speculative_generate(
     STATE_TARGET, BLOCK, ids, jnp.ones_like(ids), gamma=gamma, verifier=verifier,
-    sampling=sampling, max_new_tokens=LENGTH, rng=jax.random.key(seed), proposal=proposal, **kw,
+    sampling=sampling, max_new_tokens=SEQUENCE_LENGTH, rng=jax.random.key(seed),
+    proposal=proposal, **kw,
   )  # fmt: skip
   return np.asarray(out.tokens), out.stats
-
-
-def sequence_pvalue(tokens, sampling=SAMPLING):
-  exact = fakes.exact_prefix_distribution(TARGET, LENGTH, sampling)
-  if set(map(tuple, tokens.tolist())) - set(exact):
-    return 0.0  # an output the target cannot produce
-  return _chi_square_pvalue(tokens, exact)
 
 
 @pytest.mark.parametrize(
@@ -103,18 +98,10 @@ def test_negative_controls_fail(monkeypatch, bug):
 # Greedy: the target's greedy output, token for token.
 
 
-def tiny_block_t5(target, seed=6, **kw):
-  kw = dict(feature_dim=target.config.d_model) | kw
-  return helpers.tiny_t5(
-    'tiny-v1.0', seed, num_encoder_layers=0, encoder_dim=target.config.d_model,
-    block_size=4, d_model=16, d_kv=4, d_ff=32, num_decoder_layers=2, **kw,
-  )  # fmt: skip
-
-
 def test_greedy_equals_generate_markov():
   target = fakes.with_states(fakes.random_markov(seed=10))  # a long greedy output
   drafter = fakes.random_block_drafter(seed=6)
-  ids, mask = _source(vocab=4)
+  ids, mask = ragged_source(vocab=4)
   kw = dict(sampling=GREEDY, max_new_tokens=12, rng=None)
   ref = decode.generate(target, ids, mask, **kw)
   out = decode.speculative_generate(target, drafter, ids, mask, gamma=3, **kw)
@@ -138,7 +125,7 @@ def test_greedy_equals_generate_t5(
 ):
   target, _ = tiny_pair
   drafter = tiny_block_t5(target, block_attention=block_attention)
-  ids, mask = _source(vocab=target.config.vocab_size)
+  ids, mask = ragged_source(vocab=target.config.vocab_size)
   kw = dict(sampling=GREEDY, max_new_tokens=max_new_tokens, rng=None)
   ref = decode.generate(target, ids, mask, **kw)
   out = decode.speculative_generate(
@@ -154,7 +141,7 @@ def test_a_drafter_reading_several_target_layers(tiny_pair):
   instead changes the drafts, so the run), the loop's iteration as `timing.step_costs` times it
   feeds them too, and a layer the target lacks is one clear error."""
   target, _ = tiny_pair  # 3 decoder layers of width 32
-  ids, mask = _source(vocab=target.config.vocab_size)
+  ids, mask = ragged_source(vocab=target.config.vocab_size)
   base = tiny_block_t5(target)
   reads = lambda layers: t5.T5Model(
     dataclasses.replace(base.config, feature_layers=layers), base.params
@@ -179,7 +166,7 @@ def test_a_drafter_reading_several_target_layers(tiny_pair):
 @pytest.mark.slow  # ~8 CPU-s: generate and the loop compiled for two tapped layers
 def test_a_drafter_reading_two_target_layers_is_greedy_exact(tiny_pair):
   target, _ = tiny_pair
-  ids, mask = _source(vocab=target.config.vocab_size)
+  ids, mask = ragged_source(vocab=target.config.vocab_size)
   two = tiny_block_t5(target, feature_dim=64, feature_layers=(0, 2))
   greedy = dict(sampling=GREEDY, max_new_tokens=16, rng=None)
   ref = decode.generate(target, ids, mask, **greedy)
@@ -191,7 +178,7 @@ def test_one_program_per_shape(tiny_pair):
   target, _ = tiny_pair
   drafter = tiny_block_t5(target)
   kw = dict(gamma=3, sampling=SAMPLING, max_new_tokens=8)
-  ids, mask = _source(vocab=target.config.vocab_size)
+  ids, mask = ragged_source(vocab=target.config.vocab_size)
   decode.speculative_generate(target, drafter, ids, mask, rng=jax.random.key(0), **kw)
   with timing.compiles() as compiled:
     for seed in (1, 2):
@@ -270,7 +257,7 @@ def test_saves_restores_and_has_logical_axes(tiny_pair, tmp_path):
 def test_errors(tiny_pair):
   target, _ = tiny_pair
   drafter = tiny_block_t5(target)
-  ids, mask = _source(vocab=target.config.vocab_size)
+  ids, mask = ragged_source(vocab=target.config.vocab_size)
   kw = dict(sampling=GREEDY, max_new_tokens=4, rng=None)
   with pytest.raises(ValueError, match=r'gamma=5 exceeds .* block_size=4'):
     decode.speculative_generate(target, drafter, ids, mask, gamma=5, **kw)

@@ -12,30 +12,22 @@ import pytest
 from specdec_jax import decode, decode_steps, step_models
 from specdec_jax import sampling as sampling_lib
 from tests import fakes
-from tests.decode_test import (
-  DRAFTER,
-  GREEDY,
-  GREEDY_TARGET,
-  PREFIX_LENGTH,
-  SIGNIFICANCE,
-  TARGET,
-  _chi_square_pvalue,
-  _source,
-  _speculative_prefixes,
-)
+from tests.chisquare import SIGNIFICANCE, rows_pvalue
+from tests.fakes import DRAFTER, GREEDY_TARGET, PREFIX_LENGTH, TARGET, speculative_prefixes
+from tests.helpers import GREEDY, ragged_source
 
 STOP = 0.4  # the random Markov drafter is below it at about a third of its drafts
 
 
 def _prefixes(verifier, sampling):
-  return _speculative_prefixes(DRAFTER, verifier, sampling, gamma=3, seed=13, draft_stop=STOP)
+  return speculative_prefixes(DRAFTER, verifier, sampling, gamma=3, seed=13, draft_stop=STOP)
 
 
 def _pvalue(tokens, sampling):
   exact = fakes.exact_prefix_distribution(TARGET, PREFIX_LENGTH, sampling)
   if set(map(tuple, tokens.tolist())) - set(exact):
     return 0.0  # an output the target cannot produce
-  return _chi_square_pvalue(tokens, exact)
+  return rows_pvalue(tokens, exact)
 
 
 def _stopped_early(stats) -> bool:
@@ -81,7 +73,7 @@ def test_negative_control_dropping_the_unsure_draft_fails(monkeypatch):
 @pytest.mark.parametrize('verifier', ['token', 'block'])
 @pytest.mark.parametrize('stop', [0.6, 0.9])
 def test_greedy_equals_generate_markov(verifier, stop):
-  ids, mask = _source(vocab=4)
+  ids, mask = ragged_source(vocab=4)
   kw = dict(sampling=GREEDY, max_new_tokens=12, rng=jax.random.key(0))
   expected = decode.generate(GREEDY_TARGET, ids, mask, **kw)
   assert np.all(np.asarray(expected.lengths) == 12)
@@ -94,7 +86,7 @@ def test_greedy_equals_generate_markov(verifier, stop):
 
 def test_greedy_equals_generate_t5(tiny_pair):
   target, drafter = tiny_pair
-  ids, mask = _source(vocab=target.config.vocab_size)
+  ids, mask = ragged_source(vocab=target.config.vocab_size)
   kw = dict(sampling=GREEDY, max_new_tokens=10, rng=jax.random.key(0))
   expected = decode.generate(target, ids, mask, **kw)
   # A random tiny T5 (128 ids) is unsure everywhere: its argmax often holds under 10%.
@@ -112,7 +104,7 @@ _NARROW = decode_steps.narrow_target_pass
 
 
 def test_negative_control_pass_one_position_too_narrow_fails_greedy(monkeypatch):
-  ids, mask = _source(vocab=4)
+  ids, mask = ragged_source(vocab=4)
   kw = dict(sampling=GREEDY, max_new_tokens=12, rng=jax.random.key(0))
   expected = decode.generate(GREEDY_TARGET, ids, mask, **kw)
   monkeypatch.setattr(decode_steps, 'narrow_target_pass', _off_by_one)
@@ -138,7 +130,7 @@ def test_narrow_pass_scores_as_the_full_pass(tiny_pair, num_drafted, width):
   """The narrowed pass (gamma 5: widths 2, 3, 5, 6) gives the full pass's logits on its first
   `width` positions, zeros after them, and advances the cache by `width`."""
   steps, params = step_models.as_step_model(tiny_pair[0])
-  ids, mask = _source(batch=2, vocab=tiny_pair[0].config.vocab_size)
+  ids, mask = ragged_source(batch=2, vocab=tiny_pair[0].config.vocab_size)
   cache, _ = decode_steps.init_caches(steps, params, None, None, ids, mask, 16)
   cache = cache.replace(end_index=jnp.asarray([1, 3], jnp.int32))
   tokens = jnp.asarray([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]], jnp.int32)
@@ -155,7 +147,7 @@ def test_narrow_pass_scores_as_the_full_pass(tiny_pair, num_drafted, width):
 def test_stop_counts_only_verified_drafts():
   """Each iteration counts its own drafts: drafted is at most gamma per call, and accepted at
   most drafted; without a stop every call counts gamma."""
-  ids, mask = _source(vocab=4)
+  ids, mask = ragged_source(vocab=4)
   kw = dict(gamma=3, sampling=sampling_lib.SamplingConfig(temperature=1.0), max_new_tokens=12)
   plain = decode.speculative_generate(TARGET, DRAFTER, ids, mask, rng=jax.random.key(2), **kw)
   np.testing.assert_array_equal(plain.stats.drafted, 3 * plain.stats.target_calls)
@@ -178,7 +170,7 @@ def test_stop_counts_only_verified_drafts():
   ],
 )
 def test_bad_draft_stop_is_one_clear_error(kw, match):
-  ids, mask = _source(vocab=4)
+  ids, mask = ragged_source(vocab=4)
   with pytest.raises(ValueError, match=match):
     decode.speculative_generate(
       TARGET, DRAFTER, ids, mask, gamma=2, sampling=GREEDY, max_new_tokens=4,

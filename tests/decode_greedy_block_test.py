@@ -3,8 +3,8 @@ carried from iteration to iteration per row (docs/method.md section 11).
 
 Losslessness over whole sequences: the joint of the first N_TOKENS tokens of ROWS independent
 rows (several iterations each: at most gamma + 1 tokens per iteration) against the target's exact
-joint, by chi-square at SIGNIFICANCE; each negative control of tests/verify_greedy_test.py (one
-piece swapped) must fail the same test on the same rows. The models are order-1 Markov chains
+joint, by chi-square at SIGNIFICANCE; each negative control of verify_greedy
+(`helpers.VERIFY_GREEDY_CONTROLS`, one piece swapped) must fail the same test on the same rows. The models are order-1 Markov chains
 with Dirichlet(1/2) rows as fake step models (tests/fakes.py), token 1 an EOS, so rows stop at
 different iterations (ragged), some while a residual level is still owed.
 """
@@ -21,10 +21,9 @@ from experiments.configs import ende
 from specdec_jax import decode, verify_greedy
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import evaluation
-from tests import chisquare, fakes
+from tests import chisquare, fakes, helpers
 from tests import greedy_block_oracle as go
-from tests import verify_greedy_test as vgt
-from tests.decode_test import ONE_HOT, _eagle_drafter, _source
+from tests.helpers import ONE_HOT, eagle_drafter, ragged_source
 
 SIGNIFICANCE = 1e-3
 ROWS, N_TOKENS = 100_000, 6
@@ -104,9 +103,9 @@ def _block_bound(seed, vocab, gamma) -> float:
   return bound
 
 
-@pytest.mark.parametrize('control', sorted(vgt.CONTROLS))
+@pytest.mark.parametrize('control', sorted(helpers.VERIFY_GREEDY_CONTROLS))
 def test_negative_controls_fail_the_same_test(control):
-  with vgt.patched(control):
+  with helpers.patched_verify_greedy(control):
     out = _decode(1, 3, 3)
     jax.block_until_ready(out)
   assert _pvalue(out, 1, 3) < SIGNIFICANCE, control
@@ -143,7 +142,7 @@ def test_greedy_equals_generate(gamma):
   (T=1, top_k=1: the same argmax, not renamed) and must give greedy `generate`'s tokens."""
   target = fakes.random_markov(seed=11, vocab_size=16, positions=40, eos_id=1)
   drafter = fakes.random_markov(seed=12, vocab_size=16, positions=40, eos_id=1)
-  ids, mask = _source(vocab=4)
+  ids, mask = ragged_source(vocab=4)
   ref = decode.generate(target, ids, mask, sampling=GREEDY, max_new_tokens=30, rng=None)
   out = decode.speculative_generate(
     target, drafter, ids, mask, gamma=gamma, verifier='greedy_block', sampling=GREEDY,
@@ -164,7 +163,7 @@ def test_greedy_equals_generate(gamma):
 @pytest.mark.slow  # ~25 s
 def test_greedy_equals_generate_t5(tiny_pair):
   target, drafter = tiny_pair
-  ids, mask = _source(vocab=target.config.vocab_size)
+  ids, mask = ragged_source(vocab=target.config.vocab_size)
   ref = decode.generate(target, ids, mask, sampling=GREEDY, max_new_tokens=16, rng=None)
   spec = decode.LoopSpec(ONE_HOT, 16, 3, 'greedy_block')
   out = decode.speculative_loop(
@@ -176,15 +175,15 @@ def test_greedy_equals_generate_t5(tiny_pair):
 
 def test_unsupported_options_are_one_clear_error(tiny_pair):
   target, drafter = map(_fake, _pair(1, 3))
-  ids, mask = _source(vocab=3)
+  ids, mask = ragged_source(vocab=3)
   kw = dict(gamma=2, verifier='greedy_block', sampling=T1, max_new_tokens=4, rng=jax.random.key(0))
   for bad in (dict(num_drafts=2), dict(draft_stop=0.5)):
     with pytest.raises(ValueError, match=r'needs (num_drafts=1|draft_stop=None), got'):
       decode.speculative_generate(target, drafter, ids, mask, **kw, **bad)
   t5_target, _ = tiny_pair
-  ids, mask = _source(vocab=t5_target.config.vocab_size)
+  ids, mask = ragged_source(vocab=t5_target.config.vocab_size)
   with pytest.raises(ValueError, match="reading the target's states"):
-    decode.speculative_generate(t5_target, _eagle_drafter(t5_target), ids, mask, **kw)
+    decode.speculative_generate(t5_target, eagle_drafter(t5_target), ids, mask, **kw)
   evaluation.check_config(ende.get_config('verifiers=token,greedy_block'))
   with pytest.raises(ValueError, match='num_drafts=1'):
     evaluation.check_config(ende.get_config('verifiers=greedy_block,num_drafts=2'))

@@ -14,27 +14,22 @@ from specdec_jax import decode, decode_steps, drafters, verifiers
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import timing
 from tests import fakes, verify_multipath_test
-from tests.decode_test import (
-  DRAFTER,
+from tests.chisquare import SIGNIFICANCE, rows_pvalue
+from tests.fakes import DRAFTER, GREEDY_TARGET, PREFIX_LENGTH, TARGET, speculative_prefixes
+from tests.helpers import (
   GREEDY,
-  GREEDY_TARGET,
   ONE_HOT,
-  PREFIX_LENGTH,
-  SIGNIFICANCE,
-  TARGET,
-  _chi_square_pvalue,
-  _eagle_drafter,
-  _ngram,
-  _shared_encoder_drafter,
-  _source,
-  _speculative_prefixes,
+  eagle_drafter,
+  ngram_drafter,
+  ragged_source,
+  shared_encoder_drafter,
 )
 
 SAMPLING = sampling_lib.SamplingConfig(temperature=1.0)
 
 
 def _prefixes(verifier, num_drafts, *, drafter=DRAFTER, sampling=SAMPLING, seed=11):
-  return _speculative_prefixes(
+  return speculative_prefixes(
     drafter, verifier, sampling, gamma=2, seed=seed, num_drafts=num_drafts
   )
 
@@ -43,7 +38,7 @@ def _pvalue(tokens, sampling=SAMPLING):
   exact = fakes.exact_prefix_distribution(TARGET, PREFIX_LENGTH, sampling)
   if set(map(tuple, tokens.tolist())) - set(exact):
     return 0.0  # an output the target cannot produce
-  return _chi_square_pvalue(tokens, exact)
+  return rows_pvalue(tokens, exact)
 
 
 @pytest.mark.parametrize(
@@ -69,7 +64,7 @@ def test_multidraft_loop_is_lossless(verifier, num_drafts, sampling):
 def test_lossless_with_trigram_drafter():
   """A trigram's cache holds the tokens fed: every copy of a row must follow the kept path."""
   sampling = sampling_lib.SamplingConfig(temperature=1.4, top_p=0.8)
-  tokens, stats = _prefixes('token', 2, drafter=_ngram(3), sampling=sampling, seed=9)
+  tokens, stats = _prefixes('token', 2, drafter=ngram_drafter(3), sampling=sampling, seed=9)
   assert _pvalue(tokens, sampling) > SIGNIFICANCE
   assert 0 < int(stats.accepted.sum()) < int(stats.drafted.sum())
 
@@ -134,14 +129,14 @@ def _greedy_matches(target, drafter, ids, mask, *, num_drafts, gamma=3, verifier
 @pytest.mark.parametrize('num_drafts', [2, 3])
 @pytest.mark.parametrize('verifier', ['token', 'block'])
 def test_greedy_equals_generate_markov(num_drafts, verifier):
-  ids, mask = _source(vocab=4)
+  ids, mask = ragged_source(vocab=4)
   _greedy_matches(GREEDY_TARGET, DRAFTER, ids, mask, num_drafts=num_drafts, verifier=verifier)
 
 
 def test_greedy_general_path_equals_generate():
   """The general (probability) path on greedy's one-hot vectors (`ONE_HOT`) with K paths, not only
   the id fast path."""
-  ids, mask = _source(vocab=4)
+  ids, mask = ragged_source(vocab=4)
   spec = decode.LoopSpec(
     sampling=ONE_HOT, max_new_tokens=12, gamma=3, verifier='block', num_drafts=2,
   )  # fmt: skip
@@ -157,7 +152,7 @@ def test_greedy_general_path_equals_generate():
 
 @pytest.mark.parametrize('order', [2, 3])
 def test_greedy_equals_generate_ngram(order):
-  ids, mask = _source(vocab=4)
+  ids, mask = ragged_source(vocab=4)
   kw = dict(sampling=GREEDY, max_new_tokens=12, rng=jax.random.key(0))
   corpus = np.asarray(decode.generate(GREEDY_TARGET, ids, mask, **kw).tokens)
   drafter = drafters.NGramDrafter.fit(corpus, vocab_size=4, order=order)
@@ -175,10 +170,10 @@ def test_greedy_equals_generate_ngram(order):
 def test_greedy_equals_generate_t5_drafters(kind, tiny_pair):
   target, drafter = tiny_pair
   if kind == 'shared_encoder':
-    drafter = _shared_encoder_drafter(target)
+    drafter = shared_encoder_drafter(target)
   elif kind == 'eagle':
-    drafter = _eagle_drafter(target)
-  ids, mask = _source(vocab=target.config.vocab_size)  # ragged rows
+    drafter = eagle_drafter(target)
+  ids, mask = ragged_source(vocab=target.config.vocab_size)  # ragged rows
   _greedy_matches(target, drafter, ids, mask, num_drafts=2, m=10)
 
 
@@ -186,7 +181,7 @@ def test_sampled_t5_rows_emit_their_kept_paths(tiny_pair):
   """Ragged rows at temperature 1 with K = 2: each row's output is, iteration by iteration, the
   kept path's first tau drafts then Y (as the trace records them), cut at the token limit."""
   target, drafter = tiny_pair
-  ids, mask = _source(batch=3, vocab=target.config.vocab_size)
+  ids, mask = ragged_source(batch=3, vocab=target.config.vocab_size)
   out = decode.speculative_generate(
     target, drafter, ids, mask, gamma=3, verifier='block', sampling=SAMPLING, max_new_tokens=9,
     rng=jax.random.key(5), num_drafts=2, trace=True,
@@ -214,7 +209,7 @@ def test_one_draft_is_todays_program():
 
 
 def test_compiles_once_per_shape():
-  ids, mask = _source(vocab=4)
+  ids, mask = ragged_source(vocab=4)
   kw = dict(gamma=2, verifier='block', sampling=SAMPLING, max_new_tokens=6, num_drafts=2)
   decode.speculative_generate(TARGET, DRAFTER, ids, mask, rng=jax.random.key(0), **kw)
   with timing.compiles() as compiled:
@@ -225,7 +220,7 @@ def test_compiles_once_per_shape():
 
 @pytest.mark.parametrize('bad', [0, -1, 1.5, 'two'])
 def test_bad_num_drafts_is_one_clear_error(bad):
-  ids, mask = _source(vocab=4)
+  ids, mask = ragged_source(vocab=4)
   with pytest.raises((ValueError, TypeError), match='num_drafts'):
     decode.speculative_generate(
       TARGET, DRAFTER, ids, mask, gamma=2, sampling=SAMPLING, max_new_tokens=4,

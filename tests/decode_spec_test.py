@@ -10,7 +10,7 @@ from specdec_jax import decode, verify
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import timing
 from tests import fakes
-from tests.decode_test import GREEDY, ONE_HOT, _source
+from tests.helpers import GREEDY, ONE_HOT, ragged_source
 
 # ---------------------------------------------------------------------------------------------
 # The greedy fast path (argmax ids, no probability vectors) against the general path.
@@ -103,7 +103,7 @@ def test_negative_control_greedy_fast_path_off_by_one_differs(monkeypatch):
 @pytest.mark.parametrize('verifier', ['token', 'block'])
 def test_greedy_fast_path_matches_general_path_t5(verifier, tiny_pair):
   target, drafter = tiny_pair
-  ids, mask = _source(vocab=target.config.vocab_size)
+  ids, mask = ragged_source(vocab=target.config.vocab_size)
   fast, general = _both_paths(
     target, drafter, ids, mask, gamma=3, verifier=verifier, max_new_tokens=16
   )
@@ -119,7 +119,7 @@ def test_greedy_token_and_block_share_one_program():
   sampling, they are two."""
   target = fakes.random_markov(seed=41, vocab_size=6, positions=12)
   drafter = fakes.random_markov(seed=42, vocab_size=6, positions=12)
-  ids, mask = _source(vocab=6)
+  ids, mask = ragged_source(vocab=6)
   for sampling, programs in [(GREEDY, 1), (sampling_lib.SamplingConfig(temperature=1.0), 2)]:
     kw = dict(sampling=sampling, max_new_tokens=7, rng=jax.random.key(0))
     decode.speculative_generate(target, drafter, ids, mask, gamma=2, verifier='token', **kw)

@@ -1,6 +1,5 @@
 """Tests of the decode loops: greedy equality, losslessness, ragged batches, compile-once."""
 
-import collections
 import pathlib
 import subprocess
 import sys
@@ -14,38 +13,21 @@ from specdec_jax import decode, decode_steps, drafters, step_models
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import timing
 from specdec_jax.models import t5
-from tests import chisquare, fakes, helpers
+from tests import fakes, helpers
+from tests.chisquare import SIGNIFICANCE, rows_pvalue
+from tests.fakes import DRAFTER, GREEDY_TARGET, PREFIX_LENGTH, TARGET, speculative_prefixes
+from tests.helpers import (
+  GREEDY,
+  eagle_drafter,
+  ngram_drafter,
+  ragged_source,
+  shared_encoder_drafter,
+)
 
-GREEDY = sampling_lib.SamplingConfig(temperature=0.0)
-# GREEDY's tokens by the loops' general path: one-hot probability vectors, the named verifier.
-ONE_HOT = sampling_lib.SamplingConfig(temperature=1.0, top_k=1)
-SIGNIFICANCE = 1e-3  # chi-square tests reject losslessness below this p-value
+# `_source` for tests/decode_tree_test.py and tests/decode_tree_t5_test.py, until they import
+# tests/helpers.py (another session edits them).
+_source = ragged_source
 
-
-def _source(batch=4, length=7, seed=0, vocab=50):
-  """Padded source ids in [2, vocab) whose rows have different lengths (the fake models ignore
-  the source, but ids are checked against their vocabulary)."""
-  rng = np.random.default_rng(seed)
-  ids = rng.integers(2, vocab, size=(batch, length))
-  lengths = np.maximum(length - np.arange(batch) * 2, 1)
-  mask = (np.arange(length)[None] < lengths[:, None]).astype(np.int32)
-  return jnp.asarray(ids * mask, jnp.int32), jnp.asarray(mask)
-
-
-def _chi_square_pvalue(samples: np.ndarray, exact: dict) -> float:
-  """chisquare.pvalue of the observed rows (tuples) against an exact {row: prob} distribution."""
-  observed = collections.Counter(map(tuple, samples.tolist()))
-  assert set(observed) <= set(exact), f'impossible outputs: {set(observed) - set(exact)}'
-  return chisquare.pvalue(observed, exact)
-
-
-# ---------------------------------------------------------------------------------------------
-# Fake Markov models.
-
-TARGET = fakes.random_markov(seed=1)
-DRAFTER = fakes.random_markov(seed=2)
-# For greedy parity: TARGET's greedy output is EOS at once, this one's runs past 12 tokens.
-GREEDY_TARGET = fakes.random_markov(seed=10)
 SAMPLINGS = [
   sampling_lib.SamplingConfig(temperature=1.0),
   sampling_lib.SamplingConfig(temperature=0.6, top_k=3),
@@ -53,35 +35,14 @@ SAMPLINGS = [
   sampling_lib.SamplingConfig(temperature=1.0, top_k=3, top_p=0.9),
 ]
 
-PREFIX_ROWS, PREFIX_LENGTH = 100_000, 3
-
-
-def _speculative_prefixes(drafter, verifier, sampling, *, gamma, seed, **kw):
-  """PREFIX_ROWS speculative samples of the first PREFIX_LENGTH tokens from TARGET, and stats;
-  `kw` goes to `speculative_generate` (e.g. num_drafts, draft_stop)."""
-  ids = jnp.zeros((PREFIX_ROWS, 1), jnp.int32)
-  out = decode.speculative_generate(
-    TARGET,
-    drafter,
-    ids,
-    jnp.ones_like(ids),
-    gamma=gamma,
-    verifier=verifier,
-    sampling=sampling,
-    max_new_tokens=PREFIX_LENGTH,
-    rng=jax.random.key(seed),
-    **kw,
-  )
-  return np.asarray(out.tokens), out.stats
-
 
 @pytest.mark.parametrize('verifier', ['token', 'block'])
 @pytest.mark.parametrize('sampling', SAMPLINGS, ids=str)
 def test_speculative_is_lossless_on_markov_models(verifier, sampling):
   """The joint of the first 3 tokens over 100k rows matches the target's exact distribution."""
-  tokens, stats = _speculative_prefixes(DRAFTER, verifier, sampling, gamma=3, seed=7)
+  tokens, stats = speculative_prefixes(DRAFTER, verifier, sampling, gamma=3, seed=7)
   exact = fakes.exact_prefix_distribution(TARGET, PREFIX_LENGTH, sampling)
-  assert _chi_square_pvalue(tokens, exact) > SIGNIFICANCE
+  assert rows_pvalue(tokens, exact) > SIGNIFICANCE
   # Not vacuous: drafts were both accepted and rejected.
   assert 0 < int(stats.accepted.sum()) < int(stats.drafted.sum())
 
@@ -97,13 +58,13 @@ def test_negative_control_q_before_transform_fails(monkeypatch, verifier):
   sampling = sampling_lib.SamplingConfig(temperature=0.6, top_k=3)
   monkeypatch.setattr(decode_steps, 'draft_token', _q_before_transform)
   jax.clear_caches()  # the loop must be traced again with the patched function
-  samples, _ = _speculative_prefixes(DRAFTER, verifier, sampling, gamma=3, seed=7)
+  samples, _ = speculative_prefixes(DRAFTER, verifier, sampling, gamma=3, seed=7)
   monkeypatch.undo()
   jax.clear_caches()
   exact = fakes.exact_prefix_distribution(TARGET, PREFIX_LENGTH, sampling)
   impossible = set(map(tuple, samples.tolist())) - set(exact)
   # Emitting a sequence the target cannot produce is a failure of losslessness too.
-  assert impossible or _chi_square_pvalue(samples, exact) < SIGNIFICANCE
+  assert impossible or rows_pvalue(samples, exact) < SIGNIFICANCE
 
 
 def test_generate_matches_exact_distribution():
@@ -114,7 +75,7 @@ def test_generate_matches_exact_distribution():
     TARGET, ids, mask, sampling=sampling, max_new_tokens=length, rng=jax.random.key(3)
   )
   exact = fakes.exact_prefix_distribution(TARGET, length, sampling)
-  assert _chi_square_pvalue(np.asarray(out.tokens), exact) > SIGNIFICANCE
+  assert rows_pvalue(np.asarray(out.tokens), exact) > SIGNIFICANCE
 
 
 @pytest.mark.parametrize('verifier', ['token', 'block'])
@@ -122,7 +83,7 @@ def test_generate_matches_exact_distribution():
 def test_greedy_equals_generate_markov(verifier, gamma):
   target = fakes.random_markov(seed=11, vocab_size=16, positions=40, eos_id=1)
   drafter = fakes.random_markov(seed=12, vocab_size=16, positions=40, eos_id=1)
-  ids, mask = _source(vocab=4)
+  ids, mask = ragged_source(vocab=4)
   kwargs = dict(sampling=GREEDY, max_new_tokens=30, rng=jax.random.key(0))
   ref = decode.generate(target, ids, mask, **kwargs)
   out = decode.speculative_generate(
@@ -137,7 +98,7 @@ def test_target_as_drafter_accepts_everything(gamma):
   """alpha = 1: every iteration emits gamma + 1 tokens (no EOS in this vocabulary)."""
   target = fakes.random_markov(seed=5, vocab_size=6, positions=40, eos_id=99)
   max_new = 5 * (gamma + 1)
-  ids, mask = _source(vocab=4)
+  ids, mask = ragged_source(vocab=4)
   out = decode.speculative_generate(
     target,
     target,
@@ -190,7 +151,7 @@ def test_ragged_rows_stop_independently_at_eos():
 
 
 def test_compiles_once_per_shape():
-  ids, mask = _source(vocab=4)
+  ids, mask = ragged_source(vocab=4)
   kwargs = dict(
     gamma=3, verifier='token', sampling=sampling_lib.SamplingConfig(), max_new_tokens=12
   )
@@ -204,7 +165,7 @@ def test_compiles_once_per_shape():
 
 
 def test_bad_inputs_raise_clear_errors():
-  ids, mask = _source(vocab=4)
+  ids, mask = ragged_source(vocab=4)
   kw = dict(sampling=GREEDY, max_new_tokens=4, rng=jax.random.key(0))
   with pytest.raises(ValueError, match='gamma must be >= 1'):
     decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=0, **kw)
@@ -265,13 +226,13 @@ def test_ngram_save_load(tmp_path):
 def test_greedy_equals_generate_with_ngram_drafter(order, verifier):
   target = fakes.random_markov(seed=31, vocab_size=12, positions=40, eos_id=1)
   ref = decode.generate(
-    target, *_source(vocab=4), sampling=GREEDY, max_new_tokens=25, rng=jax.random.key(0)
+    target, *ragged_source(vocab=4), sampling=GREEDY, max_new_tokens=25, rng=jax.random.key(0)
   )
   drafter = drafters.NGramDrafter.fit(np.asarray(ref.tokens), vocab_size=12, order=order)
   out = decode.speculative_generate(
     target,
     drafter,
-    *_source(vocab=4),
+    *ragged_source(vocab=4),
     gamma=3,
     verifier=verifier,
     sampling=GREEDY,
@@ -282,19 +243,13 @@ def test_greedy_equals_generate_with_ngram_drafter(order, verifier):
   assert int(out.stats.accepted.sum()) > 0
 
 
-def _ngram(order):
-  """A bigram or trigram (every context kept) of a few sequences over TARGET's vocabulary."""
-  seqs = [np.array([2, 3, 2, 1]), np.array([3, 3, 0, 2]), np.array([3, 2, 2, 0])]
-  return drafters.NGramDrafter.fit(seqs, vocab_size=4, order=order, add_k=0.3, min_count=1)
-
-
 @pytest.mark.parametrize('order', [2, 3])
 @pytest.mark.parametrize('verifier', ['token', 'block'])
 def test_lossless_with_ngram_drafter(order, verifier):
   sampling = SAMPLINGS[2]
-  tokens, stats = _speculative_prefixes(_ngram(order), verifier, sampling, gamma=2, seed=9)
+  tokens, stats = speculative_prefixes(ngram_drafter(order), verifier, sampling, gamma=2, seed=9)
   exact = fakes.exact_prefix_distribution(TARGET, PREFIX_LENGTH, sampling)
-  assert _chi_square_pvalue(tokens, exact) > SIGNIFICANCE
+  assert rows_pvalue(tokens, exact) > SIGNIFICANCE
   assert 0 < int(stats.accepted.sum()) < int(stats.drafted.sum())
 
 
@@ -303,12 +258,12 @@ def test_negative_control_trigram_q_before_transform_fails(monkeypatch):
   sampling = SAMPLINGS[2]
   monkeypatch.setattr(decode_steps, 'draft_token', _q_before_transform)
   jax.clear_caches()
-  samples, _ = _speculative_prefixes(_ngram(3), 'token', sampling, gamma=2, seed=9)
+  samples, _ = speculative_prefixes(ngram_drafter(3), 'token', sampling, gamma=2, seed=9)
   monkeypatch.undo()
   jax.clear_caches()
   exact = fakes.exact_prefix_distribution(TARGET, PREFIX_LENGTH, sampling)
   impossible = set(map(tuple, samples.tolist())) - set(exact)
-  assert impossible or _chi_square_pvalue(samples, exact) < SIGNIFICANCE
+  assert impossible or rows_pvalue(samples, exact) < SIGNIFICANCE
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,7 +277,7 @@ def test_negative_control_trigram_q_before_transform_fails(monkeypatch):
 @pytest.mark.parametrize('gamma', [1, 3, 5])
 def test_greedy_equals_generate_t5(verifier, gamma, tiny_pair):
   target, drafter = tiny_pair
-  ids, mask = _source(vocab=target.config.vocab_size)
+  ids, mask = ragged_source(vocab=target.config.vocab_size)
   kwargs = dict(sampling=GREEDY, max_new_tokens=16, rng=jax.random.key(0))
   ref = decode.generate(target, ids, mask, **kwargs)
   assert float(ref.lengths.mean()) > 4  # the comparison is not trivially short
@@ -335,7 +290,7 @@ def test_greedy_equals_generate_t5(verifier, gamma, tiny_pair):
 
 def test_t5_rows_do_not_depend_on_batch(tiny_pair):
   target, drafter = tiny_pair
-  ids, mask = _source(vocab=target.config.vocab_size)
+  ids, mask = ragged_source(vocab=target.config.vocab_size)
   kwargs = dict(
     gamma=3, verifier='block', sampling=GREEDY, max_new_tokens=16, rng=jax.random.key(0)
   )
@@ -350,7 +305,7 @@ def test_t5_all_padding_row_decodes_as_generate_does(tiny_pair):
   with finite logits (no NonFiniteError), and speculative decoding gives `generate`'s tokens on
   it as on every other row (docs: `speculative_generate`'s input_mask)."""
   target, drafter = tiny_pair
-  ids, mask = _source(vocab=target.config.vocab_size)
+  ids, mask = ragged_source(vocab=target.config.vocab_size)
   ids, mask = ids.at[1].set(0), mask.at[1].set(0)
   kwargs = dict(sampling=GREEDY, max_new_tokens=16, rng=jax.random.key(0))
   ref = decode.generate(target, ids, mask, **kwargs)
@@ -362,7 +317,7 @@ def test_t5_all_padding_row_decodes_as_generate_does(tiny_pair):
 
 def test_t5_target_as_drafter_greedy(tiny_pair):
   target, _ = tiny_pair
-  ids, mask = _source(vocab=target.config.vocab_size)
+  ids, mask = ragged_source(vocab=target.config.vocab_size)
   out = decode.speculative_generate(
     target,
     target,
@@ -416,7 +371,7 @@ def test_bad_ids_and_masks_are_refused(bad_ids, bad_mask, error, match):
 
 
 def test_bad_arguments_are_refused():
-  ids, mask = _source(vocab=4)
+  ids, mask = ragged_source(vocab=4)
   kw = dict(max_new_tokens=3, rng=jax.random.key(0))
   with pytest.raises(TypeError, match='gamma must be an int'):
     decode.speculative_generate(TARGET, DRAFTER, ids, mask, gamma=2.0, sampling=GREEDY, **kw)
@@ -442,7 +397,7 @@ def test_bad_arguments_are_refused():
 def test_rng_none_only_at_temperature_zero():
   """rng=None: one clear error when sampling; at temperature 0 (nothing drawn) the output of any
   key. A key of the wrong kind: one clear error, not JAX's."""
-  ids, mask = _source(vocab=4)
+  ids, mask = ragged_source(vocab=4)
   kw = dict(max_new_tokens=3)
   calls = {
     'generate': lambda **k: decode.generate(GREEDY_TARGET, ids, mask, **k),
@@ -504,19 +459,12 @@ def test_nan_drafter_raises_when_sampling_and_not_when_greedy():
 # A drafter that reads the target's encoder (num_encoder_layers=0).
 
 
-def _shared_encoder_drafter(target, seed=3):
-  return helpers.tiny_t5(
-    'tiny-v1.0', seed, num_encoder_layers=0, encoder_dim=target.config.d_model, d_model=16,
-    d_kv=4, d_ff=32, num_decoder_layers=1,
-  )  # fmt: skip
-
-
 @pytest.mark.parametrize('verifier', ['token', 'block'])
 def test_greedy_equals_generate_with_shared_encoder_drafter(verifier, tiny_pair):
   target, _ = tiny_pair
-  drafter = _shared_encoder_drafter(target)
+  drafter = shared_encoder_drafter(target)
   assert drafter.steps.shares_target_encoder
-  ids, mask = _source(vocab=target.config.vocab_size)
+  ids, mask = ragged_source(vocab=target.config.vocab_size)
   kwargs = dict(sampling=GREEDY, max_new_tokens=16, rng=jax.random.key(0))
   ref = decode.generate(target, ids, mask, **kwargs)
   out = decode.speculative_generate(
@@ -585,14 +533,14 @@ def _t5_drafter_prefixes(target, make_drafter, verifier, seed):
 
 
 def _shared_encoder_prefixes(target, verifier):
-  return _t5_drafter_prefixes(target, _shared_encoder_drafter, verifier, seed=4)
+  return _t5_drafter_prefixes(target, shared_encoder_drafter, verifier, seed=4)
 
 
 @pytest.mark.parametrize('verifier', ['token', pytest.param('block', marks=pytest.mark.slow)])
 def test_shared_encoder_drafter_is_lossless(verifier, tiny_pair):
   """25k rows through the jitted loop: the first 3 tokens match the target's exact joint."""
   samples, stats, exact = _shared_encoder_prefixes(tiny_pair[0], verifier)
-  assert _chi_square_pvalue(samples, exact) > SIGNIFICANCE
+  assert rows_pvalue(samples, exact) > SIGNIFICANCE
   assert 0 < int(stats.accepted.sum()) < int(stats.drafted.sum())
 
 
@@ -606,26 +554,19 @@ def test_negative_control_shared_encoder_q_before_transform_fails(monkeypatch, t
   monkeypatch.undo()
   jax.clear_caches()
   impossible = set(map(tuple, samples.tolist())) - set(exact)
-  assert impossible or _chi_square_pvalue(samples, exact) < SIGNIFICANCE
+  assert impossible or rows_pvalue(samples, exact) < SIGNIFICANCE
 
 
 # ---------------------------------------------------------------------------------------------
 # An EAGLE-style drafter: reads the target's final decoder states (feature_dim).
 
 
-def _eagle_drafter(target, seed=4):
-  return helpers.tiny_t5(
-    'tiny-v1.0', seed, num_encoder_layers=0, encoder_dim=target.config.d_model,
-    feature_dim=target.config.d_model, d_model=16, d_kv=4, d_ff=32, num_decoder_layers=1,
-  )  # fmt: skip
-
-
 @pytest.mark.parametrize('verifier,gamma', [('token', 1), ('block', 3)])
 def test_greedy_equals_generate_with_eagle_drafter(verifier, gamma, tiny_pair):
   target, _ = tiny_pair
-  drafter = _eagle_drafter(target)
+  drafter = eagle_drafter(target)
   assert drafter.steps.reads_target_states
-  ids, mask = _source(vocab=target.config.vocab_size)
+  ids, mask = ragged_source(vocab=target.config.vocab_size)
   kwargs = dict(sampling=GREEDY, max_new_tokens=16, rng=jax.random.key(0))
   ref = decode.generate(target, ids, mask, **kwargs)
   out = decode.speculative_generate(
@@ -637,8 +578,8 @@ def test_greedy_equals_generate_with_eagle_drafter(verifier, gamma, tiny_pair):
 
 def test_eagle_drafter_errors(tiny_pair):
   target, _ = tiny_pair
-  drafter = _eagle_drafter(target)
-  ids, mask = _source(vocab=target.config.vocab_size)
+  drafter = eagle_drafter(target)
+  ids, mask = ragged_source(vocab=target.config.vocab_size)
   kwargs = dict(sampling=GREEDY, max_new_tokens=4, rng=jax.random.key(0))
   with pytest.raises(ValueError, match='has no encoder'):
     decode.generate(drafter, ids, mask, **kwargs)  # it cannot decode alone
@@ -660,9 +601,9 @@ def test_eagle_drafts_read_the_targets_states_then_their_own(tiny_pair):
   predicted ones. Negative control: the same check with states misaligned by one position
   disagrees, so the check can see a bookkeeping slip."""
   target, _ = tiny_pair
-  drafter = _eagle_drafter(target)
+  drafter = eagle_drafter(target)
   tc, dc = target.config, drafter.config
-  ids, mask = _source(batch=3, vocab=tc.vocab_size)
+  ids, mask = ragged_source(batch=3, vocab=tc.vocab_size)
   out = decode.speculative_generate(
     target,
     drafter,
@@ -715,14 +656,14 @@ def test_eagle_drafts_read_the_targets_states_then_their_own(tiny_pair):
 
 
 def _eagle_prefixes(target, verifier):
-  return _t5_drafter_prefixes(target, _eagle_drafter, verifier, seed=6)
+  return _t5_drafter_prefixes(target, eagle_drafter, verifier, seed=6)
 
 
 @pytest.mark.parametrize('verifier', ['token', pytest.param('block', marks=pytest.mark.slow)])
 def test_eagle_drafter_is_lossless(verifier, tiny_pair):
   """25k rows through the jitted loop: the first 3 tokens match the target's exact joint."""
   samples, stats, exact = _eagle_prefixes(tiny_pair[0], verifier)
-  assert _chi_square_pvalue(samples, exact) > SIGNIFICANCE
+  assert rows_pvalue(samples, exact) > SIGNIFICANCE
   assert 0 < int(stats.accepted.sum()) < int(stats.drafted.sum())
 
 
@@ -736,7 +677,7 @@ def test_negative_control_eagle_q_before_transform_fails(monkeypatch, tiny_pair)
   monkeypatch.undo()
   jax.clear_caches()
   impossible = set(map(tuple, samples.tolist())) - set(exact)
-  assert impossible or _chi_square_pvalue(samples, exact) < SIGNIFICANCE
+  assert impossible or rows_pvalue(samples, exact) < SIGNIFICANCE
 
 
 def test_the_engine_imports_no_model_and_no_tokenizer():

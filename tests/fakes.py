@@ -4,6 +4,9 @@ A `MarkovModel` predicts decoder token i+1 from (position i, token i - 1, token 
 table, so the exact distribution of any output prefix is a product of table rows: the tests
 enumerate it. Token i - 1 is read from the model's cache, like a KV cache: a loop that forgets
 to feed a token, or rewinds wrongly, changes the outputs.
+
+At the end, the models the decode tests share (TARGET, DRAFTER, GREEDY_TARGET, STATE_TARGET and
+the block drafter BLOCK) and their samplers (`speculative_prefixes`, `sequence_pvalue`).
 """
 
 import dataclasses
@@ -14,7 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import decode
 from specdec_jax import sampling as sampling_lib
+from tests import chisquare
 
 
 @flax.struct.dataclass
@@ -180,3 +185,48 @@ def with_states(model: MarkovModel) -> MarkovModel:
   """The same Markov chain as a target that also returns its states (`MarkovStateSteps`)."""
   s = model.steps
   return MarkovModel(MarkovStateSteps(s.vocab_size, s.start_id, s.eos_id), model.params)
+
+
+# ---------------------------------------------------------------------------------------------
+# The Markov models the decode tests share, and samples of their first tokens.
+
+TARGET = random_markov(seed=1)
+DRAFTER = random_markov(seed=2)
+# For greedy parity: TARGET's greedy output is EOS at once, this one's runs past 12 tokens.
+GREEDY_TARGET = random_markov(seed=10)
+STATE_TARGET = with_states(TARGET)  # TARGET's law, with states for the drafter to read
+BLOCK = random_block_drafter(seed=5)
+
+PREFIX_ROWS, PREFIX_LENGTH = 100_000, 3
+
+
+def speculative_prefixes(drafter, verifier, sampling, *, gamma, seed, **kw):
+  """PREFIX_ROWS speculative samples of the first PREFIX_LENGTH tokens from TARGET, and stats;
+  `kw` goes to `speculative_generate` (e.g. num_drafts, draft_stop)."""
+  ids = jnp.zeros((PREFIX_ROWS, 1), jnp.int32)
+  out = decode.speculative_generate(
+    TARGET,
+    drafter,
+    ids,
+    jnp.ones_like(ids),
+    gamma=gamma,
+    verifier=verifier,
+    sampling=sampling,
+    max_new_tokens=PREFIX_LENGTH,
+    rng=jax.random.key(seed),
+    **kw,
+  )
+  return np.asarray(out.tokens), out.stats
+
+
+# Whole sequences: the first 4 tokens, one to four iterations a row at gamma 2.
+SEQUENCE_ROWS, SEQUENCE_LENGTH = 100_000, 4
+
+
+def sequence_pvalue(tokens, sampling=sampling_lib.SamplingConfig(temperature=1.0)):
+  """`chisquare.rows_pvalue` of SEQUENCE_LENGTH-token rows against TARGET's exact law; 0 for a
+  row the target cannot produce."""
+  exact = exact_prefix_distribution(TARGET, SEQUENCE_LENGTH, sampling)
+  if set(map(tuple, tokens.tolist())) - set(exact):
+    return 0.0  # an output the target cannot produce
+  return chisquare.rows_pvalue(tokens, exact)

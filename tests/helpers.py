@@ -1,6 +1,7 @@
 """Plain helpers the tests share: tiny random T5 models, the shipped-pair checks, and what two or
-more test files need (a test file imports helper modules, never another test file): checkpoint
-fixtures and checks.
+more test files need (a test file imports helper modules, never another test file): the decode
+tests' samplings, sources and tiny drafters, checkpoint fixtures and checks, verification's toy
+simulation and verify_greedy's negative controls.
 
   from tests import helpers
 
@@ -13,7 +14,9 @@ fixtures and checks.
 Fixtures built on them (a loaded shipped pair, the tiny target/drafter pair) are in conftest.py.
 """
 
+import contextlib
 import dataclasses
+import functools
 import math
 import os
 import pathlib
@@ -21,17 +24,22 @@ import random
 import socket
 import subprocess
 import sys
+from fractions import Fraction
 
 import flax.serialization
 import flax.traverse_util
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import tensorstore as ts
 
 from benchmarks import machines
-from specdec_jax import pretrained
+from specdec_jax import drafters, pretrained, verify_greedy
+from specdec_jax import sampling as sampling_lib
 from specdec_jax.models import t5
+from tests import chisquare
+from tests import verify_oracle as oracle
 
 # `t5.forward`, `encode` and `decode_forward` jitted: one compiled program per config and
 # shapes, where op-by-op execution compiles each op (hundreds of small programs per call).
@@ -53,6 +61,56 @@ def tiny_t5(config: str | t5.T5Config = 'tiny-v1.1', seed: int = 0, **overrides)
   if overrides:
     config = dataclasses.replace(config, **overrides)
   return t5.T5Model(config=config, params=t5.init_params(jax.random.key(seed), config))
+
+
+# -------------------------------------------------------------------------------------------------
+# The decode tests' samplings, sources and tiny T5 drafters (the fake Markov models they share are
+# in fakes.py).
+
+GREEDY = sampling_lib.SamplingConfig(temperature=0.0)
+# GREEDY's tokens by the loops' general path: one-hot probability vectors, the named verifier.
+ONE_HOT = sampling_lib.SamplingConfig(temperature=1.0, top_k=1)
+
+
+def ragged_source(batch=4, length=7, seed=0, vocab=50):
+  """Padded source ids in [2, vocab) whose rows have different lengths (the fake models ignore
+  the source, but ids are checked against their vocabulary)."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(2, vocab, size=(batch, length))
+  lengths = np.maximum(length - np.arange(batch) * 2, 1)
+  mask = (np.arange(length)[None] < lengths[:, None]).astype(np.int32)
+  return jnp.asarray(ids * mask, jnp.int32), jnp.asarray(mask)
+
+
+def ngram_drafter(order):
+  """A bigram or trigram (every context kept) of a few sequences over fakes.TARGET's vocabulary."""
+  seqs = [np.array([2, 3, 2, 1]), np.array([3, 3, 0, 2]), np.array([3, 2, 2, 0])]
+  return drafters.NGramDrafter.fit(seqs, vocab_size=4, order=order, add_k=0.3, min_count=1)
+
+
+def shared_encoder_drafter(target, seed=3):
+  """A one-layer tiny T5 drafter that reads `target`'s encoder (num_encoder_layers=0)."""
+  return tiny_t5(
+    'tiny-v1.0', seed, num_encoder_layers=0, encoder_dim=target.config.d_model, d_model=16,
+    d_kv=4, d_ff=32, num_decoder_layers=1,
+  )  # fmt: skip
+
+
+def eagle_drafter(target, seed=4):
+  """An EAGLE-style drafter: reads `target`'s final decoder states (feature_dim)."""
+  return tiny_t5(
+    'tiny-v1.0', seed, num_encoder_layers=0, encoder_dim=target.config.d_model,
+    feature_dim=target.config.d_model, d_model=16, d_kv=4, d_ff=32, num_decoder_layers=1,
+  )  # fmt: skip
+
+
+def tiny_block_t5(target, seed=6, **kw):
+  """A tiny T5 block drafter (block_size 4, two layers) over `target`, reading its states."""
+  kw = dict(feature_dim=target.config.d_model) | kw
+  return tiny_t5(
+    'tiny-v1.0', seed, num_encoder_layers=0, encoder_dim=target.config.d_model,
+    block_size=4, d_model=16, d_kv=4, d_ff=32, num_decoder_layers=2, **kw,
+  )  # fmt: skip
 
 
 _EN = {'red': 'rote', 'big': 'große', 'old': 'alte', 'small': 'kleine'}
@@ -283,3 +341,198 @@ def t5x_state(params) -> dict:
   params = jax.tree.map(np.asarray, params)
   slots = jax.tree.map(lambda x: {'v_row': np.zeros((1,), x.dtype)}, params)
   return {'target': params, 'state': {'step': np.int32(7), 'param_states': slots}}
+
+
+# -------------------------------------------------------------------------------------------------
+# Verification's toy simulation (verify_test, verify_greedy_test, verify_multipath_test,
+# verify_tree_test): toy models (tests/verify_oracle.py) as lookup tables, drafting and target
+# continuation in numpy, and each output sequence as one integer code for the chi-square test.
+
+TOY_ROWS = 200_000  # rows a kernel is run on, each drafting its own block
+
+
+class ToyPair:
+  """A target/drafter pair of context-dependent toy models with numpy lookup tables."""
+
+  def __init__(self, target: oracle.Model, drafter: oracle.Model, gamma: int):
+    self.target, self.drafter, self.gamma = target, drafter, gamma
+    self.vocab = len(target[()])
+    self.p_table = _toy_table(target, self.vocab, gamma + 1)
+    self.q_table = _toy_table(drafter, self.vocab, gamma)
+
+
+@functools.cache
+def random_toy_pair(seed: int, vocab: int, gamma: int, shared: float = 0.25) -> ToyPair:
+  """Random models; in a fraction `shared` of the contexts the drafter equals the target exactly,
+  so zero residuals (p == q) occur."""
+  rng = np.random.default_rng(seed)
+  target = oracle.random_model(rng, vocab, gamma)
+  drafter = oracle.random_model(rng, vocab, gamma)
+  for prefix in drafter:
+    if rng.random() < shared:
+      drafter[prefix] = target[prefix]
+  return ToyPair(target, drafter, gamma)
+
+
+@functools.cache
+def sun_toy_pair() -> ToyPair:
+  """Sun et al. §3: Mb = [1/3, 2/3], Ms = [2/3, 1/3], context-free, G = 2."""
+  target = oracle.context_free_model([Fraction(1, 3), Fraction(2, 3)], 2, 2)
+  drafter = oracle.context_free_model([Fraction(2, 3), Fraction(1, 3)], 2, 2)
+  return ToyPair(target, drafter, 2)
+
+
+def code_offsets(vocab: int, max_len: int) -> np.ndarray:
+  """offsets[l] = number of sequences shorter than l; the code space of lengths 0..max_len."""
+  return np.concatenate([[0], np.cumsum(vocab ** np.arange(max_len + 1))])
+
+
+def sequence_codes(seqs: np.ndarray, lengths, vocab: int) -> np.ndarray:
+  """Unique code of each sequence `seqs[n, :lengths[n]]`: [N, L] ints -> [N]."""
+  lengths = np.broadcast_to(lengths, seqs.shape[:1])
+  position = np.arange(seqs.shape[1])
+  exponent = lengths[:, None] - 1 - position
+  digits = np.where(exponent >= 0, seqs * vocab ** np.maximum(exponent, 0), 0)
+  return code_offsets(vocab, seqs.shape[1])[lengths] + digits.sum(axis=1)
+
+
+def _toy_table(model: oracle.Model, vocab: int, num_lengths: int) -> np.ndarray:
+  """float64[num codes, V]: the model's distribution after each prefix of length < num_lengths."""
+  table = np.zeros((code_offsets(vocab, num_lengths)[num_lengths], vocab))
+  for prefix, probs in model.items():
+    if len(prefix) < num_lengths:
+      table[sequence_codes(np.array([prefix or [0]]), len(prefix), vocab)[0]] = [
+        float(x) for x in probs
+      ]
+  return table
+
+
+def _draw(rng: np.random.Generator, probs: np.ndarray) -> np.ndarray:
+  """Gumbel-max draw per row of float64 probs [N, V]; zero-probability tokens are never drawn."""
+  with np.errstate(divide='ignore'):
+    return np.argmax(np.log(probs) + rng.gumbel(size=probs.shape), axis=1)
+
+
+@functools.cache
+def toy_drafts(pair: ToyPair, seed: int):
+  """Drafts TOY_ROWS rows autoregressively; returns tokens [N, G], f32 q [N, G, V], p [N, G+1, V].
+
+  Cached: every test on the same (pair, seed) sees the same rows (read-only).
+  """
+  rng = np.random.default_rng(seed)
+  num_rows = TOY_ROWS
+  tokens = np.zeros((num_rows, pair.gamma), np.int64)
+  for i in range(pair.gamma):
+    tokens[:, i] = _draw(rng, pair.q_table[sequence_codes(tokens, i, pair.vocab)])
+  draft_probs = np.stack(
+    [pair.q_table[sequence_codes(tokens, i, pair.vocab)] for i in range(pair.gamma)], axis=1
+  )
+  target_probs = np.stack(
+    [pair.p_table[sequence_codes(tokens, i, pair.vocab)] for i in range(pair.gamma + 1)], axis=1
+  )
+  return tokens, draft_probs.astype(np.float32), target_probs.astype(np.float32)
+
+
+def emitted_sequences(tokens, tau, next_token) -> np.ndarray:
+  """The emitted sequences `X^tau + (Y,)`, right-padded with zeros: [N, G+1]."""
+  padded = np.pad(tokens, ((0, 0), (0, 1)))
+  position = np.arange(padded.shape[1])
+  return np.where(position < tau[:, None], padded, 0) + np.where(
+    position == tau[:, None], next_token[:, None], 0
+  )
+
+
+def continue_with_target(pair: ToyPair, seqs, lengths, rng) -> np.ndarray:
+  """Fills positions >= lengths[n] of seqs [N, G+1] by sampling from the target."""
+  seqs = seqs.copy()
+  for j in range(seqs.shape[1]):
+    drawn = _draw(rng, pair.p_table[sequence_codes(seqs, j, pair.vocab)])
+    seqs[:, j] = np.where(j < lengths, seqs[:, j], drawn)
+  return seqs
+
+
+def codes_pvalue(codes: np.ndarray, dist: oracle.Distribution, vocab: int, max_len: int):
+  """p-value of the observed codes under the exact distribution; cells with expected count < 5
+  are pooled, and any observation of a probability-0 sequence gives p = 0."""
+  num_cells = code_offsets(vocab, max_len)[max_len + 1]
+  probs = np.zeros(num_cells)
+  for seq, prob in dist.items():
+    probs[sequence_codes(np.array([seq]), len(seq), vocab)[0]] = float(prob)
+  return chisquare.pvalue(np.bincount(codes, minlength=num_cells), probs)
+
+
+DEGENERATE_KINDS = ('dirichlet', 'one_hot', 'uniform', 'sparse', 'tiny', 'same')
+
+
+def degenerate_probs(rng: np.random.Generator, kinds, shape, like=None) -> np.ndarray:
+  """f32 probability rows of the given kinds; 'same' copies the row of `like` (p == q)."""
+  vocab = shape[-1]
+  rows = []
+  for index, kind in zip(np.ndindex(*shape[:-1]), kinds):
+    if kind == 'same' and like is not None and index[1] < like.shape[1]:
+      rows.append(like[index].astype(np.float64))
+      continue
+    if kind == 'one_hot':
+      row = np.eye(vocab)[rng.integers(vocab)]
+    elif kind == 'uniform':
+      row = np.ones(vocab)
+    elif kind == 'sparse':
+      row = rng.dirichlet(np.ones(vocab)) * (rng.random(vocab) < 0.5)
+      row[rng.integers(vocab)] += 0.1
+    elif kind == 'tiny':
+      row = rng.choice([0.0, 1e-30, 1e-38, 1e-44, 1e-7], size=vocab)
+      row[rng.integers(vocab)] = 1.0
+    else:
+      row = rng.dirichlet(np.full(vocab, 0.3))
+    rows.append(row / row.sum())
+  return np.array(rows).reshape(shape).astype(np.float32)
+
+
+# -------------------------------------------------------------------------------------------------
+# verify_greedy's negative controls (verify_greedy_test, decode_greedy_block_test): one piece of
+# verify_greedy swapped for a plausible bug (applied by `patched_verify_greedy`).
+
+_VERIFY_GREEDY_PIECES = {
+  name: getattr(verify_greedy, name)
+  for name in ('advance_levels', 'path_log_weights', 'correction')
+}
+
+
+def _state_dropped(draft_probs, target_probs, levels, *unused):
+  """Bug: the residual state dropped after a rejection (each iteration verifies against the
+  target again): a lossy drop-in rule, one of docs/method.md section 11's negative controls."""
+  return jnp.full_like(levels, jnp.inf)
+
+
+def _w_clipped(draft_tokens, draft_probs, law):
+  """Bug: w clipped as block verification clips it, min(1, w_{i-1} r_i) (log: S_i - max S_j)."""
+  log_w = _VERIFY_GREEDY_PIECES['path_log_weights'](draft_tokens, draft_probs, law)
+  return log_w - jax.lax.cummax(log_w, axis=1)
+
+
+def _block_residual(law_row, q_row, log_w):
+  """Bug: Y drawn from block verification's residual, (min(1, w_tau) L - q)_+."""
+  return _VERIFY_GREEDY_PIECES['correction'](law_row, q_row, jnp.minimum(log_w, 0.0))
+
+
+VERIFY_GREEDY_CONTROLS = {
+  'state_dropped': ('advance_levels', _state_dropped),
+  'w_clipped': ('path_log_weights', _w_clipped),
+  'block_residual': ('correction', _block_residual),
+}
+
+
+@contextlib.contextmanager
+def patched_verify_greedy(control: str | None):
+  """verify_greedy with one piece replaced (None: as is); the jitted kernels are traced again."""
+  if control is None:
+    yield
+    return
+  name, fn = VERIFY_GREEDY_CONTROLS[control]
+  setattr(verify_greedy, name, fn)
+  jax.clear_caches()
+  try:
+    yield
+  finally:
+    setattr(verify_greedy, name, _VERIFY_GREEDY_PIECES[name])
+    jax.clear_caches()

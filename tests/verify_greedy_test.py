@@ -12,7 +12,6 @@ Two layers, deterministic (the decode loop's chi-square tests are tests/decode_g
    must miss the target's law by more than CONTROL_TV.
 """
 
-import contextlib
 import functools
 import types
 from fractions import Fraction
@@ -23,9 +22,8 @@ import numpy as np
 import pytest
 
 from specdec_jax import verifiers, verify, verify_greedy
-from tests import chisquare, verify_oracle
+from tests import chisquare, helpers, verify_oracle
 from tests import greedy_block_oracle as go
-from tests import verify_test as vt
 
 EXACT_TOLERANCE = 1e-5  # float32 kernel vs the exact law, total variation / expectations
 FLOAT64_TOLERANCE = 1e-12  # the same kernel in float64 (measured ~1e-16; float32's ~3e-8)
@@ -37,52 +35,6 @@ MODELS = {
   'markov3': (go.MARKOV3, 3, 5, 3),  # nested levels (depth 2)
   'zeros': (go.ZEROS, 2, 5, 3),  # zero probabilities in both models (w = inf, L(X) = 0)
 }
-
-
-# ----------------------------------------------------------------------------------------------
-# Negative controls: one piece of verify_greedy swapped (applied by `_patched`).
-
-_PIECES = {name: getattr(verify_greedy, name) for name in ('advance_levels', 'path_log_weights', 'correction')}  # fmt: skip
-
-
-def _state_dropped(draft_probs, target_probs, levels, *unused):
-  """Bug: the residual state dropped after a rejection (each iteration verifies against the
-  target again): a lossy drop-in rule, one of docs/method.md section 11's negative controls."""
-  return jnp.full_like(levels, jnp.inf)
-
-
-def _w_clipped(draft_tokens, draft_probs, law):
-  """Bug: w clipped as block verification clips it, min(1, w_{i-1} r_i) (log: S_i - max S_j)."""
-  log_w = _PIECES['path_log_weights'](draft_tokens, draft_probs, law)
-  return log_w - jax.lax.cummax(log_w, axis=1)
-
-
-def _block_residual(law_row, q_row, log_w):
-  """Bug: Y drawn from block verification's residual, (min(1, w_tau) L - q)_+."""
-  return _PIECES['correction'](law_row, q_row, jnp.minimum(log_w, 0.0))
-
-
-CONTROLS = {
-  'state_dropped': ('advance_levels', _state_dropped),
-  'w_clipped': ('path_log_weights', _w_clipped),
-  'block_residual': ('correction', _block_residual),
-}
-
-
-@contextlib.contextmanager
-def patched(control: str | None):
-  """verify_greedy with one piece replaced (None: as is); the jitted kernels are traced again."""
-  if control is None:
-    yield
-    return
-  name, fn = CONTROLS[control]
-  setattr(verify_greedy, name, fn)
-  jax.clear_caches()
-  try:
-    yield
-  finally:
-    setattr(verify_greedy, name, _PIECES[name])
-    jax.clear_caches()
 
 
 @functools.cache
@@ -207,7 +159,7 @@ def test_negative_controls_miss_the_target_law(control, model):
   chain = _rational(model)
   tokens = MODELS[model][2]
   exact = {k: float(v) for k, v in chain.target_joint(tokens).items()}
-  with patched(control):
+  with helpers.patched_verify_greedy(control):
     tv = go.total_variation(_kernel(model).joint(tokens), exact)
   assert tv > CONTROL_TV, f'{control}: TV {tv:.2e}'
 
@@ -217,7 +169,7 @@ def test_first_iteration_reaches_the_block_bound_on_random_models(seed):
   """On context-dependent random models (V = 3, G = 3, zero probabilities included), the
   kernel's first-iteration E[tau] is sum_i sum_{x^i} min(Mb(x^i), Ms(x^i)), at least block
   verification's, which is at least token verification's (verify_oracle, exact)."""
-  pair = vt._random_pair(200 + seed, vocab=3, gamma=3)
+  pair = helpers.random_toy_pair(200 + seed, vocab=3, gamma=3)
   rows = lambda model: lambda prefix: np.array([float(x) for x in model[prefix]])
   kernel = go.KernelChain(rows(pair.target), rows(pair.drafter), lambda p: p, 3, 3)
   bound = Fraction(0)
@@ -254,7 +206,7 @@ def test_sampler_follows_the_distribution_mode():
   tau, y, new = map(np.asarray, out)
   observed = np.bincount(tau * vocab + y, minlength=(gamma + 1) * vocab)
   expected = (tau_probs[0][:, None] * y_probs[0]).ravel()
-  assert chisquare.pvalue(observed, expected) > vt.SIGNIFICANCE
+  assert chisquare.pvalue(observed, expected) > chisquare.SIGNIFICANCE
   np.testing.assert_allclose(new, after[0, tau, y], rtol=1e-6)
 
 
@@ -300,9 +252,9 @@ def test_degenerate_inputs_stay_in_range():
   the law gives positive probability, finite or +inf levels, law rows that are distributions."""
   batch, gamma, vocab = 64, 3, 5
   rng = np.random.default_rng(2)
-  kinds = list(vt._KINDS)
-  q = vt._degenerate_probs(rng, rng.choice(kinds, batch * gamma), (batch, gamma, vocab))
-  p = vt._degenerate_probs(
+  kinds = list(helpers.DEGENERATE_KINDS)
+  q = helpers.degenerate_probs(rng, rng.choice(kinds, batch * gamma), (batch, gamma, vocab))
+  p = helpers.degenerate_probs(
     rng, rng.choice(kinds, batch * (gamma + 1)), (batch, gamma + 1, vocab), like=q
   )
   tokens = np.argmax(np.log(q + 1e-45) + rng.gumbel(size=q.shape), axis=-1).astype(np.int32)

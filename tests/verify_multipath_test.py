@@ -24,11 +24,11 @@ import pytest
 
 from specdec_jax import verifiers, verify
 from specdec_jax import verify_multipath as vm
+from tests import helpers
 from tests import multipath_oracle as mo
 from tests import verify_oracle as oracle
-from tests import verify_test as vt
+from tests.chisquare import SIGNIFICANCE
 
-SIGNIFICANCE = vt.SIGNIFICANCE  # 1e-3
 EXACT_TOLERANCE = 1e-5  # float32 kernel math vs the exact law, in total variation
 GAMMA = 2
 
@@ -49,7 +49,7 @@ def _markov(start, transitions, vocab, max_context):
 
 
 @functools.cache
-def _spec_markov_pair() -> vt.ToyPair:
+def _spec_markov_pair() -> helpers.ToyPair:
   """The V = 3 Markov toy of docs/method.md section 9: capped-ratio ties at 1 are common."""
   f = Fraction
   target = _markov(
@@ -64,7 +64,7 @@ def _spec_markov_pair() -> vt.ToyPair:
     3,
     GAMMA,
   )
-  return vt.ToyPair(target, drafter, GAMMA)
+  return helpers.ToyPair(target, drafter, GAMMA)
 
 
 def _target_joint(pair):
@@ -78,7 +78,7 @@ def _target_joint(pair):
 def test_oracle_reproduces_reference_numbers():
   """docs/method.md section 9's exact values (of the rational reference written with the GBV
   specification): Sun et al.'s toy, and the V = 3 Markov toy."""
-  sun = vt._sun_toy_pair()
+  sun = helpers.sun_toy_pair()
   expected = {1: Fraction(11, 9), 2: Fraction(131, 81), 3: Fraction(1289, 729)}
   for k, value in expected.items():
     dist = mo.gbv_distribution(sun.target, sun.drafter, 2, k, order='capped')
@@ -104,7 +104,7 @@ def test_oracle_reproduces_reference_numbers():
 
 @pytest.mark.parametrize('seed', range(3))
 def test_oracle_is_lossless(seed):
-  pair = vt._random_pair(300 + seed, vocab=3, gamma=GAMMA)
+  pair = helpers.random_toy_pair(300 + seed, vocab=3, gamma=GAMMA)
   joint = _target_joint(pair)
   for k in (1, 2, 3):
     for order in mo.ORDERS:
@@ -115,7 +115,7 @@ def test_oracle_is_lossless(seed):
 
 
 def test_oracle_rrs_at_one_path_is_token_verification():
-  pair = vt._random_pair(310, vocab=3, gamma=GAMMA)
+  pair = helpers.random_toy_pair(310, vocab=3, gamma=GAMMA)
   assert mo.rrs_distribution(pair.target, pair.drafter, GAMMA, 1) == oracle.iteration_distribution(
     pair.target, pair.drafter, GAMMA, 'token'
   )
@@ -143,7 +143,7 @@ def test_order_efficiency():
   The V = 3 Markov toy: K = 2 capped 1.3647, ratio 1.5677; K = 3 capped 1.1893 (below K = 1's
   1.245), ratio 1.6495. Checked here on that toy and 10 of the V = 3 models."""
   pairs = [_spec_markov_pair()] + [
-    vt._random_pair(400 + s, vocab=3, gamma=GAMMA, shared=0.0) for s in range(10)
+    helpers.random_toy_pair(400 + s, vocab=3, gamma=GAMMA, shared=0.0) for s in range(10)
   ]
   capped, ratio = defaultdict(list), defaultdict(list)
   for pair in pairs:
@@ -383,9 +383,9 @@ def _kernel_tv(pair, num_drafts, variant):
 
 
 @functools.cache
-def _token_pair() -> vt.ToyPair:
+def _token_pair() -> helpers.ToyPair:
   """V = 4: skipping repeated children is lossy here (at V = 3 the toys hide it)."""
-  return vt._random_pair(0, vocab=4, gamma=GAMMA)
+  return helpers.random_toy_pair(0, vocab=4, gamma=GAMMA)
 
 
 def _pair_for(variant):
@@ -395,7 +395,7 @@ def _pair_for(variant):
 @pytest.mark.parametrize('num_drafts', [2, pytest.param(3, marks=pytest.mark.slow)])
 @pytest.mark.parametrize('variant', ['block', 'block/capped', 'token'])
 def test_kernel_math_is_exact(variant, num_drafts):
-  for pair in (_pair_for(variant), vt._random_pair(320, vocab=3, gamma=GAMMA)):
+  for pair in (_pair_for(variant), helpers.random_toy_pair(320, vocab=3, gamma=GAMMA)):
     tv = _kernel_tv(pair, num_drafts, variant)
     assert tv < EXACT_TOLERANCE, f'{variant} K={num_drafts}: TV {tv:.2e}'
 
@@ -450,7 +450,7 @@ def test_negative_controls_fail_kernel_math(variant):
 
 def _draft_paths(pair, num_drafts, seed):
   """K independent paths per row: [N, K, G] tokens, [N, K, G, V] q, [N, K, G+1, V] p."""
-  drafts = [vt._draft(pair, seed * 10 + k) for k in range(num_drafts)]
+  drafts = [helpers.toy_drafts(pair, seed * 10 + k) for k in range(num_drafts)]
   return tuple(np.stack(x, axis=1) for x in zip(*drafts))
 
 
@@ -461,9 +461,11 @@ def _chi_square(variant, pair, num_drafts, seed):
   selected = tokens[np.arange(len(path)), path]
   rng = np.random.default_rng(seed + 1000)  # independent of the drafting seeds
   length = pair.gamma + 1
-  seqs = vt._continue_with_target(pair, vt._emitted(selected, tau, y), tau + 1, rng)
-  codes = vt._encode(seqs, length, pair.vocab)
-  return vt._chi_square_pvalue(codes, _target_joint(pair), pair.vocab, length)
+  seqs = helpers.continue_with_target(
+    pair, helpers.emitted_sequences(selected, tau, y), tau + 1, rng
+  )
+  codes = helpers.sequence_codes(seqs, length, pair.vocab)
+  return helpers.codes_pvalue(codes, _target_joint(pair), pair.vocab, length)
 
 
 @pytest.mark.parametrize(
@@ -519,9 +521,9 @@ def test_one_path_is_single_path_verification(gamma, vocab):
   degenerate rows (one-hot, uniform, sparse, tiny entries, p == q)."""
   batch = 600
   rng = np.random.default_rng(gamma * 100 + vocab)
-  kinds = vt._KINDS
-  q = vt._degenerate_probs(rng, rng.choice(kinds, batch * gamma), (batch, gamma, vocab))
-  p = vt._degenerate_probs(
+  kinds = helpers.DEGENERATE_KINDS
+  q = helpers.degenerate_probs(rng, rng.choice(kinds, batch * gamma), (batch, gamma, vocab))
+  p = helpers.degenerate_probs(
     rng, rng.choice(kinds, batch * (gamma + 1)), (batch, gamma + 1, vocab), q
   )
   tokens = np.argmax(np.log(q + 1e-45) + rng.gumbel(size=q.shape), axis=-1).astype(np.int32)

@@ -1,13 +1,13 @@
 """Tests for specdec_jax.verify.
 
-Distribution tests compare the jitted kernels, run on NUM_ROWS independent rows, with the exact
-distribution enumerated by tests/verify_oracle.py, by a chi-square goodness-of-fit test at
-significance SIGNIFICANCE: a correct kernel must give p > SIGNIFICANCE, and each negative control
-(a plausible bug) must give p < SIGNIFICANCE on the same rows. Every row drafts its own block from
-a context-dependent toy drafter, so p_i and q_i depend on the sampled prefix. Seeds are fixed.
+Distribution tests compare the jitted kernels, run on helpers.TOY_ROWS independent rows, with
+the exact distribution enumerated by tests/verify_oracle.py, by a chi-square goodness-of-fit test
+at significance SIGNIFICANCE: a correct kernel must give p > SIGNIFICANCE, and each negative
+control (a plausible bug) must give p < SIGNIFICANCE on the same rows. Every row drafts its own
+block from a context-dependent toy drafter, so p_i and q_i depend on the sampled prefix. Seeds are
+fixed.
 """
 
-import functools
 from fractions import Fraction
 
 import hypothesis
@@ -18,140 +18,49 @@ import pytest
 from hypothesis import strategies as st
 
 from specdec_jax import sampling, verifiers, verify
-from tests import chisquare
 from tests import verify_oracle as oracle
+from tests.chisquare import SIGNIFICANCE
+from tests.helpers import (
+  DEGENERATE_KINDS,
+  ToyPair,
+  code_offsets,
+  codes_pvalue,
+  continue_with_target,
+  degenerate_probs,
+  emitted_sequences,
+  random_toy_pair,
+  sequence_codes,
+  sun_toy_pair,
+  toy_drafts,
+)
 
-NUM_ROWS = 200_000
-SIGNIFICANCE = 1e-3
+# verify_test's old names for tests/verify_tree_test.py, until it imports tests/helpers.py (another
+# session edits it).
+_chi_square_pvalue, _continue_with_target = codes_pvalue, continue_with_target
+_encode, _offsets, _random_pair = sequence_codes, code_offsets, random_toy_pair
+
 METHODS = ('token', 'block')
 
 
 # ----------------------------------------------------------------------------------------------
-# Simulation: toy models as lookup tables, drafting and target continuation in numpy.
-
-
-class ToyPair:
-  """A target/drafter pair of context-dependent toy models with numpy lookup tables."""
-
-  def __init__(self, target: oracle.Model, drafter: oracle.Model, gamma: int):
-    self.target, self.drafter, self.gamma = target, drafter, gamma
-    self.vocab = len(target[()])
-    self.p_table = _table(target, self.vocab, gamma + 1)
-    self.q_table = _table(drafter, self.vocab, gamma)
-
-
-@functools.cache
-def _random_pair(seed: int, vocab: int, gamma: int, shared: float = 0.25) -> ToyPair:
-  """Random models; in a fraction `shared` of the contexts the drafter equals the target exactly,
-  so zero residuals (p == q) occur."""
-  rng = np.random.default_rng(seed)
-  target = oracle.random_model(rng, vocab, gamma)
-  drafter = oracle.random_model(rng, vocab, gamma)
-  for prefix in drafter:
-    if rng.random() < shared:
-      drafter[prefix] = target[prefix]
-  return ToyPair(target, drafter, gamma)
-
-
-@functools.cache
-def _sun_toy_pair() -> ToyPair:
-  """Sun et al. §3: Mb = [1/3, 2/3], Ms = [2/3, 1/3], context-free, G = 2."""
-  target = oracle.context_free_model([Fraction(1, 3), Fraction(2, 3)], 2, 2)
-  drafter = oracle.context_free_model([Fraction(2, 3), Fraction(1, 3)], 2, 2)
-  return ToyPair(target, drafter, 2)
-
-
-def _offsets(vocab: int, max_len: int) -> np.ndarray:
-  """offsets[l] = number of sequences shorter than l; the code space of lengths 0..max_len."""
-  return np.concatenate([[0], np.cumsum(vocab ** np.arange(max_len + 1))])
-
-
-def _encode(seqs: np.ndarray, lengths, vocab: int) -> np.ndarray:
-  """Unique code of each sequence `seqs[n, :lengths[n]]`: [N, L] ints -> [N]."""
-  lengths = np.broadcast_to(lengths, seqs.shape[:1])
-  position = np.arange(seqs.shape[1])
-  exponent = lengths[:, None] - 1 - position
-  digits = np.where(exponent >= 0, seqs * vocab ** np.maximum(exponent, 0), 0)
-  return _offsets(vocab, seqs.shape[1])[lengths] + digits.sum(axis=1)
-
-
-def _table(model: oracle.Model, vocab: int, num_lengths: int) -> np.ndarray:
-  """float64[num codes, V]: the model's distribution after each prefix of length < num_lengths."""
-  table = np.zeros((_offsets(vocab, num_lengths)[num_lengths], vocab))
-  for prefix, probs in model.items():
-    if len(prefix) < num_lengths:
-      table[_encode(np.array([prefix or [0]]), len(prefix), vocab)[0]] = [float(x) for x in probs]
-  return table
-
-
-def _draw(rng: np.random.Generator, probs: np.ndarray) -> np.ndarray:
-  """Gumbel-max draw per row of float64 probs [N, V]; zero-probability tokens are never drawn."""
-  with np.errstate(divide='ignore'):
-    return np.argmax(np.log(probs) + rng.gumbel(size=probs.shape), axis=1)
-
-
-@functools.cache
-def _draft(pair: ToyPair, seed: int):
-  """Drafts NUM_ROWS rows autoregressively; returns tokens [N, G], f32 q [N, G, V], p [N, G+1, V].
-
-  Cached: every test on the same (pair, seed) sees the same rows (read-only).
-  """
-  rng = np.random.default_rng(seed)
-  num_rows = NUM_ROWS
-  tokens = np.zeros((num_rows, pair.gamma), np.int64)
-  for i in range(pair.gamma):
-    tokens[:, i] = _draw(rng, pair.q_table[_encode(tokens, i, pair.vocab)])
-  draft_probs = np.stack(
-    [pair.q_table[_encode(tokens, i, pair.vocab)] for i in range(pair.gamma)], axis=1
-  )
-  target_probs = np.stack(
-    [pair.p_table[_encode(tokens, i, pair.vocab)] for i in range(pair.gamma + 1)], axis=1
-  )
-  return tokens, draft_probs.astype(np.float32), target_probs.astype(np.float32)
+# Simulation: toy models as lookup tables, drafting and target continuation in numpy
+# (tests/helpers.py), one iteration of a kernel on their rows.
 
 
 def _run(verify_fn, pair: ToyPair, seed: int):
-  """One iteration on each of NUM_ROWS rows; returns (draft tokens [N, G], tau [N], Y [N])."""
-  tokens, draft_probs, target_probs = _draft(pair, seed)
+  """One iteration on each of TOY_ROWS rows; returns (draft tokens [N, G], tau [N], Y [N])."""
+  tokens, draft_probs, target_probs = toy_drafts(pair, seed)
   result = verify_fn(
     jax.random.key(seed), jnp.asarray(tokens, jnp.int32), draft_probs, target_probs
   )
   return tokens, np.asarray(result.num_accepted), np.asarray(result.next_token)
 
 
-def _emitted(tokens, tau, next_token) -> np.ndarray:
-  """The emitted sequences `X^tau + (Y,)`, right-padded with zeros: [N, G+1]."""
-  padded = np.pad(tokens, ((0, 0), (0, 1)))
-  position = np.arange(padded.shape[1])
-  return np.where(position < tau[:, None], padded, 0) + np.where(
-    position == tau[:, None], next_token[:, None], 0
-  )
-
-
-def _continue_with_target(pair: ToyPair, seqs, lengths, rng) -> np.ndarray:
-  """Fills positions >= lengths[n] of seqs [N, G+1] by sampling from the target."""
-  seqs = seqs.copy()
-  for j in range(seqs.shape[1]):
-    drawn = _draw(rng, pair.p_table[_encode(seqs, j, pair.vocab)])
-    seqs[:, j] = np.where(j < lengths, seqs[:, j], drawn)
-  return seqs
-
-
-def _chi_square_pvalue(codes: np.ndarray, dist: oracle.Distribution, vocab: int, max_len: int):
-  """p-value of the observed codes under the exact distribution; cells with expected count < 5
-  are pooled, and any observation of a probability-0 sequence gives p = 0."""
-  num_cells = _offsets(vocab, max_len)[max_len + 1]
-  probs = np.zeros(num_cells)
-  for seq, prob in dist.items():
-    probs[_encode(np.array([seq]), len(seq), vocab)[0]] = float(prob)
-  return chisquare.pvalue(np.bincount(codes, minlength=num_cells), probs)
-
-
 def _iteration_pvalue(verify_fn, pair: ToyPair, method: str, seed: int) -> float:
   tokens, tau, next_token = _run(verify_fn, pair, seed)
-  codes = _encode(_emitted(tokens, tau, next_token), tau + 1, pair.vocab)
+  codes = sequence_codes(emitted_sequences(tokens, tau, next_token), tau + 1, pair.vocab)
   exact = oracle.iteration_distribution(pair.target, pair.drafter, pair.gamma, method)
-  return _chi_square_pvalue(codes, exact, pair.vocab, pair.gamma + 1)
+  return codes_pvalue(codes, exact, pair.vocab, pair.gamma + 1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -252,15 +161,15 @@ NEGATIVE_CONTROLS = {
 @pytest.mark.parametrize('method', METHODS)
 @pytest.mark.parametrize('seed', [0, 1])
 def test_matches_exact_oracle(method, seed):
-  pair = _random_pair(seed, vocab=4, gamma=3)  # One shape throughout: one compilation.
+  pair = random_toy_pair(seed, vocab=4, gamma=3)  # One shape throughout: one compilation.
   pvalue = _iteration_pvalue(verify.VERIFIERS[method], pair, method, seed)
   assert pvalue > SIGNIFICANCE, f'{method}: chi-square p = {pvalue:.2e} at significance 1e-3'
 
 
 def test_reimplementation_matches_oracle():
   """The assembly used by the negative controls is itself correct when nothing is swapped."""
-  pair = _random_pair(0, 4, 3)
-  tokens, draft_probs, target_probs = _draft(pair, 0)
+  pair = random_toy_pair(0, 4, 3)
+  tokens, draft_probs, target_probs = toy_drafts(pair, 0)
   for method in METHODS:
     args = (jax.random.key(0), jnp.asarray(tokens, jnp.int32), draft_probs, target_probs)
     expected, actual = verify.VERIFIERS[method](*args), _make_verifier(method)(*args)
@@ -271,7 +180,7 @@ def test_reimplementation_matches_oracle():
 @pytest.mark.parametrize('name', sorted(NEGATIVE_CONTROLS))
 def test_negative_controls_fail(name):
   method, buggy_verify = NEGATIVE_CONTROLS[name]
-  pair = _random_pair(0, 4, 3)
+  pair = random_toy_pair(0, 4, 3)
   pvalue = _iteration_pvalue(buggy_verify, pair, method, seed=0)
   assert pvalue < SIGNIFICANCE, f'{name} passed the chi-square test (p = {pvalue:.3g})'
 
@@ -280,7 +189,7 @@ def test_negative_controls_fail(name):
 def test_lossless_with_target_continuation(method):
   """X^tau, Y, then target sampling up to G+1 tokens ~ Mb^(G+1), exactly (oracle) and by
   chi-square (kernel)."""
-  pair = _random_pair(3, vocab=4, gamma=3)
+  pair = random_toy_pair(3, vocab=4, gamma=3)
   length = pair.gamma + 1
   target_joint = oracle.sequence_distribution(pair.target, length, pair.vocab)
   exact = oracle.iteration_distribution(pair.target, pair.drafter, pair.gamma, method)
@@ -288,15 +197,15 @@ def test_lossless_with_target_continuation(method):
 
   tokens, tau, next_token = _run(verify.VERIFIERS[method], pair, seed=4)
   rng = np.random.default_rng(1004)  # Not the drafting seed: the continuation must be independent.
-  seqs = _continue_with_target(pair, _emitted(tokens, tau, next_token), tau + 1, rng)
-  codes = _encode(seqs, length, pair.vocab)
-  pvalue = _chi_square_pvalue(codes, target_joint, pair.vocab, length)
+  seqs = continue_with_target(pair, emitted_sequences(tokens, tau, next_token), tau + 1, rng)
+  codes = sequence_codes(seqs, length, pair.vocab)
+  pvalue = codes_pvalue(codes, target_joint, pair.vocab, length)
   assert pvalue > SIGNIFICANCE, f'chi-square p = {pvalue:.2e} at significance 1e-3'
 
 
 @pytest.mark.parametrize('seed', range(6))
 def test_oracle_is_lossless(seed):
-  pair = _random_pair(100 + seed, vocab=3, gamma=3)
+  pair = random_toy_pair(100 + seed, vocab=3, gamma=3)
   target_joint = oracle.sequence_distribution(pair.target, pair.gamma + 1, pair.vocab)
   for method in METHODS:
     exact = oracle.iteration_distribution(pair.target, pair.drafter, pair.gamma, method)
@@ -334,7 +243,7 @@ def _total_variation(a, b) -> float:
 def test_oracle_adaptive_length_is_lossless(method, seed):
   """Exact: a stop that reads only the drafted prefix is lossless; dropping the unsure draft is
   not (total variation > 0.1 on these pairs)."""
-  pair = _random_pair(seed, vocab=4, gamma=3)
+  pair = random_toy_pair(seed, vocab=4, gamma=3)
   length = pair.gamma + 1
   joint = oracle.sequence_distribution(pair.target, length, pair.vocab)
   for stop_below in (Fraction(1, 4), STOP_BELOW):
@@ -359,8 +268,8 @@ def _stop_lengths(pair, tokens, draft_probs, drop_unsure=False) -> np.ndarray:
 def test_adaptive_length_kernels_match_oracle(method):
   """200k jitted rows verified with per-row `lengths`: chi-square of X^tau, Y against the exact
   law of the stopping drafter; the dropped-draft bug fails the same test."""
-  pair = _random_pair(9, vocab=4, gamma=3)
-  tokens, draft_probs, target_probs = _draft(pair, 9)
+  pair = random_toy_pair(9, vocab=4, gamma=3)
+  tokens, draft_probs, target_probs = toy_drafts(pair, 9)
   exact = oracle.iteration_distribution(
     pair.target, pair.drafter, pair.gamma, method, stop_below=STOP_BELOW
   )
@@ -374,16 +283,16 @@ def test_adaptive_length_kernels_match_oracle(method):
     )  # fmt: skip
     tau, y = np.asarray(result.num_accepted), np.asarray(result.next_token)
     assert np.all(tau <= lengths)
-    codes = _encode(_emitted(tokens, tau, y), tau + 1, pair.vocab)
-    pvalues[drop_unsure] = _chi_square_pvalue(codes, exact, pair.vocab, pair.gamma + 1)
+    codes = sequence_codes(emitted_sequences(tokens, tau, y), tau + 1, pair.vocab)
+    pvalues[drop_unsure] = codes_pvalue(codes, exact, pair.vocab, pair.gamma + 1)
   assert pvalues[False] > SIGNIFICANCE, f'chi-square p = {pvalues[False]:.2e}'
   assert pvalues[True] < SIGNIFICANCE, f'the dropped-draft bug passed (p = {pvalues[True]:.2e})'
 
 
 @pytest.mark.parametrize('method', METHODS)
 def test_full_lengths_are_the_plain_verifier(method):
-  pair = _random_pair(3, vocab=4, gamma=3)
-  tokens, q, p = (jnp.asarray(x) for x in _draft(pair, 3))
+  pair = random_toy_pair(3, vocab=4, gamma=3)
+  tokens, q, p = (jnp.asarray(x) for x in toy_drafts(pair, 3))
   tokens = tokens.astype(jnp.int32)
   full = jnp.full(tokens.shape[:1], pair.gamma, jnp.int32)
   plain = verify.VERIFIERS[method](jax.random.key(1), tokens, q, p)
@@ -396,7 +305,7 @@ def test_full_lengths_are_the_plain_verifier(method):
   ('method', 'expected'), [('token', Fraction(10, 9)), ('block', Fraction(11, 9))]
 )
 def test_sun_toy_model(method, expected):
-  pair = _sun_toy_pair()
+  pair = sun_toy_pair()
   exact = oracle.iteration_distribution(pair.target, pair.drafter, pair.gamma, method)
   assert oracle.expected_accepted(exact) == expected
 
@@ -409,7 +318,7 @@ def test_sun_toy_model(method, expected):
 def test_block_never_worse_than_token():
   gains = []
   for seed in range(20):
-    pair = _random_pair(200 + seed, vocab=3, gamma=3, shared=0.0)
+    pair = random_toy_pair(200 + seed, vocab=3, gamma=3, shared=0.0)
     token, block = (
       oracle.expected_accepted(oracle.iteration_distribution(pair.target, pair.drafter, 3, m))
       for m in METHODS
@@ -420,7 +329,7 @@ def test_block_never_worse_than_token():
 
 
 def test_block_equals_token_at_gamma_one():
-  pair = _random_pair(7, vocab=4, gamma=1)
+  pair = random_toy_pair(7, vocab=4, gamma=1)
   token, block = (oracle.iteration_distribution(pair.target, pair.drafter, 1, m) for m in METHODS)
   assert token == block
 
@@ -453,36 +362,9 @@ def test_temperature_zero_accepts_longest_argmax_prefix(method):
 
 @pytest.mark.parametrize('method', METHODS)
 def test_identical_models_accept_everything(method):
-  pair = _random_pair(8, vocab=4, gamma=3, shared=1.0)
+  pair = random_toy_pair(8, vocab=4, gamma=3, shared=1.0)
   _, tau, _ = _run(verify.VERIFIERS[method], pair, seed=8)
   assert np.all(tau == pair.gamma)
-
-
-_KINDS = ('dirichlet', 'one_hot', 'uniform', 'sparse', 'tiny', 'same')
-
-
-def _degenerate_probs(rng: np.random.Generator, kinds, shape, like=None) -> np.ndarray:
-  """f32 probability rows of the given kinds; 'same' copies the row of `like` (p == q)."""
-  vocab = shape[-1]
-  rows = []
-  for index, kind in zip(np.ndindex(*shape[:-1]), kinds):
-    if kind == 'same' and like is not None and index[1] < like.shape[1]:
-      rows.append(like[index].astype(np.float64))
-      continue
-    if kind == 'one_hot':
-      row = np.eye(vocab)[rng.integers(vocab)]
-    elif kind == 'uniform':
-      row = np.ones(vocab)
-    elif kind == 'sparse':
-      row = rng.dirichlet(np.ones(vocab)) * (rng.random(vocab) < 0.5)
-      row[rng.integers(vocab)] += 0.1
-    elif kind == 'tiny':
-      row = rng.choice([0.0, 1e-30, 1e-38, 1e-44, 1e-7], size=vocab)
-      row[rng.integers(vocab)] = 1.0
-    else:
-      row = rng.dirichlet(np.full(vocab, 0.3))
-    rows.append(row / row.sum())
-  return np.array(rows).reshape(shape).astype(np.float32)
 
 
 @pytest.mark.parametrize('gamma, vocab', [(1, 2), (3, 5)])
@@ -492,14 +374,16 @@ def test_degenerate_inputs(gamma, vocab, data):
   batch = 6
   seed = data.draw(st.integers(0, 2**31 - 1))
   q_kinds = data.draw(
-    st.lists(st.sampled_from(_KINDS), min_size=batch * gamma, max_size=batch * gamma)
+    st.lists(st.sampled_from(DEGENERATE_KINDS), min_size=batch * gamma, max_size=batch * gamma)
   )
   p_kinds = data.draw(
-    st.lists(st.sampled_from(_KINDS), min_size=batch * (gamma + 1), max_size=batch * (gamma + 1))
+    st.lists(
+      st.sampled_from(DEGENERATE_KINDS), min_size=batch * (gamma + 1), max_size=batch * (gamma + 1)
+    )
   )
   rng = np.random.default_rng(seed)
-  q = _degenerate_probs(rng, q_kinds, (batch, gamma, vocab))
-  p = _degenerate_probs(rng, p_kinds, (batch, gamma + 1, vocab), like=q)
+  q = degenerate_probs(rng, q_kinds, (batch, gamma, vocab))
+  p = degenerate_probs(rng, p_kinds, (batch, gamma + 1, vocab), like=q)
   # Mostly drafts the drafter could make, sometimes impossible ones (q(X) = 0).
   tokens = np.where(
     rng.random((batch, gamma)) < 0.8,
@@ -653,8 +537,8 @@ def test_broken_last_draft_is_verified_as_a_shorter_block(method, corruption):
   verified as G = 3 blocks, (X^tau, Y) must be distributed exactly as gamma = 2 verification
   (the oracle), since the broken position is dropped and Y at tau = 2 is the bonus draw ~ p_3.
   p_4 is NaN too: a position after the broken one is never read."""
-  pair = _random_pair(9, vocab=4, gamma=2)
-  tokens, draft_probs, target_probs = _draft(pair, 9)
+  pair = random_toy_pair(9, vocab=4, gamma=2)
+  tokens, draft_probs, target_probs = toy_drafts(pair, 9)
   rows = len(tokens)
   broken_q = np.full((rows, 1, pair.vocab), np.nan, np.float32)
   if corruption == 'inf_entry_q':
@@ -670,9 +554,9 @@ def test_broken_last_draft_is_verified_as_a_shorter_block(method, corruption):
   )
   tau, next_token = np.asarray(result.num_accepted), np.asarray(result.next_token)
   assert tau.max() == pair.gamma  # the truncated block's last sub-block is accepted, too
-  codes = _encode(_emitted(tokens, tau, next_token), tau + 1, pair.vocab)
+  codes = sequence_codes(emitted_sequences(tokens, tau, next_token), tau + 1, pair.vocab)
   exact = oracle.iteration_distribution(pair.target, pair.drafter, pair.gamma, method)
-  pvalue = _chi_square_pvalue(codes, exact, pair.vocab, pair.gamma + 1)
+  pvalue = codes_pvalue(codes, exact, pair.vocab, pair.gamma + 1)
   assert pvalue > SIGNIFICANCE, f'chi-square p = {pvalue:.2e} at significance 1e-3'
   assert np.all(np.asarray(verify.nonfinite_rows(draft_probs, target_probs)))
 
@@ -689,10 +573,12 @@ def test_fuzz_with_nonfinite_vectors(gamma, vocab, data):
   batch = 6
   seed = data.draw(st.integers(0, 2**31 - 1))
   q_kinds = data.draw(
-    st.lists(st.sampled_from(_KINDS), min_size=batch * gamma, max_size=batch * gamma)
+    st.lists(st.sampled_from(DEGENERATE_KINDS), min_size=batch * gamma, max_size=batch * gamma)
   )
   p_kinds = data.draw(
-    st.lists(st.sampled_from(_KINDS), min_size=batch * (gamma + 1), max_size=batch * (gamma + 1))
+    st.lists(
+      st.sampled_from(DEGENERATE_KINDS), min_size=batch * (gamma + 1), max_size=batch * (gamma + 1)
+    )
   )
   corruptions = data.draw(
     st.lists(
@@ -707,8 +593,8 @@ def test_fuzz_with_nonfinite_vectors(gamma, vocab, data):
     )
   )
   rng = np.random.default_rng(seed)
-  q = _degenerate_probs(rng, q_kinds, (batch, gamma, vocab))
-  p = _degenerate_probs(rng, p_kinds, (batch, gamma + 1, vocab), like=q)
+  q = degenerate_probs(rng, q_kinds, (batch, gamma, vocab))
+  p = degenerate_probs(rng, p_kinds, (batch, gamma + 1, vocab), like=q)
   tokens = np.where(
     rng.random((batch, gamma)) < 0.8,
     np.argmax(np.log(q + 1e-45) + rng.gumbel(size=q.shape), axis=-1),
