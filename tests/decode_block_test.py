@@ -21,8 +21,6 @@ from tests.fakes import BLOCK, SEQUENCE_LENGTH, SEQUENCE_ROWS, STATE_TARGET, seq
 from tests.helpers import GREEDY, ragged_source, tiny_block_t5
 
 SAMPLING = sampling_lib.SamplingConfig(temperature=1.0)
-# For tests/decode_tree_test.py, until it imports tests/fakes.py (another session edits it).
-ROWS, LENGTH = SEQUENCE_ROWS, SEQUENCE_LENGTH
 
 
 def _samples(verifier='token', *, proposal, sampling=SAMPLING, gamma=2, seed=3, **kw):

@@ -24,10 +24,6 @@ from tests.helpers import (
   shared_encoder_drafter,
 )
 
-# `_source` for tests/decode_tree_test.py and tests/decode_tree_t5_test.py, until they import
-# tests/helpers.py (another session edits them).
-_source = ragged_source
-
 SAMPLINGS = [
   sampling_lib.SamplingConfig(temperature=1.0),
   sampling_lib.SamplingConfig(temperature=0.6, top_k=3),

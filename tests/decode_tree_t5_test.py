@@ -9,8 +9,8 @@ import pytest
 
 from specdec_jax import decode, drafting, pretrained, step_models
 from tests import helpers
-from tests.decode_block_test import BLOCK, tiny_block_t5
-from tests.decode_test import GREEDY, _source
+from tests.fakes import BLOCK
+from tests.helpers import GREEDY, ragged_source, tiny_block_t5
 
 
 # (block-short: a chain-sized tree of 5 nodes at gamma 4 and 1 new token, where the block call, 2
@@ -25,7 +25,7 @@ def test_greedy_equals_generate_t5(tiny_pair, builder):
     drafter, tree = tiny_block_t5(target), decode.TreeSpec(num_nodes=8)
   if builder == 'block-short':
     drafter, tree, gamma, max_new_tokens = tiny_block_t5(target), decode.TreeSpec(num_nodes=5), 4, 1
-  ids, mask = _source(vocab=target.config.vocab_size)
+  ids, mask = ragged_source(vocab=target.config.vocab_size)
   kw = dict(sampling=GREEDY, max_new_tokens=max_new_tokens, rng=None)
   ref = decode.generate(target, ids, mask, **kw)
   out = decode.speculative_generate(target, drafter, ids, mask, gamma=gamma, tree=tree, **kw)
@@ -60,7 +60,7 @@ def test_shipped_pair_greedy_equals_generate(name):
 def test_errors(tiny_pair):
   target, plain_drafter = tiny_pair
   drafter = tiny_block_t5(target)
-  ids, mask = _source(vocab=target.config.vocab_size)
+  ids, mask = ragged_source(vocab=target.config.vocab_size)
   kw = dict(sampling=GREEDY, max_new_tokens=4, rng=None, gamma=3)
   tree = decode.TreeSpec(num_nodes=6)
   run = lambda *models, **extra: decode.speculative_generate(*models, ids, mask, **{**kw, **extra})
@@ -107,7 +107,7 @@ def test_a_tree_loop_records_its_kept_paths_in_the_trace(tiny_pair):
   and the emitted pieces, in order, are the output; the same tokens as without the trace."""
   target, _ = tiny_pair
   drafter = tiny_block_t5(target)
-  ids, mask = _source(vocab=target.config.vocab_size)
+  ids, mask = ragged_source(vocab=target.config.vocab_size)
   kw = dict(sampling=GREEDY, max_new_tokens=12, rng=None, gamma=3, tree=decode.TreeSpec(8))
   out = decode.speculative_generate(target, drafter, ids, mask, trace=True, **kw)
   plain = decode.speculative_generate(target, drafter, ids, mask, **kw)

@@ -15,8 +15,17 @@ from specdec_jax import decode, trees, verify_tree
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import timing
 from tests import fakes
-from tests.decode_block_test import BLOCK, LENGTH, ROWS, STATE_TARGET, sequence_pvalue
-from tests.decode_test import DRAFTER, GREEDY, SIGNIFICANCE, TARGET, _source
+from tests.chisquare import SIGNIFICANCE
+from tests.fakes import (
+  BLOCK,
+  DRAFTER,
+  SEQUENCE_LENGTH,
+  SEQUENCE_ROWS,
+  STATE_TARGET,
+  TARGET,
+  sequence_pvalue,
+)
+from tests.helpers import GREEDY, ragged_source
 
 SAMPLING = sampling_lib.SamplingConfig(temperature=1.0)
 TREE = decode.TreeSpec(num_nodes=6)  # 'block': the best-first tree on BLOCK's laws
@@ -25,13 +34,13 @@ SAMPLED = decode.TreeSpec(num_nodes=7, builder='sampled', branching=(2, 2))  # d
 
 
 def _samples(sampling=SAMPLING, gamma=2, seed=3, tree=TREE):
-  """ROWS rows of LENGTH tokens: STATE_TARGET with BLOCK ('block', 'sampled'), TARGET with
-  DRAFTER ('topk')."""
-  ids = jnp.zeros((ROWS, 1), jnp.int32)
+  """SEQUENCE_ROWS rows of SEQUENCE_LENGTH tokens: STATE_TARGET with BLOCK ('block', 'sampled'),
+  TARGET with DRAFTER ('topk')."""
+  ids = jnp.zeros((SEQUENCE_ROWS, 1), jnp.int32)
   models = (TARGET, DRAFTER) if tree.builder == 'topk' else (STATE_TARGET, BLOCK)
   out = decode.speculative_generate(
-    *models, ids, jnp.ones_like(ids), gamma=gamma, sampling=sampling, max_new_tokens=LENGTH,
-    rng=jax.random.key(seed), tree=tree,
+    *models, ids, jnp.ones_like(ids), gamma=gamma, sampling=sampling,
+    max_new_tokens=SEQUENCE_LENGTH, rng=jax.random.key(seed), tree=tree,
   )  # fmt: skip
   return np.asarray(out.tokens), jax.tree.map(np.asarray, out.stats.summed())
 
@@ -121,7 +130,7 @@ def test_greedy_equals_generate_markov(builder):
     tree = TREE if builder == 'block' else decode.TreeSpec(15, 'sampled', branching=(2, 2, 2))
   else:
     drafter, tree = fakes.random_markov(seed=2), decode.TreeSpec(7, 'topk', top_k=2)
-  ids, mask = _source(vocab=4)
+  ids, mask = ragged_source(vocab=4)
   kw = dict(sampling=GREEDY, max_new_tokens=12, rng=None)
   ref = decode.generate(target, ids, mask, **kw)
   chain = decode.speculative_generate(target, drafter, ids, mask, gamma=3, **kw)
@@ -138,7 +147,7 @@ def test_greedy_equals_generate_markov(builder):
 
 def test_one_program_per_shape():
   """Other weights and another key, same shapes: the tree loop is not compiled again."""
-  ids, mask = _source(vocab=4)
+  ids, mask = ragged_source(vocab=4)
   kw = dict(gamma=2, sampling=SAMPLING, max_new_tokens=6, tree=TREE)
   decode.speculative_generate(STATE_TARGET, BLOCK, ids, mask, rng=jax.random.key(0), **kw)
   with timing.compiles() as compiled:

@@ -23,7 +23,6 @@ from tests.chisquare import SIGNIFICANCE
 from tests.helpers import (
   DEGENERATE_KINDS,
   ToyPair,
-  code_offsets,
   codes_pvalue,
   continue_with_target,
   degenerate_probs,
@@ -33,11 +32,6 @@ from tests.helpers import (
   sun_toy_pair,
   toy_drafts,
 )
-
-# verify_test's old names for tests/verify_tree_test.py, until it imports tests/helpers.py (another
-# session edits it).
-_chi_square_pvalue, _continue_with_target = codes_pvalue, continue_with_target
-_encode, _offsets, _random_pair = sequence_codes, code_offsets, random_toy_pair
 
 METHODS = ('token', 'block')
 

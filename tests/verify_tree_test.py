@@ -25,22 +25,21 @@ import pytest
 
 from specdec_jax import sampling, trees
 from specdec_jax import verify_tree as vtree
-from tests import chisquare
+from tests import chisquare, helpers
 from tests import multipath_oracle as mo
 from tests import tree_oracle as to
 from tests import verify_oracle as oracle
-from tests import verify_test as vt
 
 NUM_ROWS = 200_000
-SIGNIFICANCE = vt.SIGNIFICANCE  # 1e-3
+SIGNIFICANCE = chisquare.SIGNIFICANCE  # 1e-3
 DEPTH = 2
 BRANCHING = (2, 2)  # children per node at depth 0 and 1: N = 1 + 2 + 4 = 7 slots
 
 
 @functools.cache
-def _pair(seed: int = 502, vocab: int = 4) -> vt.ToyPair:
+def _pair(seed: int = 502, vocab: int = 4) -> helpers.ToyPair:
   """The toy pair of the sampling tests: on it every control below is off by TV >= 0.037."""
-  return vt._random_pair(seed, vocab=vocab, gamma=DEPTH)
+  return helpers.random_toy_pair(seed, vocab=vocab, gamma=DEPTH)
 
 
 def _joint(pair):
@@ -58,7 +57,7 @@ def _continued(law, pair):
 @pytest.mark.parametrize('seed', range(4))
 @pytest.mark.parametrize('vocab', [3, 4])
 def test_oracle_rules_are_lossless(seed, vocab):
-  pair = vt._random_pair(500 + seed, vocab=vocab, gamma=DEPTH)
+  pair = helpers.random_toy_pair(500 + seed, vocab=vocab, gamma=DEPTH)
   joint = _joint(pair)
   topk = to.topk_tree(pair.drafter, BRANCHING)
   assert _continued(to.along_tree_law(pair.target, topk), pair) == joint
@@ -136,7 +135,7 @@ def _draft_trees(pair, branching, how, seed):
   q = np.full((NUM_ROWS, num, pair.vocab), 1.0 / pair.vocab)
   children = {s: [c for c, parent, _ in layout if parent == s] for s, _, _ in layout}
   for slot, _, depth in layout:
-    code = vt._encode(prefix[:, slot], depth, pair.vocab)
+    code = helpers.sequence_codes(prefix[:, slot], depth, pair.vocab)
     p[:, slot] = pair.p_table[code]
     kids = children[slot]
     if not kids:
@@ -180,11 +179,11 @@ def _pvalues(pair, tree, result, law=None):
   seqs, lengths = _emitted(tree, result)
   law_p = None
   if law is not None:
-    codes = vt._encode(seqs, lengths, pair.vocab)
-    law_p = vt._chi_square_pvalue(codes, law, pair.vocab, DEPTH + 1)
-  whole = vt._continue_with_target(pair, seqs, lengths, np.random.default_rng(7))
-  codes = vt._encode(whole, DEPTH + 1, pair.vocab)
-  return law_p, vt._chi_square_pvalue(codes, _joint(pair), pair.vocab, DEPTH + 1)
+    codes = helpers.sequence_codes(seqs, lengths, pair.vocab)
+    law_p = helpers.codes_pvalue(codes, law, pair.vocab, DEPTH + 1)
+  whole = helpers.continue_with_target(pair, seqs, lengths, np.random.default_rng(7))
+  codes = helpers.sequence_codes(whole, DEPTH + 1, pair.vocab)
+  return law_p, helpers.codes_pvalue(codes, _joint(pair), pair.vocab, DEPTH + 1)
 
 
 @contextlib.contextmanager
@@ -298,7 +297,9 @@ def _node_rows(pair, tree):
     prefix[:, slot] = prefix[rows, parent]
     d = np.clip(depth[:, slot], 1, DEPTH) - 1
     prefix[rows, slot, d] = tokens[:, slot]
-  codes = np.stack([vt._encode(prefix[:, s], depth[:, s], pair.vocab) for s in range(num)], 1)
+  codes = np.stack(
+    [helpers.sequence_codes(prefix[:, s], depth[:, s], pair.vocab) for s in range(num)], 1
+  )
   return pair.p_table[codes].astype(np.float32)
 
 
@@ -380,7 +381,7 @@ def test_duplicated_sibling_does_not_fool_follow_draws():
 def test_greedy_is_the_targets_argmax_decoding():
   """On random best-first trees: the emitted tokens are the target's argmax chain, and the path
   is the longest tree path along it."""
-  pair = vt._random_pair(520, vocab=4, gamma=DEPTH)
+  pair = helpers.random_toy_pair(520, vocab=4, gamma=DEPTH)
   rows = 2000
   rng = np.random.default_rng(0)
   block = rng.dirichlet(np.ones(pair.vocab) * 0.5, size=(rows, DEPTH)).astype(np.float32)
@@ -455,9 +456,9 @@ def test_best_first_tree_is_the_top_prefixes(num_nodes):
 
 def test_topk_tree_expands_the_best_frontier():
   """One batched call per depth after the root; the tree is the frontier rule, by brute force."""
-  codes = vt._offsets(5, 3)[3]  # prefixes of length 0..2
+  codes = helpers.code_offsets(5, 3)[3]  # prefixes of length 0..2
   table = np.random.default_rng(0).dirichlet(np.ones(5), size=codes).astype(np.float32)
-  code_of = lambda prefix: vt._encode(np.array([prefix or [0]]), len(prefix), 5)[0]
+  code_of = lambda prefix: helpers.sequence_codes(np.array([prefix or [0]]), len(prefix), 5)[0]
   calls = []
 
   def expand(tokens, from_node, prefixes):
@@ -465,7 +466,7 @@ def test_topk_tree_expands_the_best_frontier():
     prefixes = jnp.take_along_axis(prefixes, from_node[..., None], axis=1)
     prefixes = jnp.concatenate([prefixes, tokens[..., None]], axis=-1)
     depth = prefixes.shape[-1]
-    codes = vt._offsets(5, 3)[depth] + jnp.sum(prefixes * 5 ** jnp.arange(depth)[::-1], -1)
+    codes = helpers.code_offsets(5, 3)[depth] + jnp.sum(prefixes * 5 ** jnp.arange(depth)[::-1], -1)
     return jnp.asarray(table)[codes], prefixes
 
   pending = jnp.zeros((1,), jnp.int32)
