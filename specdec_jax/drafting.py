@@ -135,22 +135,19 @@ def _chain_options(spec) -> dict:
   )
 
 
-def _draft_tokens(drafter: Model, view: DraftView, key, spec):
-  """'token': gamma drafter calls (`decode_steps.draft`)."""
-  drafts, q, cache, lengths = decode_steps.draft(
-    drafter.steps, drafter.params, view.cache, view.seq, view.n, key,
-    target_states=view.target_states, **_chain_options(spec),
-  )  # fmt: skip
-  return Draft.chain(decode_steps.row_slice(view.seq, view.n, 1)[:, 0], drafts, q, lengths), cache
+def _chain(draft_fn):
+  """A chain entry's draft function over `decode_steps`' `draft_fn` (looked up when traced):
+  (drafts, q, cache, lengths) as the chain [pending, drafts]."""
 
+  def run(drafter: Model, view: DraftView, key, spec):
+    drafts, q, cache, lengths = draft_fn()(
+      drafter.steps, drafter.params, view.cache, view.seq, view.n, key,
+      target_states=view.target_states, **_chain_options(spec),
+    )  # fmt: skip
+    pending = decode_steps.row_slice(view.seq, view.n, 1)[:, 0]
+    return Draft.chain(pending, drafts, q, lengths), cache, view.state
 
-def _draft_block(drafter: Model, view: DraftView, key, spec):
-  """'block': one block drafter call (`decode_steps.draft_block`)."""
-  drafts, q, cache, lengths = decode_steps.draft_block(
-    drafter.steps, drafter.params, view.cache, view.seq, view.n, key,
-    target_states=view.target_states, **_chain_options(spec),
-  )  # fmt: skip
-  return Draft.chain(decode_steps.row_slice(view.seq, view.n, 1)[:, 0], drafts, q, lengths), cache
+  return run
 
 
 def _stateless(draft_fn):
@@ -179,13 +176,14 @@ def _needs_block(drafter: Capabilities, target: Capabilities) -> str | None:
 _CHAIN_OPTIONS = frozenset({'draft_stop', 'proposal', 'unroll_draft', 'num_drafts'})
 register(
   Drafting(
-    name='token', shape='chain', draft=_stateless(_draft_tokens), needs=_needs_step,
+    name='token', shape='chain', draft=_chain(lambda: decode_steps.draft), needs=_needs_step,
     options=_CHAIN_OPTIONS,
   )
 )  # fmt: skip
 register(
   Drafting(
-    name='block', shape='chain', draft=_stateless(_draft_block), needs=_needs_block,
+    name='block', shape='chain', draft=_chain(lambda: decode_steps.draft_block),
+    needs=_needs_block,
     extra_slots=lambda gamma: gamma - 1, options=_CHAIN_OPTIONS,
   )
 )  # fmt: skip
