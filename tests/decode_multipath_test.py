@@ -13,7 +13,7 @@ import pytest
 from specdec_jax import decode, decode_steps, drafters, verifiers
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import timing
-from tests import fakes, verify_multipath_test
+from tests import fakes, helpers
 from tests.chisquare import SIGNIFICANCE, rows_pvalue
 from tests.fakes import DRAFTER, GREEDY_TARGET, PREFIX_LENGTH, TARGET, speculative_prefixes
 from tests.helpers import (
@@ -80,7 +80,7 @@ def test_more_paths_accept_more():
 def _gbv_select_by_p(rng, tokens, q, p):
   """Bug: select the child the target likes most, while the law assumes the ratio order
   (tests/verify_multipath_test.py's control, run through the loop)."""
-  return verify_multipath_test._run_variant('block/select_by_p', rng, tokens, q, p)
+  return helpers.gbv_run(rng, tokens, q, p, 'block/select_by_p')
 
 
 _FOLLOW = decode_steps.follow

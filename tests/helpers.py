@@ -1,7 +1,7 @@
 """Plain helpers the tests share: tiny random T5 models, the shipped-pair checks, and what two or
 more test files need (a test file imports helper modules, never another test file): the decode
 tests' samplings, sources and tiny drafters, checkpoint fixtures and checks, verification's toy
-simulation and verify_greedy's negative controls.
+simulation, verify_greedy's negative controls and verify_multipath's block-verification variants.
 
   from tests import helpers
 
@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 from fractions import Fraction
+from unittest import mock
 
 import flax.serialization
 import flax.traverse_util
@@ -35,8 +36,9 @@ import pytest
 import tensorstore as ts
 
 from benchmarks import machines
-from specdec_jax import drafters, pretrained, verify_greedy
+from specdec_jax import drafters, pretrained, verify, verify_greedy
 from specdec_jax import sampling as sampling_lib
+from specdec_jax import verify_multipath as vm
 from specdec_jax.models import t5
 from tests import chisquare
 from tests import verify_oracle as oracle
@@ -536,3 +538,106 @@ def patched_verify_greedy(control: str | None):
   finally:
     setattr(verify_greedy, name, _VERIFY_GREEDY_PIECES[name])
     jax.clear_caches()
+
+
+# -------------------------------------------------------------------------------------------------
+# verify_multipath's block-verification variants (verify_multipath_test, decode_multipath_test):
+# a negative control plants one bug in a public kernel, pieces of verify_multipath swapped while
+# the kernel is traced (`swapped_multipath`), or Y drawn by block verification assembled from
+# verify's public pieces (`_gbv_block_verify`) with another residual. With nothing swapped, the
+# runs are the public kernels bit for bit (verify_multipath_test's
+# test_unswapped_runs_are_the_public_kernels), so each control differs from a public kernel by its
+# planted bug alone.
+
+_FLOAT32_TINY = jnp.finfo(jnp.float32).tiny
+_MULTIPATH_SKEW_ROW = vm.skew_row  # the original, for the swapped piece
+
+
+@contextlib.contextmanager
+def swapped_multipath(pieces):
+  """verify_multipath with `pieces` ({name: function}) in place of its own, while a kernel is
+  traced (outside any jit cache of the kernel itself)."""
+  with contextlib.ExitStack() as stack:
+    for name, fn in pieces.items():
+      stack.enter_context(mock.patch.object(vm, name, fn))
+    yield
+
+
+def capped_key(p, q):
+  """The reference code's token key `min(1, p/q)` (q = 0 read as the smallest normal float, as
+  `vm.order_key` does): ties at 1 wherever p >= q."""
+  return jnp.minimum(p / jnp.maximum(q, _FLOAT32_TINY), 1.0)
+
+
+def _code_tie_select(children, keys, alive):
+  """The public reference code's selection: the first child in path order with a strictly larger
+  key (ties go to the earlier path, while the law breaks them by token id)."""
+  child_keys = jnp.take_along_axis(keys, children, axis=1)
+  best, best_key = jnp.full(children.shape[:1], -1), jnp.full(children.shape[:1], -jnp.inf)
+  for k in range(children.shape[1]):
+    better = alive[:, k] & (child_keys[:, k] > best_key)
+    best = jnp.where(better, children[:, k], best)
+    best_key = jnp.where(better, child_keys[:, k], best_key)
+  return best
+
+
+def _log_p(p, q):
+  """With `_skew_under_ratio`, a bug: select the child the target likes most, while the law
+  assumes the ratio order."""
+  del q
+  return jnp.log(p)
+
+
+def _skew_under_ratio(q_row, keys, *rest):
+  """The law under the ratio order when `order_key` gives log p: log p - log q, as order_key."""
+  return _MULTIPATH_SKEW_ROW(q_row, keys - jnp.log(jnp.maximum(q_row, _FLOAT32_TINY)), *rest)
+
+
+# name: (pieces of verify_multipath swapped, Y's residual from the drafter's own q, not q_hat).
+# 'block/capped' is not a bug: the law is exact under any strict order the selection shares.
+GBV_VARIANTS = {
+  'block': ({}, False),
+  'block/capped': ({'order_key': capped_key}, False),
+  'block/code_tie_rule': ({'order_key': capped_key, 'select_child': _code_tie_select}, False),
+  'block/residual_from_q': ({}, True),
+  'block/select_by_p': ({'order_key': _log_p, 'skew_row': _skew_under_ratio}, False),
+}
+
+
+def gbv_select_path(tokens, q, p, variant='block'):
+  """`vm.select_path` with the variant's pieces swapped (call it inside a jit: it is traced)."""
+  with swapped_multipath(GBV_VARIANTS[variant][0]):
+    return vm.select_path(tokens, q, p)
+
+
+def _gbv_block_acceptance(selected, q_hat, p_selected):
+  """Block verification's weights `w_0..w_G` and `h_1..h_G` on the selected path."""
+  weights = verify.block_weights(*verify.probs_of_drafts(selected, q_hat, p_selected))
+  return weights, verify.block_acceptance(weights, q_hat, p_selected)
+
+
+def _gbv_block_verify(rng, selected, q_hat, p_selected, residual_q):
+  """`verify.block_verify` assembled from its public pieces, with Y's residual from
+  `residual_q`."""
+  weights, acceptance = _gbv_block_acceptance(selected, q_hat, p_selected)
+  eta_rng, next_rng = jax.random.split(rng)
+  accepted = jax.random.uniform(eta_rng, acceptance.shape, jnp.float32) < acceptance
+  tau = verify.longest_accepted_block(accepted)
+  weight = jnp.take_along_axis(weights, tau[:, None], axis=1)[:, 0]
+  return tau, verify.sample_next(next_rng, tau, weight, residual_q, p_selected)
+
+
+@functools.partial(jax.jit, static_argnames=('variant',))
+def gbv_plan(tokens, q, p, variant):
+  path, selected, q_hat, p_selected = gbv_select_path(tokens, q, p, variant)
+  q_raw = jnp.take_along_axis(q, path[:, None, None, None], axis=1)[:, 0]
+  residual_q = q_raw if GBV_VARIANTS[variant][1] else q_hat
+  weights, acceptance = _gbv_block_acceptance(selected, q_hat, p_selected)
+  return path, selected, q_hat, p_selected, residual_q, weights, acceptance
+
+
+@functools.partial(jax.jit, static_argnames=('variant',))
+def gbv_run(rng, tokens, q, p, variant):
+  path, selected, q_hat, p_selected, residual_q, _, _ = gbv_plan(tokens, q, p, variant)
+  tau, y = _gbv_block_verify(rng, selected, q_hat, p_selected, residual_q)
+  return vm.MultipathResult(path, tau, y)

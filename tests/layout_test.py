@@ -1,7 +1,9 @@
 """The package's layout (docs/architecture.md): the import graph has no cycle, the engine imports
 neither training/ nor measure/ (and models/, checkpoints/, data/ only through pretrained), and
 specdec_jax/__init__.py lists every module. benchmarks/ has no import cycle either, and its
-modules import the project's at their top."""
+modules import the project's at their top. No test file imports another: what tests share is in
+the helper modules (tests/helpers.py, fakes.py, chisquare.py, the *_oracle.py files) and
+conftest.py."""
 
 import ast
 import pathlib
@@ -59,6 +61,39 @@ def test_benchmarks_import_the_project_at_module_top():
       if own and id(node) not in top:
         inside.append(f'{path.name}:{node.lineno}')
   assert not inside, inside
+
+
+def _test_files_imported(path: pathlib.Path) -> set[str]:
+  """The tests/*_test.py modules that `path` imports (anywhere in it)."""
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      found.update(a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module == 'tests':
+      found.update(f'tests.{a.name}' for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      found.add(node.module)
+  return {m for m in found if m.startswith('tests.') and m.endswith('_test')}
+
+
+def test_no_test_file_imports_another():
+  imports = {
+    path.name: _test_files_imported(path) - {f'tests.{path.stem}'}
+    for path in sorted((_ROOT / 'tests').glob('*.py'))
+  }
+  assert not {name: found for name, found in imports.items() if found}
+
+
+def test_a_test_file_import_is_found(tmp_path):
+  # Negative control for the test above.
+  path = tmp_path / 'x_test.py'
+  path.write_text(
+    'from tests import fakes, verify_test as vt\nfrom tests.decode_test import GREEDY\n'
+    'import tests.t5_test\nfrom tests.helpers import GREEDY\n\ndef f():\n  import tests.a_test\n'
+  )
+  assert _test_files_imported(path) == {
+    'tests.verify_test', 'tests.decode_test', 'tests.t5_test', 'tests.a_test'
+  }  # fmt: skip
 
 
 def test_training_and_measure_are_imported_only_from_inside():

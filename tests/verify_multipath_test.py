@@ -10,12 +10,10 @@ Three layers, each with negative controls (plausible bugs) that must fail the sa
    compared with the target's joint of G+1 tokens by chi-square at SIGNIFICANCE.
 """
 
-import contextlib
 import functools
 import itertools
 from collections import defaultdict
 from fractions import Fraction
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -162,103 +160,13 @@ def test_order_efficiency():
 
 
 # A negative control plants one bug in a public kernel: pieces of verify_multipath swapped while
-# the kernel is traced (`_swapped`), or Y drawn by block verification assembled from verify's
-# public pieces (`_block_verify`) with another residual. With nothing swapped, the runs below are
-# the public kernels bit for bit (test_unswapped_runs_are_the_public_kernels), so each control
-# differs from a public kernel by its planted bug alone.
+# the kernel is traced (`helpers.swapped_multipath`), or Y drawn by block verification assembled
+# from verify's public pieces with another residual (`helpers.GBV_VARIANTS`, `helpers.gbv_run`).
+# With nothing swapped, the runs below are the public kernels bit for bit
+# (test_unswapped_runs_are_the_public_kernels), so each control differs from a public kernel by
+# its planted bug alone.
 
-_TINY = jnp.finfo(jnp.float32).tiny
-_SKEW_ROW, _NODE_TRIALS = vm.skew_row, vm.node_trials  # the originals, for the swapped pieces
-
-
-@contextlib.contextmanager
-def _swapped(pieces):
-  """verify_multipath with `pieces` ({name: function}) in place of its own, while a kernel is
-  traced (outside any jit cache of the kernel itself)."""
-  with contextlib.ExitStack() as stack:
-    for name, fn in pieces.items():
-      stack.enter_context(mock.patch.object(vm, name, fn))
-    yield
-
-
-def _capped_key(p, q):
-  """The reference code's token key `min(1, p/q)` (q = 0 read as the smallest normal float, as
-  `vm.order_key` does): ties at 1 wherever p >= q."""
-  return jnp.minimum(p / jnp.maximum(q, _TINY), 1.0)
-
-
-def _code_tie_select(children, keys, alive):
-  """The public reference code's selection: the first child in path order with a strictly larger
-  key (ties go to the earlier path, while the law breaks them by token id)."""
-  child_keys = jnp.take_along_axis(keys, children, axis=1)
-  best, best_key = jnp.full(children.shape[:1], -1), jnp.full(children.shape[:1], -jnp.inf)
-  for k in range(children.shape[1]):
-    better = alive[:, k] & (child_keys[:, k] > best_key)
-    best = jnp.where(better, children[:, k], best)
-    best_key = jnp.where(better, child_keys[:, k], best_key)
-  return best
-
-
-def _log_p(p, q):
-  """With `_skew_under_ratio`, a bug: select the child the target likes most, while the law
-  assumes the ratio order."""
-  del q
-  return jnp.log(p)
-
-
-def _skew_under_ratio(q_row, keys, *rest):
-  """The law under the ratio order when `order_key` gives log p: log p - log q, as order_key."""
-  return _SKEW_ROW(q_row, keys - jnp.log(jnp.maximum(q_row, _TINY)), *rest)
-
-
-# name: (pieces of verify_multipath swapped, Y's residual from the drafter's own q, not q_hat).
-# 'block/capped' is not a bug: the law is exact under any strict order the selection shares.
-GBV_VARIANTS = {
-  'block': ({}, False),
-  'block/capped': ({'order_key': _capped_key}, False),
-  'block/code_tie_rule': ({'order_key': _capped_key, 'select_child': _code_tie_select}, False),
-  'block/residual_from_q': ({}, True),
-  'block/select_by_p': ({'order_key': _log_p, 'skew_row': _skew_under_ratio}, False),
-}
-
-
-def _select_path(tokens, q, p, variant='block'):
-  """`vm.select_path` with the variant's pieces swapped (call it inside a jit: it is traced)."""
-  with _swapped(GBV_VARIANTS[variant][0]):
-    return vm.select_path(tokens, q, p)
-
-
-def _block_acceptance(selected, q_hat, p_selected):
-  """Block verification's weights `w_0..w_G` and `h_1..h_G` on the selected path."""
-  weights = verify.block_weights(*verify.probs_of_drafts(selected, q_hat, p_selected))
-  return weights, verify.block_acceptance(weights, q_hat, p_selected)
-
-
-def _block_verify(rng, selected, q_hat, p_selected, residual_q):
-  """`verify.block_verify` assembled from its public pieces, with Y's residual from
-  `residual_q`."""
-  weights, acceptance = _block_acceptance(selected, q_hat, p_selected)
-  eta_rng, next_rng = jax.random.split(rng)
-  accepted = jax.random.uniform(eta_rng, acceptance.shape, jnp.float32) < acceptance
-  tau = verify.longest_accepted_block(accepted)
-  weight = jnp.take_along_axis(weights, tau[:, None], axis=1)[:, 0]
-  return tau, verify.sample_next(next_rng, tau, weight, residual_q, p_selected)
-
-
-@functools.partial(jax.jit, static_argnames=('variant',))
-def _gbv_plan(tokens, q, p, variant):
-  path, selected, q_hat, p_selected = _select_path(tokens, q, p, variant)
-  q_raw = jnp.take_along_axis(q, path[:, None, None, None], axis=1)[:, 0]
-  residual_q = q_raw if GBV_VARIANTS[variant][1] else q_hat
-  weights, acceptance = _block_acceptance(selected, q_hat, p_selected)
-  return path, selected, q_hat, p_selected, residual_q, weights, acceptance
-
-
-@functools.partial(jax.jit, static_argnames=('variant',))
-def _gbv_run(rng, tokens, q, p, variant):
-  path, selected, q_hat, p_selected, residual_q, _, _ = _gbv_plan(tokens, q, p, variant)
-  tau, y = _block_verify(rng, selected, q_hat, p_selected, residual_q)
-  return vm.MultipathResult(path, tau, y)
+_NODE_TRIALS = vm.node_trials  # the original, for the swapped pieces
 
 
 def _skip_repeats_trials(p_node, q_paths, children, alive):
@@ -291,7 +199,7 @@ _JITTED_TRIALS = {name: jax.jit(fn) for name, fn in TOKEN_VARIANTS.items()}
 def _token_run(rng, tokens, q, p, variant):
   """`multipath_token_verify` traced here (not its own jit's cached trace) with the variant's
   node trials."""
-  with _swapped({'node_trials': TOKEN_VARIANTS[variant]}):
+  with helpers.swapped_multipath({'node_trials': TOKEN_VARIANTS[variant]}):
     return vm.multipath_token_verify.__wrapped__(rng, tokens, q, p)
 
 
@@ -304,7 +212,7 @@ def _run_variant(variant, rng, tokens, q, p):
     return PUBLIC_KERNELS[variant](rng, tokens, q, p)
   if variant.startswith('token'):
     return _token_run(rng, tokens, q, p, variant)
-  return _gbv_run(rng, tokens, q, p, variant)
+  return helpers.gbv_run(rng, tokens, q, p, variant)
 
 
 def _next_row(tau, weight, p_selected, residual_q, gamma):
@@ -320,7 +228,7 @@ def _next_row(tau, weight, p_selected, residual_q, gamma):
 def _gbv_kernel_law(pair, num_drafts, variant):
   """The law of (X*^tau, Y) from the kernel's own selection, q_hat, h and residual."""
   tokens, q, p, probs = mo.all_tuples(pair.target, pair.drafter, pair.gamma, num_drafts)
-  plan = [np.asarray(x, np.float64) for x in _gbv_plan(tokens, q, p, variant)]
+  plan = [np.asarray(x, np.float64) for x in helpers.gbv_plan(tokens, q, p, variant)]
   _, selected, _, p_selected, residual_q, weights, acceptance = plan
   selected = selected.astype(int)
   law = defaultdict(float)
@@ -417,7 +325,7 @@ def test_kernel_skew_is_the_law_of_the_selected_path(variant):
   kernel's own selection over all K-tuples."""
   pair, num_drafts = _spec_markov_pair(), 3
   tokens, q, p, probs = mo.all_tuples(pair.target, pair.drafter, GAMMA, num_drafts)
-  _, selected, q_hat, *_ = (np.asarray(x) for x in _gbv_plan(tokens, q, p, variant))
+  _, selected, q_hat, *_ = (np.asarray(x) for x in helpers.gbv_plan(tokens, q, p, variant))
   for depth in range(GAMMA):
     for node in {tuple(s[:depth]) for s in selected}:
       through = np.all(selected[:, :depth] == node, axis=1)
@@ -486,7 +394,7 @@ def test_unswapped_runs_are_the_public_kernels():
   """With nothing swapped, the runs the negative controls plant their bugs in are the public
   kernels, bit for bit, on the chi-square tests' rows."""
   key = jax.random.key(3)
-  for variant, run in [('block', _gbv_run), ('token', _token_run)]:
+  for variant, run in [('block', helpers.gbv_run), ('token', _token_run)]:
     tokens, q, p = _draft_paths(_pair_for(variant), 2, seed=1)  # the chi-square test's shapes
     expected = PUBLIC_KERNELS[variant](key, tokens, q, p)
     for e, a in zip(expected, run(key, jnp.asarray(tokens), q, p, variant), strict=True):
@@ -600,7 +508,7 @@ def _skew_float64(q_row, keys, mass_below, mass, num_drafts):
 
 
 # The kernel's ratio key, and the reference code's capped key (the law under its many ties).
-KEYS = {'ratio': ('block', vm.order_key), 'capped': ('block/capped', _capped_key)}
+KEYS = {'ratio': ('block', vm.order_key), 'capped': ('block/capped', helpers.capped_key)}
 
 
 @pytest.mark.parametrize(
@@ -643,7 +551,7 @@ def test_large_vocabulary_is_stable(num_drafts, orders):
       assert np.all((y >= 0) & (y < vocab))
   for order in orders:
     variant, key = KEYS[order]
-    select = jax.jit(functools.partial(_select_path, variant=variant))
+    select = jax.jit(functools.partial(helpers.gbv_select_path, variant=variant))
     _, selected, q_hat, _ = (np.asarray(x) for x in select(tokens, q, p))
     assert np.all(np.isfinite(q_hat)) and np.all(q_hat >= 0)
     np.testing.assert_allclose(q_hat.sum(-1), 1.0, atol=1e-5)
