@@ -9,10 +9,12 @@ Checks the config, the workdir and every model before decoding; prints each row 
 `config.tree_nodes`), alpha, block efficiency, c, pass cost, speedup, predicted, predicted per
 call, the loop's iteration cost and its prediction, BLEU) as it finishes and appends it to
 results.csv / results.json in --workdir (default: config.workdir), so Ctrl-C keeps every finished
-row; speedup.png at the end. Third-party INFO logs only with --verbosity=0.
+row; speedup.png at the end, and the run's wall time (loading, compiling and the cost phase
+included). Third-party INFO logs only with --verbosity=0.
 """
 
 import os
+import time
 
 from tqdm.auto import tqdm
 
@@ -25,6 +27,7 @@ def run(config, workdir: str) -> list[evaluation.Row]:
   """Every row of `config`, printed and written to `workdir` as it finishes; speedup.png at the
   end (`experiments.skeleton`: process 0 alone prints and writes on several processes). Rows go
   through `tqdm.write`, so they never interleave with the progress bars."""
+  start = time.perf_counter()
   plan = evaluation.prepare(config)
   measured = []
 
@@ -38,7 +41,11 @@ def run(config, workdir: str) -> list[evaluation.Row]:
     paths = dict(writer.paths, png=os.path.join(workdir, 'speedup.png'))
     if any(r['method'] != translation.AUTOREGRESSIVE for r in writer.rows):
       results_io.plot_speedup(writer.rows, paths['png'])
-    results.say(f'{len(writer.rows)} rows in ' + ', '.join(paths.values()))
+    minutes, seconds = divmod(round(time.perf_counter() - start), 60)
+    results.say(
+      f'{len(writer.rows)} rows in ' + ', '.join(paths.values()) + f'; {minutes} min {seconds} s '
+      'wall time (loading, compiling and the cost phase included)'
+    )
     return paths
 
   table = skeleton.Table('results', evaluation.TABLE, fields=evaluation.COLUMNS)

@@ -313,12 +313,47 @@ def test_config_items_apply_in_order_and_lists_hold_any_number():
     ('tree_nodes=6', r"Drafter 'distilled': .*top-2 tree has 1 \+ 2 \* depth nodes"),
     ('tree_nodes=5,proposal=argmax', "tree= does not support proposal='argmax'"),
     ('tree_nodes=5,num_drafts=2', 'needs num_drafts=1'),
+    ('trees=block', "config.trees holds 'DRAFTER:N' entries"),
+    ('trees=block:1', "config.trees holds 'DRAFTER:N' entries"),
   ],
 )
 @helpers.needs_pair('ende')
 def test_bad_settings_fail_before_decoding(item, match):
   with pytest.raises(ValueError, match=match):
     evaluation.prepare(ende.get_config(item))
+
+
+@helpers.needs_pair('ende48m')
+def test_the_default_runs_the_headline_rows_and_times_only_their_groups(monkeypatch):
+  # The README's first command: the best drafter (distilled, gamma 3) with each verifier and the
+  # block drafter's 5-node tree alone (no chain rows of its own), at T = 0 and 1; the cost phase
+  # times those 2 groups and nothing else, at the repeats benchmarks/cost_repeats.py asked for.
+  config = ende.get_config()
+  assert (config.temperatures, config.num_examples) == ((0.0, 1.0), 40)
+  assert (config.timing_rounds, config.timing_repeats) == (1, 15)
+  plan = evaluation.prepare(config)
+  assert plan.groups == [('distilled', 3)] and plan.tree_only == ('block',)
+  assert [(n, g, t.num_nodes) for n, g, t in plan.tree_groups] == [('block', 4, 5)]
+  assert (plan.num_methods, plan.num_passes) == (8, 10)
+  timed = []
+
+  def fake(target, drafter, *, gamma, tree_nodes=None, repeats, **kw):
+    timed.append((gamma, tree_nodes, repeats))
+    return _fake_step_costs(target, drafter, gamma=gamma)
+
+  monkeypatch.setattr(timing, 'step_costs', fake)
+  assert sorted(evaluation.model_costs(plan), key=len) == [('distilled', 3), ('block', 4, 5)]
+  assert timed == [(3, None, 15), (4, 5, 15)]
+  # Everything else: :all_drafters (the 34 rows the default ran before, and the tree), :full.
+  every = evaluation.prepare(ende.get_config('all_drafters'))
+  assert set(every.chain_drafters) == {'distilled', 'trigram', 'bigram', 'block'}
+  assert len(every.groups) == 8 and len(every.tree_groups) == 1 and every.num_methods == 36
+  full = ende.get_config('full')
+  assert (full.num_examples, full.gammas, full.timing_rounds) == (500, (3, 5, 7), 3)
+  assert full.drafters == ('distilled', 'trigram', 'bigram') and full.block_drafters == ('block',)
+  # Named trees of a drafter the pair does not ship are skipped, as block drafters are.
+  assert evaluation.named_trees(config) == [('block', 5)]
+  assert evaluation.tree_rows(config, ['distilled'], {'distilled': None}) == []
 
 
 def test_tree_rows_build_each_drafters_tree():

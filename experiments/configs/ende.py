@@ -1,9 +1,10 @@
 r"""The main job: EN->DE on the shipped 48M pair (pretrained/ende48m), Table 2 of Leviathan et al.
 
-  python -m experiments.translate --config=experiments/configs/ende.py          # the default
+  python -m experiments.translate --config=experiments/configs/ende.py          # the headline rows
+  python -m experiments.translate --config=experiments/configs/ende.py:all_drafters  # every drafter
+  python -m experiments.translate --config=experiments/configs/ende.py:full     # 500 sentences
   python -m experiments.translate --config=experiments/configs/ende.py:runlocal # 8 sentences, 13.5M
   python -m experiments.translate --config=experiments/configs/ende.py:pretrained=ende  # 13.5M
-  python -m experiments.translate --config=experiments/configs/ende.py:full     # 500 sentences
   python -m experiments.translate --config=experiments/configs/ende.py:gammas=3,5,7,batch_size=8
   python -m experiments.translate --config=experiments/configs/ende.py:pretrained=/my/pair_dir
   python -m experiments.translate --config=experiments/configs/ende.py:paper   # T5-11B, v4-8
@@ -12,28 +13,42 @@ r"""The main job: EN->DE on the shipped 48M pair (pretrained/ende48m), Table 2 o
   python -m experiments.translate --config=experiments/configs/ende.py:grow_to=t5_1_1-xl
   python -m experiments.translate --config=experiments/configs/ende.py:tree_nodes=5,9  # + trees
 
-Every method at batch 1 as in the paper: autoregressive, and the distilled, trigram and bigram
-drafters with token and block verification at gammas 3 and 5 (the block drafter, where the pair
-ships one, at gammas 4 and 8: one call drafts them all), temperatures 0 and 1, on the first 40
-test sentences. Each (drafter, gamma, temperature) decodes every sentence autoregressively,
-then with token, then with block verification, each call timed (`translation.translate_in_turn`):
-one autoregressive baseline serves both verifiers. Items apply in the order written
+The default is the headline rows, at batch 1 as in the paper, temperatures 0 and 1, on the first
+40 test sentences: autoregressive; the best drafter, `distilled` at gamma 3, with token and with
+block verification; and the block drafter's best tree, its best-first token tree of 5 nodes
+(depth 4: one drafter call and one 5-position target pass an iteration), where the pair ships a
+block drafter (`config.trees`; pretrained/ende48m and debsumm48m do, the 13.5M pair does not).
+Both chosen from measured rows (docs/results.md sections 1 and 10, 2 CPU cores): the distilled
+drafter at gamma 3 is the best T=1 row, the best at both temperatures with the decoder
+projections fused, and within the run's noise of the greedy best (the trigram at gamma 3); the
+block drafter's 5-node tree is its best row (a 9-node tree's pass costs 1.7-1.8 target steps on
+that CPU). Each chain and each tree, at each temperature, decodes every sentence
+autoregressively, then with each of its methods, each call timed
+(`translation.translate_in_turn`): one autoregressive baseline serves both verifiers.
+
+Everything else: `:all_drafters` adds the trigram and bigram drafters, gamma 5, and the block
+drafter's chains at gammas 4 and 8 (the 34 rows the default ran before the headline cut, and the
+tree), `:full` is that on 500 sentences with gammas 3, 5 and 7, and the other tables are the
+experiments' mains (the README's "More"). Items apply in the order written
 (experiments/configs/common.py).
 
-Cost: 2 temperatures x 8 (drafter, gamma) x (1 baseline + 2 verifiers) = 48 passes of 40
-sentences (1,920 sentence decodings), and one round of cost timing per (drafter, gamma). How long
-it took, on which machine, and what it measured: docs/results.md section 1 (and the README's
-table).
+Cost: 2 temperatures x (3 passes for the chain: its baseline and 2 verifiers; 2 for the tree: its
+baseline and the tree) = 10 passes of 40 sentences (400 sentence decodings), and one round of
+cost timing for each of the 2 groups the rows use (the distilled drafter at gamma 3, the block
+drafter's 5-node tree): `evaluation.model_costs` times the plan's groups and nothing else. How
+long it took, on which machine: docs/results.md section 1 (and the README's table).
 
 Statistical cost (40 sentences, not 100 or 500): every mean over the sentences (alpha, block
 efficiency, the speedup as a ratio of summed seconds) has a standard error sqrt(100/40) = 1.6x
 that of 100 sentences, and BLEU (a corpus score; at temperature 1 one sample per sentence) moves
-more between runs. c and the pass cost come from one timing round, not the median of 3 (the pass
-cost is still a median, over the 3 drafters' rounds). Sharing the baseline costs no precision:
-each speedup is still timed against an autoregressive decoding of the same batch a moment before
-it, and token vs block (a ratio of their own seconds) no longer carries two baselines' noise.
-`:full` (500 sentences, gammas 3, 5, 7, 3 timing rounds) has sqrt(500/40) = 3.5x smaller errors
-than the default.
+more between runs. c and the pass cost come from one timing round of 15 timed runs of each cost
+loop, the fastest counting (`config.timing_repeats`: at 7, c spread 4.5x as much over trials,
+benchmarks/cost_repeats.py), not the median of 3 rounds; each pass cost is its one drafter's
+measurement (`:all_drafters` pools a gamma's over its drafters). Sharing the baseline costs no
+precision: each speedup is still timed against an autoregressive decoding of the same batch a
+moment before it, and token vs block (a ratio of their own seconds) carries no second baseline's
+noise. `:full` (500 sentences, gammas 3, 5, 7, 3 timing rounds) has sqrt(500/40) = 3.5x smaller
+errors than the default.
 """
 
 import ml_collections
@@ -48,8 +63,19 @@ def _runlocal(c):
   c.timing_rounds = 1
 
 
+def all_drafters(c):
+  """Every drafter the main job runs, beside the headline rows: the distilled, trigram and bigram
+  drafters at gammas 3 and 5 and the block drafter's chains at gammas 4 and 8, each with token and
+  block verification, and the block drafter's 5-node tree (the `:all_drafters` variant; `:full`
+  and `debsumm.py` use it too). 34 rows of 48 passes and 8 cost groups before the tree's."""
+  c.drafters, c.block_drafters = ('distilled', 'trigram', 'bigram'), ('block',)
+  c.gammas, c.block_gammas = (3, 5), (4, 8)
+
+
 def full(c):
-  """500 test sentences, gamma 3, 5 and 7 (the `:full` variant; `debsumm.py` uses it too)."""
+  """`all_drafters` on 500 test sentences, gamma 3, 5 and 7, 3 timing rounds (the `:full`
+  variant; `debsumm.py` uses it too)."""
+  all_drafters(c)
   c.num_examples, c.gammas, c.timing_rounds = 500, (3, 5, 7), 3
 
 
@@ -87,18 +113,19 @@ def grown_large(c):
   `pretrained.grow_pair`), computing what the shipped target computes: the same table at a
   780M-class target's cost, shrunk to what a shared 2-core CPU decodes in under 30 minutes (12
   sentences, the distilled and bigram drafters at gamma 3 and the block drafter at gamma 8, the
-  costs' fastest of 3 runs, not 15). Its rows: docs/results.md section 12."""
+  costs' fastest of 3 runs, not 15; no tree). Its rows: docs/results.md section 12."""
   c.grow_to = 't5_1_1-large'
   c.num_examples, c.drafters, c.gammas, c.timing_repeats = 12, ('distilled', 'bigram'), (3,), 3
-  c.block_gammas = (8,)
+  c.block_drafters, c.block_gammas, c.trees = ('block',), (8,), ()
   c.workdir = f'/tmp/specdec_{c.task.lower()}_large'
 
 
 def grown_xxl(c):
   """The target grown to t5_1_1-xxl shapes (11B params; the paper's target's cost) in bfloat16
   params on the accelerator (one GPU, or a v4-8 as 1x4 with the drafters replicated), the default
-  table (40 sentences, every drafter, gammas 3 and 5). Its build never holds the 11B params on the
-  host (`t5_growth.grow_placed`); its memory per v4 device: tests/tpu_paper_test.py."""
+  rows (40 sentences; `xxl,all_drafters`: every drafter at gammas 3 and 5). Its build never holds
+  the 11B params on the host (`t5_growth.grow_placed`); its memory per v4 device:
+  tests/tpu_paper_test.py."""
   c.grow_to, c.param_dtype, c.drafter_sharding = 't5_1_1-xxl', 'bfloat16', 'replicated'
   c.workdir = f'/tmp/specdec_{c.task.lower()}_xxl'
 
@@ -107,19 +134,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.pretrained = 'ende48m'  # a pair under pretrained/, or a directory laid out the same way
   c.task = 'EnDe'  # the rows' task name, as in the paper's tables
-  # Names of the pair's drafters (specdec_jax.pretrained), or ('all',). The unigram and the
-  # small T5 (dominated by the distilled drafter) are in the alpha table (experiments/alpha_table.py).
-  c.drafters = ('distilled', 'trigram', 'bigram')
-  # Block drafters (one call drafts gamma tokens), added to the rows where the pair ships them:
-  # pretrained/ende48m and debsumm48m do, the 13.5M pair does not.
-  c.block_drafters = ('block',)
+  # Names of the pair's drafters (specdec_jax.pretrained), or ('all',): their chain rows. The
+  # default is the best one; :all_drafters adds the trigram and bigram. The unigram and the small
+  # T5 (dominated by the distilled drafter) are in the alpha table (experiments/alpha_table.py).
+  c.drafters = ('distilled',)
+  # Block drafters (one call drafts gamma tokens) whose chains join the rows where the pair ships
+  # them (pretrained/ende48m and debsumm48m do, the 13.5M pair does not); :all_drafters: 'block'.
+  c.block_drafters = ()
   c.workdir = '/tmp/specdec_ende'
   c.num_examples = 40  # :full for 500; the docstring gives the statistical cost
   c.batch_size = 1
   c.max_source_length = 64
   c.max_new_tokens = 64
   c.temperatures = (0.0, 1.0)
-  c.gammas = (3, 5)
+  c.gammas = (3,)  # :all_drafters 3 and 5
   # A block drafter's gammas (one call drafts them all, so they may be larger; <= its block_size).
   c.block_gammas = (4, 8)
   c.verifiers = ('token', 'block')
@@ -128,6 +156,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # block_size); an autoregressive drafter's top-2 tree, N odd, depth (N - 1) / 2), token-tree
   # verification (docs/method.md section 13), timed in turn with its own autoregressive baseline.
   c.tree_nodes = ()
+  # Named token trees, 'DRAFTER:N': that drafter's tree of N nodes alone (no chain rows of its own
+  # unless it is in drafters or block_drafters), where the pair ships it (`evaluation.named_trees`).
+  # The default: the block drafter's best row, its 5-node best-first tree (depth 4).
+  c.trees = ('block:5',)
   # The source-lookup drafter's chain rows (`draft_lookup.source_lookup`: the latest match of the
   # last 3..1 emitted tokens in the row's own source, a one-hot law, no model; c = 0), at
   # config.gammas with each verifier but greedy_block. Its trees and the hybrid tree:
@@ -170,5 +202,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # 1 by default (the cost of the default run, see above); :full measures 3.
   c.timing_rounds = 1
   c.timing_repeats = 15  # timed runs of each cost loop per round; the fastest counts
-  variants = {'runlocal': _runlocal, 'full': full, 'paper': _paper}
+  variants = {'runlocal': _runlocal, 'all_drafters': all_drafters, 'full': full, 'paper': _paper}
   return common.parse(arg, c, {**variants, 'large': grown_large, 'xxl': grown_xxl})

@@ -7,20 +7,20 @@ autoregressively and then with each verifier in turn (token, block), every call 
 compilation excluded, so that one autoregressive baseline serves both verifiers and every speedup
 compares methods under the same machine load (and with `config.tree_nodes`, each drafter's token
 tree of N nodes, one target pass over them, decoded in turn with its own autoregressive baseline:
-method 'tree', gamma its depth, `tree_spec`). Each row (`Row`) reports alpha (measured, mean beta
-over verified positions), block efficiency, c and c_fixed (what the drafter adds to an iteration of
-the loop's model calls, `gamma * c + c_fixed` target steps, `timing.step_costs`; `c_alone`: a
-call alone), the walltime speedup, the speedup the paper's formula predicts from the measured
-alpha, c, c_fixed and (gamma+1)-position pass cost (the pass cost is a property of the target and gamma: the median
-over every drafter's measurement), and BLEU. Then what the loops themselves cost:
-`iteration_cost`, a speculative iteration in autoregressive steps, each fitted over the batches
-(`translation.loop_costs`: seconds ~ fixed + per iteration x iterations, the work around the model calls
-included), and `predicted_loop` = block efficiency / iteration_cost, the speedup before the
-per-call fixed costs (encoder, cache set-up) dilute it. Where `speedup` falls short of
-`predicted_speedup`, these two say whether the iteration (loop overhead, the pass) or the tokens
-per iteration (alpha's i.i.d. assumption, EOS) is why. `prepare` checks a config (`check_config`)
-and loads what it names; no flags here: experiments/translate.py and notebooks call `prepare` and
-`rows`.
+method 'tree', gamma its depth, `tree_spec`; `config.trees`: named drafters' trees alone). Each
+row (`Row`) reports alpha (measured, mean beta over verified positions), block efficiency, c and
+c_fixed (what the drafter adds to an iteration of the loop's model calls, `gamma * c + c_fixed`
+target steps, `timing.step_costs`; `c_alone`: a call alone), the walltime speedup, the speedup the
+paper's formula predicts from the measured alpha, c, c_fixed and (gamma+1)-position pass cost (the
+pass cost is a property of the target and gamma: the median over every drafter's measurement),
+and BLEU. Then what the loops themselves cost: `iteration_cost`, a speculative iteration in
+autoregressive steps, each fitted over the batches (`translation.loop_costs`: seconds ~ fixed +
+per iteration x iterations, the work around the model calls included), and `predicted_loop` =
+block efficiency / iteration_cost, the speedup before the per-call fixed costs (encoder, cache
+set-up) dilute it. Where `speedup` falls short of `predicted_speedup`, these two say whether the
+iteration (loop overhead, the pass) or the tokens per iteration (alpha's i.i.d. assumption, EOS)
+is why. `prepare` checks a config (`check_config`) and loads what it names; no flags here:
+experiments/translate.py and notebooks call `prepare` and `rows`.
 
   plan = evaluation.prepare(config)        # checks the config, loads every model: fails early
   writer = results_io.ResultsWriter(workdir)
@@ -130,6 +130,8 @@ class Plan:
   references: list[str]
   truncated: int  # sources longer than max_source_length (cut to it)
   mesh: object = None  # the device mesh the models are placed on; None: one device
+  # Drafters loaded for their named trees alone (`config.trees`): no chain rows of their own.
+  tree_only: tuple[str, ...] = ()
 
   @property
   def task(self) -> str:
@@ -144,19 +146,25 @@ class Plan:
     return tuple(c.get('block_gammas') or c.gammas) if is_block(steps) else tuple(c.gammas)
 
   @property
+  def chain_drafters(self) -> list[str]:
+    """The drafters of the chain rows (all but those loaded for their named trees alone)."""
+    return [name for name in self.drafters if name not in self.tree_only]
+
+  @property
   def groups(self) -> list[tuple[str, int]]:
     """Every (drafter name, gamma) of the chain rows, in order."""
-    return [(name, gamma) for name in self.drafters for gamma in self.gammas(name)]
+    return [(name, gamma) for name in self.chain_drafters for gamma in self.gammas(name)]
 
   @property
   def tree_groups(self) -> list[tuple[str, int, decode.TreeSpec]]:
-    """Every (drafter name, depth, tree) of the token-tree rows (`config.tree_nodes`), in order:
-    each drafter's tree of N nodes for each N (`tree_spec`)."""
+    """Every (drafter name, depth, tree) of the token-tree rows, in order (`tree_spec`): each
+    chain drafter's tree of N nodes for each N of `config.tree_nodes`, then the named trees of
+    `config.trees` whose drafter the plan has, each (drafter, N) once."""
+    steps = lambda name: step_models.as_step_model(self.drafters[name])[0]
     return [
-      (name, *tree_spec(step_models.as_step_model(drafter)[0], nodes))
-      for name, drafter in self.drafters.items()
-      if step_models.capabilities(step_models.as_step_model(drafter)[0]).draft_calls
-      for nodes in self.config.get('tree_nodes') or ()
+      (name, *tree_spec(steps(name), nodes))
+      for name, nodes in tree_rows(self.config, self.chain_drafters, self.drafters)
+      if step_models.capabilities(steps(name)).draft_calls
     ]
 
   @property
@@ -218,21 +226,26 @@ class Plan:
     )
 
   def _trees_summary(self) -> str:
-    nodes = tuple(self.config.get('tree_nodes') or ())
-    return f", and each drafter's token tree of {nodes} nodes" if nodes else ''
+    trees = [f'{name} {tree.num_nodes}' for name, _, tree in self.tree_groups]
+    return f', and token trees (drafter nodes): {", ".join(trees)}' if trees else ''
 
   def summary(self) -> str:
     """`inputs_summary` and the main job's rows."""
     c = self.config
+    steps = lambda name: step_models.as_step_model(self.drafters[name])[0]
+    blocks = any(is_block(steps(name)) for name in self.chain_drafters)
     return (
       f'{self.inputs_summary()}; {self.num_methods} rows: autoregressive and drafters '
-      f'{sorted(self.drafters)} x '
-      f'gammas {tuple(c.gammas)} (block drafters {self.block_gammas}) x verifiers '
+      f'{sorted(self.chain_drafters)} x '
+      f'gammas {tuple(c.gammas)}'
+      + (f' (block drafters {self.block_gammas})' if blocks else '')
+      + ' x verifiers '
       f'{tuple(c.verifiers)} ({num_drafts(c)} draft '
       f'path(s) per iteration, draft stop {c.get("draft_stop")})'
       f'{self._trees_summary()}, at temperatures '
       f'{tuple(c.temperatures)}; {self.num_passes} passes over the test set (each drafter and '
-      'gamma: every batch autoregressively, then with each verifier, timed in turn)'
+      'gamma, and each tree: every batch autoregressively, then with each verifier or the tree, '
+      'timed in turn)'
     )
 
 
@@ -243,9 +256,10 @@ def prepare(config) -> Plan:
   `config` fields: pretrained (pair name or directory), task (the rows' task name; optional),
   drafters (names, or ('all',)), num_examples, batch_size, max_source_length, max_new_tokens,
   temperatures, gammas, verifiers, seed; optional: num_drafts (K draft paths per iteration,
-  default 1), draft_stop (adaptive draft length threshold, default None), mesh ('DATAxMODEL' or
-  'auto'), drafter_sharding, and a pair given by checkpoints: target, drafter, tokenizer,
-  test_file (all four), source_prefix, param_dtype.
+  default 1), draft_stop (adaptive draft length threshold, default None), block_drafters,
+  block_gammas, tree_nodes, trees ('NAME:N': a drafter's token tree alone, `named_trees`), mesh
+  ('DATAxMODEL' or 'auto'), drafter_sharding, and a pair given by checkpoints: target, drafter,
+  tokenizer, test_file (all four), source_prefix, param_dtype.
 
   Raises:
     ValueError (or FileNotFoundError for a missing pair) naming the bad setting.
@@ -265,10 +279,14 @@ def prepare(config) -> Plan:
     raise ValueError(
       f'Drafter(s) {missing} are not in {pair.directory}; it has {sorted(pair.drafters)}.'
     )
-  drafters = {n: pair.drafters[n] for n in names}
+  # A named tree's drafter joins for its trees alone where the pair ships it (as block drafters).
+  tree_only = tuple(
+    dict.fromkeys(n for n, _ in named_trees(config) if n in pair.drafters and n not in names)
+  )
+  drafters = {n: pair.drafters[n] for n in (*names, *tree_only)}
   if config.get('lookup'):  # the source-lookup drafter's rows (no model: built on the target)
     drafters['lookup'] = draft_lookup.source_lookup(pair.target)
-  check_drafters(config, pair.target, drafters)
+  check_drafters(config, pair.target, drafters, tree_only)
   if config.max_new_tokens > pair.target.config.max_target_length:
     raise ValueError(
       f"config.max_new_tokens={config.max_new_tokens} exceeds the target's "
@@ -291,6 +309,7 @@ def prepare(config) -> Plan:
     [t for _, t in test],
     truncated,
     mesh,
+    tree_only,
   )
 
 
@@ -314,23 +333,53 @@ def tree_spec(steps, nodes: int) -> tuple[int, decode.TreeSpec]:
   return (nodes - 1) // 2, decode.TreeSpec(nodes, builder='topk', top_k=2)
 
 
-def check_drafters(config, target, drafters: dict) -> None:
+def named_trees(config) -> list[tuple[str, int]]:
+  """`config.trees` as (drafter name, nodes): each entry 'NAME:N', the drafter NAME's token tree
+  of N node slots (`tree_spec`).
+
+  Raises:
+    ValueError for an entry of another form, or N < 2.
+  """
+  found = []
+  for entry in config.get('trees') or ():
+    name, _, nodes = str(entry).rpartition(':')
+    if not name or not nodes.isdigit() or int(nodes) < 2:
+      raise ValueError(
+        f"config.trees holds 'DRAFTER:N' entries (N >= 2 node slots), got {entry!r}."
+      )
+    found.append((name, int(nodes)))
+  return found
+
+
+def tree_rows(config, chain: Sequence[str], drafters) -> list[tuple[str, int]]:
+  """(drafter name, nodes) of the token-tree rows, each once: every drafter of `chain` with each
+  N of `config.tree_nodes`, then each named tree of `config.trees` whose drafter is in
+  `drafters` (the others: a drafter the pair does not ship, skipped as block drafters are)."""
+  every = [(name, nodes) for name in chain for nodes in config.get('tree_nodes') or ()]
+  named = [(name, nodes) for name, nodes in named_trees(config) if name in drafters]
+  return list(dict.fromkeys(every + named))
+
+
+def check_drafters(config, target, drafters: dict, tree_only: Sequence[str] = ()) -> None:
   """Raises ValueError naming the first (drafter, verifier, gamma) of the rows the loop would
   refuse, before any row runs: a verifier's constraints on drafters (`Verifier.check_drafter`),
   a drafter for another target (`step_models.check_state_reader`) and a block drafter's
-  block_size (`step_models.check_block_drafter`), and each token tree of `config.tree_nodes`
-  (`tree_spec`; the loop's own checks of a tree, at each temperature)."""
+  block_size (`step_models.check_block_drafter`), and each token tree of `tree_rows`
+  (`tree_spec`; the loop's own checks of a tree, at each temperature). The drafters of
+  `tree_only` have tree rows alone: no verifier or gamma of theirs is checked."""
   target_steps, _ = step_models.as_step_model(target)
+  chain = [name for name in drafters if name not in tree_only]
+  trees = tree_rows(config, chain, drafters)
   for name, drafter in drafters.items():
     steps, _ = step_models.as_step_model(drafter)
     try:
       step_models.check_state_reader(steps, target_steps)
-      for verifier in config.verifiers:
+      for verifier in config.verifiers if name in chain else ():
         verifiers.get(verifier).check_drafter(steps)
       gammas = (config.get('block_gammas') or config.gammas) if is_block(steps) else config.gammas
-      for gamma in gammas:
+      for gamma in gammas if name in chain else ():
         step_models.check_block_drafter(steps, gamma)
-      for nodes in config.get('tree_nodes') or ():
+      for nodes in [n for d, n in trees if d == name]:
         depth, tree = tree_spec(steps, nodes)
         for temperature in config.temperatures:
           spec = decode.LoopSpec(
@@ -363,6 +412,7 @@ def check_config(config) -> None:
       if isinstance(g, bool) or not isinstance(g, numbers.Integral) or g < least:
         raise ValueError(f'config.{name} must hold ints >= {least}, got {tuple(config[name])}.')
   translation.check_methods(config.verifiers, 'config.verifiers')
+  named_trees(config)  # raises on a malformed entry
   for temperature, gamma, verifier in itertools.product(
     config.temperatures, sorted(set(all_gammas)), config.verifiers
   ):
@@ -449,7 +499,7 @@ def model_costs(plan: Plan, *, progress: bool = False) -> dict[tuple, dict[str, 
   bar = tqdm(
     total=len(todo),
     desc='model costs (c, c_fixed, pass cost; timed in the loop)',
-    unit='drafter x gamma',
+    unit='drafter x gamma' + (' or tree' if plan.tree_groups else ''),
     disable=not progress,
     dynamic_ncols=True,
     mininterval=0.0,
