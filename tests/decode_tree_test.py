@@ -2,6 +2,9 @@
 on fake Markov models: lossless over whole sequences at T > 0 for each builder (chi-square of the
 first tokens over 100k rows against the target's exact law) with negative controls that must
 fail the same test, greedy output equal to `generate` token for token, one program per shape.
+The sampled tree (rule 1a) also at T != 1 with top-k and with top-p, where the law its children
+are drawn from is not the drafter's softmax (a control hands rule 1a the softmax), and with three
+children per node, where a sibling's law must have every earlier sibling removed.
 The T5 models and the errors: tests/decode_tree_t5_test.py."""
 
 import functools
@@ -31,12 +34,19 @@ SAMPLING = sampling_lib.SamplingConfig(temperature=1.0)
 TREE = decode.TreeSpec(num_nodes=6)  # 'block': the best-first tree on BLOCK's laws
 TOPK = decode.TreeSpec(num_nodes=5, builder='topk', top_k=2)  # at gamma 2
 SAMPLED = decode.TreeSpec(num_nodes=7, builder='sampled', branching=(2, 2))  # drawn from BLOCK
+SAMPLED3 = decode.TreeSpec(num_nodes=13, builder='sampled', branching=(3, 3))
+TOP_K = sampling_lib.SamplingConfig(temperature=0.7, top_k=3)
+# Nodes whose top-p law keeps fewer than 3 tokens get padding children.
+TOP_P = sampling_lib.SamplingConfig(temperature=0.7, top_p=0.9)
+# Fewer rows for the T != 1 cases: the bugs they are for are off by TV >= 0.05 (chi-square p
+# below 1e-100 at these sizes).
+CASE_ROWS = {(SAMPLED, TOP_K): 30_000, (SAMPLED3, TOP_P): 20_000}
 
 
-def _samples(sampling=SAMPLING, gamma=2, seed=3, tree=TREE):
-  """SEQUENCE_ROWS rows of SEQUENCE_LENGTH tokens: STATE_TARGET with BLOCK ('block', 'sampled'),
-  TARGET with DRAFTER ('topk')."""
-  ids = jnp.zeros((SEQUENCE_ROWS, 1), jnp.int32)
+def _samples(sampling=SAMPLING, gamma=2, seed=3, tree=TREE, rows=SEQUENCE_ROWS):
+  """`rows` rows of SEQUENCE_LENGTH tokens: STATE_TARGET with BLOCK ('block', 'sampled'), TARGET
+  with DRAFTER ('topk')."""
+  ids = jnp.zeros((rows, 1), jnp.int32)
   models = (TARGET, DRAFTER) if tree.builder == 'topk' else (STATE_TARGET, BLOCK)
   out = decode.speculative_generate(
     *models, ids, jnp.ones_like(ids), gamma=gamma, sampling=sampling,
@@ -57,11 +67,14 @@ _clean_samples = functools.cache(_samples)  # for the runs no control patches
     ),
     (TOPK, SAMPLING),
     (SAMPLED, SAMPLING),
+    (SAMPLED, TOP_K),
+    (SAMPLED3, TOP_P),
   ],
   ids=str,
 )
 def test_tree_loop_is_lossless(tree, sampling):
-  tokens, stats = _clean_samples(sampling, tree=tree)
+  rows = CASE_ROWS.get((tree, sampling), SEQUENCE_ROWS)
+  tokens, stats = _clean_samples(sampling, tree=tree, rows=rows)
   assert sequence_pvalue(tokens, sampling) > SIGNIFICANCE
   assert 0 < stats.accepted < stats.drafted  # drafts were kept and rejected: a real test
 
@@ -95,6 +108,7 @@ def _laws_of_other_depths(probs, branching):
 
 
 _SAMPLE_ALONG, _NODE_LAWS = verify_tree.sample_along_tree, trees.node_laws
+_LOGITS_TO_PROBS = sampling_lib.logits_to_probs
 
 
 @pytest.mark.parametrize(
@@ -104,7 +118,9 @@ _SAMPLE_ALONG, _NODE_LAWS = verify_tree.sample_along_tree, trees.node_laws
     pytest.param(
       TREE, fakes.MarkovSteps, 'keep_path', _keep_without_moving, marks=pytest.mark.slow
     ),
-    (SAMPLED, verify_tree, 'draft_after_rejection', lambda q, token: q),
+    pytest.param(  # the default suite's: verify_tree_test.py (rrs/no_q_renormalize)
+      SAMPLED, verify_tree, 'draft_after_rejection', lambda q, token: q, marks=pytest.mark.slow
+    ),
     pytest.param(SAMPLED, trees, 'node_laws', _laws_of_other_depths, marks=pytest.mark.slow),
   ],
   ids=['redraw_on_miss', 'keep_without_moving', 'no_q_renormalize', 'laws_of_other_depths'],
@@ -116,6 +132,32 @@ def test_negative_controls_fail(monkeypatch, tree, target, name, bug):
   monkeypatch.undo()
   jax.clear_caches()
   assert sequence_pvalue(tokens) < SIGNIFICANCE
+
+
+def test_negative_control_softmax_node_laws_fails(monkeypatch):
+  """Bug: rule 1a handed the drafter's softmax (its logits before the loop's sampling transform)
+  as each node's law while the tree is drawn from the transformed law. At T = 1 without top-k or
+  top-p the two are one law, so only a run at T != 1 with a top-k (or top-p) can see it. The
+  default suite's tree-loop control: a bug of the loop's own, which no kernel test can see."""
+  softmax_of = {}  # id(transformed probs) -> (those probs, the softmax of their logits)
+
+  def logits_to_probs(logits, config):
+    probs = _LOGITS_TO_PROBS(logits, config)
+    softmax_of[id(probs)] = probs, jax.nn.softmax(jnp.asarray(logits, jnp.float32), axis=-1)
+    return probs
+
+  def softmax_node_laws(probs, branching):
+    transformed, softmax = softmax_of.get(id(probs), (None, None))
+    assert transformed is probs, 'the loop handed node_laws a law other than logits_to_probs gave'
+    return _NODE_LAWS(softmax, branching)
+
+  monkeypatch.setattr(sampling_lib, 'logits_to_probs', logits_to_probs)
+  monkeypatch.setattr(trees, 'node_laws', softmax_node_laws)
+  jax.clear_caches()  # the loop must be traced again with the bug
+  tokens, _ = _samples(TOP_K, tree=SAMPLED, rows=CASE_ROWS[SAMPLED, TOP_K])
+  monkeypatch.undo()
+  jax.clear_caches()
+  assert sequence_pvalue(tokens, TOP_K) < SIGNIFICANCE
 
 
 # ---------------------------------------------------------------------------------------------

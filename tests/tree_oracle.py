@@ -78,6 +78,7 @@ def rrs_law(
   *,
   renormalize_q: bool = True,
   update_p: bool = True,
+  remove_all_rejected: bool = True,
 ) -> oracle.Distribution:
   """Law of rule 1a over sampled trees: children of a depth-d node are `branching[d]` draws
   from the drafter without replacement (fewer if its support is smaller), in draw order.
@@ -85,6 +86,9 @@ def rrs_law(
   renormalize_q: False is a bug: sibling i's acceptance and the residual use q_u itself, not q_u
     with the earlier siblings removed and renormalized.
   update_p: False is a bug: every sibling is tested against p_u, not the updated residual.
+  remove_all_rejected: False is a bug: sibling i + 1's law is q_u with only sibling i removed
+    (renormalized), not siblings 1..i; the same as the rule for two children, it differs from the
+    third child on.
   """
   max_depth = len(branching)
   memo = {}
@@ -122,8 +126,9 @@ def rrs_law(
         residual = [max(ZERO, pt - qt) for pt, qt in zip(p, q)]
         p = [r / sum(residual) for r in residual] if sum(residual) else p
       if renormalize_q:
-        left = [ZERO if t == c else qt for t, qt in enumerate(q)]
-        q = [x / sum(left) for x in left] if sum(left) else q
+        base = q if remove_all_rejected else list(drafter[node])
+        left = [ZERO if t == c else qt for t, qt in enumerate(base)]
+        q = [x / sum(left) for x in left] if sum(left) else base
     for y, prob in enumerate(p):
       if prob:
         out[(y,)] += reach * prob

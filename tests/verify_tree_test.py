@@ -4,12 +4,17 @@ Two layers, each with negative controls (plausible bugs) that must fail the same
 1. Rational oracle (tests/tree_oracle.py): each rule's law, enumerated in Fractions over every
    drafted tree and every coin, followed by sampling from the target, equals the target's joint
    law of D + 1 tokens exactly; the controls are off by a stated total variation.
-2. Sampling: NUM_ROWS jitted rows per case, each with its own tree drafted in numpy from a
-   context-dependent toy drafter. The emitted sequences (accepted path + Y) are compared with the
-   rule's exact law, and the WHOLE sequences (continued by the target to D + 1 tokens) with the
-   target's joint, by chi-square at SIGNIFICANCE; each control must give p < SIGNIFICANCE on the
-   whole-sequence test.
+2. Sampling: NUM_ROWS (three children: ROWS3) jitted rows per case, each with its own tree
+   drafted in numpy from a context-dependent toy drafter. The emitted sequences (accepted path +
+   Y) are compared with the rule's exact law, and the WHOLE sequences (continued by the target to
+   D + 1 tokens) with the target's joint, by chi-square at SIGNIFICANCE; each control must give
+   p < SIGNIFICANCE on the whole-sequence test.
 Greedy verification is compared token for token with the target's argmax decoding.
+
+Rule 1a and the sampled-tree builder are checked with three children per node (BRANCHING3) as
+well as two: a sibling's law must have EVERY earlier sibling removed, which two children cannot
+tell from removing only the latest one ('rrs/only_latest_removed': exact at two children, off by
+TV 0.121 at three on PAIR3).
 """
 
 import collections
@@ -23,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax import sampling, trees
+from specdec_jax import sampling, trees, verify
 from specdec_jax import verify_tree as vtree
 from tests import chisquare, helpers
 from tests import multipath_oracle as mo
@@ -34,6 +39,11 @@ NUM_ROWS = 200_000
 SIGNIFICANCE = chisquare.SIGNIFICANCE  # 1e-3
 DEPTH = 2
 BRANCHING = (2, 2)  # children per node at depth 0 and 1: N = 1 + 2 + 4 = 7 slots
+BRANCHING3 = (3, 3)  # N = 1 + 3 + 9 = 13 slots
+# The toy pair (seed, V) of the three-children tests. On the V = 4 toys two rejected siblings
+# mostly leave a residual of one token, where 'rrs/only_latest_removed' changes nothing.
+PAIR3 = (531, 5)
+ROWS3 = 100_000  # rows of the three-children sampling tests (the control is off by TV 0.121)
 
 
 @functools.cache
@@ -62,7 +72,7 @@ def test_oracle_rules_are_lossless(seed, vocab):
   topk = to.topk_tree(pair.drafter, BRANCHING)
   assert _continued(to.along_tree_law(pair.target, topk), pair) == joint
   assert _continued(to.cumulative_law(pair.target, topk), pair) == joint
-  for branching in [BRANCHING, (3, 1), (1, 2)]:
+  for branching in [BRANCHING, (3, 1), (1, 2), BRANCHING3]:
     assert _continued(to.rrs_law(pair.target, pair.drafter, branching), pair) == joint
 
 
@@ -82,6 +92,21 @@ def test_oracle_controls_are_lossy():
   assert min(tvs.values()) > 0.03, tvs
   # Rule 1b as this module runs it (follow the draw) is not fooled by a duplicate.
   assert _continued(to.along_tree_law(pair.target, duplicated), pair) == joint
+
+
+def test_oracle_removing_only_the_latest_sibling_needs_three_children():
+  """Sibling i + 1's law q_u without sibling i only, not without siblings 1..i: the right rule
+  for two children per node, lossy from the third child on (exact TV on PAIR3)."""
+  pair = _pair(*PAIR3)
+  joint = _joint(pair)
+
+  def law(branching, **bug):
+    return _continued(to.rrs_law(pair.target, pair.drafter, branching, **bug), pair)
+
+  assert law(BRANCHING3) == joint
+  assert law(BRANCHING, remove_all_rejected=False) == joint
+  tv = mo.total_variation(law(BRANCHING3, remove_all_rejected=False), joint)
+  assert tv > 0.12, float(tv)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -117,9 +142,9 @@ def _topk_order(probs, count):
 
 
 @functools.cache
-def _draft_trees(pair, branching, how, seed):
-  """NUM_ROWS trees of the full layout of `branching`, children of every node from the drafter's
-  row at that node: 'sampled' without replacement, or 'topk' (deterministic).
+def _draft_trees(pair, branching, how, seed, num_rows=NUM_ROWS):
+  """`num_rows` trees of the full layout of `branching`, children of every node from the
+  drafter's row at that node: 'sampled' without replacement, or 'topk' (deterministic).
 
   Returns:
     (Tree as numpy arrays, q f32[R, N, V], p f32[R, N, V]).
@@ -127,12 +152,12 @@ def _draft_trees(pair, branching, how, seed):
   rng = np.random.default_rng(seed)
   layout = _slots(branching)
   num = len(layout)
-  prefix = np.zeros((NUM_ROWS, num, DEPTH), np.int64)
-  tokens = np.zeros((NUM_ROWS, num), np.int64)
-  valid = np.zeros((NUM_ROWS, num), bool)
+  prefix = np.zeros((num_rows, num, DEPTH), np.int64)
+  tokens = np.zeros((num_rows, num), np.int64)
+  valid = np.zeros((num_rows, num), bool)
   valid[:, 0] = True
-  p = np.zeros((NUM_ROWS, num, pair.vocab))
-  q = np.full((NUM_ROWS, num, pair.vocab), 1.0 / pair.vocab)
+  p = np.zeros((num_rows, num, pair.vocab))
+  q = np.full((num_rows, num, pair.vocab), 1.0 / pair.vocab)
   children = {s: [c for c, parent, _ in layout if parent == s] for s, _, _ in layout}
   for slot, _, depth in layout:
     code = helpers.sequence_codes(prefix[:, slot], depth, pair.vocab)
@@ -195,18 +220,42 @@ def _swapped(pieces):
     yield
 
 
-@functools.partial(jax.jit, static_argnames=('control',))
-def _rrs_run(rng, tree, q, p, control=''):
+@functools.partial(jax.jit, static_argnames=('control', 'max_children'))
+def _rrs_run(rng, tree, q, p, control='', max_children=max(BRANCHING)):
   """`recursive_rejection_verify` traced here, with a control's piece swapped in."""
   pieces = {
     '': {},
     'no_q_renormalize': {'draft_after_rejection': lambda q, token: q},
     'no_p_update': {'residual_after_rejection': lambda p, q: p},
+    'only_latest_removed': {'node_trials': _trials_removing_only_the_latest},
   }[control]
   with _swapped(pieces):
     return vtree.recursive_rejection_verify.__wrapped__(
-      rng, tree, q, p, max_depth=DEPTH, max_children=max(BRANCHING)
+      rng, tree, q, p, max_depth=DEPTH, max_children=max_children
     )
+
+
+def _trials_removing_only_the_latest(coins, p_node, q_node, children, child_tokens):
+  """Bug: `verify_tree.node_trials` where sibling i + 1's law is q_u without sibling i only
+  (`draft_after_rejection(q_node, token)`), not q_i without it."""
+
+  def trial(carry, inputs):
+    p_i, q_i, chosen = carry
+    coin, child, token = inputs
+    tried = (chosen < 0) & (child >= 0)
+    p_x = jnp.take_along_axis(p_i, token[:, None], axis=1)[:, 0]
+    q_x = jnp.take_along_axis(q_i, token[:, None], axis=1)[:, 0]
+    accepted = tried & (coin < verify.token_acceptance(p_x, q_x))
+    rejected = (tried & ~accepted)[:, None]
+    p_i = jnp.where(rejected, vtree.residual_after_rejection(p_i, q_i), p_i)
+    q_i = jnp.where(rejected, vtree.draft_after_rejection(q_node, token), q_i)
+    return (p_i, q_i, jnp.where(accepted, child, chosen)), None
+
+  chosen = jnp.full(children.shape[:1], -1, jnp.int32)
+  (p_last, _, chosen), _ = jax.lax.scan(
+    trial, (p_node, q_node, chosen), (coins, children.T, child_tokens.T)
+  )
+  return chosen, p_last
 
 
 @jax.jit
@@ -304,24 +353,35 @@ def _node_rows(pair, tree):
 
 
 @pytest.mark.parametrize(
-  'seed, vocab',
-  [(502, 4), pytest.param(503, 3, marks=pytest.mark.slow)],  # 503: drafter rows of support 1
+  'seed, vocab, branching',
+  [
+    (502, 4, BRANCHING),
+    pytest.param(503, 3, BRANCHING, marks=pytest.mark.slow),  # drafter rows of support 1
+    (*PAIR3, BRANCHING3),
+  ],
+  ids=['pairs', 'pairs-v3', 'triples'],
 )
-def test_recursive_rejection_matches_oracle(seed, vocab):
+def test_recursive_rejection_matches_oracle(seed, vocab, branching):
   """Rule 1a on trees sampled without replacement; on the V = 3 toy some nodes' drafter rows
-  have one token, so some children slots are padding."""
+  have one token, so some children slots are padding. With three children per node (PAIR3) the
+  third sibling is tried against q_u without both earlier ones."""
   pair = _pair(seed, vocab)
-  tree, q, p = _draft_trees(pair, BRANCHING, 'sampled', 0)
-  result = _rrs_run(jax.random.key(1), tree, q, p)
-  public = vtree.recursive_rejection_verify(
-    jax.random.key(1), tree, q, p, max_depth=DEPTH, max_children=max(BRANCHING)
+  rows = ROWS3 if branching == BRANCHING3 else NUM_ROWS
+  tree, q, p = _draft_trees(pair, branching, 'sampled', 0, rows)
+  result = vtree.recursive_rejection_verify(
+    jax.random.key(1), tree, q, p, max_depth=DEPTH, max_children=max(branching)
   )
-  for a, b in zip(result, public):  # the harness traces the public kernel unchanged
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  law = to.rrs_law(pair.target, pair.drafter, BRANCHING)
+  if branching == BRANCHING:  # the controls' harness traces the public kernel unchanged
+    for a, b in zip(_rrs_run(jax.random.key(1), tree, q, p), result):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  law = to.rrs_law(pair.target, pair.drafter, branching)
   law_p, whole_p = _pvalues(pair, tree, result, law)
   assert law_p > SIGNIFICANCE and whole_p > SIGNIFICANCE, (law_p, whole_p)
-  assert np.asarray(tree.valid).all() == (vocab == 4)
+  assert np.asarray(tree.valid).all() == (vocab != 3)
+  # Third children are accepted (slot 3 at depth 1; slots 6, 9, 12 at depth 2): a real test.
+  path = np.asarray(result.path)
+  third = [np.mean(path[:, 0] == 3), np.mean(np.isin(path[:, 1], [6, 9, 12]))]
+  assert branching != BRANCHING3 or min(third) > 0.01, third
 
 
 def test_cumulative_form_is_exact_with_distinct_siblings():
@@ -335,6 +395,10 @@ def test_cumulative_form_is_exact_with_distinct_siblings():
 def _control_run(name):
   pair = _pair()
   key = jax.random.key(5)
+  if name == 'rrs/only_latest_removed':  # three children per node
+    pair = _pair(*PAIR3)
+    tree, q, p = _draft_trees(pair, BRANCHING3, 'sampled', 0, ROWS3)
+    return pair, tree, _rrs_run(key, tree, q, p, 'only_latest_removed', max(BRANCHING3))
   if name.startswith('rrs/'):
     how = 'topk' if name == 'rrs/topk_children' else 'sampled'
     tree, q, p = _draft_trees(pair, BRANCHING, how, 0)
@@ -350,6 +414,7 @@ def _control_run(name):
 CONTROLS = (
   'rrs/no_q_renormalize',
   'rrs/no_p_update',
+  'rrs/only_latest_removed',
   'rrs/topk_children',
   'along/redraw_on_miss',
   'cumulative/duplicate_siblings',
@@ -516,6 +581,39 @@ def test_sampled_tree_draws_without_replacement():
   np.testing.assert_array_equal(
     trees.node_laws(jnp.asarray(q)[None], (2, 2))[0], q[[0, 1, 1, 1, 1, 1, 1]]
   )
+
+
+def _ordered_law(q, count):
+  """{ordered draws: probability} of `count` draws from q without replacement, one by one."""
+  law = {}
+  for draws in itertools.permutations(range(len(q)), count):
+    prob, left = 1.0, 1.0
+    for t in draws:
+      prob, left = prob * q[t] / left, left - q[t]
+    law[draws] = prob
+  return law
+
+
+def test_sampled_tree_draws_ordered_triples():
+  """Three children per node: the ordered triples at the root, at the first and at the last
+  depth-1 node are distributed as draws one by one from q_d with the earlier ones removed (chi-
+  square over 24 ordered triples each; pairs alone cannot tell a third draw with only the second
+  removed). Breadth-first slots: node 1's children are slots 4..6, node 3's slots 10..12."""
+  q = np.array([[0.4, 0.3, 0.2, 0.1], [0.05, 0.15, 0.35, 0.45]], np.float32)
+  rows = 50_000
+  probs = jnp.broadcast_to(q, (rows, 2, 4))
+  tree = jax.jit(trees.sampled_tree, static_argnums=3)(
+    jax.random.key(1), jnp.zeros(rows, jnp.int32), probs, BRANCHING3
+  )
+  tokens = np.asarray(tree.tokens)
+  for depth, slots in [(0, [1, 2, 3]), (1, [4, 5, 6]), (1, [10, 11, 12])]:
+    observed = collections.Counter(map(tuple, tokens[:, slots].tolist()))
+    assert chisquare.pvalue(observed, _ordered_law(q[depth], 3)) > SIGNIFICANCE, slots
+  trees.check_tree(tree, max_depth=2)
+  np.testing.assert_array_equal(
+    np.asarray(tree.parents[0]), [-1, 0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+  )
+  assert np.mean(np.all(tokens[:, 4:7] == tokens[:, 10:13], axis=1)) < 0.2  # nodes draw apart
 
 
 def test_structure_helpers():
