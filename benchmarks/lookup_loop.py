@@ -12,6 +12,7 @@ row's tokens are the autoregressive ones (checked, printed).
 """
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
@@ -62,7 +63,7 @@ def main(argv):
   pair = pretrained.load(_DIR.value)
   sources = [s for s, _ in pair.test_pairs()[: _SENTENCES.value]]
   encode = lambda s: pair.tokenizer.encode_batch([s], _SOURCE_LENGTH.value, truncate=True)
-  batches = [encode(s) for s in sources]
+  batches = [tuple(map(jnp.asarray, encode(s))) for s in sources]  # on device before the clock
   rows = methods(pair, _GAMMA.value, _TREE_NODES.value, _BRANCHES.value)
   for temperature in map(float, _TEMPERATURES.value):
     sampling = SamplingConfig(temperature=temperature)

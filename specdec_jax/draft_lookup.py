@@ -24,7 +24,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from specdec_jax import decode_steps, sampling, trees
+from specdec_jax import decode_steps, trees
 from specdec_jax.draft import Draft
 
 
@@ -203,61 +203,27 @@ def draft_chain(drafter, view, key, spec):
   return Draft.chain(pending, drafts, q, available[:, 0]), view.cache, view.state
 
 
-def _root(pending, num_nodes):
-  """A bare root of `num_nodes` slots: node 0 the pending token, the rest padding."""
-  batch = pending.shape[0]
-  zeros = jnp.zeros((batch, num_nodes), jnp.int32)
-  return trees.Tree(
-    tokens=zeros.at[:, 0].set(pending),
-    parents=jnp.full((batch, num_nodes), -1, jnp.int32),
-    depth=zeros,
-    valid=jnp.zeros((batch, num_nodes), bool).at[:, 0].set(True),
-  )
-
-
-def _padded(tree: trees.Tree, num_nodes: int) -> trees.Tree:
-  """`tree` with padding slots appended up to `num_nodes`."""
-  extra = num_nodes - tree.tokens.shape[1]
+def graft_matches(tree: trees.Tree, view, spec) -> trees.Tree:
+  """`tree` padded to the spec's `TreeSpec.num_nodes` slots with its M latest source matches
+  (`TreeSpec.branches`, suffixes of `TreeSpec.ngram`..1 tokens) grafted under its root
+  (`trees.graft`: equal continuations merged, siblings distinct)."""
+  t = spec.tree
+  tokens, available = _branches(view, spec, ngram=t.ngram, min_ngram=1, branches=t.branches)
+  extra = t.num_nodes - tree.tokens.shape[1]
   pad = lambda x, value: jnp.pad(x, ((0, 0), (0, extra)), constant_values=value)
-  return trees.Tree(
-    pad(tree.tokens, 0), pad(tree.parents, -1), pad(tree.depth, 0), pad(tree.valid, False)
-  )
+  with jax.named_scope('tree'):
+    padded = trees.Tree(
+      pad(tree.tokens, 0), pad(tree.parents, -1), pad(tree.depth, 0), pad(tree.valid, False)
+    )
+    return trees.graft(padded, tokens, available, spec.gamma)
 
 
 def draft_tree(drafter, view, key, spec):
-  """'lookup_tree': the M latest matches grafted under the root (`trees.graft`: equal
-  continuations merged), N slots. Fixed before the target's coins: rule 1b ('along')."""
-  del key
-  tree_spec = spec.tree
-  tokens, available = _branches(
-    view, spec, ngram=tree_spec.ngram, min_ngram=1, branches=tree_spec.branches
+  """'lookup_tree': the M latest matches grafted under the root, N slots. Fixed before the
+  target's coins: rule 1b ('along')."""
+  del drafter, key
+  pending = decode_steps.row_slice(view.seq, view.n, 1)
+  root = trees.Tree(
+    pending, jnp.full_like(pending, -1), jnp.zeros_like(pending), jnp.ones(pending.shape, bool)
   )
-  pending = decode_steps.row_slice(view.seq, view.n, 1)[:, 0]
-  with jax.named_scope('tree'):
-    tree = trees.graft(_root(pending, tree_spec.num_nodes), tokens, available, spec.gamma)
-  return Draft.of_tree(tree), view.cache, view.state
-
-
-def draft_hybrid(drafter, view, key, spec):
-  """'hybrid_tree': a block drafter's best-first tree of N - M * gamma nodes on its one call's
-  laws, then the M lookup branches grafted under the same root: one target pass scores both.
-  The tree is fixed before the target's coins (rule 1b, docs/method.md section 13)."""
-  del key
-  tree_spec = spec.tree
-  logits, cache = decode_steps.block_logits(
-    drafter.steps, drafter.params, view.cache, view.seq, view.n, view.target_states,
-    gamma=spec.gamma,
-  )  # fmt: skip
-  tokens, available = _branches(
-    view, spec, ngram=tree_spec.ngram, min_ngram=1, branches=tree_spec.branches
-  )
-  with jax.named_scope('tree'):
-    pending = decode_steps.row_slice(view.seq, view.n, 1)[:, 0]
-    if spec.greedy:
-      q = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-    else:
-      q = sampling.logits_to_probs(logits, spec.sampling)
-    model_nodes = tree_spec.num_nodes - tree_spec.branches * spec.gamma
-    tree = _padded(trees.best_first_tree(pending, q, model_nodes), tree_spec.num_nodes)
-    tree = trees.graft(tree, tokens, available, spec.gamma)
-  return Draft.of_tree(tree), cache, view.state
+  return Draft.of_tree(graft_matches(root, view, spec)), view.cache, view.state

@@ -317,6 +317,18 @@ register(
 # Source lookup (`draft_lookup`): a chain, a tree of its M latest matches, and a hybrid tree.
 
 
+def _draft_hybrid(drafter: Model, view: DraftView, key, spec):
+  """'hybrid_tree': the block drafter's best-first tree of N - M * gamma nodes on its one call's
+  laws, and the M lookup branches grafted under the same root: one target pass scores both. Fixed
+  before the target's coins (rule 1b, docs/method.md section 13)."""
+  del key
+  q, pending, cache = _block_laws(drafter, view, spec)
+  model_nodes = spec.tree.num_nodes - spec.tree.branches * spec.gamma
+  with jax.named_scope('tree'):
+    tree = trees.best_first_tree(pending, q, model_nodes)
+  return Draft.of_tree(draft_lookup.graft_matches(tree, view, spec)), cache
+
+
 def _needs_lookup_tree(drafter: Capabilities, target: Capabilities) -> str | None:
   if drafter.drafting != 'lookup':
     return (
@@ -337,7 +349,7 @@ register(
 )  # fmt: skip
 register(
   Drafting(
-    name='hybrid_tree', shape='tree', draft=draft_lookup.draft_hybrid,
+    name='hybrid_tree', shape='tree', draft=_stateless(_draft_hybrid),
     needs=_needs_block_tree('hybrid'), extra_slots=lambda gamma: gamma - 1, tree_rule='along',
   )
 )  # fmt: skip

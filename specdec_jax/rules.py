@@ -23,7 +23,6 @@ from specdec_jax import sampling as sampling_lib
 from specdec_jax.draft import Draft, Outcome
 
 RULES: dict[tuple[str, str], Callable] = {}
-SHAPES = ('chain', 'paths', 'tree')
 
 
 def register(rule: str, shape: str, fn: Callable) -> Callable:

@@ -255,6 +255,4 @@ def test_the_cases_do_what_they_say():
   assert len(set(lengths.tolist())) > 1  # rows ended in different iterations
   accepted = golden['fake/token/topp:stats.accepted'].sum()
   assert 0 < accepted < golden['fake/token/topp:stats.drafted'].sum()
-  assert 'fake/trace/topk:trace.drafts' in golden or any(
-    k.startswith('fake/trace/topk:trace.') for k in golden
-  )
+  assert golden['fake/trace/topk:trace.num_accepted'].sum() > 0  # the trace was recorded
