@@ -53,33 +53,12 @@ def _fakes():
 @functools.cache
 def _t5():
   target = helpers.tiny_t5('tiny-v1.1', seed=0)
-  d = target.config.d_model
-  small = dict(d_model=16, d_kv=4, d_ff=32)
   return {
     'target': target,
     'drafter': helpers.tiny_t5('tiny-v1.0', seed=1),
-    'shared': helpers.tiny_t5(
-      'tiny-v1.0', 3, num_encoder_layers=0, encoder_dim=d, num_decoder_layers=1, **small
-    ),
-    'eagle': helpers.tiny_t5(
-      'tiny-v1.0',
-      4,
-      num_encoder_layers=0,
-      encoder_dim=d,
-      feature_dim=d,
-      num_decoder_layers=1,
-      **small,
-    ),  # fmt: skip
-    'block': helpers.tiny_t5(
-      'tiny-v1.0',
-      6,
-      num_encoder_layers=0,
-      encoder_dim=d,
-      feature_dim=d,
-      block_size=4,
-      num_decoder_layers=2,
-      **small,
-    ),  # fmt: skip
+    'shared': helpers.shared_encoder_drafter(target),
+    'eagle': helpers.eagle_drafter(target),
+    'block': helpers.tiny_block_t5(target),
   }
 
 
