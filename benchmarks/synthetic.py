@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from specdec_jax import sharding
-from specdec_jax.models import t5
+from specdec_jax.models import t5, t5_fused
 
 WEIGHTS = ('constant', 'random')
 
@@ -150,6 +150,7 @@ def abstract_model(
   param_dtype: str | None = None,
   shard: bool = False,
   rules=sharding.DEFAULT_RULES,
+  fused: bool = False,
 ) -> t5.T5Model:
   """A `T5Model` whose params are `jax.ShapeDtypeStruct`s: nothing is allocated.
 
@@ -160,8 +161,11 @@ def abstract_model(
     param_dtype: the params' dtype (default: `config.dtype`).
     shard: with a mesh, shard the params by `rules`.
     rules: logical-axis rules (`sharding.DEFAULT_RULES`).
+    fused: the fused decoder layout (models/t5_fused.py), else T5X's.
   """
   shapes = _param_shapes(config)
+  if fused:
+    shapes = jax.eval_shape(t5_fused.fused_params, shapes)
   shapes = jax.tree.map(
     lambda s: jax.ShapeDtypeStruct(s.shape, param_dtype or config.dtype), shapes
   )

@@ -28,7 +28,7 @@ from specdec_jax import checkpoints, sharding, step_models
 from specdec_jax import drafters as drafters_lib
 from specdec_jax.data import pairs as pairs_lib
 from specdec_jax.data import tokenizer as tokenizer_lib
-from specdec_jax.models import t5
+from specdec_jax.models import t5, t5_fused
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / 'pretrained'
 _DEFAULT_MANIFEST = {
@@ -302,8 +302,9 @@ def grow_pair(
 
 
 def fuse_pair(pair: Pair) -> Pair:
-  """`pair` with every T5 model's decoder projections fused (`t5.fuse_projections`: one device;
-  on XLA:CPU a faster one-row step, docs/performance.md "Fused decoder projections")."""
-  fuse = lambda m: t5.fuse_projections(m) if isinstance(m, t5.T5Model) else m
+  """`pair` with every T5 model's decoder projections in the fused layout
+  (`t5_fused.fuse_projections`, on the mesh the pair lies on; docs/performance.md "Fused decoder
+  projections")."""
+  fuse = lambda m: t5_fused.fuse_projections(m) if isinstance(m, t5.T5Model) else m
   drafters = {name: fuse(d) for name, d in pair.drafters.items()}
   return dataclasses.replace(pair, target=fuse(pair.target), drafters=drafters)

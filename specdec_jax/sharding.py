@@ -19,7 +19,8 @@ if this module did not exist. A multi-host run calls `maybe_initialize_distribut
 its main, before any other JAX call.
 
 Logical axes: batch (B), length (T, S), embed (D), mlp (F), heads (N), kv (H), joined_kv (N*H,
-the flattened heads of the attention kernels), vocab (V), layers (L), relpos_buckets.
+the flattened heads of the attention kernels), vocab (V), layers (L), relpos_buckets, fused (the
+stacked kernels of the fused decoder layout, models/t5_fused.py: never split).
 """
 
 import glob
@@ -44,6 +45,7 @@ DEFAULT_RULES: Rules = (
   ('heads', 'model'),
   ('kv', None),
   ('joined_kv', 'model'),
+  ('fused', None),
   ('vocab', 'model'),
   ('layers', None),
   ('relpos_buckets', None),
@@ -66,6 +68,10 @@ _KERNEL_AXES = {
   'wi_0': ('embed', 'mlp'),
   'wi_1': ('embed', 'mlp'),
   'wo': ('mlp', 'embed'),
+  # The fused decoder layout (models/t5_fused.py): the stacked kernels' own axis is never split,
+  # so 'joined_kv' / 'mlp' split each of them as they split the T5X kernels.
+  'qkv': ('embed', 'fused', 'joined_kv'),
+  'wi_fused': ('embed', 'fused', 'mlp'),
   'logits_dense': ('embed', 'vocab'),
   # An EAGLE-style drafter reads the target's states [feature_dim, d_model] and predicts the next
   # ones [d_model, feature_dim]: model widths, replicated as 'embed' is.

@@ -1,5 +1,6 @@
-"""benchmarks/fused_projections.py on the 13.5M pair at tiny settings: both layouts' rows, the same
-tokens, finite ratios (slow: it compiles four decode programs and times them)."""
+"""benchmarks/fused_projections.py: on the 13.5M pair at tiny settings, both layouts' rows, the
+same tokens, finite ratios (slow: it compiles four decode programs and times them); compiled for
+a TPU, both layouts' estimated cycles."""
 
 import contextlib
 import io
@@ -28,3 +29,16 @@ def test_times_both_layouts_in_turn():
   assert rows == [['t5x', 'autoregressive'], ['t5x', 'bigram'], ['fused', 'autoregressive'],
                   ['fused', 'bigram']]  # fmt: skip
   assert lines[5].startswith('seconds, fused / t5x:') and 'nan' not in lines[5]
+
+
+@helpers.needs_libtpu
+def test_compile_for_reads_the_compilers_estimate_of_both_layouts():
+  # A tiny T5's one-position call on one TPU v4 chip, compile-only: both layouts give a positive
+  # estimate, of about the same size (the same work, in fewer dots).
+  config = fused_projections.synthetic.shape('tiny-v1.1', 'bfloat16')
+  kw = dict(positions=1, batch=2, source_length=8)
+  cycles = [
+    fused_projections.call_cycles('tpu-v4', (1, 1), config, fused=f, **kw) for f in (False, True)
+  ]
+  assert all(c > 0 for c in cycles), cycles
+  assert 0.5 < cycles[1] / cycles[0] < 2, cycles

@@ -116,11 +116,11 @@ def _mesh(name: str, data: int, model: int):
   return machines.compile_only_mesh(name, data, model)
 
 
-def _tiny(name: str, mesh, *, shard: bool) -> t5.T5Model:
+def _tiny(name: str, mesh, *, shard: bool, fused: bool = False) -> t5.T5Model:
   """A tiny T5 of one layer a side (every kind of param, the fastest compile), abstract params
-  on `mesh`: sharded by the default rules or replicated."""
+  on `mesh`: sharded by the default rules or replicated; in the fused decoder layout or T5X's."""
   config = dataclasses.replace(t5.CONFIGS[name], num_encoder_layers=1, num_decoder_layers=1)
-  return synthetic.abstract_model(config, mesh, param_dtype='float32', shard=shard)
+  return synthetic.abstract_model(config, mesh, param_dtype='float32', shard=shard, fused=fused)
 
 
 def _check_on_tpu(compiled, mesh) -> dict:
@@ -154,6 +154,20 @@ def test_decode_loop_compiles_for_tpu(mesh_name, program):
   # Each device holds its shard of the target: a quarter of the 'model'-split params on 1x4.
   shards = memory_model.bytes_per_device(target.params)
   assert stats['argument'] >= shards, (stats, shards)
+
+
+@pytest.mark.parametrize('program', ['generate-T0', 'speculative-token-T1-draft_stop'])
+def test_the_fused_layout_compiles_for_tpu(program):
+  """The fused decoder layout (models/t5_fused.py) on the v4-8's 2x2 mesh: the target's stacked
+  kernels split over 'model' by its rules, the drafter's replicated."""
+  mesh = _mesh('v4-8', 2, 2)
+  target = _tiny('tiny-v1.1', mesh, shard=True, fused=True)
+  drafter = _tiny('tiny-v1.1', mesh, shard=False, fused=True)
+  qkv = target.params['decoder']['layers_0']['self_attention']['qkv']['kernel']
+  assert qkv.sharding.spec == jax.sharding.PartitionSpec(None, None, 'model'), qkv.sharding
+  with jax.set_mesh(mesh):
+    compiled = _PROGRAMS[program](target, drafter, _ids(mesh)).compile()
+  _check_on_tpu(compiled, mesh)
 
 
 @pytest.mark.parametrize(

@@ -368,17 +368,18 @@ def test_tree_rows_build_each_drafters_tree():
     evaluation.tree_spec(autoregressive, 8)
 
 
-def test_fused_projections_fuse_every_t5_of_the_pair():
-  # The config item fuses the target's and every T5 drafter's decoder projections (n-gram
-  # drafters unchanged), and the rows' header says so; off, the T5X layout as loaded.
+def test_the_main_job_decodes_in_the_fused_layout_by_default():
+  # By default the target and every T5 drafter decode in the fused decoder layout (n-gram
+  # drafters unchanged), and the rows' header says so; fused_projections=False: the T5X layout
+  # as loaded.
   items = 'runlocal,num_examples=1,drafters=distilled,bigram'
-  plan = evaluation.prepare(ende.get_config(f'{items},fused_projections=True'))
+  plan = evaluation.prepare(ende.get_config(items))
   attention = lambda m: m.params['decoder']['layers_0']['self_attention']
   assert 'qkv' in attention(plan.pair.target) and 'query' not in attention(plan.pair.target)
   assert 'qkv' in attention(plan.drafters['distilled'])
   assert 'log_base' in plan.drafters['bigram'].params  # an n-gram drafter as loaded
   assert 'decoder projections fused' in plan.inputs_summary()
-  plain = evaluation.prepare(ende.get_config(items))
+  plain = evaluation.prepare(ende.get_config(f'{items},fused_projections=False'))
   assert 'query' in attention(plain.pair.target) and 'fused' not in plain.inputs_summary()
 
 

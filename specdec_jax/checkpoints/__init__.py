@@ -51,7 +51,7 @@ from specdec_jax.checkpoints.hf import (  # noqa: F401 (this module's API)
   params_to_hf_state_dict,
   save_hf_t5,
 )
-from specdec_jax.models import t5
+from specdec_jax.models import t5, t5_fused
 
 # -------------------------------------------------------------------------------------------------
 # T5X: `t5x` (imported on first use: only T5X checkpoints need tensorstore's loader).
@@ -121,9 +121,11 @@ def save(
 
   Params sharded over the devices of several processes (a multi-host mesh): every process calls
   `save` with the same path, a directory they all see, and writes its own shards (orbax); process
-  0 writes the rest.
+  0 writes the rest. A model in the fused decoder layout is written in the T5X layout.
   """
   import orbax.checkpoint as ocp  # ~1 s of imports that HF / T5X users never need
+
+  model = t5_fused.unfuse_projections(model)
 
   directory = Path(path).absolute()
   exists = directory.exists()

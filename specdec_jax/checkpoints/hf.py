@@ -23,7 +23,7 @@ from jax.sharding import Mesh
 
 from specdec_jax import sharding
 from specdec_jax.checkpoints import common
-from specdec_jax.models import t5
+from specdec_jax.models import t5, t5_fused
 
 # Per transformer block: (our sublayer, its pre-norm, HF module); HF numbers them block.{i}.layer.{j}.
 _BLOCKS = {
@@ -334,8 +334,9 @@ def load_hf_t5(
 def save_hf_t5(model: t5.T5Model, path: common.PathLike) -> None:
   """Writes config.json and model.safetensors that HF's `from_pretrained` loads as this model.
 
-  Weights are written as float32 (exact for bfloat16 params).
+  Weights are written as float32 (exact for bfloat16 params); a fused decoder layout as T5X's.
   """
+  model = t5_fused.unfuse_projections(model)
   directory = Path(path)
   directory.mkdir(parents=True, exist_ok=True)
   state_dict = params_to_hf_state_dict(model.params, model.config)

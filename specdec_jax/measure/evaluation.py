@@ -217,7 +217,7 @@ class Plan:
     target = f' (target grown to {c.grow_to}: {grown.d_model} wide, ' if c.get('grow_to') else ''
     if target:
       target += f'{grown.num_encoder_layers}+{grown.num_decoder_layers} layers)'
-    target += ' (decoder projections fused)' if c.get('fused_projections') else ''
+    target += ' (decoder projections fused)' if fused_projections(c) else ''
     return (
       f'{len(self.sources)} test sentences of {self.pair.directory}{target}, batch '
       f'{c.batch_size}, on '
@@ -457,7 +457,8 @@ def load_pair(config, mesh) -> pretrained.Pair:
   per `config.drafter_sharding`): checkpoints of any format (`config.target`, `drafter`,
   `tokenizer`, `test_file`: `pretrained.from_checkpoints`), else the pair directory
   `config.pretrained` (`pretrained.load`), its target grown to the T5 shape `config.grow_to`
-  where set (`pretrained.grow_pair`, params in `config.param_dtype`); `fused_projections`: fused."""
+  where set (`pretrained.grow_pair`, params in `config.param_dtype`); in the fused decoder layout
+  unless `config.fused_projections` is False (`fused_projections`)."""
   how, prefix = config.get('drafter_sharding', 'auto'), config.get('source_prefix', '')
   if not config.get('target'):
     pair = pretrained.load(config.pretrained, mesh=mesh, drafter_sharding=how)
@@ -477,7 +478,15 @@ def load_pair(config, mesh) -> pretrained.Pair:
       drafter_sharding=how,
       param_dtype=config.get('param_dtype') or None,
     )
-  return pretrained.fuse_pair(pair) if config.get('fused_projections') else pair
+  return pretrained.fuse_pair(pair) if fused_projections(config) else pair
+
+
+def fused_projections(config) -> bool:
+  """Whether a run's models decode in the fused decoder layout (models/t5_fused.py):
+  `config.fused_projections`, True where unset. The same function from fewer dots, and the
+  faster autoregressive baseline wherever it was measured (docs/performance.md, "Fused decoder
+  projections"), so every speedup is against it."""
+  return config.get('fused_projections', True)
 
 
 # Timed runs of each cost loop per round unless `config.timing_repeats` says otherwise: at

@@ -590,34 +590,3 @@ def shift_right(targets: jax.Array, decoder_start_token_id: int) -> jax.Array:
   """Decoder inputs for teacher forcing: int[B, T] -> [start, targets[:, :-1]]."""
   start = jnp.full_like(targets[:, :1], decoder_start_token_id)
   return jnp.concatenate([start, targets[:, :-1]], axis=1)
-
-
-def fuse_projections(model: T5Model) -> T5Model:
-  """The same model with each decoder layer's self-attention query, key and value kernels in one
-  [D, 3 N H] kernel ('qkv') and a gated MLP's wi_0 and wi_1 in one [D, 2 F] ('wi_fused'): a
-  decoder call then runs one dot where it ran three, and one where it ran two. The logits are the
-  same sums (each output column is the same dot product; the kernels may block them otherwise,
-  so they agree to float rounding). For decoding on one device: checkpoints, `t5_growth` and the
-  sharding rules read the T5X layout, and a model whose params span several devices is refused.
-  On XLA:CPU it changes what a one-row step costs against a multi-row pass (docs/performance.md,
-  "Fused decoder projections"); `benchmarks.fused_projections` measures both layouts in one run.
-  """
-  leaves = jax.tree.leaves(model.params)
-  if any(len(getattr(x, 'devices', lambda: ())()) > 1 for x in leaves):
-    raise ValueError(
-      'fuse_projections: the params span several devices; the fused layout has no sharding '
-      'rules (decode the T5X layout on a mesh).'
-    )
-  params = jax.tree.map(lambda x: x, model.params)  # new containers, the same arrays
-  for name, layer in params['decoder'].items():
-    if not name.startswith('layers_'):
-      continue
-    a = layer['self_attention']
-    kernels = [a.pop(n)['kernel'] for n in ('query', 'key', 'value')]
-    a['qkv'] = {'kernel': jnp.concatenate(kernels, axis=1)}
-    m = layer['mlp']
-    if 'wi_0' in m:
-      m['wi_fused'] = {
-        'kernel': jnp.concatenate([m.pop('wi_0')['kernel'], m.pop('wi_1')['kernel']], 1)
-      }
-  return model.replace(params=params)

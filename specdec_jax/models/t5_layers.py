@@ -51,9 +51,12 @@ def relpos_bias(
 
 
 def dense(x: jax.Array, p: Params, config: T5Config) -> jax.Array:
-  """x [..., I] @ p['kernel'] [I, O] in the model dtype."""
+  """x [..., I] @ p['kernel'] [I, O] -> [..., O] in the model dtype; a fused layout's stacked
+  kernel [I, K, O] (models/t5_fused.py) gives [..., K, O] from the one dot."""
   dtype = jnp.dtype(config.dtype)
-  return jnp.einsum('...i,io->...o', x.astype(dtype), p['kernel'].astype(dtype))
+  kernel = p['kernel'].astype(dtype)
+  spec = '...i,io->...o' if kernel.ndim == 2 else '...i,iko->...ko'
+  return jnp.einsum(spec, x.astype(dtype), kernel)
 
 
 def rms_norm(x: jax.Array, p: Params, config: T5Config) -> jax.Array:
@@ -77,7 +80,7 @@ def self_qkv(
   p: Params, x: jax.Array, config: T5Config, rules: sharding.Rules = sharding.DEFAULT_RULES
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """A decoder self-attention's queries, keys and values, each [B, T, N, H]: one dot on the
-  fused kernel [D, 3 N H] where the params hold one (`t5.fuse_projections`), else three."""
+  fused layout's kernel [D, 3, N H] where the params hold one (models/t5_fused.py), else three."""
   if 'qkv' not in p:
     return tuple(heads(p[name], x, config, rules) for name in ('query', 'key', 'value'))
   y = dense(x, p['qkv'], config).reshape(*x.shape[:-1], 3, config.num_heads, config.d_kv)
@@ -120,9 +123,9 @@ def mlp(
   p: Params, x: jax.Array, config: T5Config, rules: sharding.Rules = sharding.DEFAULT_RULES
 ) -> jax.Array:
   """x [B, T, D] -> [B, T, D]: ReLU (v1.0) or gated tanh-GELU (v1.1)."""
-  if 'wi_fused' in p:  # gated, wi_0 and wi_1 side by side (`t5.fuse_projections`)
-    gate, up = jnp.split(dense(x, p['wi_fused'], config), 2, axis=-1)
-    h = jax.nn.gelu(gate, approximate=True) * up
+  if 'wi_fused' in p:  # gated, wi_0 and wi_1 stacked [D, 2, F] (models/t5_fused.py)
+    y = dense(x, p['wi_fused'], config)
+    h = jax.nn.gelu(y[..., 0, :], approximate=True) * y[..., 1, :]
   elif config.feed_forward == 'gated-gelu':
     h = jax.nn.gelu(dense(x, p['wi_0'], config), approximate=True) * dense(x, p['wi_1'], config)
   else:
