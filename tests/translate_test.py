@@ -4,7 +4,9 @@ import json
 import math
 import pathlib
 import types
+from unittest import mock
 
+import jax
 import ml_collections
 import numpy as np
 import pytest
@@ -370,8 +372,8 @@ def test_tree_rows_build_each_drafters_tree():
 
 def test_the_main_job_decodes_in_the_fused_layout_by_default():
   # By default the target and every T5 drafter decode in the fused decoder layout (n-gram
-  # drafters unchanged), and the rows' header says so; fused_projections=False: the T5X layout
-  # as loaded.
+  # drafters unchanged), and the rows' header says so; decoder_layout=t5x: the T5X layout as
+  # loaded; another layout is refused by name.
   items = 'runlocal,num_examples=1,drafters=distilled,bigram'
   plan = evaluation.prepare(ende.get_config(items))
   attention = lambda m: m.params['decoder']['layers_0']['self_attention']
@@ -379,8 +381,16 @@ def test_the_main_job_decodes_in_the_fused_layout_by_default():
   assert 'qkv' in attention(plan.drafters['distilled'])
   assert 'log_base' in plan.drafters['bigram'].params  # an n-gram drafter as loaded
   assert 'decoder projections fused' in plan.inputs_summary()
-  plain = evaluation.prepare(ende.get_config(f'{items},fused_projections=False'))
+  plain = evaluation.prepare(ende.get_config(f'{items},decoder_layout=t5x'))
   assert 'query' in attention(plain.pair.target) and 'fused' not in plain.inputs_summary()
+  with pytest.raises(ValueError, match="decoder_layout must be one of .* got 'flat'"):
+    evaluation.prepare(ende.get_config(f'{items},decoder_layout=flat'))
+  # 'auto' keeps the T5X layout on one TPU chip only (XLA:TPU's estimate of its step).
+  config = ende.get_config(items)
+  assert evaluation.decoder_layout(config, None) == 'fused'  # this CPU
+  with mock.patch.object(jax, 'default_backend', return_value='tpu'):
+    assert evaluation.decoder_layout(config, None) == 't5x'
+    assert evaluation.decoder_layout(config, types.SimpleNamespace(size=4)) == 'fused'
 
 
 def test_missing_pair_and_drafter_fail_early(tmp_path):

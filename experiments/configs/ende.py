@@ -181,11 +181,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # (replicated under 1B params). A multi-host slice runs the same command on every host.
   c.mesh = 'auto'
   c.drafter_sharding = 'auto'
-  # Every T5's decoder q/k/v kernels and gated-MLP wi_0/wi_1 kernels stacked into one dot each
-  # (models/t5_fused.py; on one device or a mesh): the same tokens, and the fastest
-  # autoregressive baseline measured (on XLA:CPU a one-row step ~14% faster, a multi-row pass
-  # hardly: docs/performance.md, "Fused decoder projections"). False: the T5X layout.
-  c.fused_projections = True
+  # The decoder layout every T5 decodes in (the same function): 'fused' (each layer's q/k/v
+  # kernels and gated-MLP wi_0/wi_1 stacked into one dot each, models/t5_fused.py), 't5x', or
+  # 'auto': the one with the faster autoregressive step where measured, fused but on one TPU chip
+  # (`evaluation.decoder_layout`; docs/performance.md, "Fused decoder projections").
+  c.decoder_layout = 'auto'
   # A pair given by checkpoints instead of `pretrained` (T5X, HF or our own directories; gs://
   # URLs for T5X): all four are needed together; the drafter's rows are named 'drafter'.
   c.target = ''

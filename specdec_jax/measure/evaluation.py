@@ -53,7 +53,7 @@ from specdec_jax import (
 )
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import tables, timing, translation
-from specdec_jax.models import t5
+from specdec_jax.models import t5, t5_fused
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -217,7 +217,8 @@ class Plan:
     target = f' (target grown to {c.grow_to}: {grown.d_model} wide, ' if c.get('grow_to') else ''
     if target:
       target += f'{grown.num_encoder_layers}+{grown.num_decoder_layers} layers)'
-    target += ' (decoder projections fused)' if fused_projections(c) else ''
+    fused = isinstance(self.pair.target, t5.T5Model) and t5_fused.is_fused(self.pair.target.params)
+    target += ' (decoder projections fused)' if fused else ''
     return (
       f'{len(self.sources)} test sentences of {self.pair.directory}{target}, batch '
       f'{c.batch_size}, on '
@@ -457,8 +458,8 @@ def load_pair(config, mesh) -> pretrained.Pair:
   per `config.drafter_sharding`): checkpoints of any format (`config.target`, `drafter`,
   `tokenizer`, `test_file`: `pretrained.from_checkpoints`), else the pair directory
   `config.pretrained` (`pretrained.load`), its target grown to the T5 shape `config.grow_to`
-  where set (`pretrained.grow_pair`, params in `config.param_dtype`); in the fused decoder layout
-  unless `config.fused_projections` is False (`fused_projections`)."""
+  where set (`pretrained.grow_pair`, params in `config.param_dtype`); its T5s in the decoder
+  layout `decoder_layout(config, mesh)` names."""
   how, prefix = config.get('drafter_sharding', 'auto'), config.get('source_prefix', '')
   if not config.get('target'):
     pair = pretrained.load(config.pretrained, mesh=mesh, drafter_sharding=how)
@@ -478,15 +479,26 @@ def load_pair(config, mesh) -> pretrained.Pair:
       drafter_sharding=how,
       param_dtype=config.get('param_dtype') or None,
     )
-  return pretrained.fuse_pair(pair) if fused_projections(config) else pair
+  return pretrained.fuse_pair(pair) if decoder_layout(config, mesh) == 'fused' else pair
 
 
-def fused_projections(config) -> bool:
-  """Whether a run's models decode in the fused decoder layout (models/t5_fused.py):
-  `config.fused_projections`, True where unset. The same function from fewer dots, and the
-  faster autoregressive baseline wherever it was measured (docs/performance.md, "Fused decoder
-  projections"), so every speedup is against it."""
-  return config.get('fused_projections', True)
+DECODER_LAYOUTS = ('auto', 'fused', 't5x')
+
+
+def decoder_layout(config, mesh) -> str:
+  """The decoder layout a run's T5s decode in, 'fused' (models/t5_fused.py) or 't5x':
+  `config.decoder_layout` ('auto' where unset). Both compute the same function; 'auto' takes the
+  one whose autoregressive step is the faster where it was measured (docs/performance.md, "Fused
+  decoder projections"), so every speedup is against the faster baseline: fused on a CPU (a step
+  0.84 of T5X's), a GPU and a TPU mesh (XLA:TPU's estimate 0.97-0.99), T5X on one TPU chip
+  (estimate 1.003)."""
+  how = config.get('decoder_layout', 'auto')
+  if how not in DECODER_LAYOUTS:
+    raise ValueError(f'decoder_layout must be one of {DECODER_LAYOUTS}, got {how!r}.')
+  if how != 'auto':
+    return how
+  one_chip = mesh is None or mesh.size == 1
+  return 't5x' if one_chip and jax.default_backend() == 'tpu' else 'fused'
 
 
 # Timed runs of each cost loop per round unless `config.timing_repeats` says otherwise: at
