@@ -16,15 +16,19 @@ the student replicated, the batch over 'data'), a tiny T5 pair's programs compil
   distillation step  `distill_loss.distill_step`, the live teacher over 'model' and the student
                      replicated (`benchmarks.distill_model`, as `distill_plan --compile_for` runs).
 
-Every program compiles on the 2x2 mesh by default; on one chip and 1x4, generate at temperature
-0 and the distillation step by default, the rest with `pytest -m slow`. A program that stops
-compiling for a TPU fails here. Nothing runs. The paper's configuration is tests/tpu_paper_test.py. Skipped where libtpu is absent (it comes with `pip install -e '.[test]'`).
+By default the 2x2 mesh compiles one program of each of the loop's shapes (`_DEFAULT`: generate,
+the chain with trace and unrolled draft, the greedy program with draft_stop, K paths, a tree; the
+fused decoder layout's generate), every verifier's kernels alone, the block drafter, training and
+distillation; the loop around each other verifier, and the programs on one chip and 1x4 (generate
+at T=0 aside), with `pytest -m slow`. A program that stops compiling for a TPU fails here. Nothing
+runs. The paper's configuration is tests/tpu_paper_test.py. Skipped where libtpu is absent (it comes with `pip install -e '.[test]'`).
 """
 
 import dataclasses
 import functools
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from tests import helpers
@@ -38,18 +42,32 @@ from specdec_jax.models import t5  # noqa: E402
 from specdec_jax.sampling import SamplingConfig  # noqa: E402
 from specdec_jax.training import trainer  # noqa: E402
 
-# Every program compiles on the 2x2 mesh (both axes split: the batch over 'data', the target over
-# 'model') by default; on one chip and 1x4 the cheapest by default and the rest with -m slow
-# (all 31 tests took 226 CPU-seconds, the default 15 about 77: docs/results.md section 15).
+# The 2x2 mesh (both axes split: the batch over 'data', the target over 'model') compiles the
+# loop's programs of `_DEFAULT` by default (the loop's every shape: chain with trace and unrolled
+# draft, the greedy program with draft_stop, K paths, a tree, generate) and every verifier's
+# kernels alone (`test_every_verifier_kernel_compiles_for_tpu`); the loop around another
+# verifier's kernel is the same program, so those loops compile with -m slow, as does every
+# program on one chip and 1x4 except generate at T=0 (docs/results.md section 15).
 MESHES = [('v4-8', 2, 2), ('v4-8', 1, 4), ('tpu-v4', 1, 1)]
 _ALWAYS = ('generate-T0',)
+_DEFAULT = (
+  'generate-T0',
+  'generate-T1-topk-topp',
+  'speculative-T0-draft_stop',
+  'speculative-token-T1-topk-topp-trace-unrolled',
+  'speculative-token-T1-2-paths',
+  'speculative-tree-topk-T1-topk-topp',
+  'speculative-tree-topk-T0',
+)
 
 
-def _meshes(always: bool = False) -> list:
-  """MESHES as parameters: the 2x2 mesh in the default suite, the others slow unless `always`."""
+def _meshes(always: bool = False, on_2x2: bool = True) -> list:
+  """MESHES as parameters: the 2x2 mesh in the default suite where `on_2x2`, the others slow
+  unless `always`."""
   marks = [] if always else [pytest.mark.slow]
+  first = [] if on_2x2 else [pytest.mark.slow]
   return [
-    pytest.param(m, id=f'{m[0]}:{m[1]}x{m[2]}', marks=[] if m == MESHES[0] else marks)
+    pytest.param(m, id=f'{m[0]}:{m[1]}x{m[2]}', marks=first if m == MESHES[0] else marks)
     for m in MESHES
   ]
 
@@ -142,7 +160,7 @@ def _ids(mesh):
   [
     pytest.param(*mesh.values, program, id=f'{program}-{mesh.id}', marks=mesh.marks)
     for program in _PROGRAMS
-    for mesh in _meshes(always=program in _ALWAYS)
+    for mesh in _meshes(always=program in _ALWAYS, on_2x2=program in _DEFAULT)
   ],
 )
 def test_decode_loop_compiles_for_tpu(mesh_name, program):
@@ -156,7 +174,14 @@ def test_decode_loop_compiles_for_tpu(mesh_name, program):
   assert stats['argument'] >= shards, (stats, shards)
 
 
-@pytest.mark.parametrize('program', ['generate-T0', 'speculative-token-T1-draft_stop'])
+@pytest.mark.parametrize(
+  'program',
+  [
+    'generate-T0',
+    # The speculative loop calls the same decoder layers (slow: generate-T0 compiles them).
+    pytest.param('speculative-token-T1-draft_stop', marks=pytest.mark.slow),
+  ],
+)
 def test_the_fused_layout_compiles_for_tpu(program):
   """The fused decoder layout (models/t5_fused.py) on the v4-8's 2x2 mesh: the target's stacked
   kernels split over 'model' by its rules, the drafter's replicated."""
@@ -171,8 +196,8 @@ def test_the_fused_layout_compiles_for_tpu(program):
 
 
 @pytest.mark.parametrize(
-  'mesh_name', [m for m in _meshes(always=True) if m.id in ('v4-8:2x2', 'tpu-v4:1x1')]
-)
+  'mesh_name', [m for m in _meshes() if m.id in ('v4-8:2x2', 'tpu-v4:1x1')]
+)  # one chip: -m slow (the 2x2 mesh compiles the same program, sharded)
 @pytest.mark.parametrize('tree', [None, decode.TreeSpec(num_nodes=8)], ids=['chain', 'tree'])
 @pytest.mark.parametrize(
   'sampling',
@@ -223,7 +248,7 @@ def test_training_step_compiles_for_tpu(mesh_name):
   assert stats['alias'] >= memory_model.bytes_per_device(state), stats  # the state is donated
 
 
-@pytest.mark.parametrize('mesh_name', _meshes(always=True))
+@pytest.mark.parametrize('mesh_name', _meshes())  # 1x4, one chip: -m slow (2x2 the same step)
 def test_distillation_step_compiles_for_tpu(mesh_name):
   student = 'paper,student.d_model=16,student.num_heads=2,student.d_kv=8,student.d_ff=32'
   (row,) = distill_model.distill_rows(
@@ -238,6 +263,39 @@ def test_distillation_step_compiles_for_tpu(mesh_name):
   )
   assert row['compiler'] == 'tpu' and row['fits'] == 'yes', row
   assert row['argument'] >= row['teacher'] + row['state'] + row['batch_bytes'], row
+
+
+@pytest.mark.parametrize('paths', [1, 2], ids=['one-path', '2-paths'])
+def test_every_verifier_kernel_compiles_for_tpu(paths):
+  """Each registered verifier's kernel alone, for one drafted path and (where it has one) K
+  paths, on the 2x2 mesh with the batch over 'data': the loops around them are the token
+  verifier's programs above (the other verifiers' whole loops: -m slow)."""
+  mesh = _mesh('v4-8', 2, 2)
+  batch, gamma, vocab = 2, _GAMMA, t5.CONFIGS['tiny-v1.1'].vocab_size
+  rows = lambda *shape: jax.sharding.NamedSharding(
+    mesh, jax.sharding.PartitionSpec('data', *[None] * len(shape))
+  )
+  spec = lambda dtype, *shape: jax.ShapeDtypeStruct((batch, *shape), dtype, sharding=rows(*shape))
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  path = (paths,) if paths > 1 else ()
+  drafts = spec(jnp.int32, *path, gamma)
+  q, p = spec(jnp.float32, *path, gamma, vocab), spec(jnp.float32, *path, gamma + 1, vocab)
+  compiled = 0
+  for name in _VERIFIERS:
+    verifier = verifiers.get(name)
+    if paths > 1 and verifier.multipath is None:
+      continue
+    if paths > 1:
+      lowered = jax.jit(verifier.multipath).lower(key, drafts, q, p)
+    else:
+      init = verifier.init_state
+      state = None if init is None else jax.eval_shape(lambda i=init: i(batch, gamma))
+      lengths = spec(jnp.int32)
+      lowered = jax.jit(verifier.verify).lower(key, drafts, q, p, lengths, state)
+    with jax.set_mesh(mesh):
+      _check_on_tpu(lowered.compile(), mesh)
+    compiled += 1
+  assert compiled == (len(_VERIFIERS) if paths == 1 else len(verify_multipath.VERIFIERS))
 
 
 def test_every_verifier_and_option_is_in_the_gate():
