@@ -36,6 +36,7 @@ models/
                      which takes embedded inputs and a `Layout` and knows no role.
   t5_layout          `Layout`: where a decoder pass's inputs sit and what they see (chain, packed).
   t5_eagle           an EAGLE-style drafter's input adapter (the target's states projected in).
+  t5_fused           the fused decoder layout (q/k/v and gated-MLP kernels stacked), both ways.
   t5_config          `T5Config` and `CONFIGS` (public T5, T5 v1.1, FLAN-T5 and test shapes).
   t5_params          `init_params` (T5X's names and initialisers) and `param_count`.
   t5_relpos          T5's relative-position buckets.

@@ -2,11 +2,13 @@
 fixtures are in tests/helpers.py."""
 
 import os
+import re
 import shutil
 import tempfile
 
 import jax
 import pytest
+from jax._src import compiler as jax_compiler
 
 from benchmarks import machines
 from specdec_jax import pretrained
@@ -26,6 +28,10 @@ _TEST_XLA_FLAGS = {
   'xla_backend_optimization_level': '0',
   'xla_cpu_use_fusion_emitters': 'false',
 }
+# A level of the user's own (this run's workers inherit the suite's 0 from the controller).
+_USER_SET_LEVEL = re.search(
+  r'xla_backend_optimization_level=(?!0\b)', os.environ.get('XLA_FLAGS', '')
+)
 
 
 def pytest_configure(config):
@@ -96,6 +102,47 @@ def pytest_collection_modifyitems(config, items):
 def pytest_unconfigure(config):
   if getattr(config, 'jit_cache_dir', None):
     shutil.rmtree(config.jit_cache_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def xla_cpu_defaults():
+  """Compiles inside the test with XLA:CPU's own fusion emitters, not the suite's lighter ones
+  (`_TEST_XLA_FLAGS`): for tests that read the structure of an optimized CPU program (its loops,
+  its launches), which is XLA's default compiler's."""
+  compile_ = jax.stages.Lowered.compile
+
+  def default_compile(self, compiler_options=None, **kw):
+    options = {'xla_cpu_use_fusion_emitters': True, **(compiler_options or {})}
+    return compile_(self, compiler_options=options, **kw)
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(jax.stages.Lowered, 'compile', default_compile)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _xla_cpu_optimized_for_many_rows(request):
+  """A test marked `many_rows` (it runs its programs over many rows: chi-square tests over whole
+  sequences with an n-gram or Markov drafter) compiles with LLVM's optimization at level 1, not the
+  suite's 0 (`_TEST_XLA_FLAGS`): the faster code pays for the slower compile there (the n-gram
+  chi-square tests and their control took 0.59 of the CPU time; on most other tests level 1 lost:
+  docs/performance.md, "The default test suite's time"). Patches JAX's private
+  `compiler.get_compile_options`, where every jit's XLA options are made; the compilation cache
+  keys on the options, so a program compiled one way is never read back for the other. A level
+  the user sets in XLA_FLAGS wins."""
+  if request.node.get_closest_marker('many_rows') is None or _USER_SET_LEVEL:
+    yield
+    return
+  get_options = jax_compiler.get_compile_options
+
+  def optimized(*args, **kwargs):
+    options = get_options(*args, **kwargs)
+    options.executable_build_options.debug_options.xla_backend_optimization_level = 1
+    return options
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(jax_compiler, 'get_compile_options', optimized)
+    yield
 
 
 @pytest.fixture(scope='session')

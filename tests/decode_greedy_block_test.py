@@ -103,6 +103,7 @@ def _block_bound(seed, vocab, gamma) -> float:
   return bound
 
 
+@pytest.mark.many_rows
 @pytest.mark.parametrize('control', sorted(helpers.VERIFY_GREEDY_CONTROLS))
 def test_negative_controls_fail_the_same_test(control):
   with helpers.patched_verify_greedy(control):

@@ -61,6 +61,7 @@ def test_multidraft_loop_is_lossless(verifier, num_drafts, sampling):
   assert 0 < int(stats.accepted.sum()) < int(stats.drafted.sum())
 
 
+@pytest.mark.many_rows
 def test_lossless_with_trigram_drafter():
   """A trigram's cache holds the tokens fed: every copy of a row must follow the kept path."""
   sampling = sampling_lib.SamplingConfig(temperature=1.4, top_p=0.8)

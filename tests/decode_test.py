@@ -32,6 +32,7 @@ SAMPLINGS = [
 ]
 
 
+@pytest.mark.many_rows
 @pytest.mark.parametrize('verifier', ['token', 'block'])
 @pytest.mark.parametrize('sampling', SAMPLINGS, ids=str)
 def test_speculative_is_lossless_on_markov_models(verifier, sampling):
@@ -239,6 +240,7 @@ def test_greedy_equals_generate_with_ngram_drafter(order, verifier):
   assert int(out.stats.accepted.sum()) > 0
 
 
+@pytest.mark.many_rows
 @pytest.mark.parametrize('order', [2, 3])
 @pytest.mark.parametrize('verifier', ['token', 'block'])
 def test_lossless_with_ngram_drafter(order, verifier):
@@ -249,6 +251,7 @@ def test_lossless_with_ngram_drafter(order, verifier):
   assert 0 < int(stats.accepted.sum()) < int(stats.drafted.sum())
 
 
+@pytest.mark.many_rows
 def test_negative_control_trigram_q_before_transform_fails(monkeypatch):
   """The same test as above fails for the plausible bug of verifying against untransformed q."""
   sampling = SAMPLINGS[2]
@@ -655,6 +658,7 @@ def _eagle_prefixes(target, verifier):
   return _t5_drafter_prefixes(target, eagle_drafter, verifier, seed=6)
 
 
+@pytest.mark.many_rows
 @pytest.mark.parametrize('verifier', ['token', pytest.param('block', marks=pytest.mark.slow)])
 def test_eagle_drafter_is_lossless(verifier, tiny_pair):
   """25k rows through the jitted loop: the first 3 tokens match the target's exact joint."""

@@ -68,7 +68,7 @@ def test_stablehlo_ops_count_a_called_function_once_per_call():
   assert drafter_kernels.stablehlo_ops(text) == 2 * 3 + 2  # sine, broadcast, multiply; + 1.0
 
 
-def test_the_draft_loops_launches_count_its_scan_once_an_iteration():
+def test_the_draft_loops_launches_count_its_scan_once_an_iteration(xla_cpu_defaults):
   config = t5.CONFIGS['tiny-v1.0']
   gamma = 3
   counts = drafter_kernels.count(config, source_length=8, cache_len=16, gamma=gamma)
@@ -114,7 +114,7 @@ def test_an_iteration_is_counted_with_its_draft_scan_and_unrolled():
   assert 0 < unrolled['per_iteration'] < scan['per_iteration']
 
 
-def test_a_block_drafter_is_one_call_with_no_loop_and_so_is_its_iteration():
+def test_a_block_drafter_is_one_call_with_no_loop_and_so_is_its_iteration(xla_cpu_defaults):
   # `--model=block --target=...`: its gamma drafts in one call (no scan, nothing to unroll), and
   # the decode loop holding that call and no loop; it needs a target to draft over.
   target = t5.CONFIGS['tiny-v1.1']

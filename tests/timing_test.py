@@ -204,7 +204,7 @@ def _one_row_output_layers(compiled_text: str, vocab: int) -> int:
   return len(re.findall(rf'= f32\[(?:1,)*{vocab}\]\{{[\d,]*\}} dot\(', compiled_text))
 
 
-def test_iteration_timer_keeps_every_drafter_output_layer():
+def test_iteration_timer_keeps_every_drafter_output_layer(xla_cpu_defaults):
   # The timing loop discarded the first drafter call's logits once; XLA then dropped that call's
   # output layer and in-loop c read 2-4x low. Each draft is now the argmax of its call's logits.
   vocab = 1000  # a size no other axis has
