@@ -103,8 +103,16 @@ def _block_bound(seed, vocab, gamma) -> float:
   return bound
 
 
+# Through the loop by default: the carried state dropped (what only a loop carries); the two
+# kernel-internal bugs with -m slow (verify_greedy_test's exact-law controls fail on each).
+_LOOP_CONTROLS = [
+  c if c == 'state_dropped' else pytest.param(c, marks=pytest.mark.slow)
+  for c in sorted(helpers.VERIFY_GREEDY_CONTROLS)
+]
+
+
 @pytest.mark.many_rows
-@pytest.mark.parametrize('control', sorted(helpers.VERIFY_GREEDY_CONTROLS))
+@pytest.mark.parametrize('control', _LOOP_CONTROLS)
 def test_negative_controls_fail_the_same_test(control):
   with helpers.patched_verify_greedy(control):
     out = _decode(1, 3, 3)

@@ -17,6 +17,7 @@ from specdec_jax import cache as cache_lib  # noqa: E402
 KW = dict(dtype='float32', depth=3, source_length=8, cache_len=32)
 
 
+@pytest.mark.slow  # by default paper_scale_test's --compile_for run prices table 5 (4 nodes) alike
 def test_tree_and_chain_passes_are_priced():
   rows = list(tree_pass_tpu.rows('tpu-v4', 'tiny-v1.1', nodes=[4, 8], **KW))
   assert [r['nodes'] for r in rows] == [4, 8]
