@@ -7,9 +7,10 @@ autoregressive step and speculative iteration cost, and the speedups they give, 
 
 Every test sentence (batch 1, greedy) is decoded by each (layout, method) in turn, --rounds times,
 so that a slow spell of a shared machine falls on all of them alike; the target is the pair's in
-the T5X layout and fused (its q/k/v kernels one [D, 3 N H] dot, its gated MLP's wi_0/wi_1 one
-[D, 2 F] dot), the drafter the same in both. Prints ms per target call, ms per token, and each
-layout's speedup against its own autoregressive decoding; the tokens of both layouts are compared.
+the T5X layout and fused (models/t5_fused.py: its q/k/v kernels stacked [D, 3, N H], one dot; its
+gated MLP's wi_0/wi_1 [D, 2, F], one dot), the drafter the same in both. Prints ms per target
+call, ms per token, and each layout's speedup against its own autoregressive decoding; the tokens
+of both layouts are compared.
 
 With --compile_for, nothing runs: a T5 shape's decoder call (one position, and gamma + 1) is
 compiled for each machine and mesh named, in both layouts, sharded by the default rules

@@ -9,7 +9,7 @@ import pytest
 from absl import flags
 from absl.testing import flagsaver
 
-from benchmarks import fused_projections
+from benchmarks import fused_projections, synthetic
 from tests import helpers
 
 
@@ -35,7 +35,7 @@ def test_times_both_layouts_in_turn():
 def test_compile_for_reads_the_compilers_estimate_of_both_layouts():
   # A tiny T5's one-position call on one TPU v4 chip, compile-only: both layouts give a positive
   # estimate, of about the same size (the same work, in fewer dots).
-  config = fused_projections.synthetic.shape('tiny-v1.1', 'bfloat16')
+  config = synthetic.shape('tiny-v1.1', 'bfloat16')
   kw = dict(positions=1, batch=2, source_length=8)
   cycles = [
     fused_projections.call_cycles('tpu-v4', (1, 1), config, fused=f, **kw) for f in (False, True)
