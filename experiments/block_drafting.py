@@ -21,7 +21,7 @@ import numpy as np
 from experiments import skeleton
 from experiments.configs import common
 from specdec_jax import analysis, decode, step_models
-from specdec_jax.measure import evaluation, tables, timing, translation
+from specdec_jax.measure import evaluation, job_config, tables, timing, translation
 
 TABLE = (
   tables.Column('task', width=10),
@@ -61,7 +61,7 @@ def _plan(config, pair: str) -> evaluation.Plan:
 
 
 def _is_block(drafter) -> bool:
-  return evaluation.is_block(step_models.as_step_model(drafter)[0])
+  return job_config.is_block(step_models.as_step_model(drafter)[0])
 
 
 def acceptance_rows(plan: evaluation.Plan, config):

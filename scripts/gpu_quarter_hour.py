@@ -785,7 +785,7 @@ def _grown_programs(s: Settings, mesh) -> dict:
 
   from benchmarks import synthetic
   from specdec_jax import decode, pretrained, step_models
-  from specdec_jax.measure import evaluation
+  from specdec_jax.measure import job_config
   from specdec_jax.models import t5_growth
 
   pair = pretrained.load(s.pair)  # on the host: its shapes
@@ -800,7 +800,7 @@ def _grown_programs(s: Settings, mesh) -> dict:
   drafter = synthetic.abstract_model(
     dataclasses.replace(config, **widths), mesh, param_dtype=s.dtype
   )
-  depth, tree = evaluation.tree_spec(step_models.as_step_model(drafter)[0], s.main_tree_nodes)
+  depth, tree = job_config.tree_spec(step_models.as_step_model(drafter)[0], s.main_tree_nodes)
   ids = _ids(s, mesh)
   options = dict(sampling=_sampling(), max_new_tokens=s.max_new_tokens)
   with jax.set_mesh(mesh):

@@ -60,6 +60,7 @@ training/
 
 measure/
   evaluation         the main job's rows: speculative vs autoregressive decoding, timed.
+  job_config         a main-job config checked, its trees read, its pair loaded (layout).
   translation        a test set decoded by each method in turn, timed: a `Run` per method.
   timing             model calls timed as a decode loop sees them; compiling while timed fails.
   profiling          an iteration's time by component, from XLA:CPU's per-op trace.

@@ -20,7 +20,7 @@ import pytest
 from experiments.configs import ende
 from specdec_jax import decode, verify_greedy
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.measure import evaluation
+from specdec_jax.measure import job_config
 from tests import chisquare, fakes, helpers
 from tests import greedy_block_oracle as go
 from tests.helpers import ONE_HOT, eagle_drafter, ragged_source
@@ -193,9 +193,9 @@ def test_unsupported_options_are_one_clear_error(tiny_pair):
   ids, mask = ragged_source(vocab=t5_target.config.vocab_size)
   with pytest.raises(ValueError, match="reading the target's states"):
     decode.speculative_generate(t5_target, eagle_drafter(t5_target), ids, mask, **kw)
-  evaluation.check_config(ende.get_config('verifiers=token,greedy_block'))
+  job_config.check_config(ende.get_config('verifiers=token,greedy_block'))
   with pytest.raises(ValueError, match='num_drafts=1'):
-    evaluation.check_config(ende.get_config('verifiers=greedy_block,num_drafts=2'))
+    job_config.check_config(ende.get_config('verifiers=greedy_block,num_drafts=2'))
 
 
 def test_lowers_through_lower_speculative():

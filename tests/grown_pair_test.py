@@ -7,7 +7,7 @@ import pytest
 
 from experiments.configs import debsumm, ende
 from specdec_jax import pretrained
-from specdec_jax.measure import evaluation, timing, translation
+from specdec_jax.measure import evaluation, job_config, timing, translation
 from specdec_jax.sampling import SamplingConfig
 from tests import helpers
 
@@ -57,7 +57,7 @@ def test_grow_to_runs_the_table_with_the_grown_target_and_its_outputs_are_the_sh
 )
 def test_bad_growth_fails_before_loading(items, match):
   with pytest.raises(ValueError, match=match):
-    evaluation.check_config(ende.get_config(items))
+    job_config.check_config(ende.get_config(items))
 
 
 @helpers.needs_pair('ende')

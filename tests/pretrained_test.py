@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from specdec_jax import decode, pretrained, sampling, step_models
-from specdec_jax.measure import evaluation
+from specdec_jax.measure import job_config
 from tests import helpers
 
 PAIRS = [
@@ -70,7 +70,7 @@ def test_shipped_block_drafters_are_lossless_on_the_test_set(name):
   # Each of the pair's block drafters ('block'; on ende48m also 'wide').
   pair = pretrained.load(name)
   blocks = [
-    d for d, m in pair.drafters.items() if evaluation.is_block(step_models.as_step_model(m)[0])
+    d for d, m in pair.drafters.items() if job_config.is_block(step_models.as_step_model(m)[0])
   ]
   assert 'block' in blocks
   for drafter in blocks:

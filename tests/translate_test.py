@@ -13,7 +13,7 @@ import pytest
 
 from experiments.configs import debsumm, ende
 from specdec_jax import analysis, decode, decode_stats
-from specdec_jax.measure import evaluation, results_io, tables, timing, translation
+from specdec_jax.measure import evaluation, job_config, results_io, tables, timing, translation
 from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
 from tests import helpers
@@ -354,20 +354,20 @@ def test_the_default_runs_the_headline_rows_and_times_only_their_groups(monkeypa
   assert (full.num_examples, full.gammas, full.timing_rounds) == (500, (3, 5, 7), 3)
   assert full.drafters == ('distilled', 'trigram', 'bigram') and full.block_drafters == ('block',)
   # Named trees of a drafter the pair does not ship are skipped, as block drafters are.
-  assert evaluation.named_trees(config) == [('block', 5)]
-  assert evaluation.tree_rows(config, ['distilled'], {'distilled': None}) == []
+  assert job_config.named_trees(config) == [('block', 5)]
+  assert job_config.tree_rows(config, ['distilled'], {'distilled': None}) == []
 
 
 def test_tree_rows_build_each_drafters_tree():
   # A block drafter's best-first tree on its one call (depth capped at its block_size); an
   # autoregressive drafter's top-2 tree, whose nodes are odd.
   block, autoregressive = types.SimpleNamespace(block_size=8), types.SimpleNamespace()
-  assert evaluation.tree_spec(block, 5) == (4, decode.TreeSpec(5))
-  assert evaluation.tree_spec(block, 17) == (8, decode.TreeSpec(17))
+  assert job_config.tree_spec(block, 5) == (4, decode.TreeSpec(5))
+  assert job_config.tree_spec(block, 17) == (8, decode.TreeSpec(17))
   tree = decode.TreeSpec(9, builder='topk', top_k=2)
-  assert evaluation.tree_spec(autoregressive, 9) == (4, tree)
+  assert job_config.tree_spec(autoregressive, 9) == (4, tree)
   with pytest.raises(ValueError, match='an odd number; got 8'):
-    evaluation.tree_spec(autoregressive, 8)
+    job_config.tree_spec(autoregressive, 8)
 
 
 def test_the_main_job_decodes_in_the_fused_layout_by_default():
@@ -387,10 +387,10 @@ def test_the_main_job_decodes_in_the_fused_layout_by_default():
     evaluation.prepare(ende.get_config(f'{items},decoder_layout=flat'))
   # 'auto' keeps the T5X layout on one TPU chip only (XLA:TPU's estimate of its step).
   config = ende.get_config(items)
-  assert evaluation.decoder_layout(config, None) == 'fused'  # this CPU
+  assert job_config.decoder_layout(config, None) == 'fused'  # this CPU
   with mock.patch.object(jax, 'default_backend', return_value='tpu'):
-    assert evaluation.decoder_layout(config, None) == 't5x'
-    assert evaluation.decoder_layout(config, types.SimpleNamespace(size=4)) == 'fused'
+    assert job_config.decoder_layout(config, None) == 't5x'
+    assert job_config.decoder_layout(config, types.SimpleNamespace(size=4)) == 'fused'
 
 
 def test_missing_pair_and_drafter_fail_early(tmp_path):

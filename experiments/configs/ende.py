@@ -157,7 +157,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # verification (docs/method.md section 13), timed in turn with its own autoregressive baseline.
   c.tree_nodes = ()
   # Named token trees, 'DRAFTER:N': that drafter's tree of N nodes alone (no chain rows of its own
-  # unless it is in drafters or block_drafters), where the pair ships it (`evaluation.named_trees`).
+  # unless it is in drafters or block_drafters), where the pair ships it (`job_config.named_trees`).
   # The default: the block drafter's best row, its 5-node best-first tree (depth 4).
   c.trees = ('block:5',)
   # The source-lookup drafter's chain rows (`draft_lookup.source_lookup`: the latest match of the
@@ -184,7 +184,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # The decoder layout every T5 decodes in (the same function): 'fused' (each layer's q/k/v
   # kernels and gated-MLP wi_0/wi_1 stacked into one dot each, models/t5_fused.py), 't5x', or
   # 'auto': the one with the faster autoregressive step where measured, fused but on one TPU chip
-  # (`evaluation.decoder_layout`; docs/performance.md, "Fused decoder projections").
+  # (`job_config.decoder_layout`; docs/performance.md, "Fused decoder projections").
   c.decoder_layout = 'auto'
   # A pair given by checkpoints instead of `pretrained` (T5X, HF or our own directories; gs://
   # URLs for T5X): all four are needed together; the drafter's rows are named 'drafter'.
