@@ -98,6 +98,13 @@ _ROUNDS = flags.DEFINE_integer(
 _REPEATS = flags.DEFINE_integer(
   'repeats', 5, 'Timed calls of each loop in table 3 (median).', flag_values=FLAGS
 )
+_TIMER_REPEATS = flags.DEFINE_integer(
+  'timer_repeats',
+  7,
+  "Runs of each of `timing`'s in-loop timers in turn, the fastest counts (tables 1-3, 5; fewer: "
+  'a quicker, noisier run).',
+  flag_values=FLAGS,
+)
 _UNROLL_DRAFT = flags.DEFINE_bool(
   'unroll_draft',
   False,
@@ -139,6 +146,7 @@ class Settings:
   dtype: str = 'bfloat16'
   rounds: int = 3  # of `timing.step_costs`
   repeats: int = 5  # timed calls of each loop in table 3
+  timer_repeats: int = 7  # runs of each `timing` loop (its default)
   unroll_draft: bool = False
 
   def shape(self) -> dict:
@@ -153,7 +161,7 @@ def settings_from_flags() -> Settings:
   return Settings(
     batch=_BATCH.value, source_length=_SOURCE_LENGTH.value, max_new_tokens=_MAX_NEW.value,
     dtype=_DTYPE.value, rounds=_ROUNDS.value, repeats=_REPEATS.value,
-    unroll_draft=_UNROLL_DRAFT.value,
+    timer_repeats=_TIMER_REPEATS.value, unroll_draft=_UNROLL_DRAFT.value,
   )  # fmt: skip
 
 
@@ -238,6 +246,7 @@ def timed_tables(
       gamma=g,
       cache_len=run.cache_len(g),
       rounds=run.rounds,
+      repeats=run.timer_repeats,
       unroll_draft=run.unroll_draft,
       **run.shape(),
     )
@@ -271,7 +280,8 @@ def timed_tables(
   if tree_nodes:
     rows = [
       _tree_row(n, timing.tree_pass_costs(
-        target, nodes=n, depth=tree_depth, source_length=run.source_length, repeats=run.repeats,
+        target, nodes=n, depth=tree_depth, source_length=run.source_length,
+        repeats=run.timer_repeats,
       ))
       for n in tree_nodes
     ]  # fmt: skip
@@ -384,7 +394,8 @@ def _loop_rows(target, found: dict, gamma: int, run: Settings) -> list[dict]:
   """Table 3: each loop's seconds per iteration against its model calls."""
   kw = dict(gamma=gamma, max_new_tokens=run.max_new_tokens)
   seconds, tokens = loop_seconds(target, None, run, **kw)
-  calls = timing.step_seconds(target, cache_len=run.cache_len(0), **run.shape())
+  timer = dict(repeats=run.timer_repeats, **run.shape())
+  calls = timing.step_seconds(target, cache_len=run.cache_len(0), **timer)
   rows = [_loop_row('autoregressive', seconds, calls, tokens)]
   for name, drafter in found.items():
     seconds, tokens = loop_seconds(target, drafter, run, **kw)
@@ -394,7 +405,7 @@ def _loop_rows(target, found: dict, gamma: int, run: Settings) -> list[dict]:
       gamma=gamma,
       cache_len=run.cache_len(gamma),
       unroll_draft=run.unroll_draft,
-      **run.shape(),
+      **timer,
     )
     rows.append(_loop_row(name, seconds, calls, tokens))
   return rows
