@@ -12,6 +12,7 @@ from jax._src import compiler as jax_compiler
 
 from benchmarks import machines
 from specdec_jax import pretrained
+from specdec_jax.measure import job_config
 from tests import helpers
 
 _CACHE_ENV = 'JAX_COMPILATION_CACHE_DIR'
@@ -143,6 +144,27 @@ def _xla_cpu_optimized_for_many_rows(request):
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(jax_compiler, 'get_compile_options', optimized)
     yield
+
+
+_LOADED_PAIRS = {}
+
+
+@pytest.fixture
+def pairs_loaded_once(monkeypatch):
+  """`job_config.load_pair`, the main job's loading, once a worker for each pair it loads: for
+  tests that only read the pair (its loading is tested in pretrained_test, checkpoint_pair_test
+  and grown_pair_test). A pair is keyed by what it depends on: the config's
+  `job_config.PAIR_FIELDS`, the decoder layout the config asks on this mesh, and the mesh."""
+  load = job_config.load_pair
+
+  def once(config, mesh):
+    fields = tuple(repr(config.get(name)) for name in job_config.PAIR_FIELDS)
+    key = (*fields, job_config.decoder_layout(config, mesh), mesh)
+    if key not in _LOADED_PAIRS:
+      _LOADED_PAIRS[key] = load(config, mesh)
+    return _LOADED_PAIRS[key]
+
+  monkeypatch.setattr(job_config, 'load_pair', once)
 
 
 @pytest.fixture(scope='session')

@@ -18,6 +18,9 @@ from specdec_jax.models import t5
 from specdec_jax.sampling import SamplingConfig
 from tests import helpers
 
+# The tests read the pairs the main job loads: each loads once a worker (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures('pairs_loaded_once')
+
 _SHIPPED = helpers.shipped('ende')
 
 

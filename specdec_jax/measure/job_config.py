@@ -155,6 +155,14 @@ def num_drafts(config) -> int:
   return config.get('num_drafts', 1)
 
 
+# The config fields `load_pair` reads (with `decoder_layout`'s answer and the mesh, what a loaded
+# pair depends on).
+PAIR_FIELDS = (
+  'pretrained', 'target', 'drafter', 'tokenizer', 'test_file', 'source_prefix', 'grow_to',
+  'param_dtype', 'drafter_sharding', 'decoder_layout',
+)  # fmt: skip
+
+
 def load_pair(config, mesh) -> pretrained.Pair:
   """The pair of a checked `config` placed on `mesh` as it loads (the target sharded, drafters
   per `config.drafter_sharding`): checkpoints of any format (`config.target`, `drafter`,
