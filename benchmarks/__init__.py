@@ -4,6 +4,7 @@ Every main keeps its flags on its own `FlagValues` and ends with `benchmarks.run
 (several define --target, --dtype, ... and one process, the test suite, imports them all). Every
 decode benchmark calls `start()` first in its main, so that its few-row dots run on the kernels
 the main job uses (`specdec_jax.measure.xla_cpu`); `--noeigen_dots` keeps XLA:CPU's default.
+A benchmark that decodes a shipped pair loads it with `load_pair`, in the main job's decoder layout.
 """
 
 import sys
@@ -11,7 +12,8 @@ import sys
 from absl import app, flags, logging
 
 from benchmarks import machines
-from specdec_jax.measure import xla_cpu
+from specdec_jax import pretrained
+from specdec_jax.measure import job_config, xla_cpu
 
 _EIGEN_DOTS = flags.DEFINE_bool(
   'eigen_dots',
@@ -25,6 +27,14 @@ def start() -> None:
   """The XLA:CPU options of --eigen_dots; call before JAX starts (first thing in main)."""
   if _EIGEN_DOTS.value:
     xla_cpu.prefer_eigen_dots()
+
+
+def load_pair(name_or_dir: str) -> pretrained.Pair:
+  """A shipped pair (`pretrained.load`, one device) in the decoder layout the main job decodes it
+  in here (`job_config.fastest_layout`: fused projections but on one TPU chip), so that a
+  benchmark's autoregressive baseline is the main job's."""
+  pair = pretrained.load(name_or_dir)
+  return pretrained.fuse_pair(pair) if job_config.fastest_layout(None) == 'fused' else pair
 
 
 def define_compile_for(

@@ -15,7 +15,7 @@ import jax
 from absl import flags
 
 import benchmarks
-from specdec_jax import decode, pretrained
+from specdec_jax import decode
 from specdec_jax.measure import timing
 from specdec_jax.sampling import SamplingConfig
 
@@ -39,7 +39,7 @@ def _ms(fn, repeats: int) -> float:
 def main(argv):
   del argv
   benchmarks.start()  # before JAX starts
-  pair = pretrained.load(_DIR.value)
+  pair = benchmarks.load_pair(_DIR.value)
   source = pair.test_pairs()[_SENTENCE.value][0]
   ids, mask = pair.tokenizer.encode_batch([source], 64, truncate=True)
   kw = dict(sampling=SamplingConfig(temperature=0.0), rng=jax.random.key(0))

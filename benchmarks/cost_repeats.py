@@ -17,7 +17,7 @@ import numpy as np
 from absl import flags
 
 import benchmarks
-from specdec_jax import decode, pretrained
+from specdec_jax import decode
 from specdec_jax.measure import timing
 
 FLAGS = flags.FlagValues()
@@ -35,7 +35,7 @@ NAMES = ('c', 'c_fixed', 'pass_cost')
 def main(argv):
   del argv
   benchmarks.start()  # before JAX starts
-  pair = pretrained.load(_DIR.value)
+  pair = benchmarks.load_pair(_DIR.value)
   drafter = pair.drafters[_DRAFTER.value]
   settings = [int(r) for r in _REPEATS.value]
   print(f'{_DIR.value} {_DRAFTER.value}, gamma {_GAMMA.value}: step_costs, one round', flush=True)

@@ -36,7 +36,7 @@ from absl import flags
 import benchmarks
 from benchmarks import synthetic
 from experiments.configs import train_drafter, train_target
-from specdec_jax import decode, drafters, pretrained
+from specdec_jax import decode, drafters
 from specdec_jax import sampling as sampling_lib
 from specdec_jax.measure import timing, translation
 from specdec_jax.models import t5
@@ -108,7 +108,7 @@ def _models_and_sources(max_rows: int):
       jnp.asarray(ids, jnp.int32),
       jnp.ones_like(jnp.asarray(ids, jnp.int32)),
     )
-  pair = pretrained.load(_DIR.value)
+  pair = benchmarks.load_pair(_DIR.value)
   target, tokenizer = pair.target, pair.tokenizer
   # The T5 drafter measured is the pair's recommended one (the small independent T5 if the
   # bigram is recommended).

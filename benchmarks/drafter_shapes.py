@@ -20,7 +20,7 @@ from absl import flags
 import benchmarks
 from benchmarks import synthetic
 from experiments.configs import train_target
-from specdec_jax import analysis, pretrained
+from specdec_jax import analysis
 from specdec_jax.measure import timing
 from specdec_jax.models import t5
 
@@ -48,7 +48,7 @@ def main(argv):
   del argv
   benchmarks.start()  # before JAX starts
   benchmarks.quiet_checkpoint_logs()  # orbax logs every file it reads at INFO
-  pair = pretrained.load('ende')
+  pair = benchmarks.load_pair('ende')
   targets = {
     'shipped 13.5M': pair.target,
     't5_1_1-small 52M': _random_t5(0, _target_shape('t5_1_1_small')),

@@ -47,7 +47,7 @@ from absl import flags
 
 import benchmarks
 from benchmarks import synthetic
-from specdec_jax import checkpoints, decode, pretrained
+from specdec_jax import checkpoints, decode
 from specdec_jax.checkpoints import common as checkpoint_utils
 from specdec_jax.checkpoints import hf as checkpoints_hf
 from specdec_jax.measure import tables, timing
@@ -253,7 +253,7 @@ def _models_and_sources():
     ids = np.random.default_rng(0).integers(2, vocab, (n, s), dtype=np.int32)
     label = f'random {_TARGET.value}'
     return target, found, ids, np.ones_like(ids), _GAMMA.value or 4, label
-  pair = pretrained.load(_DIR.value)
+  pair = benchmarks.load_pair(_DIR.value)  # ours decode in the main job's layout
   default = [name for name, d in pair.drafters.items() if isinstance(d, t5.T5Model)]
   found = {}
   for name in names or default:

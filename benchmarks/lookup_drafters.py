@@ -32,7 +32,7 @@ import numpy as np
 from absl import flags
 
 import benchmarks
-from specdec_jax import analysis, decode, pretrained
+from specdec_jax import analysis, decode
 from specdec_jax.data import pairs
 from specdec_jax.sampling import SamplingConfig
 
@@ -131,7 +131,7 @@ def equivalent_alpha(tokens: float, gamma: int) -> float:
 def main(argv):
   del argv
   benchmarks.start()  # before JAX starts
-  pair, gamma = pretrained.load(_DIR.value), _GAMMA.value
+  pair, gamma = benchmarks.load_pair(_DIR.value), _GAMMA.value
   tok = pair.tokenizer
   tri = trigram_argmax(pair.drafters['trigram'])
   train = pairs.load_pairs(_TRAIN.value)

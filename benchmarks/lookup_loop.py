@@ -17,7 +17,7 @@ import numpy as np
 from absl import flags
 
 import benchmarks
-from specdec_jax import decode, draft_lookup, pretrained
+from specdec_jax import decode, draft_lookup
 from specdec_jax.measure import timing
 from specdec_jax.sampling import SamplingConfig
 
@@ -60,7 +60,7 @@ def methods(pair, gamma: int, tree_nodes: int, branches: int) -> dict:
 def main(argv):
   del argv
   benchmarks.start()  # before JAX starts
-  pair = pretrained.load(_DIR.value)
+  pair = benchmarks.load_pair(_DIR.value)
   sources = [s for s, _ in pair.test_pairs()[: _SENTENCES.value]]
   encode = lambda s: pair.tokenizer.encode_batch([s], _SOURCE_LENGTH.value, truncate=True)
   batches = [tuple(map(jnp.asarray, encode(s))) for s in sources]  # on device before the clock

@@ -19,7 +19,6 @@ Past runs: docs/performance.md, "K rows or a tree".
 from absl import flags
 
 import benchmarks
-from specdec_jax import pretrained
 from specdec_jax.measure import timing
 
 # This main's own flags (`benchmarks.run`).
@@ -38,7 +37,7 @@ def main(argv):
   del argv
   benchmarks.start()  # before JAX starts
   benchmarks.quiet_checkpoint_logs()  # orbax logs every file it reads at INFO
-  target = pretrained.load(_PAIR.value).target
+  target = benchmarks.load_pair(_PAIR.value).target
   kw = dict(source_length=_SOURCE_LENGTH.value, cache_len=96)
   step = timing.step_seconds(target, batch_size=1, **kw)
   print(f'{_PAIR.value} target: one step {step * 1e3:.2f} ms')

@@ -14,7 +14,7 @@ Past runs: docs/performance.md, "Few-row dots".
 from absl import flags
 
 import benchmarks
-from specdec_jax import decode, pretrained
+from specdec_jax import decode
 from specdec_jax.measure import timing
 
 # This main's own flags (`benchmarks.run`).
@@ -41,7 +41,7 @@ def main(argv):
   del argv
   benchmarks.start()  # before JAX starts
   benchmarks.quiet_checkpoint_logs()  # orbax logs every file it reads at INFO
-  pair = pretrained.load(_DIR.value)
+  pair = benchmarks.load_pair(_DIR.value)
   name = _DRAFTER.value or pair.recommended
   gamma = _GAMMA.value
   print(f'{pair.directory}: drafter {name}, gamma {gamma}')
