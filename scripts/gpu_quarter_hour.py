@@ -26,9 +26,9 @@ are reported as skipped):
                 token tree of 5 nodes, T = 0 and 1.
   block_tree    benchmarks.paper_scale with a block drafter at the 11B target: its one call's cost,
                 the formula's speedup, and a token-tree pass of 16 nodes against a chain (table 5).
-  lookup        the main job's rows of the source-lookup drafter: skipped, "not available yet",
-                until `specdec_jax.draft_lookup` registers a drafting entry named 'lookup'
-                (`lookup_status`).
+  lookup        the main job's rows of the source-lookup drafter alone on the grown pair (skipped,
+                saying why, where `specdec_jax.draft_lookup` registers no drafting entry named
+                'lookup': `lookup_status`).
 
 Budgets are estimates (the H100 run of 2026-11-26: a larger paper_scale call took 242 s); no GPU
 has run this script yet. XLA:GPU compiled the grown target's build in 382 s on 2 loaded CPU cores
@@ -87,9 +87,8 @@ BUNDLED = ('specdec_jax', 'benchmarks', 'experiments', 'scripts', 'setup.py', 'p
 GPU_SITE = '/tmp/gpu_site'  # where `machines.install_line('h100')` puts the CUDA plugin
 TABLE = 'gpu_quarter_hour'  # <--out>/gpu_quarter_hour.md and .json
 LOOKUP_MODULE = 'specdec_jax.draft_lookup'
-# The main job's config item that gives the lookup drafter's rows (issue 60 item 6 adds it; if it
-# lands under another name, change it here).
-LOOKUP_ITEMS = 'drafters=lookup'
+# The main job's config items that give the source-lookup drafter's rows alone.
+LOOKUP_ITEMS = 'drafters=,lookup=true'
 
 FLAGS = flags.FlagValues()
 _DRY_RUN = flags.DEFINE_bool(
@@ -354,7 +353,7 @@ STAGES = (
     60,
     _lookup_argv,
     lambda out, s: main_job_figures(os.path.join(s.workdir, 'lookup')),
-    not_compiled='its loop, until the lookup drafter exists (then give it `programs`)',
+    programs=lambda s, mesh: _lookup_programs(s, mesh),
     status=lambda s: lookup_status(s),
   ),
 )
@@ -759,6 +758,22 @@ def _speculative_programs(s: Settings, mesh, drafter: str, *, gamma: int, tree=N
     )  # fmt: skip
   what = f'tree of {tree.num_nodes}' if tree else f'gamma {gamma}'
   return {f'speculative ({s.target}, {drafter}, {what})': low}
+
+
+def _lookup_programs(s: Settings, mesh) -> dict:
+  """The source-lookup drafter's loop at --gamma over the target (it calls no model: one pass an
+  iteration)."""
+  import jax
+
+  from specdec_jax import decode, draft_lookup
+
+  target, ids = _abstract(s, s.target, mesh), _ids(s, mesh)
+  with jax.set_mesh(mesh):
+    low = decode.lower_speculative(
+      target, draft_lookup.source_lookup(target), ids, ids, gamma=s.gamma, sampling=_sampling(),
+      max_new_tokens=s.max_new_tokens,
+    )  # fmt: skip
+  return {f'speculative ({s.target}, source lookup, gamma {s.gamma})': low}
 
 
 def _t5_shapes():

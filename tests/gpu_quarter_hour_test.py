@@ -92,6 +92,27 @@ def test_the_plan_gives_every_stage_its_command_and_budget_and_skips_the_lookup_
   assert not lookup.skip and gqh.LOOKUP_ITEMS in lookup.command()
 
 
+@helpers.needs_pair('ende')
+def test_the_lookup_stage_runs_the_lookup_rows_alone_and_its_loop_compiles():
+  # Its config items, on the 13.5M pair ungrown: the source-lookup drafter's rows and no other
+  # drafter's; its program (the lookup loop over a tiny target) lowers and compiles here.
+  import jax
+  import numpy as np
+
+  from experiments.configs import ende
+  from specdec_jax.measure import evaluation
+
+  assert gqh.lookup_status() is None  # the lookup drafter is registered
+  plan = evaluation.prepare(ende.get_config(f'runlocal,{gqh.LOOKUP_ITEMS}'))
+  assert plan.groups == [('lookup', 4)] and list(plan.drafters) == ['lookup']
+  with pytest.raises(ValueError, match='No drafter to run: config.drafters is empty'):
+    evaluation.prepare(ende.get_config('runlocal,drafters='))
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ('data', 'model'))
+  settings = gqh.Settings(target='tiny-v1.0', max_new_tokens=8, source_length=16)
+  ((name, low),) = gqh._lookup_programs(settings, mesh).items()
+  assert 'source lookup' in name and low.compile().memory_analysis() is not None
+
+
 def test_the_lookup_stage_is_not_available_while_its_module_does_not_import(monkeypatch):
   monkeypatch.setattr(gqh, 'LOOKUP_MODULE', 'specdec_jax.no_such_drafter')
   why = gqh.lookup_status()
@@ -354,12 +375,12 @@ def test_the_pinned_wheels_are_setup_py_s_pins():
 _SITE = gqh.cuda_plugin_path(os.environ.get('SPECDEC_GPU_SITE', gqh.GPU_SITE))
 
 
-@pytest.mark.slow  # 200-235 s (133 CPU-s) on 2 cores at load 8, 2026-11-29: 7 XLA:GPU programs
+@pytest.mark.slow  # 200-235 s (133 CPU-s) on 2 cores at load 8, 2026-11-29: 8 XLA:GPU programs
 @pytest.mark.skipif(_SITE is None, reason='no CUDA plugin: ' + gqh.GPU_SITE)
 @helpers.needs_pair('ende')
 def test_dry_run_compiles_every_stage_s_programs_for_an_h100_without_one():
   """Tiny shapes (tiny-v1.0 for the 11B, the 13.5M pair grown to t5_1_1-small): each stage's
-  programs compile for the compile-only H100; the lookup and transformers' rows say why not."""
+  programs compile for the compile-only H100; transformers' rows say why not."""
   argv = ['--dry_run', '--target=tiny-v1.0', '--drafter=tiny-v1.0',
           '--block_drafter=block:tiny-v1.0', '--grow_to=t5_1_1-small', '--max_new_tokens=8',
           '--source_length=16', '--tree_nodes=8', '--block_gamma=4', f'--gpu_site={_SITE or "-"}']  # fmt: skip
@@ -370,8 +391,8 @@ def test_dry_run_compiles_every_stage_s_programs_for_an_h100_without_one():
   out = done.stdout
   assert done.returncode == 0, out + done.stderr[-3000:]
   assert 'compiling for h100 (NVIDIA H100 80GB HBM3, compile-only)' in out
-  for stage, programs in (('step_11b', 1), ('hf_peer_11b', 1), ('grown_xxl', 3), ('block_tree', 2)):
+  stages = (('step_11b', 1), ('hf_peer_11b', 1), ('grown_xxl', 3), ('block_tree', 2), ('lookup', 1))
+  for stage, programs in stages:
     assert out.count(f'  {stage}: ') - 1 == programs, out  # its programs and its total line
     assert f'  {stage}: {programs} programs in ' in out
-  assert 'FAILED' not in out and out.count(' GiB fits 80 GiB') == 7
-  assert '  lookup: not compiled: ' in out
+  assert 'FAILED' not in out and out.count(' GiB fits 80 GiB') == 8

@@ -291,6 +291,7 @@ def test_config_items_apply_in_order_and_lists_hold_any_number():
   assert ende.get_config('runlocal,num_examples=150').num_examples == 150
   assert ende.get_config('temperatures=0,1e-3,0.5').temperatures == (0.0, 0.001, 0.5)
   assert ende.get_config('tree_nodes=5,9').tree_nodes == (5, 9)  # an empty default's numbers
+  assert ende.get_config('drafters=,lookup=true').drafters == ()  # `key=` alone: empty
   with pytest.raises(ValueError, match='Unknown config item'):
     ende.get_config('gama=3')
   with pytest.raises(ValueError, match="Bad value for config field 'batch_size'"):

@@ -6,7 +6,7 @@ Items apply in the order written, so a later item wins:
   student.d_model=128      nested fields with dots
   gammas=3,5,7             a tuple field takes every following item that is not itself a known
                            key=... or variant: `temperatures=0,1e-3,runlocal` is (0.0, 0.001)
-                           then the runlocal variant
+                           then the runlocal variant; `drafters=` alone empties it
 
 Booleans are true/false; a field whose default is None takes a string, or `none`.
 """
@@ -85,7 +85,7 @@ def _convert(key: str, default, values: list[str]):
     if isinstance(default, tuple):
       # An empty default says nothing of its kind: numbers as numbers, anything else as text.
       kind = type(default[0]) if default else type(None)
-      return tuple(_scalar(kind, v) for v in values)
+      return tuple(_scalar(kind, v) for v in values if v)  # `key=` alone: the empty tuple
     if len(values) != 1:
       raise ValueError(f'{key} takes one value, got {values}')
     return _scalar(type(default), values[0])

@@ -287,6 +287,11 @@ def prepare(config) -> Plan:
   drafters = {n: pair.drafters[n] for n in (*names, *tree_only)}
   if config.get('lookup'):  # the source-lookup drafter's rows (no model: built on the target)
     drafters['lookup'] = draft_lookup.source_lookup(pair.target)
+  if not drafters:
+    raise ValueError(
+      'No drafter to run: config.drafters is empty, and no block drafter, named tree or lookup '
+      f'(config.lookup) of {pair.directory} joins the rows.'
+    )
   job_config.check_drafters(config, pair.target, drafters, tree_only)
   if config.max_new_tokens > pair.target.config.max_target_length:
     raise ValueError(
