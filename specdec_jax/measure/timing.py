@@ -32,7 +32,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import decode_steps, step_models, trees
+from specdec_jax import decode_steps, drafting, loop_spec, step_models, trees
+from specdec_jax import draft as draft_lib
+from specdec_jax.sampling import SamplingConfig
+
+_GREEDY = SamplingConfig(temperature=0.0)
 
 # What `jax.monitoring` records for each program XLA compiles, or reads from the persistent
 # compilation cache (jax._src.dispatch.BACKEND_COMPILE_EVENT; one event per program, with its name
@@ -169,39 +173,41 @@ def _draft(
 ):
   """The drafts an iteration's target pass scores, int32[B, gamma], and the drafter's cache.
 
-  `draft_length` 0: no drafter call (tokens made from `pending`). Else `decode_steps.draft` of
-  `draft_length` >= gamma tokens, greedy, scanned or unrolled (`unroll_draft`) as the loop runs
-  it; past gamma its later tokens are extra one-token calls of the same scan, and the last one's
-  argmax takes the place of the gamma-th draft, so that every call's logits are read (a loop that
-  discarded the first drafter call's logits let XLA drop that call's output layer, and c came out
-  2-4x too low). Either way the drafts pass through an optimization barrier, so that XLA cannot
-  shape the target pass by how they were made."""
+  `draft_length` 0: no drafter call (tokens made from `pending`). Else the drafter's own entry of
+  the drafting registry (`drafting.get(capabilities.drafting)`, what the loop drafts with), greedy,
+  its scan looped or unrolled (`unroll_draft`) as the loop runs it, for `draft_length` >= gamma
+  tokens (a block drafter: gamma, its one call whatever the length); past gamma its later tokens
+  are extra one-token calls of the same scan, and the last one's argmax takes the place of the
+  gamma-th draft, so that every call's logits are read (a loop that discarded the first drafter
+  call's logits let XLA drop that call's output layer, and c came out 2-4x too low). Either way
+  the drafts pass through an optimization barrier, so that XLA cannot shape the target pass by
+  how they were made."""
   steps, params = drafter
   batch = pending.shape[0]
   if draft_length == 0:
     drafts = (pending[:, None] + jnp.arange(gamma, dtype=jnp.int32)) % 7 + 2
     return jax.lax.optimization_barrier(drafts), drafter_cache
-  seq = jnp.broadcast_to(pending[:, None], (batch, cache_len))
-  if step_models.capabilities(steps).block_size:  # one call, whatever the draft length
-    drafts, _, drafter_cache, _ = decode_steps.draft_block(
-      steps, params, drafter_cache, seq, position, None, gamma=gamma, sampling=None, greedy=True,
-      target_states=(states, position - 1),
-    )  # fmt: skip
-    return jax.lax.optimization_barrier(drafts), drafter_cache
-  drafts, _, drafter_cache, _ = decode_steps.draft(
-    steps,
-    params,
-    drafter_cache,
-    seq,
-    position,
-    jax.random.key(0),  # unused when greedy, as in the loop
-    gamma=draft_length,
-    sampling=None,
-    greedy=True,
-    target_states=None if states is None else (states, position - 1),
-    unroll_draft=unroll_draft,
+  caps = step_models.capabilities(steps)
+  length = gamma if caps.block_size else draft_length
+  spec = loop_spec.LoopSpec(
+    sampling=_GREEDY, max_new_tokens=1, gamma=length, unroll_draft=unroll_draft
   )
-  drafts = jnp.concatenate([drafts[:, : gamma - 1], drafts[:, -1:]], axis=1)
+  view = draft_lib.DraftView(
+    seq=jnp.broadcast_to(pending[:, None], (batch, cache_len)),
+    n=position,
+    done=jnp.zeros((batch,), bool),
+    cache=drafter_cache,
+    state=None,
+    target_states=None if states is None else decode_steps.TargetStates(states, position - 1),
+    source_ids=None,  # read by no entry that calls a model
+    source_mask=None,
+  )
+  entry = drafting.get(caps.drafting)
+  # The key is unused when greedy, as in the loop.
+  out, drafter_cache, _ = entry.draft(drafting.Model(steps, params), view, jax.random.key(0), spec)
+  drafts = out.tokens[:, 1:]  # after the pending token
+  if length > gamma:
+    drafts = jnp.concatenate([drafts[:, : gamma - 1], drafts[:, -1:]], axis=1)
   return jax.lax.optimization_barrier(drafts), drafter_cache
 
 
