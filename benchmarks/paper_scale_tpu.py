@@ -2,16 +2,16 @@
 4 from XLA:TPU's cost model, on any host (nothing runs; the programs compile for one TPU chip of
 `machines.compile_only_devices`). Every number is a compiler's estimate (`tpu_costs`), not a timing.
 
-The programs are the timed path's own (`timing.repeated_steps`, `timing.repeated_iterations`,
+The programs are the timed path's own (`timed_loops.repeated_steps`, `timed_loops.repeated_iterations`,
 which `timing.step_costs` times; docs/method.md section 8), compiled instead of timed, each a loop
 over a traced number of iterations whose body's estimated cycles are one iteration (the loop's
 own condition included; work XLA hoists out of the loop, e.g. weights copied to another layout,
 is reported apart as `outside`, paid once a decode call):
 
-- target step / pass: `timing.repeated_steps` of 1 / gamma + 1 positions a row (`call_cycles`);
+- target step / pass: `timed_loops.repeated_steps` of 1 / gamma + 1 positions a row (`call_cycles`);
   pass cost = pass / step.
 - drafter: `c_alone` = its one-position call / the target step. `c` and `c_fixed` from the
-  iteration program that measures the timed path's c (`timing.repeated_iterations` with a draft
+  iteration program that measures the timed path's c (`timed_loops.repeated_iterations` with a draft
   of gamma + `timing.EXTRA_CALLS` calls, its drafts behind timing's optimization barrier): c = one
   iteration of the draft's scan / step (the timed path's slope over the extra calls), c_fixed =
   the draft's ops (scopes 'drafter' and 'sampling') at gamma calls / step - gamma c, not clamped.
@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from benchmarks import machines, memory_model, synthetic, tpu_costs
 from specdec_jax import analysis, decode, step_models
-from specdec_jax.measure import tables, timing
+from specdec_jax.measure import tables, timed_loops, timing
 from specdec_jax.models import t5
 
 # Leviathan et al. 2023, Table 2, T5-XXL on EnDe with the T5-small drafter on TPU-v4:
@@ -98,23 +98,23 @@ class Setup:
 
 
 def call_cycles(setup: Setup, model: t5.T5Model, *, positions: int, cache_len: int) -> LoopCost:
-  """`LoopCost` of `model`'s calls of `positions` positions a row (`timing.repeated_steps`)."""
+  """`LoopCost` of `model`'s calls of `positions` positions a row (`timed_loops.repeated_steps`)."""
   cache = synthetic.abstract_cache(model, setup.device, batch=setup.batch,
                                    source_length=setup.source_length, cache_len=cache_len)  # fmt: skip
   compiled = setup.compile(
-    timing.repeated_steps, model.steps, model.params, cache, setup.position(),
+    timed_loops.repeated_steps, model.steps, model.params, cache, setup.position(),
     num_tokens=positions, loop_length=_scalar(setup.device),
   )  # fmt: skip
   return loop_cost(compiled)
 
 
 def iteration_program(setup: Setup, target, drafter, *, gamma: int, cache_len: int, draft_length):
-  """`timing.repeated_iterations` compiled: the decode loop's model calls, with a draft of
+  """`timed_loops.repeated_iterations` compiled: the decode loop's model calls, with a draft of
   `draft_length` drafter calls (0: the pass alone on fixed drafts; gamma; or more, its later
   calls extra ones of the same scan), the draft's scan not unrolled."""
   shape = dict(batch=setup.batch, source_length=setup.source_length, cache_len=cache_len)
   return setup.compile(
-    timing.repeated_iterations,
+    timed_loops.repeated_iterations,
     target.steps,
     target.params,
     drafter.steps,

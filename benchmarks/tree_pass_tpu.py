@@ -7,8 +7,8 @@ r"""A token tree's target pass priced by XLA:TPU's cost model, against a chain p
 
 Nothing runs: for one chip of --compile_for (`machines.compile_only_devices`), batch 1, each
 program is the timed path's own, compiled instead of timed (as `benchmarks.paper_scale_tpu`):
-the target's step and its chain pass of N positions (`timing.repeated_steps`), and its pass over
-a token tree of N nodes (`timing.repeated_tree_passes`: `step_tree`, the tree loop's pass, with
+the target's step and its chain pass of N positions (`timed_loops.repeated_steps`), and its pass over
+a token tree of N nodes (`timed_loops.repeated_tree_passes`: `step_tree`, the tree loop's pass, with
 the ancestor mask and positions from each node's depth over a cache of --cache_len slots). Each
 row: the estimated cycles of one pass over those of one step ('pass cost', the paper's unit), the
 tree's over the chain's, XLA:TPU's temporaries of each program, and the layout copies one pass
@@ -29,7 +29,7 @@ from absl import flags
 import benchmarks
 from benchmarks import hlo_text, machines, paper_scale_tpu, synthetic
 from specdec_jax import trees
-from specdec_jax.measure import tables, timing
+from specdec_jax.measure import tables, timed_loops
 
 FLAGS = flags.FlagValues()
 _COMPILE_FOR = benchmarks.define_compile_for('One TPU chip, or h100.', FLAGS, default='tpu-v4')
@@ -69,7 +69,7 @@ def tree_cycles(setup, model, *, nodes: int, depth: int, cache_len: int):
     _placed(shape, jnp.bool_, setup.device),
   )
   compiled = setup.compile(
-    timing.repeated_tree_passes, model.steps, model.params, cache, setup.position(), tree,
+    timed_loops.repeated_tree_passes, model.steps, model.params, cache, setup.position(), tree,
     max_depth=depth, loop_length=_placed((), jnp.int32, setup.device),
   )  # fmt: skip
   return paper_scale_tpu.loop_cost(compiled)
@@ -86,7 +86,7 @@ LAUNCH_TABLE = (
 
 def _pass_launches(compiled) -> tuple[int, float]:
   """(kernels one pass launches: the loop's body and condition, temporaries MiB) of a compiled
-  `timing.repeated_*` program (one loop at its top level)."""
+  `timed_loops.repeated_*` program (one loop at its top level)."""
   hlo = compiled.as_text()
   ((body, condition),) = hlo_text.while_loops(hlo)
   count = sum(hlo_text.launches(hlo, c)['total'] for c in (body, condition))
@@ -102,13 +102,13 @@ def launch_rows(machine: str, target: str, *, dtype: str, nodes, depth, source_l
   )
   position, loop = _placed((1,), jnp.int32, device), _placed((), jnp.int32, device)
   for n in nodes:
-    chain = jax.jit(timing.repeated_steps, static_argnames=('steps', 'num_tokens')).lower(
+    chain = jax.jit(timed_loops.repeated_steps, static_argnames=('steps', 'num_tokens')).lower(
       model.steps, model.params, cache, position, num_tokens=n, loop_length=loop
     )
     tree = trees.Tree(
       *(_placed((1, n), jnp.int32, device) for _ in range(3)), _placed((1, n), jnp.bool_, device)
     )
-    tree = jax.jit(timing.repeated_tree_passes, static_argnames=('steps', 'max_depth')).lower(
+    tree = jax.jit(timed_loops.repeated_tree_passes, static_argnames=('steps', 'max_depth')).lower(
       model.steps, model.params, cache, position, tree, max_depth=depth, loop_length=loop
     )
     (chain, chain_temp), (tree, tree_temp) = (_pass_launches(p.compile()) for p in (chain, tree))

@@ -63,6 +63,7 @@ measure/
   job_config         a main-job config checked, its trees read, its pair loaded (layout).
   translation        a test set decoded by each method in turn, timed: a `Run` per method.
   timing             model calls timed as a decode loop sees them; compiling while timed fails.
+  timed_loops        the jitted programs those timers time: model calls in a loop, as the loop's.
   profiling          an iteration's time by component, from XLA:CPU's per-op trace.
   xla_cpu            XLA:CPU's kernels for few-row dots (the main job's `prefer_eigen_dots`).
   tables             plain-text tables from a column spec.

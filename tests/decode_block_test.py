@@ -13,7 +13,7 @@ import pytest
 
 from specdec_jax import checkpoints, decode, decode_steps, sharding
 from specdec_jax import sampling as sampling_lib
-from specdec_jax.measure import timing
+from specdec_jax.measure import timed_loops, timing
 from specdec_jax.models import t5
 from tests import fakes, helpers
 from tests.chisquare import SIGNIFICANCE
@@ -149,7 +149,7 @@ def test_a_drafter_reading_several_target_layers(tiny_pair):
   np.testing.assert_array_equal(run(reads((2,))), run(base))
   assert not np.array_equal(run(reads((0,))), run(base))
   two = tiny_block_t5(target, feature_dim=64, feature_layers=(0, 2))
-  iterations = timing.iteration_loop(
+  iterations = timed_loops.iteration_loop(
     (target.steps, target.params), (two.steps, two.params), batch_size=1, source_length=5,
     gamma=4, cache_len=32,
   )  # fmt: skip

@@ -13,7 +13,7 @@ import pytest
 
 from specdec_jax import cache as cache_lib
 from specdec_jax import trees
-from specdec_jax.measure import timing
+from specdec_jax.measure import timed_loops
 from specdec_jax.models import t5, t5_tree
 from tests import helpers
 
@@ -180,12 +180,12 @@ def test_keep_path_leaves_the_cache_of_a_plain_decode():
 
 
 def test_repeated_tree_passes_is_the_tree_pass():
-  """`timing.repeated_tree_passes` (what the benchmarks time and compile for a TPU) runs
+  """`timed_loops.repeated_tree_passes` (what the benchmarks time and compile for a TPU) runs
   `step_tree`: one loop iteration gives its logits at every node."""
   model, cache, _, tree = _setup()
   row = cache_lib.take_rows(cache, jnp.array([1]))
   one = jax.tree.map(lambda x: x[1:], tree)
-  looped = timing.repeated_tree_passes(
+  looped = timed_loops.repeated_tree_passes(
     model.steps, model.params, row, row.end_index, one, max_depth=DEPTH, loop_length=1
   )
   direct = _tree_logits(model.params, one, row, config=model.config)

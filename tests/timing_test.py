@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from specdec_jax import step_models
-from specdec_jax.measure import timing
+from specdec_jax.measure import timed_loops, timing
 from specdec_jax.models import t5
 from tests import helpers
 
@@ -55,12 +55,14 @@ def fake_clock(monkeypatch):
     return run
 
   monkeypatch.setattr(timing, 'time', types.SimpleNamespace(perf_counter=lambda: now[0]))
-  steps, iterations = timing.repeated_steps, timing.repeated_iterations
-  monkeypatch.setattr(timing, 'repeated_steps', spy(steps, lambda kw: _STEP * kw['num_tokens']))
-  monkeypatch.setattr(timing, 'repeated_iterations', spy(iterations, _iteration_seconds))
+  steps, iterations = timed_loops.repeated_steps, timed_loops.repeated_iterations
+  monkeypatch.setattr(
+    timed_loops, 'repeated_steps', spy(steps, lambda kw: _STEP * kw['num_tokens'])
+  )
+  monkeypatch.setattr(timed_loops, 'repeated_iterations', spy(iterations, _iteration_seconds))
   tree_seconds = lambda kw: _TREE_NODE * kw['tree'].tokens.shape[1]  # the tree: [B, N]
   monkeypatch.setattr(
-    timing, 'repeated_tree_passes', spy(timing.repeated_tree_passes, tree_seconds)
+    timed_loops, 'repeated_tree_passes', spy(timed_loops.repeated_tree_passes, tree_seconds)
   )
   return steps, iterations  # the real jitted loops
 
@@ -219,13 +221,16 @@ def test_iteration_timer_keeps_every_drafter_output_layer(xla_cpu_defaults):
   ids = jnp.full((1, 8), 3, jnp.int32)
   pair = step_models.as_step_model(target), step_models.as_step_model(drafter)
   args = [*pair[0], *pair[1]]
-  args += [timing._cache(pair[0], None, ids, 16), timing._cache(pair[1], pair[0], ids, 16)]
+  args += [
+    timed_loops.model_cache(pair[0], None, ids, 16),
+    timed_loops.model_cache(pair[1], pair[0], ids, 16),
+  ]
   args += [jnp.full((1,), 4, jnp.int32)]
   # The draft's first call (one position's logits: `step_at`) and its scan's call: one output
   # layer each; unrolled, one per call. The program has the decode loop's structure: its while
   # loop, the draft's scan (none unrolled or without a draft) and no branch.
   for draft_length, unroll, layers, loops in ((3, False, 2, 2), (3, True, 3, 1), (0, False, 0, 1)):
-    text = timing.repeated_iterations.lower(
+    text = timed_loops.repeated_iterations.lower(
       *args, gamma=3, draft_length=draft_length, cache_len=16, unroll_draft=unroll,
       loop_length=jnp.int32(2),
     ).compile().as_text()  # fmt: skip
@@ -279,18 +284,18 @@ def test_timed_loops_do_not_run_the_encoder(tiny_pair):
   ids = jnp.full((1, source), 3, jnp.int32)
   target, drafter = step_models.as_step_model(target), step_models.as_step_model(drafter)
   steps, params = target
-  cache = timing._cache(target, None, ids, 16)
+  cache = timed_loops.model_cache(target, None, ids, 16)
   position = jnp.full((1,), 4, jnp.int32)
-  lowered = timing.repeated_steps.lower(
+  lowered = timed_loops.repeated_steps.lower(
     steps, params, cache, position, num_tokens=1, loop_length=jnp.int32(2)
   )
   assert not _has_source_self_attention(lowered.compile().as_text(), source)
-  args = [*target, *drafter, cache, timing._cache(drafter, target, ids, 16), position]
-  lowered = timing.repeated_iterations.lower(
+  args = [*target, *drafter, cache, timed_loops.model_cache(drafter, target, ids, 16), position]
+  lowered = timed_loops.repeated_iterations.lower(
     *args, gamma=2, draft_length=2, cache_len=16, unroll_draft=False, loop_length=jnp.int32(2)
   )
   assert not _has_source_self_attention(lowered.compile().as_text(), source)
   # Negative control: the set-up program, which encodes the source, has them.
   encoder = step_models.encoder_of(target)  # (steps, params)
-  setup = timing._init_cache.lower(steps, params, *encoder, ids, cache_len=16).compile()
+  setup = timed_loops.init_cache.lower(steps, params, *encoder, ids, cache_len=16).compile()
   assert _has_source_self_attention(setup.as_text(), source)

@@ -11,12 +11,12 @@ once before, outside the timed programs. The drafter's cost in the loop is measu
 loop's own iteration, compiled without its drafter calls, with the loop's gamma of them and
 with more of them (`step_costs`): a cost per call (c) and a fixed cost per iteration
 (c_fixed). The timed iteration has the decode loop's structure and nothing more: the draft is
-`decode_steps.draft` at a static length, scanned or unrolled as the loop runs it, and no traced
-branch or loop decides the drafter's calls. Loops timed together run in turn and the fastest run
-of each counts, so that a shared machine's load moves them alike (`step_costs`, which the main
-job and the benchmarks use). The timed programs, `repeated_steps`, `repeated_tree_passes` and
-`repeated_iterations`, are public: `benchmarks.paper_scale_tpu` compiles these very programs for a TPU instead of timing
-them. What these timers measured, and why they are built so: docs/performance.md.
+the drafter's own drafting entry at a static length, scanned or unrolled as the loop runs it, and
+no traced branch or loop decides the drafter's calls. Loops timed together run in turn and the
+fastest run of each counts, so that a shared machine's load moves them alike (`step_costs`, which
+the main job and the benchmarks use). The timed programs are `timed_loops`' (`repeated_steps`,
+`repeated_tree_passes`, `repeated_iterations`). What these timers measured, and why they are
+built so: docs/performance.md.
 
 Axis legend: B batch, S source length, T query length.
 """
@@ -32,11 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import decode_steps, drafting, loop_spec, step_models, trees
-from specdec_jax import draft as draft_lib
-from specdec_jax.sampling import SamplingConfig
-
-_GREEDY = SamplingConfig(temperature=0.0)
+from specdec_jax import step_models
+from specdec_jax.measure import timed_loops
 
 # What `jax.monitoring` records for each program XLA compiles, or reads from the persistent
 # compilation cache (jax._src.dispatch.BACKEND_COMPILE_EVENT; one event per program, with its name
@@ -100,175 +97,6 @@ def time_call(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
   return first, float(np.median([timed(fn)[1] for _ in range(repeats)]))
 
 
-@functools.partial(jax.jit, static_argnames=('steps', 'encoder_steps', 'cache_len'))
-def _init_cache(steps, params, encoder_steps, encoder_params, input_ids, *, cache_len):
-  """A model's decoder cache over an all-real source, built once outside the timed loops: the
-  encoder over S positions would otherwise run in both loop lengths, and its noise can swamp the
-  difference of 32 cheap drafter calls."""
-  mask = jnp.ones_like(input_ids)
-  encoded = encoder_steps.encode(encoder_params, input_ids, mask)
-  return steps.init_cache(params, encoded, mask, cache_len)
-
-
-def _cache(model, target, input_ids, cache_len: int):
-  """`model`'s cache over `input_ids` (from `target`'s encoder for a drafter that reads it);
-  `model`, `target`: (steps, params) (`step_models.as_step_model`), target None for a target."""
-  steps, params = model
-  encoder_steps, encoder_params = step_models.encoder_of(model, target)
-  return _init_cache(steps, params, encoder_steps, encoder_params, input_ids, cache_len=cache_len)
-
-
-@functools.partial(jax.jit, static_argnames=('steps', 'num_tokens'))
-def repeated_steps(steps, params, cache, position, *, num_tokens, loop_length):
-  """`loop_length` (traced: one program for every loop length) model calls of `num_tokens`
-  positions each, every one from `position` [B] of `cache`."""
-  batch = position.shape[0]
-
-  # A drafter that reads the target's states gets zeros of their width.
-  caps = step_models.capabilities(steps)
-  features = None
-  if caps.reads_target_states:
-    features = jnp.zeros((batch, num_tokens, caps.feature_dim), jnp.float32)
-
-  # A block drafter's call as the loop makes it: num_tokens kept positions, then as many drafts
-  # less one (`decode_steps.draft_block`).
-  block = caps.block_size
-  width = num_tokens - 1 if block else num_tokens
-
-  def body(i, carry):
-    cache, logits = carry
-    tokens = jnp.full((batch, num_tokens), 2, jnp.int32) + i % 7  # not loop-invariant
-    cache = cache.replace(end_index=position)
-    if block:
-      kept = jnp.full((batch,), num_tokens, jnp.int32)
-      logits, cache = steps.step_block(params, tokens, features, cache, width, kept)
-    else:
-      logits, _, cache = decode_steps.drafter_call(steps, params, tokens, features, cache)
-    return cache, logits
-
-  vocab = steps.vocab_size
-  logits = jnp.zeros((batch, width, vocab), jnp.float32)
-  return jax.lax.fori_loop(0, loop_length, body, (cache, logits))[1]
-
-
-@functools.partial(jax.jit, static_argnames=('steps', 'max_depth'))
-def repeated_tree_passes(steps, params, cache, position, tree, *, max_depth, loop_length):
-  """`loop_length` (traced) target passes over a token tree (`step_tree`, the tree loop's pass:
-  the tree loop's), every one from `position` [B] of `cache`: `repeated_steps` for a tree of N
-  nodes (tree: `trees.Tree` [B, N], depth <= max_depth)."""
-
-  def body(i, carry):
-    cache, _ = carry
-    tokens = tree.tokens + i % 7  # not loop-invariant
-    cache = cache.replace(end_index=position)
-    logits, cache = steps.step_tree(params, tree._replace(tokens=tokens), cache, max_depth)
-    return cache, logits
-
-  logits = jnp.zeros(tree.tokens.shape + (steps.vocab_size,), jnp.float32)
-  return jax.lax.fori_loop(0, loop_length, body, (cache, logits))[1]
-
-
-def _draft(
-  drafter, drafter_cache, pending, position, states, *, gamma, draft_length, cache_len, unroll_draft
-):
-  """The drafts an iteration's target pass scores, int32[B, gamma], and the drafter's cache.
-
-  `draft_length` 0: no drafter call (tokens made from `pending`). Else the drafter's own entry of
-  the drafting registry (`drafting.get(capabilities.drafting)`, what the loop drafts with), greedy,
-  its scan looped or unrolled (`unroll_draft`) as the loop runs it, for `draft_length` >= gamma
-  tokens (a block drafter: gamma, its one call whatever the length); past gamma its later tokens
-  are extra one-token calls of the same scan, and the last one's argmax takes the place of the
-  gamma-th draft, so that every call's logits are read (a loop that discarded the first drafter
-  call's logits let XLA drop that call's output layer, and c came out 2-4x too low). Either way
-  the drafts pass through an optimization barrier, so that XLA cannot shape the target pass by
-  how they were made."""
-  steps, params = drafter
-  batch = pending.shape[0]
-  if draft_length == 0:
-    drafts = (pending[:, None] + jnp.arange(gamma, dtype=jnp.int32)) % 7 + 2
-    return jax.lax.optimization_barrier(drafts), drafter_cache
-  caps = step_models.capabilities(steps)
-  length = gamma if caps.block_size else draft_length
-  spec = loop_spec.LoopSpec(
-    sampling=_GREEDY, max_new_tokens=1, gamma=length, unroll_draft=unroll_draft
-  )
-  view = draft_lib.DraftView(
-    seq=jnp.broadcast_to(pending[:, None], (batch, cache_len)),
-    n=position,
-    done=jnp.zeros((batch,), bool),
-    cache=drafter_cache,
-    state=None,
-    target_states=None if states is None else decode_steps.TargetStates(states, position - 1),
-    source_ids=None,  # read by no entry that calls a model
-    source_mask=None,
-  )
-  entry = drafting.get(caps.drafting)
-  # The key is unused when greedy, as in the loop.
-  out, drafter_cache, _ = entry.draft(drafting.Model(steps, params), view, jax.random.key(0), spec)
-  drafts = out.tokens[:, 1:]  # after the pending token
-  if length > gamma:
-    drafts = jnp.concatenate([drafts[:, : gamma - 1], drafts[:, -1:]], axis=1)
-  return jax.lax.optimization_barrier(drafts), drafter_cache
-
-
-@functools.partial(
-  jax.jit,
-  static_argnames=(
-    'target_steps', 'drafter_steps', 'gamma', 'draft_length', 'cache_len', 'unroll_draft'
-  ),
-)  # fmt: skip
-def repeated_iterations(
-  target_steps,
-  target_params,
-  drafter_steps,
-  drafter_params,
-  target_cache,
-  drafter_cache,
-  position,
-  *,
-  gamma,
-  draft_length,
-  cache_len,
-  unroll_draft,
-  loop_length,
-):
-  """`loop_length` iterations of the speculative loop's model calls, by the loop's own functions:
-  a draft of `draft_length` drafter calls (`_draft`: 0, the loop's gamma, or more) and one
-  (gamma+1)-position target pass, every iteration from `position` [B] of the caches, each
-  iteration's tokens from the last pass's logits. `loop_length` is traced: one program for every
-  loop length, a while loop as the decode loop's. Everything else is static: the program holds
-  no branch or loop the decode loop lacks (a traced `lax.cond` or trip count would wait for the
-  host on a GPU, every iteration)."""
-  batch = position.shape[0]
-  caps = step_models.capabilities(drafter_steps)
-  reads_states = caps.reads_target_states
-  target_steps = step_models.state_source(drafter_steps, target_steps)  # the layers it reads
-  states = None
-  if reads_states:
-    states = jnp.zeros((batch, gamma + 1, caps.feature_dim), jnp.float32)
-  shape = dict(
-    gamma=gamma, draft_length=draft_length, cache_len=cache_len, unroll_draft=unroll_draft
-  )
-
-  def body(i, carry):
-    target_cache, drafter_cache, logits, states = carry
-    pending = (jnp.argmax(logits[:, -1], -1) + i) % 7 + 2  # not loop-invariant
-    drafter = (drafter_steps, drafter_params)
-    drafts, drafter_cache = _draft(drafter, drafter_cache, pending, position, states, **shape)
-    logits, states, target_cache = decode_steps.target_pass(
-      target_steps,
-      target_params,
-      jnp.concatenate([pending[:, None].astype(jnp.int32), drafts], axis=1),
-      target_cache.replace(end_index=position),
-      with_states=reads_states,
-    )
-    return target_cache, drafter_cache, logits, states
-
-  logits = jnp.zeros((batch, gamma + 1, target_steps.vocab_size), jnp.float32)
-  carry = (target_cache, drafter_cache, logits, states)
-  return jax.lax.fori_loop(0, loop_length, body, carry)[2]
-
-
 def _fastest(runs: dict, repeats: int) -> dict:
   """{key: seconds of the fastest of `repeats` runs of `runs[key]()`}: each zero-argument function
   runs once untimed (compiles, warms), then all of them in turn, `repeats` times. In turn, a slow
@@ -295,43 +123,6 @@ def _per_iteration(run: Callable[[int], object], loop_lengths: tuple[int, int], 
   (`_slope`). The loop length is a traced argument, so both lengths run one compiled program."""
   runs = {('loop', k): functools.partial(run, k) for k in loop_lengths}
   return _slope(_fastest(runs, repeats), 'loop', loop_lengths)
-
-
-def _step_loop(model, *, batch_size, source_length, num_tokens=1, cache_len=64, target=None):
-  """`run(k)`: k in-loop calls of `model` ((steps, params), as `target`), each scoring
-  `num_tokens` positions per row."""
-  steps, params = model
-  ids = jnp.full((batch_size, source_length), 3, jnp.int32)
-  cache = _cache(model, target, ids, cache_len)
-  position = jnp.full((batch_size,), cache_len // 4, jnp.int32)
-  return lambda k: repeated_steps(
-    steps, params, cache, position, num_tokens=num_tokens, loop_length=jnp.int32(k)
-  )
-
-
-def iteration_loop(
-  target, drafter, *, batch_size, source_length, gamma, cache_len=64, unroll_draft=False
-):
-  """`run(k, draft_length=gamma)`: k iterations of the loop's model calls with a draft of
-  `draft_length` drafter calls (`repeated_iterations`; one program per draft length), the draft's
-  scan unrolled with `unroll_draft`. `target`, `drafter`: (steps, params)."""
-  (target_steps, target_params), (drafter_steps, drafter_params) = target, drafter
-  ids = jnp.full((batch_size, source_length), 3, jnp.int32)
-  caches = _cache(target, None, ids, cache_len), _cache(drafter, target, ids, cache_len)
-  position = jnp.full((batch_size,), cache_len // 4, jnp.int32)
-  return lambda k, draft_length=gamma: repeated_iterations(
-    target_steps,
-    target_params,
-    drafter_steps,
-    drafter_params,
-    *caches,
-    position,
-    gamma=gamma,
-    draft_length=draft_length,
-    cache_len=cache_len,
-    unroll_draft=unroll_draft,
-    loop_length=jnp.int32(k),
-  )
 
 
 # Extra one-token drafter calls per iteration in the run that measures c (`step_costs`):
@@ -367,7 +158,7 @@ def iteration_seconds(
   each other: the target's pass evicts the drafter's weights from the CPU caches. `unroll_draft`:
   the draft's scan unrolled, as `speculative_generate(..., unroll_draft=True)` runs it."""
   target, drafter = step_models.as_step_model(target), step_models.as_step_model(drafter)
-  run = iteration_loop(
+  run = timed_loops.iteration_loop(
     target, drafter, batch_size=batch_size, source_length=source_length, gamma=gamma,
     cache_len=cache_len, unroll_draft=unroll_draft,
   )  # fmt: skip
@@ -401,41 +192,11 @@ def step_seconds(
   """
   model = step_models.as_step_model(model)
   target = None if target is None else step_models.as_step_model(target)
-  run = _step_loop(
+  run = timed_loops.step_loop(
     model, batch_size=batch_size, source_length=source_length, num_tokens=num_tokens,
     cache_len=cache_len, target=target,
   )  # fmt: skip
   return _per_iteration(run, loop_lengths, repeats)
-
-
-def _tree_pass_loop(model, cache, position, *, nodes: int, depth: int):
-  """`run(loop_length=k)`: k target passes over a best-first tree of `nodes` nodes and depth <=
-  `depth` per row (`repeated_tree_passes`), made from made-up peaked marginals: its shape, not its
-  tokens, is what a pass pays for."""
-  if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 2:
-    raise ValueError(f'A token tree has nodes >= 2 (a root and a draft), got nodes={nodes!r}.')
-  steps, params = model
-  batch = position.shape[0]
-  probs = jax.random.dirichlet(jax.random.key(0), jnp.full((64,), 0.1), (batch, depth))
-  tree = trees.best_first_tree(jnp.full((batch,), 5, jnp.int32), probs, nodes)
-  return functools.partial(
-    repeated_tree_passes, steps, params, cache, position, tree=tree, max_depth=depth
-  )
-
-
-def _tree_loop(model, *, batch_size, source_length, nodes, depth, cache_len):
-  """`run(k)`: k in-loop target passes over a tree of `nodes` nodes and depth <= `depth` per row
-  (`_tree_pass_loop`), each from slot cache_len // 4 of an all-real source's cache, as
-  `_step_loop`'s calls."""
-  start = cache_len // 4
-  if start + nodes > cache_len:
-    raise ValueError(f'cache_len={cache_len} has no room for a pass of {nodes} nodes.')
-  ids = jnp.full((batch_size, source_length), 3, jnp.int32)
-  position = jnp.full((batch_size,), start, jnp.int32)
-  tree = _tree_pass_loop(
-    model, _cache(model, None, ids, cache_len), position, nodes=nodes, depth=depth
-  )
-  return lambda k: tree(loop_length=jnp.int32(k))
 
 
 def tree_pass_costs(
@@ -450,16 +211,22 @@ def tree_pass_costs(
   """{'chain': a pass of `nodes` positions, 'tree': a pass over a token tree of `nodes` nodes and
   depth <= `depth`}, each in target steps: in-loop seconds at batch 1 (`repeated_steps`,
   `repeated_tree_passes`, timed in turn as `step_seconds`), over the 1-position step's. The tree
-  is `trees.best_first_tree` over made-up peaked marginals (`_tree_pass_loop`); the cache has
-  2 * nodes + 32 slots, every pass from slot 16. Raises ValueError for nodes < 2."""
+  is `trees.best_first_tree` over made-up peaked marginals (`timed_loops.tree_pass_loop`); the
+  cache has 2 * nodes + 32 slots, every pass from slot 16. Raises ValueError for nodes < 2."""
   steps, params = model = step_models.as_step_model(target)
   cache_len = 2 * nodes + 32
-  cache = _cache(model, None, jnp.full((1, source_length), 5, jnp.int32), cache_len)
+  cache = timed_loops.model_cache(
+    model, None, jnp.full((1, source_length), 5, jnp.int32), cache_len
+  )
   position = jnp.array([16], jnp.int32)
   runs = dict(
-    chain=functools.partial(repeated_steps, steps, params, cache, position, num_tokens=nodes),
-    step=functools.partial(repeated_steps, steps, params, cache, position, num_tokens=1),
-    tree=_tree_pass_loop(model, cache, position, nodes=nodes, depth=depth),
+    chain=functools.partial(
+      timed_loops.repeated_steps, steps, params, cache, position, num_tokens=nodes
+    ),
+    step=functools.partial(
+      timed_loops.repeated_steps, steps, params, cache, position, num_tokens=1
+    ),
+    tree=timed_loops.tree_pass_loop(model, cache, position, nodes=nodes, depth=depth),
   )
   passes = {
     (name, k): functools.partial(run, loop_length=jnp.int32(k))
@@ -507,11 +274,12 @@ def _pass_costs(target, tree_nodes, gamma, rows, kw, loop_lengths, rounds, repea
   gamma + 1 positions or a tree's of `tree_nodes`), the drafter's costs 0 (its on-device work, a
   source match, is not timed)."""
   if tree_nodes is None:
-    target_pass = _step_loop(target, num_tokens=gamma + 1, **rows)
+    target_pass = timed_loops.step_loop(target, num_tokens=gamma + 1, **rows)
   else:
-    target_pass = _tree_loop(target, nodes=tree_nodes, depth=gamma, **rows)
+    target_pass = timed_loops.tree_loop(target, nodes=tree_nodes, depth=gamma, **rows)
   loops = dict(
-    target_step=_step_loop(target, batch_size=rows['batch_size'], **kw), target_pass=target_pass
+    target_step=timed_loops.step_loop(target, batch_size=rows['batch_size'], **kw),
+    target_pass=target_pass,
   )
   runs = {
     (name, k): functools.partial(loop, k) for name, loop in loops.items() for k in loop_lengths
@@ -588,17 +356,21 @@ def step_costs(
   if not caps.draft_calls:  # no model to time (a source lookup): c, c_fixed, c_alone are 0
     return _pass_costs(target, tree_nodes, gamma, rows, kw, loop_lengths, rounds, repeats)
   if tree_nodes is None:
-    target_pass = _step_loop(target, num_tokens=gamma + 1, **rows)
+    target_pass = timed_loops.step_loop(target, num_tokens=gamma + 1, **rows)
   elif num_drafts != 1:
     raise ValueError(f'A token tree is one per row: num_drafts must be 1, got {num_drafts}.')
   else:
-    target_pass = _tree_loop(target, nodes=tree_nodes, depth=gamma, **rows)
+    target_pass = timed_loops.tree_loop(target, nodes=tree_nodes, depth=gamma, **rows)
   loops = dict(
-    target_step=_step_loop(target, batch_size=batch_size, **kw),
+    target_step=timed_loops.step_loop(target, batch_size=batch_size, **kw),
     target_pass=target_pass,
     # A block drafter's step is its one call of the loop: gamma + 1 kept positions, gamma drafts.
-    drafter_step=_step_loop(drafter, target=target, num_tokens=gamma + 1 if block else 1, **rows),
-    iteration=iteration_loop(target, drafter, gamma=gamma, unroll_draft=unroll_draft, **rows),
+    drafter_step=timed_loops.step_loop(
+      drafter, target=target, num_tokens=gamma + 1 if block else 1, **rows
+    ),
+    iteration=timed_loops.iteration_loop(
+      target, drafter, gamma=gamma, unroll_draft=unroll_draft, **rows
+    ),
   )
   long = loop_lengths[1]
   runs = {
