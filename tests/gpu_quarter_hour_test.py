@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from benchmarks import paper_scale
+from scripts import gpu_bundle
 from scripts import gpu_quarter_hour as gqh
 from specdec_jax.measure import tables
 from tests import helpers
@@ -109,7 +110,8 @@ def test_the_lookup_stage_runs_the_lookup_rows_alone_and_its_loop_compiles():
     evaluation.prepare(ende.get_config('runlocal,drafters='))
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ('data', 'model'))
   settings = gqh.Settings(target='tiny-v1.0', max_new_tokens=8, source_length=16)
-  ((name, low),) = gqh._lookup_programs(settings, mesh).items()
+  (spec,) = [stage for stage in gqh.STAGES if stage.name == 'lookup']
+  ((name, low),) = spec.programs(settings, mesh).items()
   assert 'source lookup' in name and low.compile().memory_analysis() is not None
 
 
@@ -311,7 +313,7 @@ def test_run_gives_each_stage_its_process_and_budget_skips_past_the_deadline_and
 
 def _fake_wheels(directory: pathlib.Path) -> str:
   directory.mkdir()
-  for requirement in gqh.PINNED_WHEELS:
+  for requirement in gpu_bundle.PINNED_WHEELS:
     name, _, version = requirement.partition('==')
     (directory / f'{name.replace("-", "_")}-{version}-py3-none-any.whl').write_bytes(b'0' * 1000)
   return str(directory)
@@ -320,7 +322,7 @@ def _fake_wheels(directory: pathlib.Path) -> str:
 @helpers.needs_pair('ende')
 def test_the_bundle_holds_the_code_the_pair_and_the_wheels_within_64_mib(tmp_path):
   wheels = _fake_wheels(tmp_path / 'wheels')
-  manifest = gqh.make_bundle(str(tmp_path / 'bundle'), pairs=['ende'], wheels_from=wheels)
+  manifest = gpu_bundle.make_bundle(str(tmp_path / 'bundle'), pairs=['ende'], wheels_from=wheels)
   bundle = tmp_path / 'bundle'
   for path in (
     'specdec_jax/decode.py',
@@ -333,40 +335,42 @@ def test_the_bundle_holds_the_code_the_pair_and_the_wheels_within_64_mib(tmp_pat
   ):
     assert (bundle / path).is_file(), path  # fmt: skip
   assert not list(bundle.rglob('__pycache__')) and not (bundle / 'tests').exists()
-  assert len(list((bundle / '.whl').glob('*.whl'))) == len(gqh.PINNED_WHEELS)
-  assert manifest['pairs'] == ['ende'] and manifest['bytes'] <= gqh.BUNDLE_LIMIT
+  assert len(list((bundle / '.whl').glob('*.whl'))) == len(gpu_bundle.PINNED_WHEELS)
+  assert manifest['pairs'] == ['ende'] and manifest['bytes'] <= gpu_bundle.BUNDLE_LIMIT
   assert manifest['bytes'] == sum(p.stat().st_size for p in bundle.rglob('*') if p.is_file())
   assert 'scripts.gpu_quarter_hour --out=' in (bundle / 'run.sh').read_text()
   # Again into the same folder: the earlier bundle is replaced; any other folder is refused.
-  gqh.make_bundle(str(bundle), pairs=['ende'], wheels_from=wheels)
+  gpu_bundle.make_bundle(str(bundle), pairs=['ende'], wheels_from=wheels)
   (tmp_path / 'other').mkdir()
   (tmp_path / 'other' / 'notes.txt').write_text('mine')
   with pytest.raises(ValueError, match='not empty'):
-    gqh.make_bundle(str(tmp_path / 'other'), pairs=['ende'], wheels_from=wheels)
+    gpu_bundle.make_bundle(str(tmp_path / 'other'), pairs=['ende'], wheels_from=wheels)
 
 
 def test_the_size_check_refuses_a_bundle_over_the_limit(tmp_path):
   sizes = {'pretrained/ende48m': 85_043_928, 'specdec_jax': 900_000}
   with pytest.raises(ValueError, match=r'82\.0 MiB, over the 64 MiB.*pretrained/ende48m 81\.1'):
-    gqh.check_size(sizes)
-  assert gqh.check_size({'a': gqh.BUNDLE_LIMIT}) == gqh.BUNDLE_LIMIT
+    gpu_bundle.check_size(sizes)
+  assert gpu_bundle.check_size({'a': gpu_bundle.BUNDLE_LIMIT}) == gpu_bundle.BUNDLE_LIMIT
   # Checked before anything is copied: nothing is written.
   with pytest.raises(ValueError, match='over the 1 MiB'):
-    gqh.make_bundle(str(tmp_path / 'b'), pairs=['ende'], limit=gqh.MIB)
+    gpu_bundle.make_bundle(str(tmp_path / 'b'), pairs=['ende'], limit=gpu_bundle.MIB)
   assert not (tmp_path / 'b').exists()
 
 
 @helpers.needs_pair('ende48m')
 @helpers.needs_pair('debsumm48m')
 def test_the_48m_pairs_do_not_fit_and_a_delta_brings_its_base():
-  assert gqh.pairs_needed(gqh.REPO, ['debsumm48m']) == ['debsumm48m', 'ende48m']
+  assert gpu_bundle.pairs_needed(gpu_bundle.REPO, ['debsumm48m']) == ['debsumm48m', 'ende48m']
   with pytest.raises(ValueError, match='over the 64 MiB'):
-    gqh.check_size(gqh._sizes(gqh.bundle_parts(gqh.REPO, ['ende48m'])))
+    gpu_bundle.check_size(
+      gpu_bundle.part_sizes(gpu_bundle.bundle_parts(gpu_bundle.REPO, ['ende48m']))
+    )
 
 
 def test_the_pinned_wheels_are_setup_py_s_pins():
-  setup = (gqh.REPO / 'setup.py').read_text()
-  for requirement in gqh.PINNED_WHEELS:
+  setup = (gpu_bundle.REPO / 'setup.py').read_text()
+  for requirement in gpu_bundle.PINNED_WHEELS:
     name = requirement.partition('==')[0]
     pinned = re.search(rf"'{re.escape(name)}==([^']+)'", setup)
     assert pinned is None or requirement == f'{name}=={pinned.group(1)}', requirement
@@ -385,7 +389,7 @@ def test_dry_run_compiles_every_stage_s_programs_for_an_h100_without_one():
           '--block_drafter=block:tiny-v1.0', '--grow_to=t5_1_1-small', '--max_new_tokens=8',
           '--source_length=16', '--tree_nodes=8', '--block_gamma=4', f'--gpu_site={_SITE or "-"}']  # fmt: skip
   done = subprocess.run(
-    [sys.executable, '-m', 'scripts.gpu_quarter_hour', *argv], cwd=gqh.REPO, capture_output=True,
+    [sys.executable, '-m', 'scripts.gpu_quarter_hour', *argv], cwd=gpu_bundle.REPO, capture_output=True,
     text=True, timeout=900,
   )  # fmt: skip
   out = done.stdout
