@@ -235,7 +235,7 @@ def timed_tables(
     f'device: {kind} ({hbm}), jax {jax.__version__}; target {target_name} '
     f'{t5.param_count(target.params) / 1e6:.1f}M params, {run.dtype}, {weights} '
     f'weights; batch {run.batch}, source {run.source_length}, {run.max_new_tokens} new tokens; '
-    f'timing.step_costs rounds {run.rounds}; draft scan '
+    f'timing.step_costs rounds {run.rounds}, timer repeats {run.timer_repeats}; draft scan '
     f'{"unrolled" if run.unroll_draft else "looped"} (--unroll_draft)',
     flush=True,
   )

@@ -79,7 +79,7 @@ GPU_SITE = '/tmp/gpu_site'  # where `machines.install_line('h100')` puts the CUD
 TABLE = 'gpu_quarter_hour'  # <--out>/gpu_quarter_hour.md and .json
 LOOKUP_MODULE = 'specdec_jax.draft_lookup'
 # The main job's config items that give the source-lookup drafter's rows alone.
-LOOKUP_ITEMS = 'drafters=,lookup=true'
+LOOKUP_ITEMS = 'drafters=,trees=,lookup=true'
 
 FLAGS = flags.FlagValues()
 _DRY_RUN = flags.DEFINE_bool(

@@ -115,6 +115,7 @@ def test_header_names_the_device_and_the_bandwidth(printed):
   first = printed.splitlines()[0]
   assert first.startswith(f'device: cpu (HBM {_BANDWIDTH:g} GB/s (--hbm_bandwidth)), jax ')
   assert f'target {_TARGET}' in first and 'float32, constant weights' in first
+  assert 'timer repeats 2;' in first  # --timer_repeats, said beside the rounds
   assert first.endswith('draft scan looped (--unroll_draft)')
 
 
